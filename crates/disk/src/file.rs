@@ -112,7 +112,10 @@ mod tests {
         let mut disk = FileDisk::create(&path, 4096).unwrap();
         disk.write_at(4000, b"slate").unwrap();
         disk.flush().unwrap();
-        assert!(disk.write_at(4094, b"xyz").is_err(), "writes never grow the file");
+        assert!(
+            disk.write_at(4094, b"xyz").is_err(),
+            "writes never grow the file"
+        );
         let reopened = FileDisk::open_read_only(&path).unwrap();
         assert_eq!(reopened.len(), 4096);
         assert_eq!(reopened.read_vec(4000, 5).unwrap(), b"slate");

@@ -55,7 +55,9 @@ impl<D: Disk> Write for DiskIo<D> {
             ));
         }
         let n = (buf.len() as u64).min(remaining) as usize;
-        self.disk.write_at(self.position, &buf[..n]).map_err(to_io)?;
+        self.disk
+            .write_at(self.position, &buf[..n])
+            .map_err(to_io)?;
         self.position += n as u64;
         Ok(n)
     }

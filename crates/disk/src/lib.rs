@@ -23,7 +23,9 @@ pub use view::PartitionView;
 /// Errors of disk access. Offsets are reported so that a failure can be located.
 #[derive(Debug, thiserror::Error)]
 pub enum DiskError {
-    #[error("access of {len} bytes at offset {offset} runs past the end of the disk ({size} bytes)")]
+    #[error(
+        "access of {len} bytes at offset {offset} runs past the end of the disk ({size} bytes)"
+    )]
     OutOfBounds { offset: u64, len: u64, size: u64 },
     #[error("I/O error at offset {offset}")]
     Io {
@@ -166,10 +168,18 @@ mod tests {
         let mut disk = MemDisk::zeroed(1024);
         assert!(matches!(
             disk.write_at(1020, &[0; 8]),
-            Err(DiskError::OutOfBounds { offset: 1020, len: 8, size: 1024 })
+            Err(DiskError::OutOfBounds {
+                offset: 1020,
+                len: 8,
+                size: 1024
+            })
         ));
         assert!(disk.read_at(u64::MAX, &mut [0; 1]).is_err());
-        assert_eq!(disk.as_bytes(), &[0; 1024][..], "a refused write changes nothing");
+        assert_eq!(
+            disk.as_bytes(),
+            &[0; 1024][..],
+            "a refused write changes nothing"
+        );
         disk.write_at(1016, &[7; 8]).unwrap();
         assert_eq!(disk.read_vec(1016, 8).unwrap(), vec![7; 8]);
     }

@@ -77,9 +77,9 @@ impl RecordingDisk {
 
     fn admit(&self) -> Result<(), DiskError> {
         match self.refuse_from {
-            Some(limit) if self.log.len() >= limit => Err(DiskError::Injected {
-                op: self.log.len(),
-            }),
+            Some(limit) if self.log.len() >= limit => {
+                Err(DiskError::Injected { op: self.log.len() })
+            }
             _ => Ok(()),
         }
     }
@@ -269,8 +269,9 @@ mod tests {
             mode: CutMode::RandomSectors { seed },
         };
         assert_eq!(disk.materialize(point(5)), disk.materialize(point(5)));
-        let distinct: std::collections::HashSet<Vec<u8>> =
-            (0..32).map(|s| disk.materialize(point(s)).into_bytes()).collect();
+        let distinct: std::collections::HashSet<Vec<u8>> = (0..32)
+            .map(|s| disk.materialize(point(s)).into_bytes())
+            .collect();
         assert!(distinct.len() > 1, "different seeds give different states");
     }
 

@@ -1,1 +1,67 @@
-fn main() {}
+//! The `slate` multi-call binary.
+//!
+//! The base name of argv[0] picks the role — `init`, `machined`, `installer` and `imager` run as
+//! if invoked as `slate <role> ...` — so one statically linked file serves as the initramfs init,
+//! PID 1, the installer carried in update bundles, and the operator's command line.
+
+mod cli;
+mod meta_cmd;
+
+use std::ffi::OsString;
+use std::path::Path;
+use std::process::ExitCode;
+
+use clap::Parser as _;
+
+/// Names under which the binary acts as a role rather than as the general CLI.
+const ROLES: &[&str] = &["init", "machined", "installer", "imager"];
+
+/// Rewrite `installer ARGS...` into `slate installer ARGS...` when invoked under a role name.
+fn dispatch_args(args: Vec<OsString>) -> Vec<OsString> {
+    let invoked_as = args
+        .first()
+        .and_then(|a| Path::new(a).file_name())
+        .and_then(|n| n.to_str())
+        .unwrap_or("slate")
+        .to_string();
+    if ROLES.contains(&invoked_as.as_str()) {
+        let mut rewritten = vec![OsString::from("slate"), OsString::from(invoked_as)];
+        rewritten.extend(args.into_iter().skip(1));
+        rewritten
+    } else {
+        args
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = cli::Cli::parse_from(dispatch_args(std::env::args_os().collect()));
+    match cli::run(cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("error: {err:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn os(args: &[&str]) -> Vec<OsString> {
+        args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn role_names_become_subcommands() {
+        assert_eq!(
+            dispatch_args(os(&["/sbin/installer", "--help"])),
+            os(&["slate", "installer", "--help"])
+        );
+        assert_eq!(dispatch_args(os(&["/init"])), os(&["slate", "init"]));
+        assert_eq!(
+            dispatch_args(os(&["./slate", "meta", "list"])),
+            os(&["./slate", "meta", "list"])
+        );
+    }
+}
