@@ -1,1 +1,63 @@
-fn main() {}
+//! Developer tasks for slate (`cargo run -p xtask -- <task>`): fetching and preparing the
+//! Debian parts VM images are made of, and building the static `slate` binary.
+//!
+//! xtask runs on the developer's or CI's machine, never on a node; it may shell out to apt,
+//! dpkg and cargo, which the node-side crates must not.
+
+mod base_rootfs;
+mod kernel;
+mod slate_static;
+mod util;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(name = "xtask", about = "Developer tasks for slate")]
+struct Cli {
+    #[command(subcommand)]
+    task: Task,
+}
+
+#[derive(Debug, Subcommand)]
+enum Task {
+    /// Cache Debian's kernel (linux-image-amd64's versioned package) in .cache/kernel/ and
+    /// report how the initramfs modules are provided.
+    Kernel {
+        /// Rebuild the cache even if its stamp matches apt's candidate version.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Assemble a minimal busybox root filesystem directory.
+    BaseRootfs {
+        /// Directory to create (must not exist, or be empty; see --replace).
+        #[arg(long)]
+        out: PathBuf,
+        /// Version written to /etc/os-release.
+        #[arg(long)]
+        version: String,
+        /// A slate binary to install as /usr/bin/slate.
+        #[arg(long)]
+        slate_bin: Option<PathBuf>,
+        /// Delete a non-empty --out directory first.
+        #[arg(long)]
+        replace: bool,
+    },
+    /// Build the slate binary statically linked (target/static/...) and check it is static.
+    SlateStatic,
+}
+
+fn main() -> Result<()> {
+    match Cli::parse().task {
+        Task::Kernel { force } => kernel::kernel(force),
+        Task::BaseRootfs {
+            out,
+            version,
+            slate_bin,
+            replace,
+        } => base_rootfs::base_rootfs(&out, &version, slate_bin.as_deref(), replace),
+        Task::SlateStatic => slate_static::slate_static().map(drop),
+    }
+}

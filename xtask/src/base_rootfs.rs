@@ -1,0 +1,202 @@
+//! `xtask base-rootfs`: a minimal root filesystem directory for VM images: Debian's static
+//! busybox with applet symlinks, `/etc/os-release`, the mount-point directories, and
+//! optionally the `slate` binary at `/usr/bin/slate`.
+//!
+//! Deterministic: the same busybox package, version and slate binary give the same tree
+//! (names, contents, modes, link targets); timestamps are not meaningful because the squashfs
+//! builder replaces them with SOURCE_DATE_EPOCH.
+
+use std::fs;
+use std::os::unix::fs::{symlink, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, ensure, Context, Result};
+
+use crate::util::{self, output};
+
+/// Applets linked in `/bin`: what `init`, scripts and an operator at the serial console use.
+const APPLETS: &[&str] = &[
+    "awk",
+    "cat",
+    "chmod",
+    "chown",
+    "chroot",
+    "cp",
+    "cut",
+    "date",
+    "dd",
+    "df",
+    "dmesg",
+    "echo",
+    "env",
+    "false",
+    "find",
+    "free",
+    "grep",
+    "halt",
+    "head",
+    "hostname",
+    "id",
+    "insmod",
+    "kill",
+    "less",
+    "ln",
+    "ls",
+    "lsmod",
+    "mkdir",
+    "mknod",
+    "modprobe",
+    "mount",
+    "mv",
+    "poweroff",
+    "ps",
+    "pwd",
+    "readlink",
+    "reboot",
+    "rm",
+    "rmdir",
+    "sed",
+    "sh",
+    "sleep",
+    "sort",
+    "stat",
+    "switch_root",
+    "sync",
+    "tail",
+    "tee",
+    "test",
+    "touch",
+    "tr",
+    "true",
+    "umount",
+    "uname",
+    "vi",
+    "wc",
+    "which",
+];
+
+/// Empty directories and their modes (`/tmp` is world-writable and sticky like everywhere).
+const DIRS: &[(&str, u32)] = &[
+    ("bin", 0o755),
+    ("dev", 0o755),
+    ("etc", 0o755),
+    ("mnt", 0o755),
+    ("proc", 0o555),
+    ("root", 0o700),
+    ("run", 0o755),
+    ("sys", 0o555),
+    ("tmp", 0o1777),
+    ("usr", 0o755),
+    ("usr/bin", 0o755),
+    ("var", 0o755),
+];
+
+pub fn base_rootfs(
+    out: &Path,
+    version: &str,
+    slate_bin: Option<&Path>,
+    replace: bool,
+) -> Result<()> {
+    // os-release values are shell-quoted strings; keep the version to a safe alphabet so it
+    // can also be used in file names (UKI names carry it).
+    ensure!(
+        !version.is_empty()
+            && version
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "._+~-".contains(c)),
+        "--version {version:?} must be non-empty ASCII letters, digits and ._+~-"
+    );
+    prepare_out(out, replace)?;
+    let busybox = busybox_binary()?;
+
+    for (dir, mode) in DIRS {
+        let path = out.join(dir);
+        fs::create_dir_all(&path).with_context(|| format!("creating {}", path.display()))?;
+        // Explicit modes: the umask of whoever runs xtask must not change the image.
+        set_mode(&path, *mode)?;
+    }
+    // Merged-/usr style: applets live in /bin, and /sbin is the same directory.
+    symlink("bin", out.join("sbin")).context("linking /sbin")?;
+
+    let target = out.join("bin/busybox");
+    fs::copy(&busybox, &target)
+        .with_context(|| format!("copying {} to {}", busybox.display(), target.display()))?;
+    set_mode(&target, 0o755)?;
+
+    let available = output(Command::new(&busybox).arg("--list"))?;
+    let available: Vec<&str> = available.lines().collect();
+    for applet in APPLETS {
+        ensure!(
+            available.contains(applet),
+            "busybox at {} has no applet {applet}",
+            busybox.display()
+        );
+        symlink("busybox", out.join("bin").join(applet))
+            .with_context(|| format!("linking /bin/{applet}"))?;
+    }
+
+    let os_release = format!(
+        "NAME=slate\nID=slate\nVERSION=\"{version}\"\nVERSION_ID=\"{version}\"\n\
+         PRETTY_NAME=\"slate {version}\"\n"
+    );
+    fs::write(out.join("etc/os-release"), os_release).context("writing /etc/os-release")?;
+    set_mode(&out.join("etc/os-release"), 0o644)?;
+
+    if let Some(slate) = slate_bin {
+        let target = out.join("usr/bin/slate");
+        fs::copy(slate, &target)
+            .with_context(|| format!("copying {} to {}", slate.display(), target.display()))?;
+        set_mode(&target, 0o755)?;
+        println!("  /usr/bin/slate from {}", slate.display());
+    }
+    println!(
+        "base rootfs at {} (version {version}, busybox with {} applets)",
+        out.display(),
+        APPLETS.len()
+    );
+    Ok(())
+}
+
+fn prepare_out(out: &Path, replace: bool) -> Result<()> {
+    match fs::read_dir(out) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("reading {}", out.display())),
+        Ok(mut entries) => {
+            if entries.next().is_some() {
+                if !replace {
+                    bail!(
+                        "{} exists and is not empty; remove it or pass --replace",
+                        out.display()
+                    );
+                }
+                util::remove_if_exists(out)?;
+            }
+        }
+    }
+    fs::create_dir_all(out).with_context(|| format!("creating {}", out.display()))?;
+    set_mode(out, 0o755)
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<()> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .with_context(|| format!("setting mode {mode:o} on {}", path.display()))
+}
+
+/// `bin/busybox` from the `busybox-static` package, unpacked once into
+/// `<repo>/.cache/busybox/` (re-unpacked when apt's candidate version changes).
+fn busybox_binary() -> Result<PathBuf> {
+    let cache = util::repo_root().join(".cache/busybox");
+    let version = util::candidate_version("busybox-static")?;
+    let stamp = cache.join("STAMP");
+    let stamp_text = format!("busybox-static {version}\n");
+    let binary = cache.join("root/bin/busybox");
+    if !(fs::read_to_string(&stamp).is_ok_and(|s| s == stamp_text) && binary.is_file()) {
+        println!("unpacking busybox-static {version}");
+        let deb = util::download_deb("busybox-static", &version, &cache.join("debs"))?;
+        util::unpack_deb(&deb, &cache.join("root"))?;
+        ensure!(binary.is_file(), "busybox-static has no bin/busybox");
+        util::write_atomic(&stamp, &stamp_text)?;
+    }
+    Ok(binary)
+}
