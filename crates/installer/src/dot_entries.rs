@@ -1,0 +1,254 @@
+//! Repair of the `.` and `..` entries `fatfs` 0.3.6 writes for a new directory.
+//!
+//! FAT requires every subdirectory to begin with exactly two short entries, `.` (itself) and `..`
+//! (its parent, cluster 0 when the parent is the root). `fatfs` 0.3.6, the latest release on
+//! crates.io, writes a long-name entry before each of them (upstream rust-fatfs issue #117, fixed
+//! on its master by PR #100 but not released) and points `..` of a top-level directory at the
+//! root's cluster 2. `fsck.fat` then reports the directory as damaged and firmware may too. So
+//! after `fatfs` creates a directory, this module finds it by walking the directory tree from
+//! the raw bytes and rewrites its first four entries to `.`, `..`, end, end. A directory head
+//! that is already right is left alone, so a fixed `fatfs` makes this a no-op; any other head is
+//! an error, never guessed at.
+
+use slate_disk::{Disk, DiskError};
+
+const ENTRY: usize = 32;
+const ATTR_LFN: u8 = 0x0F;
+const ATTR_DIRECTORY: u8 = 0x10;
+const DOT: &[u8; 11] = b".          ";
+const DOTDOT: &[u8; 11] = b"..         ";
+
+#[derive(Debug, thiserror::Error)]
+pub enum DotError {
+    #[error("reading or writing the FAT volume")]
+    Disk(#[from] DiskError),
+    #[error("{0}")]
+    Corrupt(String),
+}
+
+/// The few FAT32 boot-sector fields needed to find clusters.
+struct Volume {
+    bytes_per_sector: u64,
+    sectors_per_cluster: u64,
+    fat_start: u64,
+    data_start: u64,
+    root_cluster: u32,
+}
+
+impl Volume {
+    fn read(disk: &impl Disk) -> Result<Self, DotError> {
+        let boot = disk.read_vec(0, 512)?;
+        let u16_at = |at: usize| u64::from(u16::from_le_bytes([boot[at], boot[at + 1]]));
+        let u32_at = |at: usize| u32::from_le_bytes(boot[at..at + 4].try_into().expect("4 bytes"));
+        let bytes_per_sector = u16_at(11);
+        let sectors_per_cluster = u64::from(boot[13]);
+        let reserved = u16_at(14);
+        let fats = u64::from(boot[16]);
+        let sectors_per_fat = u64::from(u32_at(36));
+        if bytes_per_sector == 0 || sectors_per_cluster == 0 || sectors_per_fat == 0 {
+            return Err(DotError::Corrupt("not a FAT32 boot sector".into()));
+        }
+        Ok(Self {
+            bytes_per_sector,
+            sectors_per_cluster,
+            fat_start: reserved * bytes_per_sector,
+            data_start: (reserved + fats * sectors_per_fat) * bytes_per_sector,
+            root_cluster: u32_at(44),
+        })
+    }
+
+    fn cluster_len(&self) -> u64 {
+        self.bytes_per_sector * self.sectors_per_cluster
+    }
+
+    fn cluster_offset(&self, cluster: u32) -> u64 {
+        self.data_start + u64::from(cluster - 2) * self.cluster_len()
+    }
+
+    /// The contents of the cluster chain starting at `first`.
+    fn read_chain(&self, disk: &impl Disk, first: u32) -> Result<Vec<u8>, DotError> {
+        let mut bytes = Vec::new();
+        let mut cluster = first;
+        // A chain longer than the volume is a loop.
+        for _ in 0..disk.len() / self.cluster_len() {
+            if !(2..0x0FFF_FFF7).contains(&cluster) {
+                return Err(DotError::Corrupt(format!(
+                    "cluster {cluster:#x} in a directory chain"
+                )));
+            }
+            let mut buf = vec![0; self.cluster_len() as usize];
+            disk.read_at(self.cluster_offset(cluster), &mut buf)?;
+            bytes.extend_from_slice(&buf);
+            let mut next = [0u8; 4];
+            disk.read_at(self.fat_start + u64::from(cluster) * 4, &mut next)?;
+            cluster = u32::from_le_bytes(next) & 0x0FFF_FFFF;
+            if cluster >= 0x0FFF_FFF8 {
+                return Ok(bytes);
+            }
+        }
+        Err(DotError::Corrupt(
+            "a directory's cluster chain does not end".into(),
+        ))
+    }
+}
+
+/// First cluster of the subdirectory `name` (case-insensitive, long or short name) of the
+/// directory whose contents are `dir`.
+fn find_subdir(dir: &[u8], name: &str) -> Option<u32> {
+    let mut long: Vec<(u8, Vec<u16>)> = Vec::new();
+    for entry in dir.chunks(ENTRY) {
+        match entry[0] {
+            0x00 => return None,
+            0xE5 => {
+                long.clear();
+                continue;
+            }
+            _ => {}
+        }
+        if entry[11] == ATTR_LFN {
+            let units = [1, 3, 5, 7, 9, 14, 16, 18, 20, 22, 24, 28, 30]
+                .iter()
+                .map(|&at| u16::from_le_bytes([entry[at], entry[at + 1]]))
+                .collect();
+            long.push((entry[0] & 0x1F, units));
+            continue;
+        }
+        let entry_name = if long.is_empty() {
+            short_name(entry)
+        } else {
+            long.sort_by_key(|(order, _)| *order);
+            let units: Vec<u16> = long
+                .drain(..)
+                .flat_map(|(_, units)| units)
+                .take_while(|&u| u != 0)
+                .collect();
+            String::from_utf16_lossy(&units)
+        };
+        if entry[11] & ATTR_DIRECTORY != 0 && entry_name.eq_ignore_ascii_case(name) {
+            return Some(first_cluster(entry));
+        }
+    }
+    None
+}
+
+fn short_name(entry: &[u8]) -> String {
+    let base = String::from_utf8_lossy(&entry[..8]).trim_end().to_string();
+    let ext = String::from_utf8_lossy(&entry[8..11])
+        .trim_end()
+        .to_string();
+    if ext.is_empty() {
+        base
+    } else {
+        format!("{base}.{ext}")
+    }
+}
+
+fn first_cluster(entry: &[u8]) -> u32 {
+    let high = u32::from(u16::from_le_bytes([entry[20], entry[21]]));
+    let low = u32::from(u16::from_le_bytes([entry[26], entry[27]]));
+    (high << 16) | low
+}
+
+fn set_first_cluster(entry: &mut [u8], cluster: u32) {
+    entry[20..22].copy_from_slice(&((cluster >> 16) as u16).to_le_bytes());
+    entry[26..28].copy_from_slice(&(cluster as u16).to_le_bytes());
+}
+
+/// Make the directory at `path` (`/`-separated from the root) begin with `.` and `..` as FAT
+/// requires. Returns whether anything was rewritten.
+pub fn fix<D: Disk>(volume_disk: &mut D, path: &str) -> Result<bool, DotError> {
+    let volume = Volume::read(volume_disk)?;
+    let mut cluster = volume.root_cluster;
+    let mut parent_is_root = true;
+    for (i, part) in path.split('/').filter(|p| !p.is_empty()).enumerate() {
+        let dir = volume.read_chain(volume_disk, cluster)?;
+        cluster = find_subdir(&dir, part).ok_or_else(|| {
+            DotError::Corrupt(format!("no directory {part:?} on the way to {path}"))
+        })?;
+        parent_is_root = i == 0;
+    }
+    if cluster == volume.root_cluster {
+        return Ok(false); // the root has no dot entries
+    }
+    let at = volume.cluster_offset(cluster);
+    let head = volume_disk.read_vec(at, 5 * ENTRY)?;
+    let slot = |i: usize| &head[i * ENTRY..(i + 1) * ENTRY];
+    let mut fixed = vec![0u8; 4 * ENTRY];
+    if slot(0)[..11] == *DOT && slot(1)[..11] == *DOTDOT {
+        fixed.copy_from_slice(&head[..4 * ENTRY]);
+    } else if slot(0)[11] == ATTR_LFN
+        && slot(1)[..11] == *DOT
+        && slot(2)[11] == ATTR_LFN
+        && slot(3)[..11] == *DOTDOT
+    {
+        fixed[..ENTRY].copy_from_slice(slot(1));
+        fixed[ENTRY..2 * ENTRY].copy_from_slice(slot(3));
+        // Slots 2 and 3 end the directory if nothing follows; otherwise they are free slots.
+        if slot(4)[0] != 0 {
+            fixed[2 * ENTRY] = 0xE5;
+            fixed[3 * ENTRY] = 0xE5;
+        }
+    } else {
+        return Err(DotError::Corrupt(format!(
+            "directory {path} begins with neither `.`/`..` nor the entries fatfs writes"
+        )));
+    }
+    if parent_is_root {
+        set_first_cluster(&mut fixed[ENTRY..2 * ENTRY], 0);
+    }
+    if fixed == head[..4 * ENTRY] {
+        return Ok(false);
+    }
+    volume_disk.write_at(at, &fixed)?;
+    Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use slate_disk::MemDisk;
+
+    use super::*;
+    use crate::fat::{self, EspGeometry};
+
+    const MIB: u64 = 1024 * 1024;
+
+    #[test]
+    fn fatfs_directories_get_proper_dot_entries_and_fixing_twice_is_a_no_op() {
+        let mut disk = MemDisk::zeroed(40 * MIB as usize);
+        fat::format(&mut disk, &EspGeometry::new(40 * MIB, 512), 1, "EFI").unwrap();
+        for path in ["EFI", "EFI/Linux"] {
+            let fs = fat::mount(&mut disk, 0).unwrap();
+            fs.root_dir().create_dir(path).unwrap();
+            fs.unmount().unwrap();
+            assert!(fix(&mut disk, path).unwrap(), "fatfs 0.3.6 needs the fix");
+            assert!(!fix(&mut disk, path).unwrap());
+        }
+        let volume = Volume::read(&disk).unwrap();
+        let root = volume.read_chain(&disk, volume.root_cluster).unwrap();
+        let efi = find_subdir(&root, "efi").unwrap();
+        let efi_dir = volume.read_chain(&disk, efi).unwrap();
+        assert_eq!(&efi_dir[..11], DOT);
+        assert_eq!(first_cluster(&efi_dir[..32]), efi);
+        assert_eq!(&efi_dir[32..43], DOTDOT);
+        assert_eq!(first_cluster(&efi_dir[32..64]), 0, "the parent is the root");
+        let linux = find_subdir(&efi_dir, "Linux").unwrap();
+        let linux_dir = volume.read_chain(&disk, linux).unwrap();
+        assert_eq!(first_cluster(&linux_dir[32..64]), efi);
+        assert!(matches!(
+            fix(&mut disk, "EFI/nope"),
+            Err(DotError::Corrupt(_))
+        ));
+
+        // The fixed directories still work for fatfs.
+        let fs = fat::mount(&mut disk, 0).unwrap();
+        fat::write_file_atomically(&fs, "EFI/Linux/a.efi", b"x").unwrap();
+        let names: Vec<String> = fs
+            .root_dir()
+            .open_dir("EFI/Linux")
+            .unwrap()
+            .iter()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, [".", "..", "a.efi"]);
+    }
+}

@@ -1,0 +1,310 @@
+//! Image mode: a complete, bootable slate disk written onto an empty one.
+
+use slate_disk::{Disk, PartitionView};
+use slate_layout::{
+    derived_u32, verify_gpt, write_gpt, DiskLayout, LayoutParams, PlacedLayout, PlacedPartition,
+    EFI_LABEL, META_LABEL, MIB,
+};
+use slate_meta::MetaStore;
+
+use crate::fat::{self, EspGeometry, TEMP_NAME_EXTRA};
+use crate::names::{validate_uki_file_name, MAX_FILE_NAME};
+use crate::InstallError;
+
+/// Where systemd-boot goes: the removable-media path firmware boots without any boot entry in
+/// NVRAM, and systemd's own path, which `bootctl` recognises and updates.
+pub const FALLBACK_LOADER_PATH: &str = "EFI/BOOT/BOOTX64.EFI";
+pub const SYSTEMD_BOOT_PATH: &str = "EFI/systemd/systemd-bootx64.efi";
+/// Directory of Type #2 (UKI) boot entries.
+pub const UKI_DIR: &str = "EFI/Linux";
+pub const LOADER_CONF_PATH: &str = "loader/loader.conf";
+const DIRECTORIES: [&str; 5] = ["EFI", "EFI/BOOT", "EFI/systemd", UKI_DIR, "loader"];
+
+/// How much of each partition the image leaves for first boot to format is zeroed.
+pub const CLEARED_HEAD: u64 = MIB;
+
+/// Everything an image is made of. Same plan, same zero-filled disk → same bytes.
+#[derive(Clone)]
+pub struct ImagePlan {
+    /// Seeds the disk and partition GUIDs and the FAT volume id.
+    pub image_id: String,
+    pub layout: LayoutParams,
+    /// Every FAT timestamp (UTC, clamped to FAT's 1980-2107 range).
+    pub source_date_epoch: u64,
+    /// The systemd-boot EFI binary (`systemd-bootx64.efi`).
+    pub systemd_boot: Vec<u8>,
+    /// The unified kernel image, written to `EFI/Linux/<uki_name>`.
+    pub uki: Vec<u8>,
+    /// Its file name, boot counter included (see [`crate::uki_file_name`]).
+    pub uki_name: String,
+    /// The content of `loader/loader.conf` (see [`crate::loader_conf`]).
+    pub loader_conf: String,
+}
+
+/// Binaries are shown by size: a UKI is tens of MiB.
+impl std::fmt::Debug for ImagePlan {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImagePlan")
+            .field("image_id", &self.image_id)
+            .field("layout", &self.layout)
+            .field("source_date_epoch", &self.source_date_epoch)
+            .field(
+                "systemd_boot",
+                &format_args!("<{} bytes>", self.systemd_boot.len()),
+            )
+            .field("uki", &format_args!("<{} bytes>", self.uki.len()))
+            .field("uki_name", &self.uki_name)
+            .field("loader_conf", &self.loader_conf)
+            .finish()
+    }
+}
+
+impl ImagePlan {
+    /// The disk layout the plan describes.
+    pub fn disk_layout(&self) -> DiskLayout {
+        DiskLayout::reference(&self.image_id, &self.layout)
+    }
+
+    /// The ESP's files in the order they are written: (path, content).
+    fn esp_files(&self) -> [(String, &[u8]); 4] {
+        [
+            (FALLBACK_LOADER_PATH.to_string(), &self.systemd_boot),
+            (SYSTEMD_BOOT_PATH.to_string(), &self.systemd_boot),
+            (format!("{UKI_DIR}/{}", self.uki_name), &self.uki),
+            (LOADER_CONF_PATH.to_string(), self.loader_conf.as_bytes()),
+        ]
+    }
+}
+
+/// What [`write_image`] is about to do, for progress reporting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageStep {
+    /// Protective MBR, both GPT copies, read back and checked.
+    PartitionTable,
+    FormatEsp {
+        volume_id: u32,
+    },
+    CreateDir {
+        path: String,
+    },
+    WriteFile {
+        path: String,
+        len: u64,
+    },
+    FormatMeta,
+    /// Zeroing the head of a partition first boot formats.
+    ClearPartition {
+        label: String,
+    },
+    Flush,
+    Done,
+}
+
+/// Everything [`write_image`] checks before its first write.
+#[derive(Debug)]
+struct Preflight {
+    placed: PlacedLayout,
+    geometry: EspGeometry,
+}
+
+fn preflight(disk_len: u64, plan: &ImagePlan) -> Result<Preflight, InstallError> {
+    validate_uki_file_name(&plan.uki_name)?;
+    if plan.uki_name.len() + TEMP_NAME_EXTRA > MAX_FILE_NAME {
+        return Err(InstallError::InvalidFileName {
+            name: plan.uki_name.clone(),
+            reason: format!(
+                "must be at most {} characters, to leave room for its temporary name",
+                MAX_FILE_NAME - TEMP_NAME_EXTRA
+            ),
+        });
+    }
+    for (what, bytes) in [
+        ("systemd-boot binary", &plan.systemd_boot),
+        ("UKI", &plan.uki),
+    ] {
+        if bytes.is_empty() {
+            return Err(InstallError::InvalidPlan(format!("the {what} is empty")));
+        }
+    }
+    let placed = plan.disk_layout().place(disk_len)?;
+    let esp = partition(&placed, EFI_LABEL)?;
+    partition(&placed, META_LABEL)?;
+    let geometry = EspGeometry::new(esp.len(), placed.sector_size);
+    if !geometry.is_fat32() {
+        return Err(InstallError::EspTooSmall {
+            esp_len: esp.len(),
+            cluster_size: geometry.cluster_size,
+            clusters: geometry.data_clusters,
+        });
+    }
+    // Each directory is counted at two clusters: its `.`/`..` and long-name entries may spill
+    // out of one 512-byte cluster.
+    let dir_clusters = 2 * DIRECTORIES.len() as u64;
+    let others: u64 = plan
+        .esp_files()
+        .iter()
+        .filter(|(path, _)| !path.starts_with(UKI_DIR))
+        .map(|(_, bytes)| geometry.clusters_for(bytes.len() as u64))
+        .sum();
+    let left = geometry.data_clusters.saturating_sub(dir_clusters + others) * geometry.cluster_size;
+    if plan.uki.len() as u64 > left {
+        return Err(InstallError::UkiDoesNotFit {
+            name: plan.uki_name.clone(),
+            uki_len: plan.uki.len() as u64,
+            esp_len: esp.len(),
+            available: left,
+        });
+    }
+    Ok(Preflight { placed, geometry })
+}
+
+fn partition<'a>(
+    placed: &'a PlacedLayout,
+    label: &str,
+) -> Result<&'a PlacedPartition, InstallError> {
+    placed
+        .get(label)
+        .ok_or_else(|| InstallError::InvalidPlan(format!("the layout has no {label} partition")))
+}
+
+fn view<D: Disk>(disk: D, p: &PlacedPartition) -> Result<PartitionView<D>, InstallError> {
+    PartitionView::new(disk, p.start(), p.len()).map_err(|source| InstallError::Disk {
+        label: p.label.clone(),
+        action: "opening a view of the partition",
+        source,
+    })
+}
+
+/// Write a complete slate disk image onto `disk`: partition table, FAT32 ESP with systemd-boot,
+/// the UKI and `loader.conf`, an empty META, and zeroed heads of STATE and EPHEMERAL (formatted
+/// on first boot). Flushes at the end.
+///
+/// Everything that can be known in advance is checked before the first write — the layout fits
+/// the disk, the ESP can be FAT32, the UKI fits the ESP, its name follows the Boot Loader
+/// Specification — so a refused plan leaves the disk untouched.
+///
+/// Bytes the image does not define (free FAT clusters, partition bodies beyond their cleared
+/// heads) are left as they were: on a zero-filled disk the result is bit-identical for the same
+/// plan.
+pub fn write_image(
+    disk: &mut impl Disk,
+    plan: &ImagePlan,
+    progress: &mut dyn FnMut(ImageStep),
+) -> Result<(), InstallError> {
+    let Preflight { placed, geometry } = preflight(disk.len(), plan)?;
+    let layout = plan.disk_layout();
+
+    progress(ImageStep::PartitionTable);
+    write_gpt(&mut *disk, &layout)?;
+    verify_gpt(&mut *disk, &layout)?;
+
+    let esp = partition(&placed, EFI_LABEL)?;
+    let volume_id = derived_u32(&plan.image_id, "esp-volume-id");
+    progress(ImageStep::FormatEsp { volume_id });
+    fat::format(view(&mut *disk, esp)?, &geometry, volume_id, EFI_LABEL)?;
+    {
+        let mut esp_view = view(&mut *disk, esp)?;
+        for dir in DIRECTORIES {
+            progress(ImageStep::CreateDir {
+                path: dir.to_string(),
+            });
+            fat::create_dirs(&mut esp_view, plan.source_date_epoch, &[dir])?;
+        }
+        let fs = fat::mount(esp_view, plan.source_date_epoch)?;
+        for (path, bytes) in plan.esp_files() {
+            progress(ImageStep::WriteFile {
+                path: path.clone(),
+                len: bytes.len() as u64,
+            });
+            fat::write_file_atomically(&fs, &path, bytes)?;
+        }
+        fat::unmount(fs)?;
+    }
+
+    progress(ImageStep::FormatMeta);
+    let meta = partition(&placed, META_LABEL)?;
+    MetaStore::format(view(&mut *disk, meta)?).map_err(InstallError::Meta)?;
+
+    // A filesystem left on the disk by its previous life must never be taken for ours, so first
+    // boot sees these partitions blank and formats them. The first MiB holds the primary
+    // superblock of every filesystem slate might find (ext4, XFS, Btrfs, LUKS, swap).
+    for p in placed
+        .partitions
+        .iter()
+        .filter(|p| p.label != EFI_LABEL && p.label != META_LABEL)
+    {
+        progress(ImageStep::ClearPartition {
+            label: p.label.clone(),
+        });
+        let zeros = vec![0u8; p.len().min(CLEARED_HEAD) as usize];
+        view(&mut *disk, p)?
+            .write_at(0, &zeros)
+            .map_err(|source| InstallError::Disk {
+                label: p.label.clone(),
+                action: "zeroing the head of the partition",
+                source,
+            })?;
+    }
+
+    progress(ImageStep::Flush);
+    disk.flush().map_err(|source| InstallError::Disk {
+        label: "(whole disk)".into(),
+        action: "flushing",
+        source,
+    })?;
+    progress(ImageStep::Done);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) fn plan(uki_len: usize) -> ImagePlan {
+        ImagePlan {
+            image_id: "unit".into(),
+            layout: LayoutParams {
+                esp_size: 40 * MIB,
+                state_size: 4 * MIB,
+                ephemeral_min_size: 4 * MIB,
+                ..LayoutParams::default()
+            },
+            source_date_epoch: 1_700_000_000,
+            systemd_boot: vec![0x4d; 1000],
+            uki: vec![0x5a; uki_len],
+            uki_name: "slate-1+3.efi".into(),
+            loader_conf: crate::loader_conf("slate-*", 3).unwrap(),
+        }
+    }
+
+    #[test]
+    fn preflight_accepts_what_fits_and_refuses_what_does_not() {
+        let len = 64 * MIB;
+        let ok = preflight(len, &plan(1 << 20)).unwrap();
+        assert_eq!(ok.geometry.cluster_size, 512);
+        let left = ok.geometry.data_clusters * 512;
+        let err = preflight(len, &plan(left as usize)).unwrap_err();
+        assert!(matches!(err, InstallError::UkiDoesNotFit { .. }), "{err}");
+
+        let mut small_esp = plan(1);
+        small_esp.layout.esp_size = 32 * MIB;
+        let err = preflight(len, &small_esp).unwrap_err();
+        assert!(matches!(err, InstallError::EspTooSmall { .. }), "{err}");
+
+        let mut bad_name = plan(1);
+        bad_name.uki_name = "slate 1.efi".into();
+        assert!(preflight(len, &bad_name).is_err());
+        bad_name.uki_name = format!("{}.efi", "a".repeat(247));
+        assert!(preflight(len, &bad_name)
+            .unwrap_err()
+            .to_string()
+            .contains("temporary"));
+
+        let mut empty = plan(0);
+        empty.uki.clear();
+        assert!(matches!(
+            preflight(len, &empty),
+            Err(InstallError::InvalidPlan(_))
+        ));
+    }
+}

@@ -1,0 +1,293 @@
+//! Image profiles: what the imager builds, as a TOML file.
+//!
+//! Pure: parsing and validation of the text only. Whether the named files exist is checked by the
+//! imager before it writes anything. Relative paths are kept as written; the imager resolves them
+//! against the profile's directory.
+
+use std::path::PathBuf;
+
+use serde::Deserialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProfileError {
+    #[error("the profile is not valid TOML for a slate profile: {0}")]
+    Syntax(#[from] toml::de::Error),
+    #[error("{field}: {reason}")]
+    Invalid { field: &'static str, reason: String },
+}
+
+/// The platforms an image can target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Platform {
+    Metal,
+    Qemu,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Arch {
+    Amd64,
+}
+
+impl Arch {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Arch::Amd64 => "amd64",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Bootloader {
+    #[default]
+    SystemdBoot,
+}
+
+/// A whole profile.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Profile {
+    /// OS name: the `ID=` of os-release and the stem of UKI file names.
+    pub name: String,
+    pub version: String,
+    pub arch: Arch,
+    pub platform: Platform,
+    /// Variant recorded in the installer bundle (an update must match the node's).
+    #[serde(default = "default_variant")]
+    pub variant: String,
+    #[serde(default)]
+    pub bootloader: Bootloader,
+    pub kernel: Kernel,
+    pub rootfs: Rootfs,
+    pub boot: Boot,
+    #[serde(default)]
+    pub image: Image,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Kernel {
+    /// The kernel image (bzImage with EFI stub).
+    pub image: PathBuf,
+    /// `lib/modules/<release>` of that kernel; the directory name is the release.
+    pub modules_dir: PathBuf,
+    /// Modules to carry in the initramfs; their dependency closure is added.
+    #[serde(default)]
+    pub modules: Vec<String>,
+    #[serde(default)]
+    pub args: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Rootfs {
+    /// A directory, or a tar archive (`.tar`), holding the base root filesystem.
+    pub base: PathBuf,
+    /// Squashfs system extensions layered above the base, topmost first.
+    #[serde(default)]
+    pub extensions: Vec<PathBuf>,
+    #[serde(default = "default_zstd_level")]
+    pub zstd_level: u32,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Boot {
+    /// systemd-stub, the UKI's PE base.
+    pub stub: PathBuf,
+    /// systemd-boot, installed as the ESP's BOOTX64.EFI.
+    pub systemd_boot: PathBuf,
+    /// The statically linked slate binary: the initramfs `/init` and the bundle's installer.
+    pub slate: PathBuf,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Image {
+    #[serde(default = "default_size")]
+    pub size_mib: u64,
+    #[serde(default = "default_esp")]
+    pub esp_mib: u64,
+    #[serde(default = "default_state")]
+    pub state_mib: u64,
+    /// Boot-counting tries given to a newly installed UKI.
+    #[serde(default = "default_tries")]
+    pub tries: u32,
+    /// systemd-boot menu timeout in seconds; finite, so an unattended machine never waits.
+    #[serde(default = "default_timeout")]
+    pub menu_timeout: u32,
+}
+
+impl Default for Image {
+    fn default() -> Self {
+        Self {
+            size_mib: default_size(),
+            esp_mib: default_esp(),
+            state_mib: default_state(),
+            tries: default_tries(),
+            menu_timeout: default_timeout(),
+        }
+    }
+}
+
+fn default_variant() -> String {
+    "default".into()
+}
+fn default_zstd_level() -> u32 {
+    15
+}
+fn default_size() -> u64 {
+    512
+}
+fn default_esp() -> u64 {
+    100
+}
+fn default_state() -> u64 {
+    64
+}
+fn default_tries() -> u32 {
+    3
+}
+fn default_timeout() -> u32 {
+    1
+}
+
+impl Profile {
+    /// Parse and validate profile text.
+    pub fn parse(text: &str) -> Result<Self, ProfileError> {
+        let profile: Profile = toml::from_str(text)?;
+        profile.validate()?;
+        Ok(profile)
+    }
+
+    /// Replace the version (the same profile builds successive versions).
+    pub fn with_version(mut self, version: &str) -> Result<Self, ProfileError> {
+        self.version = version.to_string();
+        self.validate()?;
+        Ok(self)
+    }
+
+    fn validate(&self) -> Result<(), ProfileError> {
+        let invalid = |field, reason: &str| ProfileError::Invalid {
+            field,
+            reason: reason.to_string(),
+        };
+        let file_name_safe = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
+        };
+        if !file_name_safe(&self.name) || self.name.contains('+') {
+            return Err(invalid(
+                "name",
+                "must be non-empty ASCII letters, digits, '.', '_' or '-' (it names UKI files)",
+            ));
+        }
+        if !file_name_safe(&self.version) || !self.version.starts_with(|c: char| c.is_ascii_digit())
+        {
+            return Err(invalid(
+                "version",
+                "must start with a digit and use only ASCII letters, digits, '.', '_' or '-'",
+            ));
+        }
+        if !file_name_safe(&self.variant) {
+            return Err(invalid(
+                "variant",
+                "must be ASCII letters, digits, '.', '_' or '-'",
+            ));
+        }
+        if self
+            .kernel
+            .args
+            .iter()
+            .any(|a| a.is_empty() || a.contains(char::is_whitespace))
+        {
+            return Err(invalid(
+                "kernel.args",
+                "each argument is one non-empty word",
+            ));
+        }
+        if self.rootfs.zstd_level == 0 || self.rootfs.zstd_level > 22 {
+            return Err(invalid("rootfs.zstd_level", "must be 1 to 22"));
+        }
+        if !(1..=15).contains(&self.image.tries) {
+            return Err(invalid("image.tries", "must be 1 to 15"));
+        }
+        let min = self.image.esp_mib + self.image.state_mib + 1 + 2 + 16;
+        if self.image.size_mib < min {
+            return Err(ProfileError::Invalid {
+                field: "image.size_mib",
+                reason: format!(
+                    "{} MiB is below the {min} MiB the partitions need",
+                    self.image.size_mib
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The kernel command line the image boots with.
+    pub fn cmdline(&self) -> String {
+        self.kernel.args.join(" ")
+    }
+
+    /// os-release of this image (the UKI's `.osrel` and the root's `/etc/os-release`).
+    /// `IMAGE_ID` makes systemd-boot sort our entries by version, newest first.
+    pub fn os_release(&self) -> String {
+        let (name, version) = (&self.name, &self.version);
+        format!(
+            "NAME=\"{name}\"\nID={name}\nPRETTY_NAME=\"{name} {version}\"\nVERSION_ID={version}\n\
+             IMAGE_ID={name}\nIMAGE_VERSION={version}\nVARIANT_ID={}\n",
+            self.variant
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MINIMAL: &str = r#"
+name = "slate"
+version = "1.0.0"
+arch = "amd64"
+platform = "qemu"
+[kernel]
+image = "vmlinuz"
+modules_dir = "modules"
+modules = ["squashfs"]
+args = ["console=ttyS0"]
+[rootfs]
+base = "rootfs"
+[boot]
+stub = "stub.efi"
+systemd_boot = "sd.efi"
+slate = "slate"
+"#;
+
+    #[test]
+    fn parses_with_defaults() {
+        let p = Profile::parse(MINIMAL).unwrap();
+        assert_eq!(p.image.tries, 3);
+        assert_eq!(p.variant, "default");
+        assert_eq!(p.cmdline(), "console=ttyS0");
+        assert!(p.os_release().contains("IMAGE_VERSION=1.0.0\n"));
+        assert_eq!(p.with_version("2.0.0").unwrap().version, "2.0.0");
+    }
+
+    #[test]
+    fn bad_profiles_name_the_field() {
+        let err = |text: String| Profile::parse(&text).unwrap_err().to_string();
+        assert!(err(MINIMAL.replace("1.0.0", "v 1")).starts_with("version:"));
+        assert!(err(MINIMAL.replace("name = \"slate\"", "name = \"sl+ate\"")).starts_with("name:"));
+        assert!(err(MINIMAL.replace("amd64", "sparc")).contains("unknown variant `sparc`"));
+        assert!(
+            err(MINIMAL.replace("[boot]", "[boot]\nbogus = 1")).contains("unknown field `bogus`")
+        );
+        assert!(err(MINIMAL.replace("image = \"vmlinuz\"\n", "")).contains("missing field `image`"));
+        assert!(err(MINIMAL.replace("\"console=ttyS0\"", "\"a b\"")).starts_with("kernel.args:"));
+        assert!(err(format!("{MINIMAL}[image]\nsize_mib = 10\n")).starts_with("image.size_mib:"));
+    }
+}
