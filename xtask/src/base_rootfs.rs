@@ -143,6 +143,12 @@ pub fn base_rootfs(
     fs::write(out.join("etc/os-release"), os_release).context("writing /etc/os-release")?;
     set_mode(&out.join("etc/os-release"), 0o644)?;
 
+    // The root's PID 1 until machined takes its place: it proves which root was switched to by
+    // printing the version the imager wrote into this root's os-release, then powers off.
+    let init = out.join("bin/init");
+    fs::write(&init, DEMO_INIT).context("writing /bin/init")?;
+    set_mode(&init, 0o755)?;
+
     if let Some(slate) = slate_bin {
         let target = out.join("usr/bin/slate");
         fs::copy(slate, &target)
@@ -157,6 +163,15 @@ pub fn base_rootfs(
     );
     Ok(())
 }
+
+const DEMO_INIT: &str = r#"#!/bin/sh
+. /etc/os-release
+while read -r dev mnt fstype rest; do
+  [ "$mnt" = / ] && root_fs=$fstype
+done < /proc/mounts
+echo "SLATE-ROOT-OK name=$ID version=$IMAGE_VERSION rootfs=$root_fs"
+poweroff -f
+"#;
 
 fn prepare_out(out: &Path, replace: bool) -> Result<()> {
     match fs::read_dir(out) {

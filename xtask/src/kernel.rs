@@ -41,9 +41,16 @@ pub fn kernel(force: bool) -> Result<()> {
     let stamp_text = format!("{package} {version}\n");
     let stamp = cache.join("STAMP");
     let fresh = fs::read_to_string(&stamp).is_ok_and(|s| s == stamp_text)
-        && ["KERNEL", "RELEASE", "MODULES", "COMPRESSION"]
-            .iter()
-            .all(|f| cache.join(f).is_file());
+        && [
+            "KERNEL",
+            "RELEASE",
+            "MODULES",
+            "COMPRESSION",
+            "vmlinuz",
+            "modules",
+        ]
+        .iter()
+        .all(|f| cache.join(f).exists());
     if fresh && !force {
         println!("kernel cache up to date ({package} {version}); nothing to do");
     } else {
@@ -128,6 +135,16 @@ fn build(cache: &Path, package: &str, version: &str) -> Result<()> {
     util::write_atomic(&cache.join("RELEASE"), &format!("{release}\n"))?;
     util::write_atomic(&cache.join("MODULES"), &format!("{}\n", modules.display()))?;
     util::write_atomic(&cache.join("COMPRESSION"), &format!("{shipped}\n"))?;
+    // Stable names for profiles, whatever the release: `vmlinuz` and `modules`.
+    for (link, target) in [
+        ("vmlinuz", vmlinuz.as_path()),
+        ("modules", modules.as_path()),
+    ] {
+        let link = cache.join(link);
+        let _ = fs::remove_file(&link);
+        std::os::unix::fs::symlink(target, &link)
+            .with_context(|| format!("linking {}", link.display()))?;
+    }
     Ok(())
 }
 

@@ -8,6 +8,8 @@ mod base_rootfs;
 mod kernel;
 mod slate_static;
 mod util;
+mod vm;
+mod vm_test;
 
 use std::path::PathBuf;
 
@@ -47,6 +49,10 @@ enum Task {
     },
     /// Build the slate binary statically linked (target/static/...) and check it is static.
     SlateStatic,
+    /// Build images and boot them in QEMU; every scenario judged by what the guest printed.
+    VmTest,
+    /// The main job: build the demo image, boot it, show what happened.
+    Demo,
 }
 
 fn main() -> Result<()> {
@@ -59,5 +65,7 @@ fn main() -> Result<()> {
             replace,
         } => base_rootfs::base_rootfs(&out, &version, slate_bin.as_deref(), replace),
         Task::SlateStatic => slate_static::slate_static().map(drop),
+        Task::VmTest => vm_test::vm_test(),
+        Task::Demo => vm_test::demo(),
     }
 }

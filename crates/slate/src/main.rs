@@ -5,6 +5,8 @@
 //! PID 1, the installer carried in update bundles, and the operator's command line.
 
 mod cli;
+mod imager_cmd;
+mod init;
 mod meta_cmd;
 
 use std::ffi::OsString;

@@ -1,0 +1,213 @@
+//! The artifacts: squashfs rootfs, initramfs, command line, UKI.
+
+use std::collections::BTreeSet;
+use std::fs;
+use std::io::{Cursor, Write};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::Path;
+
+use flate2::write::GzEncoder;
+use flate2::Compression;
+use slate_cpio::{concat_initrds, CpioWriter};
+use slate_rootfs::{build_squashfs_with_progress, SquashfsOptions};
+use slate_uki::{UkiBuilder, UKI_SBAT_LINE};
+
+use crate::{ImagerError, Inputs, Progress};
+
+fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, ImagerError> {
+    fs::read(path).map_err(|source| ImagerError::MissingInput {
+        what,
+        path: path.to_owned(),
+        source,
+    })
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImagerError + '_ {
+    move |source| ImagerError::MissingInput {
+        what: "the base rootfs",
+        path: path.to_owned(),
+        source,
+    }
+}
+
+/// Copy a directory tree (files, directories, symlinks) keeping modes.
+fn copy_tree(from: &Path, to: &Path) -> Result<(), ImagerError> {
+    for entry in fs::read_dir(from).map_err(io_err(from))? {
+        let entry = entry.map_err(io_err(from))?;
+        let src = entry.path();
+        let dst = to.join(entry.file_name());
+        let meta = fs::symlink_metadata(&src).map_err(io_err(&src))?;
+        let kind = meta.file_type();
+        if kind.is_symlink() {
+            let target = fs::read_link(&src).map_err(io_err(&src))?;
+            std::os::unix::fs::symlink(target, &dst).map_err(io_err(&dst))?;
+        } else if kind.is_dir() {
+            fs::create_dir(&dst).map_err(io_err(&dst))?;
+            copy_tree(&src, &dst)?;
+            fs::set_permissions(&dst, fs::Permissions::from_mode(meta.mode() & 0o7777))
+                .map_err(io_err(&dst))?;
+        } else if kind.is_file() {
+            fs::copy(&src, &dst).map_err(io_err(&src))?;
+        } else {
+            return Err(ImagerError::BadInput {
+                what: "the base rootfs",
+                reason: format!(
+                    "{} is a special file; devices belong to devtmpfs",
+                    src.display()
+                ),
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The root filesystem as squashfs: the base tree (directory or tar), with `/etc/os-release`
+/// written from the profile so the booted root names its own version.
+pub fn build_rootfs(
+    inputs: &Inputs,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<Vec<u8>, ImagerError> {
+    progress(Progress::Step("assembling the root filesystem"));
+    let tree = tempfile::tempdir().map_err(io_err(Path::new("a temporary directory")))?;
+    let base = &inputs.base_rootfs;
+    if base.is_dir() {
+        copy_tree(base, tree.path())?;
+    } else {
+        let file = fs::File::open(base).map_err(io_err(base))?;
+        let mut archive = tar::Archive::new(file);
+        archive.set_preserve_permissions(true);
+        archive
+            .unpack(tree.path())
+            .map_err(|e| ImagerError::BadInput {
+                what: "the base rootfs",
+                reason: format!(
+                    "{} is neither a directory nor a tar archive: {e}",
+                    base.display()
+                ),
+            })?;
+    }
+    let etc = tree.path().join("etc");
+    fs::create_dir_all(&etc).map_err(io_err(&etc))?;
+    fs::write(etc.join("os-release"), inputs.profile.os_release()).map_err(io_err(&etc))?;
+
+    progress(Progress::Step("compressing the root filesystem"));
+    let opts = SquashfsOptions {
+        source_date_epoch: u32::try_from(inputs.source_date_epoch).unwrap_or(u32::MAX),
+        compression: slate_rootfs::Compression::Zstd {
+            level: inputs.profile.rootfs.zstd_level,
+        },
+        ..SquashfsOptions::default()
+    };
+    let mut out = Cursor::new(Vec::new());
+    build_squashfs_with_progress(tree.path(), &mut out, &opts, &mut |done, total| {
+        progress(Progress::Files { done, total })
+    })?;
+    Ok(out.into_inner())
+}
+
+/// The initramfs: slate as `/init`, the module closure with its load order, and the rootfs; the
+/// system extensions and their manifest follow as a second, gzip-compressed archive.
+pub fn build_initramfs(inputs: &Inputs, rootfs: &[u8]) -> Result<Vec<u8>, ImagerError> {
+    let epoch = u32::try_from(inputs.source_date_epoch).unwrap_or(u32::MAX);
+    let mut cpio = CpioWriter::with_mtime(epoch);
+    for dir in [
+        "dev",
+        "proc",
+        "sys",
+        "run",
+        "newroot",
+        "etc",
+        "etc/slate",
+        "lib",
+    ] {
+        cpio.dir(dir, 0o755)?;
+    }
+    cpio.char_device("dev/console", 0o600, 5, 1)?;
+    cpio.file("init", 0o755, read("the slate binary", &inputs.slate)?)?;
+
+    let modules_root = format!("lib/modules/{}", inputs.kernel_release);
+    let mut dirs = BTreeSet::from(["lib/modules".to_string(), modules_root.clone()]);
+    for module in &inputs.module_paths {
+        let mut parent = Path::new(module).parent();
+        while let Some(p) = parent.filter(|p| !p.as_os_str().is_empty()) {
+            dirs.insert(format!("{modules_root}/{}", p.display()));
+            parent = p.parent();
+        }
+    }
+    for dir in &dirs {
+        cpio.dir(dir, 0o755)?;
+    }
+    for module in &inputs.module_paths {
+        let data = read("a kernel module", &inputs.modules_dir.join(module))?;
+        cpio.file(&format!("{modules_root}/{module}"), 0o644, data)?;
+    }
+    let load_order: String = inputs
+        .module_paths
+        .iter()
+        .map(|m| format!("{m}\n"))
+        .collect();
+    cpio.file("etc/slate/modules.load", 0o644, load_order)?;
+    cpio.file("rootfs.sqsh", 0o644, rootfs.to_vec())?;
+    let main = cpio.finish();
+
+    if inputs.extensions.is_empty() {
+        return Ok(main);
+    }
+    let mut ext = CpioWriter::with_mtime(epoch);
+    ext.dir("extensions", 0o755)?;
+    let mut manifest = String::new();
+    for path in &inputs.extensions {
+        let name =
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .ok_or_else(|| ImagerError::BadInput {
+                    what: "rootfs.extensions",
+                    reason: format!("{} has no usable file name", path.display()),
+                })?;
+        ext.file(
+            &format!("extensions/{name}"),
+            0o644,
+            read("the system extension", path)?,
+        )?;
+        manifest.push_str(name);
+        manifest.push('\n');
+    }
+    ext.file("extensions/manifest", 0o644, manifest)?;
+    let mut gz = GzEncoder::new(Vec::new(), Compression::best());
+    gz.write_all(&ext.finish())
+        .and_then(|_| gz.flush())
+        .map_err(io_err(Path::new("memory")))?;
+    let compressed = gz.finish().map_err(io_err(Path::new("memory")))?;
+    Ok(concat_initrds(&[&main, &compressed]))
+}
+
+/// The kernel command line.
+pub fn build_cmdline(inputs: &Inputs) -> String {
+    inputs.profile.cmdline()
+}
+
+/// The UKI's file name on the ESP, with its boot-counting tries.
+pub fn uki_name(inputs: &Inputs, tries: Option<u32>) -> Result<String, ImagerError> {
+    Ok(slate_installer::uki_file_name(
+        &inputs.profile.name,
+        &inputs.profile.version,
+        tries,
+    )?)
+}
+
+/// The unified kernel image: systemd-stub with os-release, command line, kernel release,
+/// initramfs and kernel.
+pub fn build_uki(inputs: &Inputs, initramfs: &[u8]) -> Result<Vec<u8>, ImagerError> {
+    let stub = read("systemd-stub", &inputs.stub)?;
+    let kernel = read("the kernel image", &inputs.kernel_image)?;
+    let os_release = inputs.profile.os_release();
+    let cmdline = build_cmdline(inputs);
+    Ok(UkiBuilder::new(&stub)
+        .osrel(&os_release)
+        .cmdline(&cmdline)
+        .uname(&inputs.kernel_release)
+        .initrd(initramfs)
+        .linux(kernel)
+        .sbat(UKI_SBAT_LINE)
+        .build()?)
+}

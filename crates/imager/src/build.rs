@@ -1,0 +1,166 @@
+//! One build: inputs resolved, output prepared (so an unwritable destination fails first), the
+//! artifact built, then moved into place.
+
+use std::path::{Path, PathBuf};
+
+use slate_disk::FileDisk;
+use slate_installer::{loader_conf, write_image, ImagePlan};
+use slate_layout::{LayoutParams, MIB};
+
+use crate::artifacts::{build_cmdline, build_initramfs, build_rootfs, build_uki, uki_name};
+use crate::bundle::build_installer_bundle;
+use crate::output::PendingOutput;
+use crate::{ImagerError, Inputs, OutputKind, Progress};
+
+/// The steps a build of `inputs.kind` takes, for `--dry-run`.
+pub fn plan(inputs: &Inputs) -> Vec<String> {
+    let p = &inputs.profile;
+    let mut steps = Vec::new();
+    let kind = inputs.kind;
+    if !matches!(kind, OutputKind::Cmdline | OutputKind::Kernel) {
+        steps.push(format!(
+            "squashfs (zstd {}) of {} with /etc/os-release for {} {}",
+            p.rootfs.zstd_level,
+            inputs.base_rootfs.display(),
+            p.name,
+            p.version
+        ));
+    }
+    if !matches!(
+        kind,
+        OutputKind::Cmdline | OutputKind::Kernel | OutputKind::Rootfs
+    ) {
+        steps.push(format!(
+            "initramfs: /init = {}, {} modules for {} ({}), rootfs.sqsh, {} extensions",
+            inputs.slate.display(),
+            inputs.module_paths.len(),
+            inputs.kernel_release,
+            inputs.module_paths.join(" "),
+            inputs.extensions.len()
+        ));
+    }
+    if matches!(
+        kind,
+        OutputKind::Uki | OutputKind::Image | OutputKind::Installer
+    ) {
+        steps.push(format!(
+            "UKI on {}: .osrel .cmdline ({}) .uname .initrd .linux ({})",
+            inputs.stub.display(),
+            build_cmdline(inputs),
+            inputs.kernel_image.display()
+        ));
+    }
+    match kind {
+        OutputKind::Image => steps.push(format!(
+            "{} MiB GPT disk: EFI {} MiB (systemd-boot {}), META 1 MiB, STATE {} MiB, EPHEMERAL rest",
+            p.image.size_mib,
+            p.image.esp_mib,
+            inputs.systemd_boot.display(),
+            p.image.state_mib
+        )),
+        OutputKind::Installer => {
+            steps.push("OCI layout: UKI + slate binary + bundle manifest".to_string())
+        }
+        OutputKind::Cmdline => steps.push(format!("command line: {}", build_cmdline(inputs))),
+        OutputKind::Kernel => steps.push(format!("kernel: {}", inputs.kernel_image.display())),
+        _ => {}
+    }
+    steps
+}
+
+/// Build `inputs.kind` into `out`.
+pub fn build(
+    inputs: &Inputs,
+    out: &Path,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<PathBuf, ImagerError> {
+    let pending = match inputs.kind {
+        OutputKind::Installer => PendingOutput::dir(out)?,
+        _ => PendingOutput::file(out)?,
+    };
+    let write = |bytes: &[u8]| {
+        std::fs::write(pending.path(), bytes).map_err(|source| ImagerError::Output {
+            path: out.to_owned(),
+            source,
+        })
+    };
+    match inputs.kind {
+        OutputKind::Cmdline => write(format!("{}\n", build_cmdline(inputs)).as_bytes())?,
+        OutputKind::Kernel => {
+            let kernel = std::fs::read(&inputs.kernel_image).map_err(|source| {
+                ImagerError::MissingInput {
+                    what: "the kernel image",
+                    path: inputs.kernel_image.clone(),
+                    source,
+                }
+            })?;
+            write(&kernel)?
+        }
+        OutputKind::Rootfs => write(&build_rootfs(inputs, progress)?)?,
+        OutputKind::Initramfs => {
+            let rootfs = build_rootfs(inputs, progress)?;
+            progress(Progress::Step("packing the initramfs"));
+            write(&build_initramfs(inputs, &rootfs)?)?
+        }
+        OutputKind::Uki => write(&uki(inputs, progress)?)?,
+        OutputKind::Image => {
+            let uki = uki(inputs, progress)?;
+            let p = &inputs.profile;
+            let plan = ImagePlan {
+                image_id: inputs.image_id(),
+                layout: LayoutParams {
+                    esp_size: p.image.esp_mib * MIB,
+                    state_size: p.image.state_mib * MIB,
+                    ..LayoutParams::default()
+                },
+                source_date_epoch: inputs.source_date_epoch,
+                systemd_boot: std::fs::read(&inputs.systemd_boot).map_err(|source| {
+                    ImagerError::MissingInput {
+                        what: "systemd-boot",
+                        path: inputs.systemd_boot.clone(),
+                        source,
+                    }
+                })?,
+                uki,
+                uki_name: uki_name(inputs, Some(p.image.tries))?,
+                loader_conf: loader_conf(&format!("{}-*", p.name), p.image.menu_timeout)?,
+            };
+            progress(Progress::Step("writing the disk image"));
+            let mut disk =
+                FileDisk::create(pending.path(), p.image.size_mib * MIB).map_err(|source| {
+                    ImagerError::Output {
+                        path: out.to_owned(),
+                        source,
+                    }
+                })?;
+            write_image(&mut disk, &plan, &mut |_| {})?;
+        }
+        OutputKind::Installer => {
+            let uki = uki(inputs, progress)?;
+            progress(Progress::Step("laying out the installer bundle"));
+            let p = &inputs.profile;
+            let slate =
+                std::fs::read(&inputs.slate).map_err(|source| ImagerError::MissingInput {
+                    what: "the slate binary",
+                    path: inputs.slate.clone(),
+                    source,
+                })?;
+            build_installer_bundle(
+                pending.path(),
+                (&p.name, &p.version, p.arch.as_str(), &p.variant),
+                &uki_name(inputs, None)?,
+                &uki,
+                &slate,
+            )?;
+        }
+    }
+    pending.commit()
+}
+
+fn uki(inputs: &Inputs, progress: &mut dyn FnMut(Progress)) -> Result<Vec<u8>, ImagerError> {
+    let rootfs = build_rootfs(inputs, progress)?;
+    progress(Progress::Step("packing the initramfs"));
+    let initramfs = build_initramfs(inputs, &rootfs)?;
+    progress(Progress::Step("assembling the UKI"));
+    build_uki(inputs, &initramfs)
+}

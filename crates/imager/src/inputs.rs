@@ -1,0 +1,220 @@
+//! Everything a build needs, resolved and checked before anything is built.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use slate_modules::ModuleDeps;
+use slate_profile::Profile;
+
+use crate::ImagerError;
+
+/// What to build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OutputKind {
+    Rootfs,
+    Initramfs,
+    Cmdline,
+    Kernel,
+    Uki,
+    Image,
+    Installer,
+}
+
+impl OutputKind {
+    pub const ALL: [OutputKind; 7] = [
+        OutputKind::Rootfs,
+        OutputKind::Initramfs,
+        OutputKind::Cmdline,
+        OutputKind::Kernel,
+        OutputKind::Uki,
+        OutputKind::Image,
+        OutputKind::Installer,
+    ];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            OutputKind::Rootfs => "rootfs",
+            OutputKind::Initramfs => "initramfs",
+            OutputKind::Cmdline => "cmdline",
+            OutputKind::Kernel => "kernel",
+            OutputKind::Uki => "uki",
+            OutputKind::Image => "image",
+            OutputKind::Installer => "installer",
+        }
+    }
+
+    pub fn parse(name: &str) -> Result<Self, ImagerError> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.name() == name)
+            .ok_or_else(|| ImagerError::BadInput {
+                what: "output kind",
+                reason: format!(
+                    "{name:?} is not one of {}",
+                    Self::ALL.map(|k| k.name()).join(", ")
+                ),
+            })
+    }
+
+    fn needs_rootfs(self) -> bool {
+        !matches!(self, OutputKind::Cmdline | OutputKind::Kernel)
+    }
+    fn needs_initramfs(self) -> bool {
+        matches!(
+            self,
+            OutputKind::Initramfs | OutputKind::Uki | OutputKind::Image | OutputKind::Installer
+        )
+    }
+    fn needs_kernel(self) -> bool {
+        matches!(
+            self,
+            OutputKind::Kernel | OutputKind::Uki | OutputKind::Image | OutputKind::Installer
+        )
+    }
+    fn needs_uki(self) -> bool {
+        matches!(
+            self,
+            OutputKind::Uki | OutputKind::Image | OutputKind::Installer
+        )
+    }
+}
+
+/// The resolved inputs of one build.
+#[derive(Debug, Clone)]
+pub struct Inputs {
+    pub kind: OutputKind,
+    pub profile: Profile,
+    pub kernel_image: PathBuf,
+    pub modules_dir: PathBuf,
+    /// `uname -r` of the kernel: the name of its modules directory.
+    pub kernel_release: String,
+    /// The module closure, relative to `modules_dir`, dependencies first.
+    pub module_paths: Vec<String>,
+    pub base_rootfs: PathBuf,
+    pub extensions: Vec<PathBuf>,
+    pub stub: PathBuf,
+    pub systemd_boot: PathBuf,
+    pub slate: PathBuf,
+    /// Every timestamp in every artifact.
+    pub source_date_epoch: u64,
+}
+
+fn must_exist(what: &'static str, path: &Path) -> Result<(), ImagerError> {
+    fs::metadata(path)
+        .map(|_| ())
+        .map_err(|source| ImagerError::MissingInput {
+            what,
+            path: path.to_owned(),
+            source,
+        })
+}
+
+impl Inputs {
+    /// Read the profile at `path` (with `version` overriding its version) and check what `kind`
+    /// needs. Relative paths in the profile are relative to the profile's directory.
+    pub fn resolve(
+        path: &Path,
+        version: Option<&str>,
+        kind: OutputKind,
+        source_date_epoch: u64,
+    ) -> Result<Self, ImagerError> {
+        let text = fs::read_to_string(path).map_err(|source| ImagerError::ReadProfile {
+            path: path.to_owned(),
+            source,
+        })?;
+        let profile_err = |source| ImagerError::Profile {
+            path: path.to_owned(),
+            source,
+        };
+        let mut profile = Profile::parse(&text).map_err(profile_err)?;
+        if let Some(version) = version {
+            profile = profile.with_version(version).map_err(profile_err)?;
+        }
+        let base = path.parent().unwrap_or(Path::new("."));
+        let at = |p: &Path| base.join(p);
+
+        let inputs = Inputs {
+            kind,
+            kernel_image: at(&profile.kernel.image),
+            modules_dir: at(&profile.kernel.modules_dir),
+            kernel_release: String::new(),
+            module_paths: Vec::new(),
+            base_rootfs: at(&profile.rootfs.base),
+            extensions: profile.rootfs.extensions.iter().map(|p| at(p)).collect(),
+            stub: at(&profile.boot.stub),
+            systemd_boot: at(&profile.boot.systemd_boot),
+            slate: at(&profile.boot.slate),
+            source_date_epoch,
+            profile,
+        };
+        inputs.check()
+    }
+
+    fn check(mut self) -> Result<Self, ImagerError> {
+        let kind = self.kind;
+        if kind.needs_kernel() {
+            must_exist("the kernel image", &self.kernel_image)?;
+        }
+        if kind.needs_rootfs() {
+            must_exist("the base rootfs", &self.base_rootfs)?;
+            for ext in &self.extensions {
+                must_exist("the system extension", ext)?;
+            }
+        }
+        if kind.needs_initramfs() {
+            must_exist("the slate binary", &self.slate)?;
+            self.resolve_modules()?;
+        }
+        if kind.needs_uki() {
+            must_exist("systemd-stub", &self.stub)?;
+        }
+        if kind == OutputKind::Image {
+            must_exist("systemd-boot", &self.systemd_boot)?;
+        }
+        Ok(self)
+    }
+
+    fn resolve_modules(&mut self) -> Result<(), ImagerError> {
+        let dep_path = self.modules_dir.join("modules.dep");
+        let read = |path: &Path| {
+            fs::read_to_string(path).map_err(|source| ImagerError::MissingInput {
+                what: "the kernel's module index",
+                path: path.to_owned(),
+                source,
+            })
+        };
+        let mut deps = ModuleDeps::parse(&read(&dep_path)?)?;
+        let builtin = self.modules_dir.join("modules.builtin");
+        if builtin.exists() {
+            deps = deps.with_builtin(&read(&builtin)?)?;
+        }
+        self.module_paths = deps
+            .resolve(&self.profile.kernel.modules)?
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        for module in &self.module_paths {
+            must_exist("a kernel module", &self.modules_dir.join(module))?;
+        }
+        let canonical =
+            fs::canonicalize(&self.modules_dir).map_err(|source| ImagerError::MissingInput {
+                what: "the modules directory",
+                path: self.modules_dir.clone(),
+                source,
+            })?;
+        self.kernel_release = canonical
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| ImagerError::BadInput {
+                what: "kernel.modules_dir",
+                reason: "its name must be the kernel release".into(),
+            })?
+            .to_string();
+        Ok(())
+    }
+
+    /// Seeds the disk's GUIDs: the same image, the same GUIDs.
+    pub fn image_id(&self) -> String {
+        format!("{}-{}", self.profile.name, self.profile.version)
+    }
+}

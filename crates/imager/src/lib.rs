@@ -1,0 +1,68 @@
+//! The imager: a profile in, an artifact out.
+//!
+//! [`Inputs::resolve`] checks everything a build needs — kernel, modules and their closure, base
+//! rootfs, stub, systemd-boot, slate binary, the output location — before anything is built, so a
+//! bad profile fails with a clear error and leaves nothing behind. Builders are functions of the
+//! inputs and `SOURCE_DATE_EPOCH`: the same inputs give bit-identical artifacts. Outputs are
+//! written beside their destination under a temporary name and renamed into place.
+
+mod artifacts;
+mod build;
+mod bundle;
+mod inputs;
+mod output;
+
+pub use artifacts::{build_cmdline, build_initramfs, build_rootfs, build_uki, uki_name};
+pub use build::{build, plan};
+pub use bundle::{build_installer_bundle, BundleManifest};
+pub use inputs::{Inputs, OutputKind};
+pub use output::{write_output, PendingOutput};
+
+/// Errors of the imager, each naming the input or output concerned.
+#[derive(Debug, thiserror::Error)]
+pub enum ImagerError {
+    #[error("reading the profile {path}")]
+    ReadProfile {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("profile {path}")]
+    Profile {
+        path: std::path::PathBuf,
+        #[source]
+        source: slate_profile::ProfileError,
+    },
+    #[error("{what} {path} does not exist or cannot be read")]
+    MissingInput {
+        what: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what}: {reason}")]
+    BadInput { what: &'static str, reason: String },
+    #[error("kernel modules")]
+    Modules(#[from] slate_modules::ModulesError),
+    #[error("building the squashfs root filesystem")]
+    Rootfs(#[from] slate_rootfs::RootfsError),
+    #[error("building the initramfs")]
+    Cpio(#[from] slate_cpio::CpioError),
+    #[error("assembling the UKI")]
+    Uki(#[from] slate_uki::UkiError),
+    #[error("writing the disk image")]
+    Install(#[from] slate_installer::InstallError),
+    #[error("output {path} cannot be written")]
+    Output {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// What the imager is doing, for a progress display.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Progress {
+    Step(&'static str),
+    Files { done: u64, total: u64 },
+}

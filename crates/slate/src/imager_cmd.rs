@@ -1,0 +1,99 @@
+//! `slate imager build`: a profile in, an artifact out, with a progress display.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
+use clap::{Args, Subcommand};
+use indicatif::{ProgressBar, ProgressStyle};
+use slate_imager::{Inputs, OutputKind, Progress};
+
+#[derive(Debug, Subcommand)]
+pub enum ImagerCommand {
+    /// Build one artifact from a profile.
+    Build(BuildArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct BuildArgs {
+    /// The image profile (TOML).
+    #[arg(long)]
+    profile: PathBuf,
+    /// What to build.
+    #[arg(long = "output", value_name = "KIND",
+          value_parser = clap::builder::PossibleValuesParser::new(OutputKind::ALL.map(OutputKind::name)))]
+    kind: String,
+    /// Where to write it (a file; a directory for `installer`).
+    #[arg(long)]
+    out: PathBuf,
+    /// Build this version instead of the profile's.
+    #[arg(long)]
+    version: Option<String>,
+    /// Check the inputs and print the plan without building.
+    #[arg(long)]
+    dry_run: bool,
+}
+
+/// Timestamps of every artifact: SOURCE_DATE_EPOCH, or 0 so that builds are reproducible by
+/// default.
+fn source_date_epoch() -> Result<u64> {
+    match std::env::var("SOURCE_DATE_EPOCH") {
+        Ok(v) => v
+            .trim()
+            .parse()
+            .with_context(|| format!("SOURCE_DATE_EPOCH={v:?} is not a number of seconds")),
+        Err(_) => Ok(0),
+    }
+}
+
+pub fn run(cmd: ImagerCommand) -> Result<()> {
+    let ImagerCommand::Build(args) = cmd;
+    let kind = OutputKind::parse(&args.kind)?;
+    let inputs = Inputs::resolve(
+        &args.profile,
+        args.version.as_deref(),
+        kind,
+        source_date_epoch()?,
+    )
+    .with_context(|| format!("checking the inputs of {}", args.profile.display()))?;
+    if args.dry_run {
+        println!(
+            "would build {} {} {} into {}:",
+            inputs.profile.name,
+            inputs.profile.version,
+            kind.name(),
+            args.out.display()
+        );
+        for step in slate_imager::plan(&inputs) {
+            println!("  - {step}");
+        }
+        return Ok(());
+    }
+    let bar = ProgressBar::new_spinner();
+    bar.enable_steady_tick(Duration::from_millis(120));
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} {pos}/{len}").expect("valid template"),
+    );
+    let out = slate_imager::build(&inputs, &args.out, &mut |event| match event {
+        Progress::Step(step) => {
+            bar.set_position(0);
+            bar.set_length(0);
+            bar.set_message(step);
+        }
+        Progress::Files { done, total } => {
+            bar.set_length(total);
+            bar.set_position(done);
+        }
+    })
+    .with_context(|| format!("building {} into {}", kind.name(), args.out.display()))?;
+    bar.finish_and_clear();
+    let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "built {} {} {}: {} ({size} bytes)",
+        inputs.profile.name,
+        inputs.profile.version,
+        kind.name(),
+        out.display()
+    );
+    Ok(())
+}

@@ -1,0 +1,635 @@
+//! The `init` role: PID 1 of the initramfs.
+//!
+//! It loads the kernel modules the image needs, mounts the root squashfs (with any system
+//! extensions layered above it by a read-only overlay), moves `/dev`, `/proc`, `/sys` and `/run`
+//! into it, switches root and executes the real init. If anything fails it says so on the
+//! kernel log and reboots (or halts with `panic=0`), because PID 1 exiting panics the kernel
+//! and a panic message would hide the reason.
+
+use std::convert::Infallible;
+use std::ffi::OsString;
+use std::io::ErrorKind;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{bail, ensure, Context as _, Result};
+use slate_host::{self as host, KmsgLogger, ModuleLoad, MsFlags};
+
+const MODULES_LOAD: &str = "/etc/slate/modules.load";
+const MODULES_DIR: &str = "/lib/modules";
+const ROOTFS_IMAGE: &str = "/rootfs.sqsh";
+const EXTENSIONS_DIR: &str = "/extensions";
+const MANIFEST: &str = "manifest";
+const RUN: &str = "/run";
+const LAYERS_DIR: &str = "/run/slate/layers";
+const NEW_ROOT: &str = "/newroot";
+const DEFAULT_INIT: &str = "/sbin/init";
+/// Long enough to read the error on a console, short enough that boot counting takes over soon.
+const REBOOT_DELAY: Duration = Duration::from_secs(10);
+
+/// Runs as the initramfs init. Returns only if this process is not PID 1 (refusing to run);
+/// as PID 1 it either executes the real init or reboots/halts.
+///
+/// `init_args` are the arguments the kernel gave init (`single`, anything after `--`); they are
+/// handed on to the real init.
+pub fn run(init_args: Vec<OsString>) -> Result<()> {
+    if !host::is_pid1() {
+        bail!(
+            "slate init is the initramfs init and must run as PID 1 (this is PID {}): \
+             it mounts over /, switches root and reboots the machine on failure",
+            std::process::id()
+        );
+    }
+    let pseudo = host::mount_pseudo_filesystems();
+    // Before opening /dev/kmsg, so the log does not take a missing stdio descriptor.
+    let console = host::ensure_console_stdio();
+    let log = KmsgLogger::open("initramfs");
+    if let Err(err) = console {
+        log.warn(format_args!(
+            "no console on stdio: {:#}",
+            anyhow::Error::from(err)
+        ));
+    }
+    let outcome = pseudo
+        .context("mounting /proc, /sys and /dev")
+        .and_then(|()| boot(&log, init_args));
+    let Err(err) = outcome;
+    log.error(format_args!("boot failed: {err:#}"));
+    fail(&log)
+}
+
+/// The happy path; returns only with the error that stopped it.
+fn boot(log: &KmsgLogger, init_args: Vec<OsString>) -> Result<Infallible> {
+    if let Err(err) = host::disable_kmsg_ratelimit() {
+        log.warn(format_args!(
+            "{:#} (some log lines may be dropped)",
+            anyhow::Error::from(err)
+        ));
+    }
+    log.info(format_args!("starting slate {}", env!("CARGO_PKG_VERSION")));
+    let cmdline = host::kernel_cmdline()?;
+    let init = init_program(&cmdline)?.to_string();
+
+    load_modules(log)?;
+
+    // A tmpfs on /run from the start: the layer mount points live there, and it moves into
+    // the new root with them, so the real system sees its layers under /run/slate/layers.
+    let run = Path::new(RUN);
+    create_dir(run)?;
+    host::mount(
+        "tmpfs",
+        run,
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755"),
+    )?;
+
+    let extensions = find_extensions(Path::new(EXTENSIONS_DIR))?;
+    for name in &extensions.unlisted {
+        log.warn(format_args!(
+            "ignoring {EXTENSIONS_DIR}/{name}: not listed in {MANIFEST}"
+        ));
+    }
+    let layers = plan_layers(
+        Path::new(ROOTFS_IMAGE),
+        Path::new(EXTENSIONS_DIR),
+        &extensions.ordered,
+        Path::new(LAYERS_DIR),
+    );
+    let new_root = Path::new(NEW_ROOT);
+    create_dir(new_root)?;
+    mount_root_stack(log, &layers, new_root).context("mounting the root filesystem")?;
+
+    for dir in [RUN, "/dev", "/proc", "/sys"] {
+        let target = new_root.join(dir.trim_start_matches('/'));
+        // symlink_metadata: an absolute symlink would resolve against the initramfs, not the
+        // new root.
+        if std::fs::symlink_metadata(&target).is_ok_and(|m| m.is_dir()) {
+            host::move_mount(Path::new(dir), &target)?;
+        } else {
+            log.warn(format_args!(
+                "the new root has no directory {dir}: that mount stays behind in the initramfs"
+            ));
+        }
+    }
+    host::switch_root(new_root)?;
+    log.info(format_args!("switched root; executing {init}"));
+    let Err(err) = host::exec(Path::new(&init), &init_args);
+    Err(err).with_context(|| format!("starting the real init (slate.init={init})"))
+}
+
+/// What PID 1 does after a failed boot: exiting would panic the kernel, hiding the message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FailureAction {
+    /// `panic=0`: the operator asked the machine to stay put after a failure.
+    Halt,
+    /// Reboot after showing the message, so the firmware's boot counting can pick a fallback.
+    Reboot(Duration),
+}
+
+fn failure_action(cmdline: Option<&str>) -> FailureAction {
+    match cmdline.and_then(|c| host::cmdline_value(c, "panic")) {
+        Some("0") => FailureAction::Halt,
+        _ => FailureAction::Reboot(REBOOT_DELAY),
+    }
+}
+
+fn fail(log: &KmsgLogger) -> ! {
+    let cmdline = host::kernel_cmdline().ok();
+    match failure_action(cmdline.as_deref()) {
+        FailureAction::Halt => {
+            log.error("panic=0 on the kernel command line: halting here");
+        }
+        FailureAction::Reboot(delay) => {
+            log.error(format_args!("rebooting in {} s", delay.as_secs()));
+            std::thread::sleep(delay);
+            let Err(err) = host::reboot();
+            log.error(format_args!(
+                "{:#}; halting instead",
+                anyhow::Error::from(err)
+            ));
+        }
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// The program to execute in the new root: `slate.init=` or `/sbin/init`.
+fn init_program(cmdline: &str) -> Result<&str> {
+    let init = host::cmdline_value(cmdline, "slate.init")
+        .filter(|v| !v.is_empty())
+        .unwrap_or(DEFAULT_INIT);
+    ensure!(
+        init.starts_with('/'),
+        "slate.init={init} is not an absolute path"
+    );
+    Ok(init)
+}
+
+fn load_modules(log: &KmsgLogger) -> Result<()> {
+    let text = match std::fs::read_to_string(MODULES_LOAD) {
+        Ok(text) => text,
+        Err(err) if err.kind() == ErrorKind::NotFound => {
+            log.info(format_args!("no {MODULES_LOAD}: loading no modules"));
+            return Ok(());
+        }
+        Err(err) => return Err(err).with_context(|| format!("reading {MODULES_LOAD}")),
+    };
+    let modules = parse_modules_load(&text).with_context(|| format!("parsing {MODULES_LOAD}"))?;
+    if modules.is_empty() {
+        return Ok(());
+    }
+    let release = module_release(Path::new(MODULES_DIR))?;
+    match host::kernel_release() {
+        Ok(running) if running != release => log.warn(format_args!(
+            "modules are for kernel {release} but the running kernel is {running}"
+        )),
+        Ok(_) => {}
+        Err(err) => log.warn(format_args!("{:#}", anyhow::Error::from(err))),
+    }
+    let dir = Path::new(MODULES_DIR).join(&release);
+    let total = modules.len();
+    for (i, module) in modules.iter().enumerate() {
+        let k = i + 1;
+        let name = module_name(module);
+        let outcome = host::load_module(&dir.join(module))
+            .with_context(|| format!("loading module {k}/{total} {name}"))?;
+        let note = if outcome == ModuleLoad::AlreadyLoaded {
+            " (already loaded)"
+        } else {
+            ""
+        };
+        log.info(format_args!("loaded {k}/{total} {name}{note}"));
+    }
+    Ok(())
+}
+
+/// The module paths of `modules.load`, in order: one path relative to
+/// `/lib/modules/<release>/` per line; blank lines and `#` comments are skipped.
+fn parse_modules_load(text: &str) -> Result<Vec<&str>> {
+    let mut modules = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let path = Path::new(line);
+        let escapes = path
+            .components()
+            .any(|c| !matches!(c, std::path::Component::Normal(_)));
+        ensure!(
+            !escapes,
+            "line {}: {line:?} must be a plain path relative to /lib/modules/<release>/",
+            i + 1
+        );
+        modules.push(line);
+    }
+    Ok(modules)
+}
+
+/// `kernel/fs/squashfs/squashfs.ko[.xz]` -> `squashfs`.
+fn module_name(path: &str) -> &str {
+    let file = path.rsplit('/').next().unwrap_or(path);
+    file.find(".ko").map_or(file, |end| &file[..end])
+}
+
+/// The one kernel release directory under `/lib/modules`.
+fn module_release(dir: &Path) -> Result<String> {
+    let mut releases = Vec::new();
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        if entry.file_type().is_ok_and(|t| t.is_dir()) {
+            releases.push(entry.file_name().to_string_lossy().into_owned());
+        }
+    }
+    match <[String; 1]>::try_from(releases) {
+        Ok([release]) => Ok(release),
+        Err(found) => bail!(
+            "expected exactly one kernel release directory in {}, found {found:?}",
+            dir.display()
+        ),
+    }
+}
+
+/// The extension images to layer, from `<dir>/manifest`.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct Extensions {
+    /// File names in manifest order: the first is the topmost layer.
+    ordered: Vec<String>,
+    /// `.sqsh` files present but not in the manifest.
+    unlisted: Vec<String>,
+}
+
+fn find_extensions(dir: &Path) -> Result<Extensions> {
+    let mut present = Vec::new();
+    match std::fs::read_dir(dir) {
+        Ok(entries) => {
+            for entry in entries {
+                let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.ends_with(".sqsh") {
+                    present.push(name);
+                }
+            }
+        }
+        Err(err) if err.kind() == ErrorKind::NotFound => return Ok(Extensions::default()),
+        Err(err) => return Err(err).with_context(|| format!("listing {}", dir.display())),
+    }
+    present.sort();
+    let manifest = dir.join(MANIFEST);
+    let text = match std::fs::read_to_string(&manifest) {
+        Ok(text) => text,
+        Err(err) if err.kind() == ErrorKind::NotFound && present.is_empty() => {
+            return Ok(Extensions::default())
+        }
+        Err(err) if err.kind() == ErrorKind::NotFound => bail!(
+            "{} holds extension images {present:?} but no {MANIFEST}: their layering order \
+             is unknown",
+            dir.display()
+        ),
+        Err(err) => return Err(err).with_context(|| format!("reading {}", manifest.display())),
+    };
+    let ordered =
+        parse_manifest(&text).with_context(|| format!("parsing {}", manifest.display()))?;
+    for name in &ordered {
+        let path = dir.join(name);
+        ensure!(
+            path.is_file(),
+            "{} lists {name}, but {} is not a file",
+            manifest.display(),
+            path.display()
+        );
+    }
+    let unlisted = present
+        .into_iter()
+        .filter(|p| !ordered.contains(p))
+        .collect();
+    Ok(Extensions { ordered, unlisted })
+}
+
+/// Extension file names, one per line, topmost first; blank lines and `#` comments skipped.
+fn parse_manifest(text: &str) -> Result<Vec<String>> {
+    let mut names: Vec<String> = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let name = line.trim();
+        if name.is_empty() || name.starts_with('#') {
+            continue;
+        }
+        let line_no = i + 1;
+        ensure!(
+            !name.contains('/') && name != "." && name != ".." && name != MANIFEST,
+            "line {line_no}: {name:?} is not a file name in the extensions directory"
+        );
+        ensure!(
+            !names.iter().any(|n| n == name),
+            "line {line_no}: {name} is listed twice"
+        );
+        names.push(name.to_string());
+    }
+    Ok(names)
+}
+
+/// One read-only squashfs layer of the root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Layer {
+    /// `ext-N` (N from 1, manifest order) or `rootfs`.
+    name: String,
+    image: PathBuf,
+    /// Where it is mounted when the root is an overlay.
+    mountpoint: PathBuf,
+}
+
+/// The layers of the root, topmost first: the extensions in manifest order, then the rootfs.
+fn plan_layers(
+    rootfs: &Path,
+    ext_dir: &Path,
+    extensions: &[String],
+    layers_dir: &Path,
+) -> Vec<Layer> {
+    let exts = extensions.iter().enumerate().map(|(i, file)| {
+        let name = format!("ext-{}", i + 1);
+        Layer {
+            mountpoint: layers_dir.join(&name),
+            image: ext_dir.join(file),
+            name,
+        }
+    });
+    let root = Layer {
+        name: "rootfs".to_string(),
+        image: rootfs.to_path_buf(),
+        mountpoint: layers_dir.join("rootfs"),
+    };
+    exts.chain(std::iter::once(root)).collect()
+}
+
+/// Mounts the layers read-only at `target`: a single layer directly, several as an overlay.
+/// Returns the loop devices used.
+fn mount_root_stack(log: &KmsgLogger, layers: &[Layer], target: &Path) -> Result<Vec<PathBuf>> {
+    if let [only] = layers {
+        return Ok(vec![mount_layer(log, only, target)?]);
+    }
+    let mut devices = Vec::new();
+    for layer in layers {
+        create_dir(&layer.mountpoint)?;
+        devices.push(mount_layer(log, layer, &layer.mountpoint)?);
+    }
+    let lowers: Vec<&Path> = layers.iter().map(|l| l.mountpoint.as_path()).collect();
+    host::mount_overlay_read_only(&lowers, target)?;
+    let order: Vec<&str> = layers.iter().map(|l| l.name.as_str()).collect();
+    log.info(format_args!(
+        "mounted overlay on {} (top to bottom: {})",
+        target.display(),
+        order.join(", ")
+    ));
+    Ok(devices)
+}
+
+fn mount_layer(log: &KmsgLogger, layer: &Layer, at: &Path) -> Result<PathBuf> {
+    let image = &layer.image;
+    let device = host::attach_loop_read_only(image)
+        .with_context(|| format!("layer {}: attaching {}", layer.name, image.display()))?;
+    host::mount(&device, at, "squashfs", MsFlags::MS_RDONLY, None)
+        .with_context(|| format!("layer {}: mounting {}", layer.name, image.display()))?;
+    log.info(format_args!(
+        "mounted {} ({}) read-only on {} as {}",
+        image.display(),
+        device.display(),
+        at.display(),
+        layer.name
+    ));
+    Ok(device)
+}
+
+fn create_dir(path: &Path) -> Result<()> {
+    std::fs::create_dir_all(path).with_context(|| format!("creating {}", path.display()))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::MetadataExt as _;
+    use std::process::Command;
+
+    use super::*;
+
+    #[test]
+    fn init_program_defaults_and_must_be_absolute() {
+        assert_eq!(init_program("console=ttyS0").unwrap(), "/sbin/init");
+        assert_eq!(init_program("slate.init=").unwrap(), "/sbin/init");
+        assert_eq!(init_program("slate.init=/bin/sh quiet").unwrap(), "/bin/sh");
+        let err = init_program("slate.init=sh").unwrap_err();
+        assert_eq!(err.to_string(), "slate.init=sh is not an absolute path");
+    }
+
+    #[test]
+    fn only_panic_zero_halts() {
+        assert_eq!(
+            failure_action(Some("console=ttyS0 panic=0")),
+            FailureAction::Halt
+        );
+        assert_eq!(
+            failure_action(Some("panic=0 panic=5")),
+            FailureAction::Reboot(REBOOT_DELAY)
+        );
+        assert_eq!(
+            failure_action(Some("panic=-1")),
+            FailureAction::Reboot(REBOOT_DELAY)
+        );
+        assert_eq!(
+            failure_action(Some("quiet")),
+            FailureAction::Reboot(REBOOT_DELAY)
+        );
+        assert_eq!(failure_action(None), FailureAction::Reboot(REBOOT_DELAY));
+    }
+
+    #[test]
+    fn modules_load_keeps_order_and_skips_comments() {
+        let text = "# generated by slate imager\n\
+                    kernel/drivers/block/loop.ko\n\n  kernel/fs/squashfs/squashfs.ko  \n\
+                    kernel/fs/overlayfs/overlay.ko.xz\n";
+        assert_eq!(
+            parse_modules_load(text).unwrap(),
+            [
+                "kernel/drivers/block/loop.ko",
+                "kernel/fs/squashfs/squashfs.ko",
+                "kernel/fs/overlayfs/overlay.ko.xz"
+            ]
+        );
+        assert!(parse_modules_load("").unwrap().is_empty());
+    }
+
+    #[test]
+    fn modules_load_refuses_paths_leaving_the_release_dir() {
+        for bad in ["/lib/modules/x.ko", "kernel/../../x.ko", "./x.ko"] {
+            let err = parse_modules_load(&format!("a.ko\n{bad}\n")).unwrap_err();
+            assert!(err.to_string().starts_with("line 2: "), "{err}");
+        }
+    }
+
+    #[test]
+    fn module_names_drop_directory_and_extension() {
+        assert_eq!(module_name("kernel/fs/squashfs/squashfs.ko"), "squashfs");
+        assert_eq!(
+            module_name("kernel/drivers/block/virtio_blk.ko.zst"),
+            "virtio_blk"
+        );
+        assert_eq!(module_name("loop.ko"), "loop");
+    }
+
+    #[test]
+    fn exactly_one_release_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(module_release(dir.path()).is_err());
+        std::fs::create_dir(dir.path().join("6.1.0-13-amd64")).unwrap();
+        std::fs::write(dir.path().join("stray-file"), "").unwrap();
+        assert_eq!(module_release(dir.path()).unwrap(), "6.1.0-13-amd64");
+        std::fs::create_dir(dir.path().join("6.1.0-12-amd64")).unwrap();
+        let err = module_release(dir.path()).unwrap_err().to_string();
+        assert!(err.contains("expected exactly one kernel release"), "{err}");
+    }
+
+    #[test]
+    fn manifest_names_are_plain_and_unique() {
+        let text = "# topmost first\nnet.sqsh\n\ndebug.sqsh\n";
+        assert_eq!(parse_manifest(text).unwrap(), ["net.sqsh", "debug.sqsh"]);
+        assert!(parse_manifest("a.sqsh\na.sqsh\n").is_err());
+        assert!(parse_manifest("../rootfs.sqsh\n").is_err());
+        assert!(parse_manifest("manifest\n").is_err());
+    }
+
+    #[test]
+    fn extensions_are_found_through_the_manifest() {
+        let dir = tempfile::tempdir().unwrap();
+        let ext = dir.path().join("extensions");
+        assert_eq!(find_extensions(&ext).unwrap(), Extensions::default());
+        std::fs::create_dir(&ext).unwrap();
+        assert_eq!(find_extensions(&ext).unwrap(), Extensions::default());
+        for name in ["b.sqsh", "a.sqsh", "stray.sqsh"] {
+            std::fs::write(ext.join(name), "").unwrap();
+        }
+        let err = find_extensions(&ext).unwrap_err().to_string();
+        assert!(err.contains("no manifest"), "{err}");
+        std::fs::write(ext.join(MANIFEST), "b.sqsh\na.sqsh\n").unwrap();
+        let found = find_extensions(&ext).unwrap();
+        assert_eq!(found.ordered, ["b.sqsh", "a.sqsh"]);
+        assert_eq!(found.unlisted, ["stray.sqsh"]);
+        std::fs::write(ext.join(MANIFEST), "missing.sqsh\n").unwrap();
+        let err = find_extensions(&ext).unwrap_err().to_string();
+        assert!(err.contains("lists missing.sqsh"), "{err}");
+    }
+
+    #[test]
+    fn layers_put_extensions_above_the_rootfs_in_manifest_order() {
+        let layers = plan_layers(
+            Path::new("/rootfs.sqsh"),
+            Path::new("/extensions"),
+            &["net.sqsh".to_string(), "debug.sqsh".to_string()],
+            Path::new("/run/slate/layers"),
+        );
+        let names: Vec<&str> = layers.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["ext-1", "ext-2", "rootfs"]);
+        let images: Vec<&Path> = layers.iter().map(|l| l.image.as_path()).collect();
+        assert_eq!(
+            images,
+            [
+                "/extensions/net.sqsh",
+                "/extensions/debug.sqsh",
+                "/rootfs.sqsh"
+            ]
+        );
+        let lowers: Vec<&Path> = layers.iter().map(|l| l.mountpoint.as_path()).collect();
+        assert_eq!(
+            host::overlay_lowerdir_option(&lowers).unwrap(),
+            "lowerdir=/run/slate/layers/ext-1:/run/slate/layers/ext-2:/run/slate/layers/rootfs"
+        );
+        let alone = plan_layers(Path::new("/r.sqsh"), Path::new("/e"), &[], Path::new("/l"));
+        assert_eq!(alone.len(), 1);
+        assert_eq!(alone[0].name, "rootfs");
+    }
+
+    /// Why the privileged test cannot run here, if it cannot.
+    fn privileged_skip_reason() -> Option<String> {
+        if !std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
+            return Some("not root".into());
+        }
+        if !Path::new("/dev/loop-control").exists() {
+            return Some("no /dev/loop-control".into());
+        }
+        Command::new("mksquashfs")
+            .arg("-version")
+            .output()
+            .err()
+            .map(|e| format!("no mksquashfs: {e}"))
+    }
+
+    fn squashfs(dir: &Path, name: &str, files: &[(&str, &str)]) -> PathBuf {
+        let tree = dir.join(format!("{name}.tree"));
+        for (path, content) in files {
+            let path = tree.join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, content).unwrap();
+        }
+        let image = dir.join(name);
+        let status = Command::new("mksquashfs")
+            .arg(&tree)
+            .arg(&image)
+            .args(["-noappend", "-quiet", "-no-progress"])
+            .status()
+            .unwrap();
+        assert!(status.success(), "mksquashfs {name} failed");
+        image
+    }
+
+    fn tear_down(target: &Path, layers: &[Layer], devices: &[PathBuf]) {
+        host::unmount(target).unwrap();
+        if layers.len() > 1 {
+            for layer in layers {
+                host::unmount(&layer.mountpoint).unwrap();
+            }
+        }
+        for device in devices {
+            host::detach_loop(device).unwrap();
+        }
+    }
+
+    /// The real thing, as root: squashfs images on loop devices, stacked by overlayfs.
+    #[test]
+    fn root_stack_layers_extensions_over_the_rootfs() {
+        if let Some(reason) = privileged_skip_reason() {
+            eprintln!("skipping root_stack_layers_extensions_over_the_rootfs: {reason}");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let rootfs = squashfs(dir.path(), "rootfs.sqsh", &[("a", "root"), ("b", "root")]);
+        let ext_dir = dir.path().join("extensions");
+        squashfs(&ext_dir, "one.sqsh", &[("b", "one"), ("c", "one")]);
+        squashfs(&ext_dir, "two.sqsh", &[("c", "two"), ("d", "two")]);
+        std::fs::write(ext_dir.join(MANIFEST), "one.sqsh\ntwo.sqsh\n").unwrap();
+        let log = KmsgLogger::stderr("test");
+
+        let extensions = find_extensions(&ext_dir).unwrap();
+        let layers = plan_layers(
+            &rootfs,
+            &ext_dir,
+            &extensions.ordered,
+            &dir.path().join("layers"),
+        );
+        let target = dir.path().join("newroot");
+        std::fs::create_dir(&target).unwrap();
+        let devices = mount_root_stack(&log, &layers, &target).unwrap();
+        let read = |name: &str| std::fs::read_to_string(target.join(name)).unwrap_or_default();
+        let seen = [read("a"), read("b"), read("c"), read("d")];
+        let writable = std::fs::write(target.join("new"), "x").is_ok();
+        tear_down(&target, &layers, &devices);
+        assert_eq!(seen, ["root", "one", "one", "two"]);
+        assert!(!writable, "the overlay root accepted a write");
+
+        // Without extensions the rootfs is mounted directly.
+        let layers = plan_layers(&rootfs, &ext_dir, &[], &dir.path().join("layers"));
+        let devices = mount_root_stack(&log, &layers, &target).unwrap();
+        let seen = [read("a"), read("b"), read("c")];
+        tear_down(&target, &layers, &devices);
+        assert_eq!(devices.len(), 1);
+        assert_eq!(seen, ["root", "root", ""]);
+    }
+}

@@ -1,0 +1,346 @@
+//! `slate imager build` end to end on small synthetic inputs (a fake kernel, a two-module
+//! modules.dep, a tiny root) with Debian's real systemd-stub and systemd-boot: reproducibility of
+//! every output kind, conformance with the real tools, and refusal of bad profiles.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use sha2::{Digest, Sha256};
+
+const STUB: &str = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub";
+const SYSTEMD_BOOT: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
+const KINDS: [&str; 7] = [
+    "rootfs",
+    "initramfs",
+    "cmdline",
+    "kernel",
+    "uki",
+    "image",
+    "installer",
+];
+
+struct Fixture {
+    dir: tempfile::TempDir,
+}
+
+impl Fixture {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let d = dir.path();
+        // The stub is a PE like a kernel image is; the UKI builder only needs a PE for .linux.
+        fs::copy(STUB, d.join("vmlinuz")).unwrap();
+        let modules = d.join("modules/6.1.0-test");
+        fs::create_dir_all(modules.join("kernel/fs")).unwrap();
+        fs::create_dir_all(modules.join("kernel/lib")).unwrap();
+        fs::write(modules.join("kernel/fs/alpha.ko"), b"alpha module").unwrap();
+        fs::write(modules.join("kernel/lib/beta.ko"), b"beta module").unwrap();
+        fs::write(
+            modules.join("modules.dep"),
+            "kernel/fs/alpha.ko: kernel/lib/beta.ko\nkernel/lib/beta.ko:\n",
+        )
+        .unwrap();
+        let root = d.join("rootfs");
+        fs::create_dir_all(root.join("bin")).unwrap();
+        fs::create_dir_all(root.join("etc")).unwrap();
+        fs::write(root.join("bin/init"), "#!/bin/sh\necho hi\n").unwrap();
+        std::os::unix::fs::symlink("init", root.join("bin/sh")).unwrap();
+        fs::write(d.join("slate"), b"\x7fELF not really").unwrap();
+        fs::write(
+            d.join("profile.toml"),
+            Self::profile("vmlinuz", "alpha", "rootfs"),
+        )
+        .unwrap();
+        fs::create_dir(d.join("out")).unwrap();
+        Self { dir }
+    }
+
+    fn profile(kernel: &str, module: &str, rootfs: &str) -> String {
+        format!(
+            r#"name = "slate"
+version = "1.0.0"
+arch = "amd64"
+platform = "qemu"
+variant = "test"
+[kernel]
+image = "{kernel}"
+modules_dir = "modules/6.1.0-test"
+modules = ["{module}"]
+args = ["console=ttyS0", "panic=10"]
+[rootfs]
+base = "{rootfs}"
+zstd_level = 3
+[boot]
+stub = "{STUB}"
+systemd_boot = "{SYSTEMD_BOOT}"
+slate = "slate"
+[image]
+size_mib = 128
+esp_mib = 40
+state_mib = 8
+"#
+        )
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn build(&self, kind: &str, out: &Path, epoch: &str) -> Output {
+        Command::new(env!("CARGO_BIN_EXE_slate"))
+            .args(["imager", "build", "--profile"])
+            .arg(self.path("profile.toml"))
+            .args(["--output", kind, "--out"])
+            .arg(out)
+            .env("SOURCE_DATE_EPOCH", epoch)
+            .output()
+            .unwrap()
+    }
+
+    fn built(&self, kind: &str, name: &str) -> PathBuf {
+        let out = self.path("out").join(name);
+        let result = self.build(kind, &out, "1700000000");
+        assert!(
+            result.status.success(),
+            "building {kind}: {}",
+            String::from_utf8_lossy(&result.stderr)
+        );
+        out
+    }
+}
+
+fn hash_tree(path: &Path) -> Vec<u8> {
+    let mut hasher = Sha256::new();
+    if path.is_dir() {
+        let mut entries: Vec<_> = walk(path);
+        entries.sort();
+        for entry in entries {
+            hasher.update(entry.strip_prefix(path).unwrap().to_str().unwrap());
+            hasher.update(fs::read(&entry).unwrap());
+        }
+    } else {
+        hasher.update(fs::read(path).unwrap());
+    }
+    hasher.finalize().to_vec()
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut files = Vec::new();
+    for entry in fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.is_dir() {
+            files.extend(walk(&path));
+        } else {
+            files.push(path);
+        }
+    }
+    files
+}
+
+fn tool(program: &str, args: &[&str]) -> String {
+    let out = Command::new(program).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "{program} {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn every_output_kind_is_reproducible() {
+    let fx = Fixture::new();
+    for kind in KINDS {
+        let a = fx.built(kind, &format!("{kind}.a"));
+        let b = fx.built(kind, &format!("{kind}.b"));
+        assert_eq!(
+            hash_tree(&a),
+            hash_tree(&b),
+            "{kind} differs between two builds"
+        );
+    }
+    let later = fx.path("out/rootfs.later");
+    assert!(fx.build("rootfs", &later, "1800000000").status.success());
+    assert_ne!(
+        hash_tree(&later),
+        hash_tree(&fx.path("out/rootfs.a")),
+        "SOURCE_DATE_EPOCH reaches the artifact"
+    );
+}
+
+#[test]
+fn artifacts_pass_the_real_tools() {
+    let fx = Fixture::new();
+    let rootfs = fx.built("rootfs", "rootfs.sqsh");
+    let listing = tool("unsquashfs", &["-l", rootfs.to_str().unwrap()]);
+    for path in [
+        "squashfs-root/bin/init",
+        "squashfs-root/bin/sh",
+        "squashfs-root/etc/os-release",
+    ] {
+        assert!(
+            listing.lines().any(|l| l == path),
+            "{path} missing:\n{listing}"
+        );
+    }
+
+    let initramfs = fx.built("initramfs", "initramfs.cpio");
+    let cpio = Command::new("cpio")
+        .args(["-it", "--quiet"])
+        .stdin(fs::File::open(&initramfs).unwrap())
+        .output()
+        .unwrap();
+    let names = String::from_utf8_lossy(&cpio.stdout);
+    for name in [
+        "init",
+        "rootfs.sqsh",
+        "dev/console",
+        "etc/slate/modules.load",
+        "lib/modules/6.1.0-test/kernel/lib/beta.ko",
+        "lib/modules/6.1.0-test/kernel/fs/alpha.ko",
+    ] {
+        assert!(names.lines().any(|l| l == name), "{name} missing:\n{names}");
+    }
+    let extract = fx.path("initramfs-x");
+    fs::create_dir(&extract).unwrap();
+    let status = Command::new("cpio")
+        .args(["-id", "--quiet", "etc/slate/modules.load"])
+        .current_dir(&extract)
+        .stdin(fs::File::open(&initramfs).unwrap())
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(
+        fs::read_to_string(extract.join("etc/slate/modules.load")).unwrap(),
+        "kernel/lib/beta.ko\nkernel/fs/alpha.ko\n",
+        "dependencies load first"
+    );
+
+    let uki = fx.built("uki", "slate.efi");
+    let headers = tool("objdump", &["-h", uki.to_str().unwrap()]);
+    let mut found = Vec::new();
+    for line in headers.lines() {
+        let cols: Vec<&str> = line.split_whitespace().collect();
+        if cols.len() >= 6 && cols[1].starts_with('.') {
+            let vma = u64::from_str_radix(cols[3], 16).unwrap();
+            let offset = u64::from_str_radix(cols[5], 16).unwrap();
+            if [".osrel", ".cmdline", ".uname", ".initrd", ".linux"].contains(&cols[1]) {
+                assert_eq!(vma % 0x200, 0, "{} VMA {vma:#x} unaligned", cols[1]);
+                assert_eq!(
+                    offset % 0x200,
+                    0,
+                    "{} offset {offset:#x} unaligned",
+                    cols[1]
+                );
+                found.push(cols[1].to_string());
+            }
+        }
+    }
+    assert_eq!(found, [".osrel", ".cmdline", ".uname", ".initrd", ".linux"]);
+    let cmdline = fx.built("cmdline", "cmdline");
+    assert_eq!(
+        fs::read_to_string(cmdline).unwrap(),
+        "console=ttyS0 panic=10\n"
+    );
+
+    let image = fx.built("image", "disk.raw");
+    let verify = tool("sgdisk", &["-v", image.to_str().unwrap()]);
+    assert!(verify.contains("No problems found"), "{verify}");
+    let mdir = tool(
+        "mdir",
+        &["-/", "-b", "-i", &format!("{}@@1M", image.display()), "::"],
+    );
+    assert!(mdir.contains("::/EFI/Linux/slate-1.0.0+3.efi"), "{mdir}");
+    assert!(mdir.contains("::/EFI/BOOT/BOOTX64.EFI"), "{mdir}");
+    let esp = fx.path("esp.img");
+    let mut esp_bytes = fs::read(&image).unwrap();
+    esp_bytes.drain(..1 << 20);
+    esp_bytes.truncate(40 << 20);
+    fs::write(&esp, esp_bytes).unwrap();
+    tool("fsck.vfat", &["-n", esp.to_str().unwrap()]);
+
+    let bundle = fx.built("installer", "bundle");
+    let index: serde_json::Value =
+        serde_json::from_slice(&fs::read(bundle.join("index.json")).unwrap()).unwrap();
+    assert_eq!(
+        index["manifests"][0]["annotations"]["org.opencontainers.image.ref.name"],
+        "1.0.0"
+    );
+    for blob in walk(&bundle.join("blobs/sha256")) {
+        let digest = hex_digest(&fs::read(&blob).unwrap());
+        assert_eq!(blob.file_name().unwrap().to_str().unwrap(), digest);
+    }
+}
+
+fn hex_digest(bytes: &[u8]) -> String {
+    Sha256::digest(bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+#[test]
+fn bad_profiles_fail_clearly_and_leave_nothing_behind() {
+    let fx = Fixture::new();
+    let out_dir = fx.path("out");
+    let cases = [
+        (
+            "vmlinuz.missing",
+            "alpha",
+            "rootfs",
+            "uki",
+            "the kernel image",
+        ),
+        ("vmlinuz", "gamma", "rootfs", "uki", "gamma"),
+        (
+            "vmlinuz",
+            "alpha",
+            "rootfs.missing",
+            "rootfs",
+            "the base rootfs",
+        ),
+    ];
+    for (kernel, module, rootfs, kind, expected) in cases {
+        fs::write(
+            fx.path("profile.toml"),
+            Fixture::profile(kernel, module, rootfs),
+        )
+        .unwrap();
+        let out = fx.build(kind, &out_dir.join("artifact"), "0");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "{kind} with {expected} wrong succeeded"
+        );
+        assert!(
+            err.contains(expected),
+            "error does not name {expected}: {err}"
+        );
+    }
+    fs::write(
+        fx.path("profile.toml"),
+        Fixture::profile("vmlinuz", "alpha", "rootfs"),
+    )
+    .unwrap();
+
+    let out = fx.build("iso", &out_dir.join("artifact"), "0");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("possible values: rootfs, initramfs"));
+
+    let not_a_dir = fx.path("out/file");
+    fs::write(&not_a_dir, b"").unwrap();
+    let out = fx.build("uki", &not_a_dir.join("slate.efi"), "0");
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("cannot be written"));
+
+    fs::write(fx.path("profile.toml"), "name = \"slate\"\nversion = 1\n").unwrap();
+    let out = fx.build("uki", &out_dir.join("artifact"), "0");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not valid TOML for a slate profile"));
+
+    let left: Vec<_> = fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["file"], "no artifact or temporary left behind");
+}
