@@ -39,12 +39,14 @@ const APPLETS: &[&str] = &[
     "hostname",
     "id",
     "insmod",
+    "ip",
     "kill",
     "less",
     "ln",
     "ls",
     "lsmod",
     "mkdir",
+    "mke2fs",
     "mknod",
     "modprobe",
     "mount",
@@ -70,6 +72,7 @@ const APPLETS: &[&str] = &[
     "tr",
     "true",
     "umount",
+    "udhcpc",
     "uname",
     "vi",
     "wc",
@@ -86,6 +89,9 @@ const DIRS: &[(&str, u32)] = &[
     ("root", 0o700),
     ("run", 0o755),
     ("sys", 0o555),
+    // Mount points machined needs on the read-only root: STATE, and the firmware variables.
+    ("system", 0o755),
+    ("system/state", 0o700),
     ("tmp", 0o1777),
     ("usr", 0o755),
     ("usr/bin", 0o755),
@@ -149,11 +155,20 @@ pub fn base_rootfs(
     fs::write(&init, DEMO_INIT).context("writing /bin/init")?;
     set_mode(&init, 0o755)?;
 
+    // busybox's DHCP client hands the lease to a script; this one applies it with `ip`.
+    let udhcpc = out.join("usr/share/udhcpc");
+    fs::create_dir_all(&udhcpc).context("creating /usr/share/udhcpc")?;
+    fs::write(udhcpc.join("default.script"), UDHCPC_SCRIPT).context("writing default.script")?;
+    set_mode(&udhcpc.join("default.script"), 0o755)?;
+
     if let Some(slate) = slate_bin {
         let target = out.join("usr/bin/slate");
         fs::copy(slate, &target)
             .with_context(|| format!("copying {} to {}", slate.display(), target.display()))?;
         set_mode(&target, 0o755)?;
+        // The real PID 1 of the booted root: slate under the name machined (argv[0] picks the
+        // role).
+        symlink("slate", out.join("usr/bin/machined")).context("linking /usr/bin/machined")?;
         println!("  /usr/bin/slate from {}", slate.display());
     }
     println!(
@@ -171,6 +186,18 @@ while read -r dev mnt fstype rest; do
 done < /proc/mounts
 echo "SLATE-ROOT-OK name=$ID version=$IMAGE_VERSION rootfs=$root_fs"
 poweroff -f
+"#;
+
+const UDHCPC_SCRIPT: &str = r#"#!/bin/sh
+case "$1" in
+  deconfig) ip addr flush dev "$interface"; ip link set "$interface" up ;;
+  bound|renew)
+    ip addr flush dev "$interface"
+    ip addr add "$ip/${mask:-24}" dev "$interface"
+    [ -n "$router" ] && ip route replace default via "${router%% *}" dev "$interface"
+    ;;
+esac
+exit 0
 "#;
 
 fn prepare_out(out: &Path, replace: bool) -> Result<()> {

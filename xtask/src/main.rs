@@ -5,6 +5,7 @@
 //! dpkg and cargo, which the node-side crates must not.
 
 mod base_rootfs;
+mod bench;
 mod kernel;
 mod slate_static;
 mod util;
@@ -53,6 +54,8 @@ enum Task {
     VmTest,
     /// The main job: build the demo image, boot it, show what happened.
     Demo,
+    /// Benchmark: slate's squashfs builder vs mksquashfs, printed as ratios.
+    BenchRootfs,
 }
 
 fn main() -> Result<()> {
@@ -67,5 +70,6 @@ fn main() -> Result<()> {
         Task::SlateStatic => slate_static::slate_static().map(drop),
         Task::VmTest => vm_test::vm_test(),
         Task::Demo => vm_test::demo(),
+        Task::BenchRootfs => bench::bench_rootfs(),
     }
 }

@@ -1,8 +1,9 @@
 //! The VM harness: QEMU (TCG) with OVMF and a per-disk copy of the firmware variables (the
 //! node's NVRAM, so EFI variables persist across its reboots), the serial console captured to a
-//! file and watched for what the guest prints.
+//! file and watched for what the guest prints, and the node API forwarded to 127.0.0.1.
 
 use std::fs;
+use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -12,22 +13,26 @@ use anyhow::{bail, Context, Result};
 const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
 
-/// One virtual machine: a disk and its NVRAM.
+/// One virtual machine: a disk, its NVRAM, and a host port forwarded to the node API.
 #[derive(Debug)]
 pub struct Vm {
     disk: PathBuf,
     vars: PathBuf,
     work: PathBuf,
     boots: u32,
+    pub api_port: u16,
 }
 
-/// What one boot printed.
+/// A running boot of a VM. A guest reboot or power-off ends the QEMU process (`-no-reboot`).
 #[derive(Debug)]
-pub struct Boot {
-    pub serial: String,
-    /// The first expected line seen, if any.
-    pub matched: Option<String>,
-    pub elapsed: Duration,
+pub struct Running {
+    child: Child,
+    log: PathBuf,
+    started: Instant,
+}
+
+fn free_port() -> Result<u16> {
+    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
 
 impl Vm {
@@ -41,11 +46,16 @@ impl Vm {
             vars,
             work: work.to_owned(),
             boots: 0,
+            api_port: free_port()?,
         })
     }
 
-    fn spawn(&self, log: &Path) -> Result<Child> {
-        Command::new("qemu-system-x86_64")
+    /// Power the VM on.
+    pub fn start(&mut self) -> Result<Running> {
+        self.boots += 1;
+        let log = self.work.join(format!("boot-{}.log", self.boots));
+        let _ = fs::remove_file(&log);
+        let child = Command::new("qemu-system-x86_64")
             .args(["-accel", "tcg", "-m", "1024", "-smp", "1"])
             .args(["-display", "none", "-monitor", "none", "-no-reboot"])
             .arg("-serial")
@@ -56,65 +66,96 @@ impl Vm {
             .arg(format!("if=pflash,format=raw,file={}", self.vars.display()))
             .arg("-drive")
             .arg(format!("file={},format=raw,if=virtio", self.disk.display()))
+            .arg("-nic")
+            .arg(format!(
+                "user,model=virtio-net-pci,hostfwd=tcp:127.0.0.1:{}-:50000",
+                self.api_port
+            ))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
-            .context("starting qemu-system-x86_64")
+            .context("starting qemu-system-x86_64")?;
+        Ok(Running {
+            child,
+            log,
+            started: Instant::now(),
+        })
+    }
+}
+
+impl Running {
+    /// Everything the guest printed so far.
+    pub fn serial(&self) -> String {
+        String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned()
     }
 
-    /// Boot once (a guest reboot or power-off ends the boot) and watch the serial console for
-    /// any of `expect`; stop at the first one seen, when QEMU exits, or after `timeout`.
-    pub fn boot(&mut self, expect: &[&str], timeout: Duration) -> Result<Boot> {
-        self.boots += 1;
-        let log = self.work.join(format!("boot-{}.log", self.boots));
-        let _ = fs::remove_file(&log);
-        let started = Instant::now();
-        let mut child = self.spawn(&log)?;
-        let mut matched = None;
+    pub fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Wait for a line containing any of `expect` (from the start of this boot); `None` if QEMU
+    /// exited or `timeout` passed first.
+    pub fn wait_for(&mut self, expect: &[&str], timeout: Duration) -> Result<Option<String>> {
+        let deadline = Instant::now() + timeout;
         loop {
-            std::thread::sleep(Duration::from_millis(250));
-            let serial = String::from_utf8_lossy(&fs::read(&log).unwrap_or_default()).into_owned();
+            let serial = self.serial();
             if let Some(line) = serial
                 .lines()
                 .find(|line| expect.iter().any(|e| line.contains(e)))
             {
-                matched = Some(line.trim().to_string());
+                return Ok(Some(line.trim().to_string()));
             }
-            let exited = child.try_wait().context("waiting for QEMU")?.is_some();
-            if matched.is_some() || exited || started.elapsed() > timeout {
-                if !exited {
-                    // Let the guest finish what it is printing, then power it off hard.
-                    std::thread::sleep(Duration::from_millis(500));
-                    let _ = child.kill();
-                    let _ = child.wait();
-                }
-                let serial =
-                    String::from_utf8_lossy(&fs::read(&log).unwrap_or_default()).into_owned();
-                return Ok(Boot {
-                    serial,
-                    matched,
-                    elapsed: started.elapsed(),
-                });
+            if self.child.try_wait().context("waiting for QEMU")?.is_some()
+                || Instant::now() > deadline
+            {
+                return Ok(None);
             }
+            std::thread::sleep(Duration::from_millis(250));
         }
+    }
+
+    /// Like [`Running::wait_for`], failing with the console's tail when nothing matched.
+    pub fn expect(&mut self, expect: &[&str], timeout: Duration, what: &str) -> Result<String> {
+        match self.wait_for(expect, timeout)? {
+            Some(line) => Ok(line),
+            None => bail!(
+                "{what}: not seen after {:.0?}; console ended with:\n{}",
+                self.elapsed(),
+                tail(&self.serial(), 40)
+            ),
+        }
+    }
+
+    /// Wait for the guest to end this boot (reboot or power-off) by itself.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Result<()> {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if self.child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            std::thread::sleep(Duration::from_millis(250));
+        }
+        bail!(
+            "the guest did not reboot within {timeout:?}; console ended with:\n{}",
+            tail(&self.serial(), 30)
+        )
+    }
+
+    /// Pull the plug.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
-impl Boot {
-    /// Fail with the tail of the console when nothing expected was seen.
-    pub fn expect_match(&self, what: &str) -> Result<&str> {
-        match &self.matched {
-            Some(line) => Ok(line),
-            None => {
-                let tail: Vec<&str> = self.serial.lines().rev().take(40).collect();
-                let tail: Vec<&str> = tail.into_iter().rev().collect();
-                bail!(
-                    "{what}: not seen after {:.0?}; console ended with:\n{}",
-                    self.elapsed,
-                    tail.join("\n")
-                )
-            }
-        }
+impl Drop for Running {
+    fn drop(&mut self) {
+        self.kill();
     }
+}
+
+pub fn tail(text: &str, lines: usize) -> String {
+    let all: Vec<&str> = text.lines().collect();
+    all[all.len().saturating_sub(lines)..].join("\n")
 }

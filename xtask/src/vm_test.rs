@@ -1,39 +1,64 @@
 //! VM scenarios run by the test command (`xtask vm-test`) and the demo (`xtask demo`): real
-//! boots of images the imager built, judged by what the guest printed.
+//! boots of images the imager built, judged by what the guest printed and what its API answered.
 
+use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Command;
+use std::process::{Command, Output};
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 
 use crate::util::{output, repo_root, run};
-use crate::vm::Vm;
+use crate::vm::{Running, Vm};
 use crate::{base_rootfs, kernel, slate_static};
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
-/// What the demo root's PID 1 prints once the switch to the squashfs root has happened.
-const ROOT_MARKER: &str = "SLATE-ROOT-OK";
+const RUNNING: &str = "[slate] [machined] stage Running";
 
-/// Kernel cache, static slate, and the base root with slate in it.
-pub fn prepare() -> Result<PathBuf> {
+/// The static slate binary and the client identities for the demo node.
+#[derive(Debug)]
+pub struct Prepared {
+    pub slate: PathBuf,
+    pub pki: PathBuf,
+}
+
+/// Kernel cache, static slate, API certificates, and the base root with slate and the node's
+/// API identity in it.
+pub fn prepare() -> Result<Prepared> {
     kernel::kernel(false)?;
     let slate = slate_static::slate_static()?;
+    let pki = repo_root().join("target/demo/pki");
+    if !pki.join("ca.crt").exists() {
+        let _ = fs::remove_dir_all(&pki);
+        run(Command::new(&slate)
+            .args(["gen", "certs", "--out"])
+            .arg(&pki))?;
+    }
     let rootfs = repo_root().join("target/demo/rootfs");
     base_rootfs::base_rootfs(&rootfs, "0", Some(&slate), true)?;
-    Ok(slate)
+    let node_pki = rootfs.join("etc/slate/pki");
+    fs::create_dir_all(&node_pki)?;
+    for file in ["ca.crt", "node.crt", "node.key"] {
+        fs::copy(pki.join(file), node_pki.join(file))
+            .with_context(|| format!("installing {file} into the image"))?;
+    }
+    Ok(Prepared { slate, pki })
 }
 
 /// Build a disk image of the demo profile at `version` with the static slate (in its imager
 /// role, as a release pipeline would).
-pub fn build_image(slate: &Path, version: &str, out: &Path) -> Result<()> {
-    std::fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
-    run(Command::new(slate)
-        .args(["imager", "build", "--profile"])
+pub fn build_image(slate: &Path, version: &str, extra_args: &[&str], out: &Path) -> Result<()> {
+    fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
+    let mut cmd = Command::new(slate);
+    cmd.args(["imager", "build", "--profile"])
         .arg(repo_root().join("profiles/demo.toml"))
         .args(["--version", version, "--output", "image", "--out"])
         .arg(out)
-        .env("SOURCE_DATE_EPOCH", "1700000000"))
+        .env("SOURCE_DATE_EPOCH", "1700000000");
+    for arg in extra_args {
+        cmd.args(["--kernel-arg", arg]);
+    }
+    run(&mut cmd)
 }
 
 fn esp_listing(image: &Path) -> Result<String> {
@@ -45,56 +70,223 @@ fn esp_listing(image: &Path) -> Result<String> {
     )
 }
 
-/// The image boots through systemd-boot and the UKI into slate's init, which mounts the squashfs
-/// root and switches to it; the switched-to root prints its version and root filesystem type.
-fn boots_to_the_squashfs_root(slate: &Path, work: &Path) -> Result<String> {
-    let image = work.join("boot.raw");
-    build_image(slate, "1.0.0", &image)?;
+/// The slate CLI against the VM's API.
+struct Node<'a> {
+    prepared: &'a Prepared,
+    port: u16,
+}
+
+impl Node<'_> {
+    fn command(&self, args: &[&str]) -> Command {
+        let mut cmd = Command::new(&self.prepared.slate);
+        cmd.arg("--node")
+            .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--certs")
+            .arg(&self.prepared.pki)
+            .args(args);
+        cmd
+    }
+
+    fn run(&self, args: &[&str]) -> Result<Output> {
+        self.command(args)
+            .output()
+            .with_context(|| format!("running slate {args:?}"))
+    }
+
+    fn ok(&self, args: &[&str]) -> Result<String> {
+        let out = self.run(args)?;
+        ensure!(
+            out.status.success(),
+            "slate {args:?} failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn refused(&self, args: &[&str]) -> Result<String> {
+        let out = self.run(args)?;
+        ensure!(
+            !out.status.success(),
+            "slate {args:?} should have been refused"
+        );
+        Ok(String::from_utf8_lossy(&out.stderr).into_owned())
+    }
+
+    fn status(&self) -> Result<serde_json::Value> {
+        Ok(serde_json::from_str(
+            &self.ok(&["status", "--output", "json"])?,
+        )?)
+    }
+}
+
+fn running(vm: &mut Vm) -> Result<Running> {
+    let mut boot = vm.start()?;
+    boot.expect(&[RUNNING], BOOT_TIMEOUT, "machined reaching stage Running")?;
+    Ok(boot)
+}
+
+fn ensure_logged(boot: &Running, line: &str) -> Result<()> {
+    let serial = boot.serial();
+    ensure!(
+        serial.contains(line),
+        "expected {line:?} on the console; it ended with:\n{}",
+        crate::vm::tail(&serial, 40)
+    );
+    Ok(())
+}
+
+/// One node through its life: first boot (through systemd-boot and the UKI into slate's init,
+/// the squashfs root and machined; STATE and EPHEMERAL formatted because blank), the API with
+/// its roles, a reboot asked over the API, a second boot that keeps STATE, two concurrent resets
+/// of which one is refused as locked, and the third boot that formats again.
+fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
+    let image = work.join("node.raw");
+    build_image(&prepared.slate, "1.0.0", &[], &image)?;
     ensure!(
         esp_listing(&image)?.contains("slate-1.0.0+3.efi"),
         "a fresh image carries the UKI with 3 tries"
     );
-    let mut vm = Vm::new(&image, &work.join("vm-boot"))?;
-    let boot = vm.boot(&[ROOT_MARKER], BOOT_TIMEOUT)?;
-    let marker = boot.expect_match("the switched-to root's marker")?;
-    ensure!(
-        marker.contains("name=slate version=1.0.0 rootfs=squashfs"),
-        "the root that came up is not the image's squashfs: {marker}"
-    );
+    let mut vm = Vm::new(&image, &work.join("vm-node"))?;
+    let node = Node {
+        prepared,
+        port: vm.api_port,
+    };
+
+    // Boot 1.
+    let mut boot = running(&mut vm)?;
+    let first_boot = boot.elapsed();
     for line in [
-        "[slate] [initramfs] loaded 3/3",
-        "[slate] [initramfs] switched root; executing /sbin/init",
+        "[slate] [initramfs] loaded 18/18",
+        "[slate] [initramfs] switched root; executing /usr/bin/machined",
+        "[slate] [machined] starting slate",
+        "root squashfs",
+        "STATE (/dev/vda3) is blank: formatting it (first boot)",
+        "EPHEMERAL (/dev/vda4) is blank: formatting it (first boot)",
+        "API listening on 0.0.0.0:50000",
     ] {
-        ensure!(
-            boot.serial.contains(line),
-            "init did not log {line:?}; console:\n{}",
-            boot.serial
-        );
+        ensure_logged(&boot, line)?;
     }
-    let listing = esp_listing(&image)?;
     ensure!(
-        listing.contains("slate-1.0.0+2-1.efi"),
-        "systemd-boot should have counted one try (+3 -> +2-1): {listing}"
+        esp_listing(&image)?.contains("slate-1.0.0+2-1.efi"),
+        "systemd-boot should have counted one try (+3 -> +2-1)"
     );
+    let status = node.status()?;
+    ensure!(status["version"] == "1.0.0", "status: {status}");
+    ensure!(status["stage"] == "Running", "status: {status}");
+    let entry = status["booted_entry"].as_str().unwrap_or("");
+    ensure!(entry.starts_with("slate-1.0.0"), "booted entry: {status}");
+    let version = node.ok(&["version"])?;
+    ensure!(version.starts_with("1.0.0 (amd64)"), "version: {version}");
+
+    let no_cert = node.refused(&["--no-certificate", "status"])?;
+    ensure!(
+        no_cert.to_lowercase().contains("tls") || no_cert.contains("certificate"),
+        "no certificate: {no_cert}"
+    );
+    let reader = node.refused(&["--role", "reader", "reboot"])?;
+    ensure!(reader.contains("permission"), "reader reboot: {reader}");
+    let logs = node.ok(&["logs"])?;
+    ensure!(logs.contains("stage Running"), "logs: {logs}");
+    let dmesg = node.ok(&["dmesg"])?;
+    ensure!(
+        dmesg.contains("Linux version"),
+        "dmesg lacks the kernel banner"
+    );
+
+    node.ok(&["reboot"])?;
+    boot.wait_exit(Duration::from_secs(90))?;
+    ensure_logged(&boot, "[slate] [machined] rebooting (default)")?;
+
+    // Boot 2: STATE survives a reboot.
+    let boot = running(&mut vm)?;
+    ensure!(
+        !boot.serial().contains("is blank: formatting"),
+        "the second boot must find STATE and EPHEMERAL formatted"
+    );
+    ensure!(node.status()?["stage"] == "Running");
+
+    // Two resets at once: the lock admits one.
+    let spawn = || -> Result<std::process::Child> {
+        Ok(node
+            .command(&["reset"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?)
+    };
+    let (a, b) = (spawn()?, spawn()?);
+    let (first, second) = (a.wait_with_output()?, b.wait_with_output()?);
+    let outcomes = [&first, &second];
+    let accepted = outcomes.iter().filter(|o| o.status.success()).count();
+    let locked = outcomes
+        .iter()
+        .filter(|o| String::from_utf8_lossy(&o.stderr).contains("locked"))
+        .count();
+    ensure!(
+        accepted == 1 && locked == 1,
+        "expected one reset accepted and one locked: {:?}",
+        outcomes
+            .iter()
+            .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+            .collect::<Vec<_>>()
+    );
+    let mut boot = boot;
+    boot.wait_exit(Duration::from_secs(90))?;
+    ensure_logged(&boot, "STATE (/dev/vda3) wiped")?;
+
+    // Boot 3: the reset wiped the volumes, so they are formatted again.
+    let mut boot = running(&mut vm)?;
+    ensure_logged(
+        &boot,
+        "STATE (/dev/vda3) is blank: formatting it (first boot)",
+    )?;
+    boot.kill();
     Ok(format!(
-        "{marker}; systemd-boot counted the try (slate-1.0.0+2-1.efi); {:.1?}",
-        boot.elapsed
+        "first boot to Running in {first_boot:.1?}; API roles enforced; reboot, STATE kept; \
+         concurrent resets: 1 accepted, 1 locked; volumes reformatted after reset"
     ))
 }
 
-/// A scenario gets the static slate binary and a work directory, and describes what it saw.
-type Scenario = fn(&Path, &Path) -> Result<String>;
+/// A Boot task that fails sends the node down the fatal path: the error chain on the console,
+/// teardown, and a reboot after the pause.
+fn fatal_boot_task(prepared: &Prepared, work: &Path) -> Result<String> {
+    let image = work.join("fatal.raw");
+    build_image(
+        &prepared.slate,
+        "1.0.1",
+        &["slate.debug.fail-task=network"],
+        &image,
+    )?;
+    let mut vm = Vm::new(&image, &work.join("vm-fatal"))?;
+    let mut boot = vm.start()?;
+    let fatal = boot.expect(
+        &["[slate] [machined] fatal:"],
+        BOOT_TIMEOUT,
+        "the fatal path",
+    )?;
+    ensure!(
+        fatal.contains("fault injected by slate.debug.fail-task=network"),
+        "the fatal line names the cause: {fatal}"
+    );
+    boot.wait_exit(Duration::from_secs(90))?;
+    ensure_logged(&boot, "[slate] [machined] rebooting in 10s")?;
+    Ok(fatal)
+}
+
+/// A scenario gets the prepared artifacts and a work directory, and describes what it saw.
+type Scenario = fn(&Prepared, &Path) -> Result<String>;
 
 pub fn vm_test() -> Result<()> {
-    let slate = prepare()?;
+    let prepared = prepare()?;
     let work = repo_root().join("target/vm-test");
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work)?;
-    let scenarios: [(&str, Scenario); 1] =
-        [("boots_to_the_squashfs_root", boots_to_the_squashfs_root)];
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work)?;
+    let scenarios: [(&str, Scenario); 2] = [
+        ("node_lifecycle", node_lifecycle),
+        ("fatal_boot_task", fatal_boot_task),
+    ];
     let (mut passed, mut failed) = (0, 0);
     for (name, scenario) in scenarios {
-        match scenario(&slate, &work).with_context(|| format!("scenario {name}")) {
+        match scenario(&prepared, &work).with_context(|| format!("scenario {name}")) {
             Ok(detail) => {
                 passed += 1;
                 println!("vm {name} ... ok: {detail}");
@@ -111,36 +303,41 @@ pub fn vm_test() -> Result<()> {
 }
 
 /// The main job as far as slate goes today: build the demo image with the imager, boot it in
-/// QEMU through systemd-boot and the UKI, and show what the node printed and what it left on
-/// its disk.
+/// QEMU through systemd-boot and the UKI, talk to the node's API, reboot it.
 pub fn demo() -> Result<()> {
-    let slate = prepare()?;
+    let prepared = prepare()?;
     let work = repo_root().join("target/demo/run");
-    let _ = std::fs::remove_dir_all(&work);
-    std::fs::create_dir_all(&work)?;
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work)?;
     let image = work.join("disk.raw");
     println!("== the plan");
-    run(Command::new(&slate)
+    run(Command::new(&prepared.slate)
         .args(["imager", "build", "--profile"])
         .arg(repo_root().join("profiles/demo.toml"))
         .args(["--output", "image", "--dry-run", "--out"])
         .arg(&image))?;
     println!("== building slate 1.0.0 as a disk image");
-    build_image(&slate, "1.0.0", &image)?;
+    build_image(&prepared.slate, "1.0.0", &[], &image)?;
     println!("{}", output(Command::new("sgdisk").arg("-p").arg(&image))?);
     println!("{}", esp_listing(&image)?);
     println!("== booting it (QEMU, OVMF, systemd-boot, -accel tcg)");
     let mut vm = Vm::new(&image, &work.join("vm"))?;
-    let boot = vm.boot(&[ROOT_MARKER], BOOT_TIMEOUT)?;
-    for line in boot.serial.lines().filter(|l| l.contains("[slate]")) {
+    let node = Node {
+        prepared: &prepared,
+        port: vm.api_port,
+    };
+    let mut boot = running(&mut vm)?;
+    for line in boot.serial().lines().filter(|l| l.contains("[slate]")) {
         println!("  {}", line.trim());
     }
-    println!("  {}", boot.expect_match("the switched-to root's marker")?);
-    println!("== after the boot: systemd-boot counted one try");
+    println!("== asking the node (mutual TLS, admin certificate)");
+    print!("{}", node.ok(&["status"])?);
+    println!("== systemd-boot counted one try");
     println!("{}", esp_listing(&image)?);
-    println!("== META on the node's disk");
-    run(Command::new(&slate)
-        .args(["meta", "list", "--output", "json", "--disk"])
-        .arg(&image))?;
+    println!("== rebooting it over the API");
+    println!("{}", node.ok(&["reboot"])?.trim());
+    boot.wait_exit(Duration::from_secs(90))?;
+    let _boot = running(&mut vm)?;
+    print!("{}", node.ok(&["status"])?);
     Ok(())
 }

@@ -33,6 +33,20 @@ pub enum HostError {
         #[source]
         source: Errno,
     },
+    #[error("cannot run {program}")]
+    Spawn {
+        program: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{program} failed ({status}): {output}")]
+    CommandFailed {
+        program: String,
+        status: String,
+        output: String,
+    },
+    #[error("{what}: {reason}")]
+    Device { what: String, reason: String },
     #[error("invalid overlay: {reason}")]
     InvalidOverlay { reason: String },
     #[error("cannot create directory {path}")]

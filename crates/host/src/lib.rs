@@ -6,21 +6,36 @@
 //! `libc` describe, are the only `unsafe` code (see `loopdev.rs`). Every error names the
 //! operation and the path it was applied to, so a failed boot reads as a sentence on the console.
 
+mod block;
 mod cmdline;
+mod efivars;
 mod error;
 mod kmsg;
+mod kmsg_read;
 mod loopdev;
 mod mount;
+mod process;
 mod system;
+mod teardown;
 
+pub use block::{
+    filesystem_signature, find_partition_by_label, format_ext, is_blank, uevent_value,
+    BlockPartition,
+};
 pub use cmdline::{cmdline_value, kernel_cmdline};
+pub use efivars::{
+    decode_string_var, loader_var_path, mount_efivarfs, read_loader_string, LOADER_GUID,
+};
 pub use error::{HostError, Result};
 pub use kmsg::{disable_kmsg_ratelimit, KmsgLogger, Level};
+pub use kmsg_read::{format_kmsg_record, kernel_log, KernelLog};
 pub use loopdev::{attach_loop_read_only, detach_loop};
 pub use mount::{
     is_mount_point, mount, mount_overlay_read_only, mount_pseudo_filesystems, move_mount,
     overlay_lowerdir_option, switch_root, unmount, MsFlags,
 };
+pub use process::{reap_zombies, run_command, spawn_reaper};
 pub use system::{
     ensure_console_stdio, exec, is_pid1, kernel_release, load_module, poweroff, reboot, ModuleLoad,
 };
+pub use teardown::{kill_all_processes, mount_points_for_teardown, sync_with_budget, unmount_all};

@@ -110,11 +110,12 @@ fn must_exist(what: &'static str, path: &Path) -> Result<(), ImagerError> {
 }
 
 impl Inputs {
-    /// Read the profile at `path` (with `version` overriding its version) and check what `kind`
-    /// needs. Relative paths in the profile are relative to the profile's directory.
+    /// Read the profile at `path` (with `version` overriding its version, and extra kernel
+    /// arguments appended) and check what `kind` needs. Relative paths in the profile are relative to the profile's directory.
     pub fn resolve(
         path: &Path,
         version: Option<&str>,
+        extra_kernel_args: &[String],
         kind: OutputKind,
         source_date_epoch: u64,
     ) -> Result<Self, ImagerError> {
@@ -129,6 +130,11 @@ impl Inputs {
         let mut profile = Profile::parse(&text).map_err(profile_err)?;
         if let Some(version) = version {
             profile = profile.with_version(version).map_err(profile_err)?;
+        }
+        if !extra_kernel_args.is_empty() {
+            profile = profile
+                .with_extra_args(extra_kernel_args)
+                .map_err(profile_err)?;
         }
         let base = path.parent().unwrap_or(Path::new("."));
         let at = |p: &Path| base.join(p);

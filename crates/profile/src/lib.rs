@@ -228,6 +228,13 @@ impl Profile {
         Ok(())
     }
 
+    /// Append kernel arguments (e.g. a fault to inject into one test image).
+    pub fn with_extra_args(mut self, args: &[String]) -> Result<Self, ProfileError> {
+        self.kernel.args.extend(args.iter().cloned());
+        self.validate()?;
+        Ok(self)
+    }
+
     /// The kernel command line the image boots with.
     pub fn cmdline(&self) -> String {
         self.kernel.args.join(" ")

@@ -8,6 +8,7 @@ use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 
 use crate::imager_cmd::{self, ImagerCommand};
 use crate::meta_cmd::{self, MetaCommand};
+use crate::node_cmd::{self, GenCommand, NodeTarget, RebootModeArg};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -16,6 +17,8 @@ use crate::meta_cmd::{self, MetaCommand};
     about = "Atomic, image-based OS updates with automatic rollback"
 )]
 pub struct Cli {
+    #[command(flatten)]
+    pub target: NodeTarget,
     #[command(subcommand)]
     pub command: Command,
 }
@@ -34,6 +37,56 @@ pub enum Command {
         /// Arguments the kernel passed to init, handed on to the real init.
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
+    },
+    /// Run as machined, the node's real PID 1.
+    #[command(hide = true)]
+    Machined,
+    /// Make identities: `gen certs` for the node API.
+    #[command(subcommand)]
+    Gen(GenCommand),
+    /// The node's booted version, stage and running sequence.
+    Status {
+        #[arg(long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// The node's version.
+    Version {
+        #[arg(long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// Reboot the node.
+    Reboot {
+        #[arg(long, value_enum, default_value_t)]
+        mode: RebootModeArg,
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Reset the node: wipe STATE and EPHEMERAL, reboot.
+    Reset {
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Upgrade the node to an image.
+    Upgrade {
+        #[arg(long)]
+        image: String,
+        /// Apply it on the next boot, before the OS comes up.
+        #[arg(long)]
+        stage: bool,
+        #[arg(long, value_enum, default_value_t)]
+        reboot_mode: RebootModeArg,
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// machined's log.
+    Logs {
+        #[arg(short, long)]
+        follow: bool,
+    },
+    /// The node's kernel log.
+    Dmesg {
+        #[arg(short, long)]
+        follow: bool,
     },
     /// Print a shell completion script.
     Completions {
@@ -55,6 +108,20 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Meta(cmd) => meta_cmd::run(cmd),
         Command::Init { args } => crate::init::run(args),
         Command::Imager(cmd) => imager_cmd::run(cmd),
+        Command::Machined => crate::machined::run(),
+        Command::Gen(cmd) => node_cmd::gen(cmd),
+        Command::Status { output } => node_cmd::status(&cli.target, output),
+        Command::Version { output } => node_cmd::version(&cli.target, output),
+        Command::Reboot { mode, dry_run } => node_cmd::reboot(&cli.target, mode, dry_run),
+        Command::Reset { dry_run } => node_cmd::reset(&cli.target, dry_run),
+        Command::Upgrade {
+            image,
+            stage,
+            reboot_mode,
+            dry_run,
+        } => node_cmd::upgrade(&cli.target, image, stage, reboot_mode, dry_run),
+        Command::Logs { follow } => node_cmd::logs(&cli.target, follow, false),
+        Command::Dmesg { follow } => node_cmd::logs(&cli.target, follow, true),
         Command::Completions { shell } => {
             let mut out = std::io::stdout().lock();
             clap_complete::generate(shell, &mut Cli::command(), "slate", &mut out);

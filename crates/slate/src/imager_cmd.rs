@@ -29,6 +29,9 @@ pub struct BuildArgs {
     /// Build this version instead of the profile's.
     #[arg(long)]
     version: Option<String>,
+    /// Append a kernel argument to the profile's (repeatable).
+    #[arg(long = "kernel-arg", value_name = "ARG")]
+    kernel_args: Vec<String>,
     /// Check the inputs and print the plan without building.
     #[arg(long)]
     dry_run: bool,
@@ -52,6 +55,7 @@ pub fn run(cmd: ImagerCommand) -> Result<()> {
     let inputs = Inputs::resolve(
         &args.profile,
         args.version.as_deref(),
+        &args.kernel_args,
         kind,
         source_date_epoch()?,
     )

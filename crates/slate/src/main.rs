@@ -7,7 +7,9 @@
 mod cli;
 mod imager_cmd;
 mod init;
+mod machined;
 mod meta_cmd;
+mod node_cmd;
 
 use std::ffi::OsString;
 use std::path::Path;

@@ -1,0 +1,72 @@
+//! What the server asks of the node: [`NodeBackend`], implemented by machined.
+
+use crate::types::{Event, RebootMode, Status, UpgradeRequest, VersionInfo};
+
+/// Lines of a log, consumed on a dedicated thread (blocking in `next` is fine).
+///
+/// `None` ends the HTTP response. When the client goes away, the iterator is dropped the next
+/// time it yields a line; a following iterator should therefore not block forever without a
+/// line (e.g. wrap an `mpsc::Receiver` and give up on a disconnected sender).
+pub type LineStream = Box<dyn Iterator<Item = String> + Send>;
+
+/// Events for one subscriber of `GET /v1/events`: machined keeps the `Sender` side in its list
+/// of subscribers and drops it (or sees `send` fail) to end the stream.
+///
+/// Contract: before returning the receiver, the backend sends the backlog the subscriber should
+/// see first (at least the current stage), so that `follow=false` — which drains what is
+/// already queued without waiting — has something to show. With `follow=true` the server keeps
+/// forwarding until the sender is dropped or the client goes away (then the receiver is
+/// dropped within about a second, so the next `send` fails and the subscriber can be pruned).
+pub type EventStream = std::sync::mpsc::Receiver<Event>;
+
+/// Why a backend call failed; each maps to an HTTP status and [`crate::ErrorCode`].
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BackendError {
+    /// Another sequence holds the lock and may not be taken over: HTTP 409 `locked`.
+    #[error("locked: {0}")]
+    Locked(String),
+    /// The request is refused as given (bad image reference, downgrade not allowed, …):
+    /// HTTP 400 `invalid_argument`.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// The node cannot do this in its mode (capability missing): HTTP 400 `unsupported`.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// Anything else: HTTP 500 `internal`.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The node behind the API. machined implements it with plain threads: every method is called
+/// from a blocking-capable thread (never on the async executor), so it may take locks, wait
+/// and do I/O. Calls may arrive concurrently.
+///
+/// Mutating calls (`reboot`, `reset`, `upgrade`) should take the sequence lock, start the
+/// sequence (on another thread) and return: the HTTP answer (202) goes out when they return,
+/// and a reboot would otherwise cut it off. Return [`BackendError::Locked`] when the lock is
+/// held by a sequence that may not be taken over.
+pub trait NodeBackend: Send + Sync {
+    /// `GET /v1/version`.
+    fn version(&self) -> VersionInfo;
+    /// `GET /v1/status`.
+    fn status(&self) -> Status;
+    /// `POST /v1/reboot` (operator).
+    fn reboot(&self, mode: RebootMode) -> Result<(), BackendError>;
+    /// `POST /v1/reset` (admin).
+    fn reset(&self) -> Result<(), BackendError>;
+    /// `POST /v1/upgrade` (admin).
+    fn upgrade(&self, req: UpgradeRequest) -> Result<(), BackendError>;
+    /// `GET /v1/events`: a new subscription; see [`EventStream`] for the contract.
+    fn events(&self) -> EventStream;
+    /// `GET /v1/logs`: machined's own log lines (without trailing newlines). With `follow`,
+    /// the iterator first yields the retained lines, then blocks for new ones.
+    fn logs(&self, follow: bool) -> Result<LineStream, BackendError>;
+    /// `GET /v1/dmesg`: kernel log lines, like [`NodeBackend::logs`].
+    fn dmesg(&self, follow: bool) -> Result<LineStream, BackendError>;
+    /// A line the server wants logged: refused handshakes, denied and failed requests,
+    /// mutating requests. The default drops it; machined puts it in its log. Unlike the other
+    /// methods this one is called on the executor: it must not block (append to a buffer).
+    fn log_api(&self, message: &str) {
+        let _ = message;
+    }
+}

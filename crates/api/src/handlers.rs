@@ -1,0 +1,333 @@
+//! Request handling: routing, the role check, backend calls, streams.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::body::{Bytes, Incoming};
+use hyper::header::{HeaderValue, ALLOW, CACHE_CONTROL, CONTENT_TYPE};
+use hyper::{Request, Response, StatusCode};
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use tokio::sync::mpsc;
+
+use crate::backend::{BackendError, LineStream, NodeBackend};
+use crate::body::{collect, Body, CollectError};
+use crate::routes::{self, Endpoint, Match, Route};
+use crate::types::{Accepted, ApiError, ErrorCode, Event, RebootRequest, Role, UpgradeRequest};
+
+const MAX_REQUEST_BODY: usize = 64 * 1024;
+/// Chunks buffered per streaming response before the producer waits for the client.
+const STREAM_BUFFER: usize = 256;
+
+/// What a request handler knows about its connection.
+pub(crate) struct Peer {
+    pub(crate) addr: SocketAddr,
+    /// From the verified client certificate; `None` when it names no role.
+    pub(crate) role: Option<Role>,
+    pub(crate) backend: Arc<dyn NodeBackend>,
+}
+
+/// An error answer not yet rendered.
+struct Reject {
+    status: StatusCode,
+    code: ErrorCode,
+    message: String,
+}
+
+impl Reject {
+    fn new(status: StatusCode, code: ErrorCode, message: impl Into<String>) -> Self {
+        Reject {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, ErrorCode::InvalidArgument, message)
+    }
+
+    fn into_response(self) -> Response<Body> {
+        error(self.status, self.code, self.message)
+    }
+}
+
+pub(crate) async fn handle(
+    req: Request<Incoming>,
+    peer: Arc<Peer>,
+) -> Result<Response<Body>, Infallible> {
+    let method = req.method().as_str().to_owned();
+    let path = req.uri().path().to_owned();
+    let response = match routes::lookup(&method, &path) {
+        Match::NotFound => error(
+            StatusCode::NOT_FOUND,
+            ErrorCode::NotFound,
+            format!("no endpoint {path}"),
+        ),
+        Match::WrongMethod(allowed) => {
+            let mut r = error(
+                StatusCode::METHOD_NOT_ALLOWED,
+                ErrorCode::MethodNotAllowed,
+                format!("{path} does not take {method}"),
+            );
+            if let Ok(v) = HeaderValue::from_str(&allowed.join(", ")) {
+                r.headers_mut().insert(ALLOW, v);
+            }
+            r
+        }
+        Match::Found(route) => match peer.role {
+            Some(role) if role >= route.role => dispatch(route, req, &peer).await,
+            role => error(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied,
+                format!(
+                    "{method} {path} requires role {} or higher; this client's certificate \
+                     grants {}",
+                    route.role,
+                    role.map_or("no role".to_owned(), |r| format!("role {r}")),
+                ),
+            ),
+        },
+    };
+    let status = response.status();
+    if method != "GET" || status.is_client_error() || status.is_server_error() {
+        let role = peer.role.map_or("no role", Role::as_str);
+        let line = format!(
+            "api: {} ({role}) {method} {path} -> {}",
+            peer.addr,
+            status.as_u16()
+        );
+        peer.backend.log_api(&line);
+    }
+    Ok(response)
+}
+
+async fn dispatch(route: &Route, req: Request<Incoming>, peer: &Peer) -> Response<Body> {
+    let follow = match follow_param(req.uri().query()) {
+        Ok(follow) => follow,
+        Err(reject) => return reject.into_response(),
+    };
+    match route.endpoint {
+        Endpoint::Version => reply(call(peer, |b| Ok(b.version())).await),
+        Endpoint::Status => reply(call(peer, |b| Ok(b.status())).await),
+        Endpoint::Reboot => match read_json::<RebootRequest>(req, true).await {
+            Ok(body) => accepted("reboot", call(peer, move |b| b.reboot(body.mode)).await),
+            Err(reject) => reject.into_response(),
+        },
+        Endpoint::Reset => accepted("reset", call(peer, |b| b.reset()).await),
+        Endpoint::Upgrade => match read_json::<UpgradeRequest>(req, false).await {
+            Ok(body) if body.image.trim().is_empty() => error(
+                StatusCode::BAD_REQUEST,
+                ErrorCode::InvalidArgument,
+                "image must not be empty".into(),
+            ),
+            Ok(body) => accepted("upgrade", call(peer, move |b| b.upgrade(body)).await),
+            Err(reject) => reject.into_response(),
+        },
+        Endpoint::Events => events(peer, follow).await,
+        Endpoint::Logs => lines(peer, follow, |b, f| b.logs(f)).await,
+        Endpoint::Dmesg => lines(peer, follow, |b, f| b.dmesg(f)).await,
+    }
+}
+
+/// Runs a backend call on the blocking pool.
+async fn call<T: Send + 'static>(
+    peer: &Peer,
+    f: impl FnOnce(&dyn NodeBackend) -> Result<T, BackendError> + Send + 'static,
+) -> Result<T, BackendError> {
+    let backend = peer.backend.clone();
+    tokio::task::spawn_blocking(move || f(&*backend))
+        .await
+        .unwrap_or_else(|e| {
+            Err(BackendError::Failed(format!(
+                "the node failed to answer: {e}"
+            )))
+        })
+}
+
+fn follow_param(query: Option<&str>) -> Result<bool, Reject> {
+    let mut follow = false;
+    for pair in query.unwrap_or("").split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, "true"));
+        if key == "follow" {
+            follow = match value {
+                "true" | "1" | "" => true,
+                "false" | "0" => false,
+                other => {
+                    let message = format!("follow must be true or false, not {other:?}");
+                    return Err(Reject::invalid(message));
+                }
+            };
+        }
+    }
+    Ok(follow)
+}
+
+async fn read_json<T: DeserializeOwned>(
+    req: Request<Incoming>,
+    empty_ok: bool,
+) -> Result<T, Reject> {
+    let mut body = req.into_body();
+    let data = match collect(&mut body, MAX_REQUEST_BODY).await {
+        Ok(data) => data,
+        Err(CollectError::TooLarge) => {
+            return Err(Reject::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                ErrorCode::PayloadTooLarge,
+                format!("request body over {MAX_REQUEST_BODY} bytes"),
+            ))
+        }
+        Err(CollectError::Body(e)) => {
+            return Err(Reject::invalid(format!(
+                "cannot read the request body: {e}"
+            )))
+        }
+    };
+    let data: &[u8] = if data.is_empty() && empty_ok {
+        b"{}"
+    } else {
+        &data
+    };
+    serde_json::from_slice(data).map_err(|e| Reject::invalid(format!("invalid request body: {e}")))
+}
+
+fn reply<T: Serialize>(result: Result<T, BackendError>) -> Response<Body> {
+    match result {
+        Ok(value) => json(StatusCode::OK, &value),
+        Err(e) => backend_error(e),
+    }
+}
+
+fn accepted(operation: &str, result: Result<(), BackendError>) -> Response<Body> {
+    match result {
+        Ok(()) => json(
+            StatusCode::ACCEPTED,
+            &Accepted {
+                operation: operation.to_owned(),
+            },
+        ),
+        Err(e) => backend_error(e),
+    }
+}
+
+fn backend_error(e: BackendError) -> Response<Body> {
+    let (status, code, message) = match e {
+        BackendError::Locked(m) => (StatusCode::CONFLICT, ErrorCode::Locked, m),
+        BackendError::InvalidArgument(m) => {
+            (StatusCode::BAD_REQUEST, ErrorCode::InvalidArgument, m)
+        }
+        BackendError::Unsupported(m) => (StatusCode::BAD_REQUEST, ErrorCode::Unsupported, m),
+        BackendError::Failed(m) => (StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, m),
+    };
+    error(status, code, message)
+}
+
+fn error(status: StatusCode, code: ErrorCode, message: String) -> Response<Body> {
+    json(status, &ApiError { code, message })
+}
+
+fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body> {
+    let (status, body) = match serde_json::to_vec(value) {
+        Ok(body) => (status, body),
+        Err(e) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!(r#"{{"code":"internal","message":"cannot encode the answer: {e}"}}"#)
+                .into_bytes(),
+        ),
+    };
+    response(status, "application/json", Body::full(body))
+}
+
+fn response(status: StatusCode, content_type: &'static str, body: Body) -> Response<Body> {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
+}
+
+fn stream(content_type: &'static str, rx: mpsc::Receiver<Bytes>) -> Response<Body> {
+    let mut r = response(StatusCode::OK, content_type, Body::Stream(rx));
+    r.headers_mut()
+        .insert(CACHE_CONTROL, HeaderValue::from_static("no-cache"));
+    r
+}
+
+fn spawn_pump(f: impl FnOnce() + Send + 'static) -> Result<(), Reject> {
+    std::thread::Builder::new()
+        .name("slate-api-stream".into())
+        .spawn(f)
+        .map(drop)
+        .map_err(|e| {
+            Reject::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                ErrorCode::Internal,
+                format!("cannot start a stream: {e}"),
+            )
+        })
+}
+
+/// A text stream: each line of the backend's iterator, newline-terminated, sent as produced.
+async fn lines(
+    peer: &Peer,
+    follow: bool,
+    open: fn(&dyn NodeBackend, bool) -> Result<LineStream, BackendError>,
+) -> Response<Body> {
+    let source = match call(peer, move |b| open(b, follow)).await {
+        Ok(source) => source,
+        Err(e) => return backend_error(e),
+    };
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    let pumped = spawn_pump(move || {
+        for mut line in source {
+            line.push('\n');
+            if tx.blocking_send(Bytes::from(line)).is_err() {
+                break;
+            }
+        }
+    });
+    match pumped {
+        Ok(()) => stream("text/plain; charset=utf-8", rx),
+        Err(reject) => reject.into_response(),
+    }
+}
+
+/// Newline-delimited JSON events; see [`crate::EventStream`] for `follow`.
+async fn events(peer: &Peer, follow: bool) -> Response<Body> {
+    let source = match call(peer, |b| Ok(b.events())).await {
+        Ok(source) => source,
+        Err(e) => return backend_error(e),
+    };
+    let (tx, rx) = mpsc::channel(STREAM_BUFFER);
+    let pumped = spawn_pump(move || {
+        let send = |event: &Event| {
+            let Ok(mut line) = serde_json::to_vec(event) else {
+                return true;
+            };
+            line.push(b'\n');
+            tx.blocking_send(Bytes::from(line)).is_ok()
+        };
+        if follow {
+            loop {
+                match source.recv_timeout(Duration::from_secs(1)) {
+                    Ok(event) if send(&event) => {}
+                    Ok(_) | Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) if tx.is_closed() => break,
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                }
+            }
+        } else {
+            while let Ok(event) = source.try_recv() {
+                if !send(&event) {
+                    break;
+                }
+            }
+        }
+    });
+    match pumped {
+        Ok(()) => stream("application/x-ndjson", rx),
+        Err(reject) => reject.into_response(),
+    }
+}

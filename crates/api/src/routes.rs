@@ -1,0 +1,100 @@
+//! The route table: the one list of what the server serves, used for dispatch and checked
+//! against `api/openapi.yaml` by the tests.
+
+use crate::types::Role;
+
+/// What a route does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Endpoint {
+    Version,
+    Status,
+    Reboot,
+    Reset,
+    Upgrade,
+    Events,
+    Logs,
+    Dmesg,
+}
+
+/// One route: method, path and the least role allowed to call it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Route {
+    /// `GET` or `POST`.
+    pub method: &'static str,
+    /// The exact path, e.g. `/v1/status`.
+    pub path: &'static str,
+    /// The least privileged role allowed.
+    pub role: Role,
+    pub endpoint: Endpoint,
+}
+
+const fn route(method: &'static str, path: &'static str, role: Role, endpoint: Endpoint) -> Route {
+    Route {
+        method,
+        path,
+        role,
+        endpoint,
+    }
+}
+
+/// Every route the server serves.
+pub const ROUTES: &[Route] = &[
+    route("GET", "/v1/version", Role::Reader, Endpoint::Version),
+    route("GET", "/v1/status", Role::Reader, Endpoint::Status),
+    route("POST", "/v1/reboot", Role::Operator, Endpoint::Reboot),
+    route("POST", "/v1/reset", Role::Admin, Endpoint::Reset),
+    route("POST", "/v1/upgrade", Role::Admin, Endpoint::Upgrade),
+    route("GET", "/v1/events", Role::Reader, Endpoint::Events),
+    route("GET", "/v1/logs", Role::Reader, Endpoint::Logs),
+    route("GET", "/v1/dmesg", Role::Reader, Endpoint::Dmesg),
+];
+
+/// The route for an endpoint.
+pub fn route_of(endpoint: Endpoint) -> &'static Route {
+    ROUTES
+        .iter()
+        .find(|r| r.endpoint == endpoint)
+        .expect("every endpoint has a route")
+}
+
+/// How a request matches the table.
+#[derive(Debug)]
+pub(crate) enum Match {
+    Found(&'static Route),
+    /// The path exists with other methods (for the `Allow` header).
+    WrongMethod(Vec<&'static str>),
+    NotFound,
+}
+
+pub(crate) fn lookup(method: &str, path: &str) -> Match {
+    let mut allowed = Vec::new();
+    for r in ROUTES.iter().filter(|r| r.path == path) {
+        if r.method == method {
+            return Match::Found(r);
+        }
+        allowed.push(r.method);
+    }
+    if allowed.is_empty() {
+        Match::NotFound
+    } else {
+        Match::WrongMethod(allowed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lookup_distinguishes_unknown_paths_and_methods() {
+        assert!(
+            matches!(lookup("GET", "/v1/status"), Match::Found(r) if r.endpoint == Endpoint::Status)
+        );
+        assert!(matches!(lookup("POST", "/v1/status"), Match::WrongMethod(m) if m == ["GET"]));
+        assert!(matches!(lookup("GET", "/v1/nope"), Match::NotFound));
+        assert!(matches!(lookup("GET", "/v1/status/"), Match::NotFound));
+        for r in ROUTES {
+            assert_eq!(route_of(r.endpoint), r);
+        }
+    }
+}

@@ -1,0 +1,323 @@
+//! The HTTPS server: mutual TLS, the role from the client certificate, the route table.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+
+use crate::backend::NodeBackend;
+use crate::certs::{self, CertError};
+use crate::handlers::{handle, Peer};
+use crate::tls;
+
+/// The port the node API listens on by default (Talos' apid port).
+pub const DEFAULT_PORT: u16 = 50000;
+
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long open connections get to finish after shutdown before they are cut.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Where and with which certificates the server listens.
+#[derive(Clone)]
+pub struct ServerConfig {
+    pub listen: SocketAddr,
+    /// The CA that client certificates must chain to (PEM).
+    pub ca_pem: Vec<u8>,
+    /// The node's certificate chain (PEM), serverAuth.
+    pub cert_pem: Vec<u8>,
+    /// The node's private key (PEM).
+    pub key_pem: Vec<u8>,
+}
+
+impl ServerConfig {
+    /// Reads `ca.crt`, `node.crt` and `node.key` from `dir` (as written by
+    /// [`crate::gen_certs`]).
+    pub fn from_dir(listen: SocketAddr, dir: &Path) -> Result<Self, CertError> {
+        let read = |name: &str| {
+            let path = dir.join(name);
+            std::fs::read(&path).map_err(|source| CertError::Io { path, source })
+        };
+        Ok(ServerConfig {
+            listen,
+            ca_pem: read(certs::CA_CERT)?,
+            cert_pem: read(certs::NODE_CERT)?,
+            key_pem: read(certs::NODE_KEY)?,
+        })
+    }
+}
+
+impl std::fmt::Debug for ServerConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("listen", &self.listen)
+            .field("key_pem", &"<redacted>")
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] CertError),
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start the API server: {0}")]
+    Runtime(std::io::Error),
+    #[error("the API server thread panicked")]
+    Panicked,
+}
+
+/// A shutdown flag that any thread can raise and the server awaits. Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct Shutdown {
+    tx: Arc<watch::Sender<bool>>,
+}
+
+impl Default for Shutdown {
+    fn default() -> Self {
+        Shutdown {
+            tx: Arc::new(watch::Sender::new(false)),
+        }
+    }
+}
+
+impl Shutdown {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Raises the flag (idempotent; callable from any thread, sync or async).
+    pub fn trigger(&self) {
+        self.tx.send_replace(true);
+    }
+
+    pub fn is_triggered(&self) -> bool {
+        *self.tx.borrow()
+    }
+
+    /// Resolves once the flag is raised.
+    pub async fn wait(&self) {
+        let mut rx = self.tx.subscribe();
+        let _ = rx.wait_for(|raised| *raised).await;
+    }
+}
+
+/// A server running on its own thread, from [`spawn`].
+///
+/// Dropping the handle detaches the server (it keeps running); call
+/// [`ServerHandle::shutdown`] to stop it.
+#[derive(Debug)]
+pub struct ServerHandle {
+    local_addr: SocketAddr,
+    shutdown: Shutdown,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl ServerHandle {
+    /// The bound address (useful with port 0).
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// The flag that stops this server, for another thread to hold.
+    pub fn shutdown_signal(&self) -> Shutdown {
+        self.shutdown.clone()
+    }
+
+    /// Stops accepting, gives open requests and streams up to 2 s to finish (a follower of
+    /// the log keeps receiving lines meanwhile), cuts what is left and waits for the thread.
+    pub fn shutdown(self) -> Result<(), ServerError> {
+        self.shutdown.trigger();
+        self.join()
+    }
+
+    /// Waits for the server thread (until some holder of the signal triggers it).
+    pub fn join(self) -> Result<(), ServerError> {
+        self.thread.join().map_err(|_| ServerError::Panicked)
+    }
+}
+
+/// Serves the API on `config.listen` until `shutdown` resolves. Must run inside a tokio runtime
+/// (any flavour) with I/O and time enabled; backend calls go to its blocking pool.
+pub async fn serve(
+    config: ServerConfig,
+    backend: Arc<dyn NodeBackend>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let acceptor = acceptor(&config)?;
+    let listener = TcpListener::bind(config.listen)
+        .await
+        .map_err(|source| ServerError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+    run(listener, acceptor, backend, shutdown).await;
+    Ok(())
+}
+
+/// [`serve`] for a non-async program: builds a runtime and blocks the calling thread until
+/// `shutdown` is triggered (from another thread).
+pub fn serve_blocking(
+    config: ServerConfig,
+    backend: Arc<dyn NodeBackend>,
+    shutdown: Shutdown,
+) -> Result<(), ServerError> {
+    let rt = runtime()?;
+    let result = rt.block_on(serve(config, backend, async move { shutdown.wait().await }));
+    rt.shutdown_timeout(Duration::from_millis(100));
+    result
+}
+
+/// Binds, checks the certificates and starts the server on its own thread; errors (bad
+/// certificate, address in use) are returned here, before anything runs.
+pub fn spawn(
+    config: ServerConfig,
+    backend: Arc<dyn NodeBackend>,
+) -> Result<ServerHandle, ServerError> {
+    let acceptor = acceptor(&config)?;
+    let bind_err = |source| ServerError::Bind {
+        addr: config.listen,
+        source,
+    };
+    let listener = std::net::TcpListener::bind(config.listen).map_err(bind_err)?;
+    listener.set_nonblocking(true).map_err(bind_err)?;
+    let local_addr = listener.local_addr().map_err(bind_err)?;
+    let rt = runtime()?;
+    let listener = {
+        let _guard = rt.enter();
+        TcpListener::from_std(listener).map_err(bind_err)?
+    };
+    let shutdown = Shutdown::new();
+    let signal = shutdown.clone();
+    let thread = std::thread::Builder::new()
+        .name("slate-api".into())
+        .spawn(move || {
+            rt.block_on(run(listener, acceptor, backend, signal.wait()));
+            rt.shutdown_timeout(Duration::from_millis(100));
+        })
+        .map_err(ServerError::Runtime)?;
+    Ok(ServerHandle {
+        local_addr,
+        shutdown,
+        thread,
+    })
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ServerError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("slate-api-worker")
+        .build()
+        .map_err(ServerError::Runtime)
+}
+
+fn acceptor(config: &ServerConfig) -> Result<TlsAcceptor, CertError> {
+    let tls = tls::server_config(&config.ca_pem, &config.cert_pem, &config.key_pem)?;
+    Ok(TlsAcceptor::from(Arc::new(tls)))
+}
+
+async fn run(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    backend: Arc<dyn NodeBackend>,
+    shutdown: impl Future<Output = ()>,
+) {
+    tokio::pin!(shutdown);
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, peer)) => {
+                    let (acceptor, backend) = (acceptor.clone(), backend.clone());
+                    conns.spawn(connection(tcp, peer, acceptor, backend, drain_rx.clone()));
+                }
+                Err(e) => {
+                    backend.log_api(&format!("api: accept failed: {e}"));
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    drain_tx.send_replace(true);
+    let drained = async { while conns.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, drained).await;
+    conns.abort_all();
+}
+
+async fn connection(
+    tcp: TcpStream,
+    addr: SocketAddr,
+    acceptor: TlsAcceptor,
+    backend: Arc<dyn NodeBackend>,
+    mut drain: watch::Receiver<bool>,
+) {
+    let _ = tcp.set_nodelay(true);
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp).into_fallible());
+    let stream = match handshake.await {
+        Ok(Ok(stream)) => stream,
+        Ok(Err((e, tcp))) => {
+            backend.log_api(&format!("api: {addr}: TLS handshake refused: {e}"));
+            linger(tcp).await;
+            return;
+        }
+        Err(_) => {
+            backend.log_api(&format!("api: {addr}: TLS handshake timed out"));
+            return;
+        }
+    };
+    let role = tls::role_of(stream.get_ref().1.peer_certificates());
+    let peer = Arc::new(Peer {
+        addr,
+        role,
+        backend,
+    });
+    let service = service_fn(move |req| handle(req, peer.clone()));
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(TokioIo::new(stream), service);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = drain.wait_for(|d| *d) => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
+}
+
+/// After a refused handshake (the alert is already sent): close our side and read what the
+/// client had already sent, so that the kernel does not answer unread data with a reset that
+/// could destroy the alert before the client reads it.
+async fn linger(mut tcp: TcpStream) {
+    let _ = tcp.shutdown().await;
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        let mut total = 0usize;
+        while let Ok(n @ 1..) = tcp.read(&mut buf).await {
+            total += n;
+            if total > 1 << 20 {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
+}

@@ -1,0 +1,158 @@
+//! rustls configuration (ring provider) for both ends, PEM parsing, and the role carried by a
+//! verified client certificate.
+
+use std::sync::Arc;
+
+use rustls::crypto::CryptoProvider;
+use rustls::server::WebPkiClientVerifier;
+use rustls::RootCertStore;
+use rustls_pki_types::pem::PemObject;
+use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+
+use crate::certs::CertError;
+use crate::types::Role;
+
+const ALPN_HTTP1: &[u8] = b"http/1.1";
+
+fn provider() -> Arc<CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+fn invalid(what: &str, reason: impl std::fmt::Display) -> CertError {
+    CertError::Invalid {
+        what: what.to_owned(),
+        reason: reason.to_string(),
+    }
+}
+
+/// Every certificate in a PEM bundle (at least one).
+pub(crate) fn parse_certs(
+    pem: &[u8],
+    what: &str,
+) -> Result<Vec<CertificateDer<'static>>, CertError> {
+    let certs = CertificateDer::pem_slice_iter(pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| invalid(what, e))?;
+    if certs.is_empty() {
+        return Err(invalid(what, "no CERTIFICATE block in the PEM data"));
+    }
+    Ok(certs)
+}
+
+/// The private key of a PEM file (PKCS#8, SEC1 or PKCS#1).
+pub(crate) fn parse_key(pem: &[u8], what: &str) -> Result<PrivateKeyDer<'static>, CertError> {
+    PrivateKeyDer::from_pem_slice(pem).map_err(|e| invalid(what, e))
+}
+
+fn roots(ca_pem: &[u8]) -> Result<Arc<RootCertStore>, CertError> {
+    let mut roots = RootCertStore::empty();
+    for cert in parse_certs(ca_pem, "CA certificate")? {
+        roots.add(cert).map_err(|e| invalid("CA certificate", e))?;
+    }
+    Ok(Arc::new(roots))
+}
+
+/// The server side: our chain and key, and a client certificate *required* and verified
+/// against `ca_pem` (no certificate, or one from another CA, fails the handshake).
+pub(crate) fn server_config(
+    ca_pem: &[u8],
+    cert_pem: &[u8],
+    key_pem: &[u8],
+) -> Result<rustls::ServerConfig, CertError> {
+    let provider = provider();
+    let verifier = WebPkiClientVerifier::builder_with_provider(roots(ca_pem)?, provider.clone())
+        .build()
+        .map_err(|e| invalid("CA certificate", e))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid("TLS configuration", e))?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            parse_certs(cert_pem, "server certificate")?,
+            parse_key(key_pem, "server key")?,
+        )
+        .map_err(|e| invalid("server certificate and key", e))?;
+    config.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
+    Ok(config)
+}
+
+/// The client side: the node's certificate must chain to `ca_pem`; `identity` is our
+/// certificate chain and key PEM (none only to show that the server refuses such a client).
+pub(crate) fn client_config(
+    ca_pem: &[u8],
+    identity: Option<(&[u8], &[u8])>,
+) -> Result<rustls::ClientConfig, CertError> {
+    let builder = rustls::ClientConfig::builder_with_provider(provider())
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid("TLS configuration", e))?
+        .with_root_certificates(roots(ca_pem)?);
+    let mut config = match identity {
+        Some((cert_pem, key_pem)) => builder
+            .with_client_auth_cert(
+                parse_certs(cert_pem, "client certificate")?,
+                parse_key(key_pem, "client key")?,
+            )
+            .map_err(|e| invalid("client certificate and key", e))?,
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
+    Ok(config)
+}
+
+/// The role granted by a (verified) client certificate chain: the highest role named by an
+/// `O=os:<role>` of the end-entity certificate's subject; `None` when it names none.
+pub(crate) fn role_of(chain: Option<&[CertificateDer<'_>]>) -> Option<Role> {
+    let der = chain?.first()?;
+    let (_, cert) = x509_parser::parse_x509_certificate(der.as_ref()).ok()?;
+    let role = cert
+        .subject()
+        .iter_organization()
+        .filter_map(|o| o.as_str().ok())
+        .filter_map(Role::from_organization)
+        .max();
+    role
+}
+
+/// A human explanation of a TLS failure seen by the client, if `err` (or its sources) is one.
+pub(crate) fn explain(err: &(dyn std::error::Error + 'static)) -> Option<String> {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
+    while let Some(e) = cur {
+        if let Some(tls) = e.downcast_ref::<rustls::Error>() {
+            return Some(describe(tls));
+        }
+        if let Some(io) = e.downcast_ref::<std::io::Error>() {
+            if let Some(tls) = io.get_ref().and_then(|i| i.downcast_ref::<rustls::Error>()) {
+                return Some(describe(tls));
+            }
+        }
+        cur = e.source();
+    }
+    None
+}
+
+fn describe(err: &rustls::Error) -> String {
+    use rustls::AlertDescription as A;
+    match err {
+        rustls::Error::AlertReceived(A::CertificateRequired) => {
+            "the node refused the TLS handshake: it requires a client certificate and this \
+             client presented none"
+                .to_owned()
+        }
+        rustls::Error::AlertReceived(
+            alert @ (A::UnknownCA
+            | A::BadCertificate
+            | A::CertificateUnknown
+            | A::UnsupportedCertificate
+            | A::CertificateExpired
+            | A::AccessDenied
+            | A::DecryptError),
+        ) => format!(
+            "the node refused the TLS handshake ({alert:?}): the client certificate is not \
+             accepted (is it signed by the node's CA, and still valid?)"
+        ),
+        rustls::Error::InvalidCertificate(e) => {
+            format!("the node's certificate is not trusted: {e}")
+        }
+        e => format!("TLS error: {e}"),
+    }
+}

@@ -1,0 +1,279 @@
+//! The wire types of the node API. `api/openapi.yaml` describes exactly these (a test compares
+//! them); change both together.
+
+use serde::{Deserialize, Serialize};
+
+/// A caller's role, carried as the subject Organization (`O`) of its client certificate, as in
+/// Talos. Roles are ordered: `Admin` may do everything `Operator` may, which may do everything
+/// `Reader` may.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    /// Read-only: version, status, events, logs, dmesg.
+    Reader,
+    /// Reader, plus reboot.
+    Operator,
+    /// Everything: reset and upgrade too.
+    Admin,
+}
+
+impl Role {
+    /// Every role, least privileged first.
+    pub const ALL: [Role; 3] = [Role::Reader, Role::Operator, Role::Admin];
+
+    /// The role's name as used in the OpenAPI file and file names: `reader`, `operator`, `admin`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Role::Reader => "reader",
+            Role::Operator => "operator",
+            Role::Admin => "admin",
+        }
+    }
+
+    /// The certificate subject Organization that grants this role: `os:<role>`.
+    pub fn organization(self) -> &'static str {
+        match self {
+            Role::Reader => "os:reader",
+            Role::Operator => "os:operator",
+            Role::Admin => "os:admin",
+        }
+    }
+
+    /// The role an Organization value grants, if it names one.
+    pub fn from_organization(organization: &str) -> Option<Role> {
+        Role::ALL
+            .into_iter()
+            .find(|r| r.organization() == organization)
+    }
+}
+
+impl std::fmt::Display for Role {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// `GET /v1/version`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VersionInfo {
+    /// The OS image version that is running.
+    pub version: String,
+    /// CPU architecture, e.g. `amd64`.
+    pub arch: String,
+    /// The boot entry (slot) that was booted, e.g. `slate-1.2.0+3.efi`, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub booted_entry: Option<String>,
+    /// The kernel release, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel: Option<String>,
+}
+
+/// The machine's lifecycle stage (Talos' MachineStage).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum Stage {
+    Booting,
+    Installing,
+    Running,
+    Rebooting,
+    ShuttingDown,
+    Resetting,
+    Upgrading,
+    /// A fatal error happened and the node waits to be inspected (`panic=0`).
+    Failed,
+}
+
+impl Stage {
+    /// Every stage, in declaration order.
+    pub const ALL: [Stage; 8] = [
+        Stage::Booting,
+        Stage::Installing,
+        Stage::Running,
+        Stage::Rebooting,
+        Stage::ShuttingDown,
+        Stage::Resetting,
+        Stage::Upgrading,
+        Stage::Failed,
+    ];
+}
+
+/// The platform mode the node runs in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Mode {
+    Cloud,
+    Container,
+    Metal,
+    MetalAgent,
+}
+
+impl Mode {
+    /// Every mode, in declaration order.
+    pub const ALL: [Mode; 4] = [Mode::Cloud, Mode::Container, Mode::Metal, Mode::MetalAgent];
+}
+
+/// A failed boot or upgrade the node remembers: which version failed and why.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Failure {
+    pub version: String,
+    pub reason: String,
+}
+
+/// `GET /v1/status`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Status {
+    /// The OS image version that is running.
+    pub version: String,
+    /// The boot entry (slot) that was booted, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub booted_entry: Option<String>,
+    pub stage: Stage,
+    /// The sequence holding the lock (`Boot`, `Upgrade`, …), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub running_sequence: Option<String>,
+    pub mode: Mode,
+    /// The image staged for the next boot by a staged upgrade, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub staged_image: Option<String>,
+    /// The last failure the node recorded (e.g. an upgrade that was reverted), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure: Option<Failure>,
+}
+
+/// How to reboot.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RebootMode {
+    /// The normal path (may use kexec where the node supports it).
+    #[default]
+    Default,
+    /// A full power cycle through the firmware.
+    Powercycle,
+}
+
+/// `POST /v1/reboot` body. An empty body means `{"mode":"default"}`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RebootRequest {
+    #[serde(default)]
+    pub mode: RebootMode,
+}
+
+/// `POST /v1/upgrade` body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpgradeRequest {
+    /// The image (installer bundle) reference to upgrade to.
+    pub image: String,
+    /// Stage the upgrade for the next boot instead of running it now.
+    #[serde(default)]
+    pub stage: bool,
+    #[serde(default)]
+    pub reboot_mode: RebootMode,
+    /// Allow moving to an older version.
+    #[serde(default)]
+    pub allow_downgrade: bool,
+}
+
+impl UpgradeRequest {
+    /// An immediate upgrade to `image` with default options.
+    pub fn new(image: impl Into<String>) -> Self {
+        UpgradeRequest {
+            image: image.into(),
+            stage: false,
+            reboot_mode: RebootMode::Default,
+            allow_downgrade: false,
+        }
+    }
+}
+
+/// The answer to an accepted mutating request (HTTP 202): the operation has started.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Accepted {
+    /// `reboot`, `reset` or `upgrade`.
+    pub operation: String,
+}
+
+/// One line of `GET /v1/events` (newline-delimited JSON).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Event {
+    /// Milliseconds since the Unix epoch when the event happened.
+    pub unix_ms: u64,
+    /// What happened; serialized flat: `{"unix_ms":…,"type":"stage","stage":"Running"}`.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+impl Event {
+    /// An event stamped with the current time.
+    pub fn now(kind: EventKind) -> Self {
+        let unix_ms = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+            .unwrap_or(0);
+        Event { unix_ms, kind }
+    }
+}
+
+/// The kinds of events, tagged by `type`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    /// The machine entered a stage.
+    Stage { stage: Stage },
+    /// A sequence took the lock and started.
+    SequenceStarted { sequence: String },
+    /// A phase of a running sequence started.
+    PhaseStarted { sequence: String, phase: String },
+    /// A sequence finished; `error` is set when it failed or was cancelled.
+    SequenceFinished {
+        sequence: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        error: Option<String>,
+    },
+}
+
+/// The `code` of an [`ApiError`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// 409: another sequence holds the lock.
+    Locked,
+    /// 403: the caller's role may not call this endpoint.
+    PermissionDenied,
+    /// 400: the request is malformed or refused as given.
+    InvalidArgument,
+    /// 400: the node cannot do this (e.g. reboot in container mode).
+    Unsupported,
+    /// 404: no such endpoint.
+    NotFound,
+    /// 405: the endpoint exists, not with this method.
+    MethodNotAllowed,
+    /// 413: the request body is too large.
+    PayloadTooLarge,
+    /// 500: the node failed.
+    Internal,
+    /// A code this client does not know.
+    #[serde(other)]
+    Unknown,
+}
+
+impl ErrorCode {
+    /// Every code the server sends (not [`ErrorCode::Unknown`]).
+    pub const ALL: [ErrorCode; 8] = [
+        ErrorCode::Locked,
+        ErrorCode::PermissionDenied,
+        ErrorCode::InvalidArgument,
+        ErrorCode::Unsupported,
+        ErrorCode::NotFound,
+        ErrorCode::MethodNotAllowed,
+        ErrorCode::PayloadTooLarge,
+        ErrorCode::Internal,
+    ];
+}
+
+/// The body of every error response.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApiError {
+    pub code: ErrorCode,
+    pub message: String,
+}

@@ -1,0 +1,386 @@
+//! The real server and client over mutual TLS on 127.0.0.1, with a fake node behind.
+
+mod common;
+
+use std::ops::ControlFlow;
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::{client, read, start, Fake};
+use slate_api::{Client, ClientError, EventKind, RebootMode, Role, Stage, UpgradeRequest, CA_CERT};
+
+#[test]
+fn reader_reads_version_and_status() {
+    let (dir, server) = start(Arc::default());
+    let reader = client(&dir, &server, Role::Reader);
+    assert_eq!(reader.version().unwrap(), common::version());
+    assert_eq!(reader.status().unwrap(), common::status());
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn reader_may_not_reboot_operator_may() {
+    let fake = Arc::new(Fake::default());
+    let (dir, server) = start(fake.clone());
+    let err = client(&dir, &server, Role::Reader)
+        .reboot(RebootMode::Default)
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::PermissionDenied(m) if m.contains("operator")),
+        "{err}"
+    );
+    assert!(fake.reboots.lock().unwrap().is_empty());
+
+    client(&dir, &server, Role::Operator)
+        .reboot(RebootMode::Powercycle)
+        .unwrap();
+    client(&dir, &server, Role::Admin)
+        .reboot(RebootMode::Default)
+        .unwrap();
+    assert_eq!(
+        *fake.reboots.lock().unwrap(),
+        [RebootMode::Powercycle, RebootMode::Default]
+    );
+    let log = fake.api_log();
+    assert!(
+        log.iter()
+            .any(|l| l.contains("(reader) POST /v1/reboot -> 403")),
+        "{log:?}"
+    );
+    assert!(
+        log.iter()
+            .any(|l| l.contains("(operator) POST /v1/reboot -> 202")),
+        "{log:?}"
+    );
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn reset_is_for_admins() {
+    let fake = Arc::new(Fake::default());
+    let (dir, server) = start(fake.clone());
+    for role in [Role::Reader, Role::Operator] {
+        let err = client(&dir, &server, role).reset().unwrap_err();
+        assert!(
+            matches!(err, ClientError::PermissionDenied(_)),
+            "{role}: {err}"
+        );
+    }
+    assert_eq!(fake.resets.load(Ordering::SeqCst), 0);
+    client(&dir, &server, Role::Admin).reset().unwrap();
+    assert_eq!(fake.resets.load(Ordering::SeqCst), 1);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn upgrade_request_reaches_the_backend_intact() {
+    let fake = Arc::new(Fake::default());
+    let (dir, server) = start(fake.clone());
+    let req = UpgradeRequest {
+        image: "oci:/var/lib/bundles/slate-1.3.0".into(),
+        stage: true,
+        reboot_mode: RebootMode::Powercycle,
+        allow_downgrade: true,
+    };
+    let err = client(&dir, &server, Role::Operator)
+        .upgrade(&req)
+        .unwrap_err();
+    assert!(matches!(err, ClientError::PermissionDenied(_)), "{err}");
+    let admin = client(&dir, &server, Role::Admin);
+    admin.upgrade(&req).unwrap();
+    assert_eq!(*fake.upgrades.lock().unwrap(), [req]);
+    let err = admin.upgrade(&UpgradeRequest::new(" ")).unwrap_err();
+    assert!(matches!(err, ClientError::InvalidArgument(_)), "{err}");
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn client_without_certificate_is_refused_at_the_handshake() {
+    let fake = Arc::new(Fake::default());
+    let (dir, server) = start(fake.clone());
+    let addr = server.local_addr().to_string();
+    let anonymous = Client::without_certificate(&addr, &read(&dir, CA_CERT)).unwrap();
+    let err = anonymous.status().unwrap_err();
+    match &err {
+        ClientError::Tls { message, .. } => {
+            assert!(message.contains("requires a client certificate"), "{err}")
+        }
+        other => panic!("expected a TLS error, got {other:?}"),
+    }
+    // The server logged the refusal.
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !fake
+        .api_log()
+        .iter()
+        .any(|l| l.contains("TLS handshake refused"))
+    {
+        assert!(Instant::now() < deadline, "{:?}", fake.api_log());
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn client_certificate_from_another_ca_is_refused() {
+    let (dir, server) = start(Arc::default());
+    let other = common::certs();
+    let addr = server.local_addr().to_string();
+    // Trusts the node's CA, but presents an admin certificate of another CA.
+    let stranger = Client::new(
+        &addr,
+        &read(&dir, CA_CERT),
+        &read(&other, "admin.crt"),
+        &read(&other, "admin.key"),
+    )
+    .unwrap();
+    let err = stranger.reset().unwrap_err();
+    match &err {
+        ClientError::Tls { message, .. } => {
+            assert!(message.contains("not accepted"), "{err}")
+        }
+        other => panic!("expected a TLS error, got {other:?}"),
+    }
+    // And a client that trusts another CA refuses the node.
+    let err = Client::from_dir(&addr, other.path(), Role::Admin)
+        .unwrap()
+        .status()
+        .unwrap_err();
+    match &err {
+        ClientError::Tls { message, .. } => assert!(message.contains("not trusted"), "{err}"),
+        other => panic!("expected a TLS error, got {other:?}"),
+    }
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn locked_backend_maps_to_client_locked() {
+    let fake = Arc::new(Fake::default());
+    fake.locked.store(true, Ordering::SeqCst);
+    let (dir, server) = start(fake.clone());
+    let err = client(&dir, &server, Role::Operator)
+        .reboot(RebootMode::Default)
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Locked(m) if m.contains("Upgrade")),
+        "{err}"
+    );
+    let err = client(&dir, &server, Role::Admin).reset().unwrap_err();
+    assert!(matches!(err, ClientError::Locked(_)), "{err}");
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn concurrent_upgrades_one_is_locked() {
+    let fake = Arc::new(Fake {
+        upgrade_hold: Duration::from_millis(800),
+        ..Fake::default()
+    });
+    let (dir, server) = start(fake.clone());
+    let barrier = Arc::new(Barrier::new(2));
+    let results: Vec<_> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..2)
+            .map(|i| {
+                let admin = client(&dir, &server, Role::Admin);
+                let barrier = barrier.clone();
+                s.spawn(move || {
+                    barrier.wait();
+                    admin.upgrade(&UpgradeRequest::new(format!("image-{i}")))
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let locked = results
+        .iter()
+        .filter(|r| matches!(r, Err(ClientError::Locked(_))))
+        .count();
+    let ok = results.iter().filter(|r| r.is_ok()).count();
+    assert_eq!((ok, locked), (1, 1), "{results:?}");
+    assert_eq!(fake.upgrades.lock().unwrap().len(), 1);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn logs_follow_streams_lines_as_produced() {
+    let fake = Arc::new(Fake {
+        log_lines: vec!["one".into(), "two".into(), "three".into()],
+        log_gap: Duration::from_millis(300),
+        ..Fake::default()
+    });
+    let (dir, server) = start(fake.clone());
+    let mut received = Vec::new();
+    client(&dir, &server, Role::Reader)
+        .logs(true, |line| {
+            received.push((line.to_owned(), Instant::now()));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    let lines: Vec<_> = received.iter().map(|(l, _)| l.as_str()).collect();
+    assert_eq!(lines, ["one", "two", "three"]);
+    let produced = fake.produced.lock().unwrap().clone();
+    assert_eq!(produced.len(), 3);
+    for (i, (_, at)) in received.iter().enumerate() {
+        assert!(
+            *at >= produced[i],
+            "line {i} received before it was produced"
+        );
+    }
+    // Streamed, not buffered: the first line arrived before the last was produced.
+    assert!(
+        received[0].1 < produced[2],
+        "the first line waited for the whole stream"
+    );
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn logs_callback_can_stop_the_stream() {
+    let fake = Arc::new(Fake {
+        log_lines: (0..50).map(|i| format!("line {i}")).collect(),
+        log_gap: Duration::from_millis(10),
+        ..Fake::default()
+    });
+    let (dir, server) = start(fake);
+    let mut seen = 0;
+    client(&dir, &server, Role::Reader)
+        .logs(true, |_| {
+            seen += 1;
+            if seen == 2 {
+                ControlFlow::Break(())
+            } else {
+                ControlFlow::Continue(())
+            }
+        })
+        .unwrap();
+    assert_eq!(seen, 2);
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn events_backlog_and_follow() {
+    let fake = Arc::new(Fake {
+        live_events: vec![
+            EventKind::SequenceStarted {
+                sequence: "Reboot".into(),
+            },
+            EventKind::Stage {
+                stage: Stage::Rebooting,
+            },
+        ],
+        ..Fake::default()
+    });
+    let (dir, server) = start(fake);
+    let reader = client(&dir, &server, Role::Reader);
+    let mut backlog = Vec::new();
+    reader
+        .events(false, |e| {
+            backlog.push(e.kind);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(
+        backlog,
+        [EventKind::Stage {
+            stage: Stage::Running
+        }]
+    );
+    let mut all = Vec::new();
+    reader
+        .events(true, |e| {
+            all.push(e.kind);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(all.len(), 3, "{all:?}");
+    assert_eq!(
+        all[2],
+        EventKind::Stage {
+            stage: Stage::Rebooting
+        }
+    );
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn backend_errors_on_streams_map_to_typed_errors() {
+    let (dir, server) = start(Arc::default());
+    let err = client(&dir, &server, Role::Reader)
+        .dmesg(false, |_| ControlFlow::Continue(()))
+        .unwrap_err();
+    assert!(matches!(err, ClientError::Unsupported(_)), "{err}");
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn shutdown_cuts_following_streams_and_stops_listening() {
+    let fake = Arc::new(Fake {
+        log_lines: (0..1000).map(|i| format!("line {i}")).collect(),
+        log_gap: Duration::from_millis(20),
+        ..Fake::default()
+    });
+    let (dir, server) = start(fake);
+    let addr = server.local_addr();
+    let reader = client(&dir, &server, Role::Reader);
+    let follower = std::thread::spawn(move || {
+        let mut n = 0;
+        let r = reader.logs(true, |_| {
+            n += 1;
+            ControlFlow::Continue(())
+        });
+        (r, n)
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    server.shutdown().unwrap();
+    assert!(started.elapsed() < Duration::from_secs(5));
+    let (_, n) = follower.join().unwrap();
+    assert!(n > 0 && n < 1000, "{n}");
+    assert!(std::net::TcpStream::connect(addr).is_err());
+}
+
+#[test]
+fn bad_address_and_bad_identity_are_reported() {
+    let dir = common::certs();
+    let err = Client::from_dir("host:port", dir.path(), Role::Admin).unwrap_err();
+    assert!(matches!(err, ClientError::Address(_)), "{err}");
+    let err = Client::new("127.0.0.1:1", b"junk", b"junk", b"junk").unwrap_err();
+    assert!(matches!(err, ClientError::Config(_)), "{err}");
+    let err = Client::from_dir("127.0.0.1:1", dir.path(), Role::Admin)
+        .unwrap()
+        .status()
+        .unwrap_err();
+    assert!(matches!(err, ClientError::Connect { .. }), "{err}");
+}
+
+#[test]
+fn serve_blocking_runs_until_shutdown() {
+    let dir = common::certs();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let listen = format!("127.0.0.1:{port}").parse().unwrap();
+    let config = slate_api::ServerConfig::from_dir(listen, dir.path()).unwrap();
+    let shutdown = slate_api::Shutdown::new();
+    let signal = shutdown.clone();
+    let server = std::thread::spawn(move || {
+        slate_api::serve_blocking(config, Arc::new(Fake::default()), signal)
+    });
+    let reader = Client::from_dir(&listen.to_string(), dir.path(), Role::Reader).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        match reader.status() {
+            Ok(status) => break status,
+            Err(ClientError::Connect { .. }) if Instant::now() < deadline => {
+                std::thread::sleep(Duration::from_millis(20))
+            }
+            Err(e) => panic!("{e}"),
+        }
+    };
+    assert_eq!(status, common::status());
+    shutdown.trigger();
+    server.join().unwrap().unwrap();
+    assert!(matches!(reader.status(), Err(ClientError::Connect { .. })));
+}

@@ -1,0 +1,172 @@
+//! A fake node backend and helpers to run the real server over TLS on 127.0.0.1.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use slate_api::{
+    BackendError, Client, Event, EventKind, EventStream, Failure, LineStream, Mode, NodeBackend,
+    RebootMode, Role, ServerConfig, ServerHandle, Stage, Status, UpgradeRequest, VersionInfo,
+};
+use tempfile::TempDir;
+
+/// A node that records what it is asked and can be told to be locked or slow.
+#[derive(Debug, Default)]
+pub struct Fake {
+    /// Every mutating call answers Locked.
+    pub locked: AtomicBool,
+    /// The sequence lock: upgrade holds it for `upgrade_hold` and answers Locked when taken.
+    pub sequence: Mutex<()>,
+    pub upgrade_hold: Duration,
+    pub reboots: Mutex<Vec<RebootMode>>,
+    pub resets: AtomicUsize,
+    pub upgrades: Mutex<Vec<UpgradeRequest>>,
+    /// Lines of `logs`, produced `log_gap` apart; the production instants are recorded.
+    pub log_lines: Vec<String>,
+    pub log_gap: Duration,
+    pub produced: Arc<Mutex<Vec<Instant>>>,
+    /// Live events sent after the backlog (follow), then the sender is dropped.
+    pub live_events: Vec<EventKind>,
+    /// Lines given to `log_api`.
+    pub api_log: Mutex<Vec<String>>,
+}
+
+impl Fake {
+    pub fn api_log(&self) -> Vec<String> {
+        self.api_log.lock().unwrap().clone()
+    }
+
+    fn check_lock(&self) -> Result<(), BackendError> {
+        if self.locked.load(Ordering::SeqCst) {
+            return Err(BackendError::Locked("sequence Upgrade is running".into()));
+        }
+        Ok(())
+    }
+}
+
+pub fn version() -> VersionInfo {
+    VersionInfo {
+        version: "1.2.3".into(),
+        arch: "amd64".into(),
+        booted_entry: Some("slate-1.2.3+3.efi".into()),
+        kernel: None,
+    }
+}
+
+pub fn status() -> Status {
+    Status {
+        version: "1.2.3".into(),
+        booted_entry: Some("slate-1.2.3+3.efi".into()),
+        stage: Stage::Running,
+        running_sequence: None,
+        mode: Mode::Metal,
+        staged_image: None,
+        last_failure: Some(Failure {
+            version: "1.3.0".into(),
+            reason: "task mountState failed".into(),
+        }),
+    }
+}
+
+impl NodeBackend for Fake {
+    fn version(&self) -> VersionInfo {
+        version()
+    }
+
+    fn status(&self) -> Status {
+        status()
+    }
+
+    fn reboot(&self, mode: RebootMode) -> Result<(), BackendError> {
+        self.check_lock()?;
+        self.reboots.lock().unwrap().push(mode);
+        Ok(())
+    }
+
+    fn reset(&self) -> Result<(), BackendError> {
+        self.check_lock()?;
+        self.resets.fetch_add(1, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn upgrade(&self, req: UpgradeRequest) -> Result<(), BackendError> {
+        self.check_lock()?;
+        let _held = self
+            .sequence
+            .try_lock()
+            .map_err(|_| BackendError::Locked("sequence Upgrade is running".into()))?;
+        self.upgrades.lock().unwrap().push(req);
+        std::thread::sleep(self.upgrade_hold);
+        Ok(())
+    }
+
+    fn events(&self) -> EventStream {
+        let (tx, rx) = mpsc::channel();
+        tx.send(Event::now(EventKind::Stage {
+            stage: Stage::Running,
+        }))
+        .unwrap();
+        let live = self.live_events.clone();
+        std::thread::spawn(move || {
+            for kind in live {
+                std::thread::sleep(Duration::from_millis(50));
+                if tx.send(Event::now(kind)).is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    }
+
+    fn logs(&self, _follow: bool) -> Result<LineStream, BackendError> {
+        let (tx, rx) = mpsc::channel();
+        let (lines, gap, produced) = (self.log_lines.clone(), self.log_gap, self.produced.clone());
+        std::thread::spawn(move || {
+            for line in lines {
+                std::thread::sleep(gap);
+                produced.lock().unwrap().push(Instant::now());
+                if tx.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Box::new(rx.into_iter()))
+    }
+
+    fn dmesg(&self, _follow: bool) -> Result<LineStream, BackendError> {
+        Err(BackendError::Unsupported(
+            "no kernel log in container mode".into(),
+        ))
+    }
+
+    fn log_api(&self, message: &str) {
+        self.api_log.lock().unwrap().push(message.to_owned());
+    }
+}
+
+/// A certificate set from `gen_certs`.
+pub fn certs() -> TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    slate_api::gen_certs(dir.path(), &["node-1.example".to_owned()]).unwrap();
+    dir
+}
+
+/// The real server on 127.0.0.1 (any port) over `fake`, with a fresh certificate set.
+pub fn start(fake: Arc<Fake>) -> (TempDir, ServerHandle) {
+    let dir = certs();
+    let config = ServerConfig::from_dir("127.0.0.1:0".parse().unwrap(), dir.path()).unwrap();
+    let server = slate_api::spawn(config, fake).unwrap();
+    (dir, server)
+}
+
+pub fn client(dir: &TempDir, server: &ServerHandle, role: Role) -> Client {
+    let addr = server.local_addr().to_string();
+    Client::from_dir(&addr, dir.path(), role).unwrap()
+}
+
+pub fn read(dir: &TempDir, name: &str) -> Vec<u8> {
+    std::fs::read(dir.path().join(name)).unwrap()
+}

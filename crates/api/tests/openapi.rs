@@ -1,0 +1,232 @@
+//! `api/openapi.yaml` describes exactly what the server serves: every route with its role, and
+//! the same fields as the Rust types.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+
+use serde::Serialize;
+use serde_yaml::Value;
+use slate_api::{
+    Accepted, ApiError, ErrorCode, Event, EventKind, Failure, Mode, RebootMode, RebootRequest,
+    Stage, Status, UpgradeRequest, VersionInfo, ROUTES,
+};
+
+fn spec() -> Value {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../api/openapi.yaml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    serde_yaml::from_str(&text).unwrap()
+}
+
+fn schema<'a>(spec: &'a Value, name: &str) -> &'a Value {
+    let s = &spec["components"]["schemas"][name];
+    assert!(s.is_mapping(), "no schema {name}");
+    s
+}
+
+fn strings(v: &Value) -> BTreeSet<String> {
+    v.as_sequence()
+        .map(|s| s.iter().map(|x| x.as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+fn property_names(schema: &Value) -> BTreeSet<String> {
+    schema["properties"]
+        .as_mapping()
+        .unwrap()
+        .keys()
+        .map(|k| k.as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn json_keys(value: &impl Serialize) -> BTreeSet<String> {
+    match serde_json::to_value(value).unwrap() {
+        serde_json::Value::Object(map) => map.keys().cloned().collect(),
+        other => panic!("not an object: {other}"),
+    }
+}
+
+fn json_strings<T: Serialize>(values: impl IntoIterator<Item = T>) -> BTreeSet<String> {
+    values
+        .into_iter()
+        .map(|v| {
+            serde_json::to_value(v)
+                .unwrap()
+                .as_str()
+                .unwrap()
+                .to_owned()
+        })
+        .collect()
+}
+
+/// `properties` are the keys of `full`, `required` those of `minimal` (optional fields unset).
+fn check_object(spec: &Value, name: &str, full: &impl Serialize, minimal: &impl Serialize) {
+    let s = schema(spec, name);
+    assert_eq!(property_names(s), json_keys(full), "{name} properties");
+    assert_eq!(
+        strings(&s["required"]),
+        json_keys(minimal),
+        "{name} required"
+    );
+}
+
+#[test]
+fn lists_exactly_the_served_routes_with_their_roles() {
+    let spec = spec();
+    assert!(spec["openapi"].as_str().unwrap().starts_with("3.0"));
+    let mut documented = BTreeSet::new();
+    for (path, item) in spec["paths"].as_mapping().unwrap() {
+        for (method, op) in item.as_mapping().unwrap() {
+            let method = method.as_str().unwrap().to_uppercase();
+            let role = op["x-slate-role"].as_str().unwrap_or("<none>").to_owned();
+            documented.insert((method, path.as_str().unwrap().to_owned(), role));
+        }
+    }
+    let served: BTreeSet<_> = ROUTES
+        .iter()
+        .map(|r| {
+            (
+                r.method.to_owned(),
+                r.path.to_owned(),
+                r.role.as_str().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(documented, served);
+}
+
+#[test]
+fn schemas_match_the_types() {
+    let spec = spec();
+    let failure = Failure {
+        version: "1".into(),
+        reason: "r".into(),
+    };
+    let version = VersionInfo {
+        version: "1".into(),
+        arch: "amd64".into(),
+        booted_entry: Some("e".into()),
+        kernel: Some("k".into()),
+    };
+    let version_min = VersionInfo {
+        booted_entry: None,
+        kernel: None,
+        ..version.clone()
+    };
+    check_object(&spec, "VersionInfo", &version, &version_min);
+    let status = Status {
+        version: "1".into(),
+        booted_entry: Some("e".into()),
+        stage: Stage::Running,
+        running_sequence: Some("Boot".into()),
+        mode: Mode::Metal,
+        staged_image: Some("i".into()),
+        last_failure: Some(failure.clone()),
+    };
+    let status_min = Status {
+        booted_entry: None,
+        running_sequence: None,
+        staged_image: None,
+        last_failure: None,
+        ..status.clone()
+    };
+    check_object(&spec, "Status", &status, &status_min);
+    check_object(&spec, "Failure", &failure, &failure);
+    let accepted = Accepted {
+        operation: "reboot".into(),
+    };
+    check_object(&spec, "Accepted", &accepted, &accepted);
+    let error = ApiError {
+        code: ErrorCode::Locked,
+        message: "m".into(),
+    };
+    check_object(&spec, "Error", &error, &error);
+
+    // Requests: every field documented; `required` is what the server cannot default.
+    let upgrade = UpgradeRequest::new("img");
+    let s = schema(&spec, "UpgradeRequest");
+    assert_eq!(property_names(s), json_keys(&upgrade));
+    assert_eq!(
+        strings(&s["required"]),
+        BTreeSet::from(["image".to_owned()])
+    );
+    assert_eq!(
+        serde_json::from_str::<UpgradeRequest>(r#"{"image":"img"}"#).unwrap(),
+        upgrade
+    );
+    assert!(serde_json::from_str::<UpgradeRequest>("{}").is_err());
+    let s = schema(&spec, "RebootRequest");
+    assert_eq!(property_names(s), json_keys(&RebootRequest::default()));
+    assert!(strings(&s["required"]).is_empty());
+    assert_eq!(
+        serde_json::from_str::<RebootRequest>("{}").unwrap(),
+        RebootRequest::default()
+    );
+
+    let enums = [
+        ("Stage", json_strings(Stage::ALL)),
+        ("Mode", json_strings(Mode::ALL)),
+        (
+            "RebootMode",
+            json_strings([RebootMode::Default, RebootMode::Powercycle]),
+        ),
+    ];
+    for (name, values) in enums {
+        assert_eq!(strings(&schema(&spec, name)["enum"]), values, "{name}");
+    }
+    let codes = strings(&schema(&spec, "Error")["properties"]["code"]["enum"]);
+    assert_eq!(codes, json_strings(ErrorCode::ALL));
+    let operations = strings(&schema(&spec, "Accepted")["properties"]["operation"]["enum"]);
+    let mutating: BTreeSet<_> = ROUTES
+        .iter()
+        .filter(|r| r.method == "POST")
+        .map(|r| r.path.trim_start_matches("/v1/").to_owned())
+        .collect();
+    assert_eq!(operations, mutating);
+}
+
+#[test]
+fn event_schemas_match_every_event_kind() {
+    let spec = spec();
+    let event = schema(&spec, "Event");
+    let mapping = event["discriminator"]["mapping"].as_mapping().unwrap();
+    let kinds = [
+        EventKind::Stage {
+            stage: Stage::Booting,
+        },
+        EventKind::SequenceStarted {
+            sequence: "Boot".into(),
+        },
+        EventKind::PhaseStarted {
+            sequence: "Boot".into(),
+            phase: "mountState".into(),
+        },
+        EventKind::SequenceFinished {
+            sequence: "Boot".into(),
+            error: Some("failed".into()),
+        },
+    ];
+    assert_eq!(mapping.len(), kinds.len());
+    assert_eq!(event["oneOf"].as_sequence().unwrap().len(), kinds.len());
+    for kind in kinds {
+        let full = Event { unix_ms: 1, kind };
+        let minimal = match &full.kind {
+            EventKind::SequenceFinished { sequence, .. } => Event {
+                unix_ms: 1,
+                kind: EventKind::SequenceFinished {
+                    sequence: sequence.clone(),
+                    error: None,
+                },
+            },
+            _ => full.clone(),
+        };
+        let json = serde_json::to_value(&full).unwrap();
+        let tag = json["type"].as_str().unwrap();
+        let target = mapping[tag].as_str().unwrap();
+        let name = target.rsplit('/').next().unwrap();
+        check_object(&spec, name, &full, &minimal);
+        let type_enum = strings(&schema(&spec, name)["properties"]["type"]["enum"]);
+        assert_eq!(type_enum, BTreeSet::from([tag.to_owned()]));
+        let back: Event = serde_json::from_value(json).unwrap();
+        assert_eq!(back, full);
+    }
+}

@@ -1,0 +1,171 @@
+//! The node's state as machined and the API see it: version, stage, the running sequence,
+//! events, and the request channel from the API to machined's main loop.
+
+use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::{Arc, Mutex};
+
+use slate_api::{Event, EventKind, Failure, Mode as ApiMode, Stage};
+use slate_sequencer::{Mode, PriorityLock, RebootMode, SequenceGuard, SequenceKind};
+
+use super::journal::Journal;
+
+/// What the API asks machined's main loop to do, with the sequence lock already taken.
+#[derive(Debug)]
+pub enum Request {
+    Reboot(RebootMode, SequenceGuard),
+    Reset(SequenceGuard),
+}
+
+/// Settings read from the kernel command line (`slate.*`).
+#[derive(Debug, Clone, Default)]
+pub struct BootConfig {
+    /// Fault injection for tests: the named task fails (`slate.debug.fail-task=NAME`).
+    pub fail_task: Option<String>,
+    /// `panic=0`: on a fatal error, wait to be inspected instead of rebooting.
+    pub halt_on_fatal: bool,
+    pub api_listen: String,
+}
+
+impl BootConfig {
+    pub fn from_cmdline(cmdline: &str) -> Self {
+        let value = |key| slate_host::cmdline_value(cmdline, key).map(str::to_string);
+        Self {
+            fail_task: value("slate.debug.fail-task"),
+            halt_on_fatal: value("panic").as_deref() == Some("0"),
+            api_listen: value("slate.api.listen").unwrap_or_else(|| "0.0.0.0:50000".into()),
+        }
+    }
+}
+
+#[derive(Debug)]
+pub struct Node {
+    pub journal: Arc<Journal>,
+    pub lock: PriorityLock,
+    pub mode: Mode,
+    pub version: String,
+    pub kernel: Option<String>,
+    pub booted_entry: Option<String>,
+    pub config: BootConfig,
+    stage: Mutex<Stage>,
+    pub last_failure: Mutex<Option<Failure>>,
+    subscribers: Mutex<Vec<Sender<Event>>>,
+    requests: Mutex<Sender<Request>>,
+}
+
+/// The value of `KEY=` in os-release text, unquoted.
+pub fn os_release_value(text: &str, key: &str) -> Option<String> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(key).and_then(|r| r.strip_prefix('=')))
+        .map(|v| v.trim_matches('"').to_string())
+}
+
+impl Node {
+    pub fn new(journal: Arc<Journal>, cmdline: &str) -> (Arc<Self>, Receiver<Request>) {
+        let os_release = std::fs::read_to_string("/etc/os-release").unwrap_or_default();
+        let version = os_release_value(&os_release, "IMAGE_VERSION")
+            .or_else(|| os_release_value(&os_release, "VERSION_ID"))
+            .unwrap_or_else(|| "unknown".into());
+        let mode = slate_host::cmdline_value(cmdline, "slate.platform")
+            .and_then(|m| Mode::parse(m).ok())
+            .unwrap_or(Mode::Metal);
+        let (tx, rx) = mpsc::channel();
+        let node = Arc::new(Self {
+            journal,
+            lock: PriorityLock::new(),
+            mode,
+            version,
+            kernel: slate_host::kernel_release().ok(),
+            booted_entry: None,
+            config: BootConfig::from_cmdline(cmdline),
+            stage: Mutex::new(Stage::Booting),
+            last_failure: Mutex::new(None),
+            subscribers: Mutex::new(Vec::new()),
+            requests: Mutex::new(tx),
+        });
+        (node, rx)
+    }
+
+    pub fn with_booted_entry(self: Arc<Self>, entry: Option<String>) -> Arc<Self> {
+        match Arc::try_unwrap(self) {
+            Ok(mut node) => {
+                node.booted_entry = entry;
+                Arc::new(node)
+            }
+            Err(shared) => shared,
+        }
+    }
+
+    pub fn stage(&self) -> Stage {
+        *self.stage.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn set_stage(&self, stage: Stage) {
+        *self.stage.lock().unwrap_or_else(|p| p.into_inner()) = stage;
+        self.journal.info(format_args!("stage {stage:?}"));
+        self.publish(EventKind::Stage { stage });
+    }
+
+    pub fn publish(&self, kind: EventKind) {
+        let event = Event::now(kind);
+        let mut subs = self.subscribers.lock().unwrap_or_else(|p| p.into_inner());
+        subs.retain(|s| s.send(event.clone()).is_ok());
+    }
+
+    pub fn subscribe(&self) -> Receiver<Event> {
+        let (tx, rx) = mpsc::channel();
+        let _ = tx.send(Event::now(EventKind::Stage {
+            stage: self.stage(),
+        }));
+        if let Some(kind) = self.lock.running() {
+            let _ = tx.send(Event::now(EventKind::SequenceStarted {
+                sequence: kind.to_string(),
+            }));
+        }
+        self.subscribers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(tx);
+        rx
+    }
+
+    pub fn request(&self, request: Request) -> Result<(), String> {
+        self.requests
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .send(request)
+            .map_err(|_| "machined's main loop is gone".to_string())
+    }
+
+    pub fn api_mode(&self) -> ApiMode {
+        match self.mode {
+            Mode::Cloud => ApiMode::Cloud,
+            Mode::Container => ApiMode::Container,
+            Mode::Metal => ApiMode::Metal,
+            Mode::MetalAgent => ApiMode::MetalAgent,
+        }
+    }
+
+    pub fn running_sequence(&self) -> Option<SequenceKind> {
+        self.lock.running()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_boot_settings_and_os_release() {
+        let c = BootConfig::from_cmdline("console=ttyS0 panic=0 slate.debug.fail-task=mountState");
+        assert_eq!(c.fail_task.as_deref(), Some("mountState"));
+        assert!(c.halt_on_fatal);
+        assert_eq!(c.api_listen, "0.0.0.0:50000");
+        assert!(!BootConfig::from_cmdline("panic=10").halt_on_fatal);
+        let text = "NAME=\"slate\"\nIMAGE_VERSION=1.2.3\n";
+        assert_eq!(
+            os_release_value(text, "IMAGE_VERSION").as_deref(),
+            Some("1.2.3")
+        );
+        assert_eq!(os_release_value(text, "NAME").as_deref(), Some("slate"));
+    }
+}

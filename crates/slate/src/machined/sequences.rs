@@ -1,0 +1,347 @@
+//! machined's sequences as phase lists, and their tasks. Ordering lives only in phase
+//! boundaries: tasks of one phase run concurrently.
+
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use slate_api::Stage;
+use slate_disk::{Disk, FileDisk, PartitionView};
+use slate_host::{BlockPartition, MsFlags};
+use slate_meta::{tag_name, MetaStore};
+use slate_sequencer::{
+    PhaseListBuilder, RebootMode, Sequence, SequenceKind, Task, TaskContext, TaskError,
+};
+
+use super::node::Node;
+
+pub const STATE_MOUNT: &str = "/system/state";
+pub const EPHEMERAL_MOUNT: &str = "/var";
+
+/// What Initialize learns for the later sequences.
+#[derive(Debug, Default)]
+pub struct Facts {
+    /// The disk holding META: slate is installed there.
+    pub system_disk: Mutex<Option<PathBuf>>,
+}
+
+impl Facts {
+    fn system_disk(&self) -> Option<PathBuf> {
+        self.system_disk
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+}
+
+/// A task, failing on purpose when the kernel command line names it in
+/// `slate.debug.fail-task=` (how tests make a boot fail at a chosen point).
+fn task<'a>(
+    node: &'a Node,
+    name: &'static str,
+    body: impl FnOnce(&TaskContext<'_>) -> Result<(), TaskError> + Send + 'a,
+) -> Task<'a> {
+    Task::new(name, move |ctx| {
+        if node.config.fail_task.as_deref() == Some(name) {
+            return Err(TaskError::msg(format!(
+                "fault injected by slate.debug.fail-task={name}"
+            )));
+        }
+        body(ctx)
+    })
+}
+
+fn failed(message: impl std::fmt::Display) -> TaskError {
+    TaskError::msg(message.to_string())
+}
+
+pub fn initialize<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
+    PhaseListBuilder::new()
+        .append(
+            "systemRequirements",
+            [task(node, "checkRequirements", |_| {
+                if !Path::new("/proc/self").exists() {
+                    return Err(failed("/proc is not mounted"));
+                }
+                Ok(())
+            })],
+        )
+        .append(
+            "earlyServices",
+            [task(node, "mountEfivars", |ctx| {
+                match slate_host::mount_efivarfs() {
+                    Ok(true) => ctx.log("efivarfs mounted"),
+                    Ok(false) => ctx.log("not booted through UEFI: no EFI variables"),
+                    Err(err) => ctx.log(&format!("efivarfs unavailable: {err}")),
+                }
+                Ok(())
+            })],
+        )
+        .append(
+            "meta",
+            [task(node, "loadMeta", move |ctx| load_meta(ctx, facts))],
+        )
+        .append(
+            "config",
+            [task(node, "loadConfig", move |ctx| {
+                let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+                let root = mounts
+                    .lines()
+                    .rev()
+                    .find_map(|l| {
+                        let f: Vec<&str> = l.split_whitespace().collect();
+                        (f.get(1) == Some(&"/")).then(|| f.get(2).copied().unwrap_or("?"))
+                    })
+                    .unwrap_or("unknown");
+                ctx.log(&format!(
+                    "mode {}, version {}, booted entry {}, root {root}",
+                    node.mode.as_str(),
+                    node.version,
+                    node.booted_entry.as_deref().unwrap_or("unknown")
+                ));
+                Ok(())
+            })],
+        )
+        .into_sequence(SequenceKind::Initialize)
+}
+
+/// Disks are probed asynchronously after their driver loads: wait a while for a partition
+/// before concluding it does not exist.
+fn wait_for_partition(
+    ctx: &TaskContext<'_>,
+    label: &str,
+    disk: Option<&Path>,
+) -> Result<BlockPartition, TaskError> {
+    let started = Instant::now();
+    loop {
+        match slate_host::find_partition_by_label(label, disk) {
+            Ok(part) => return Ok(part),
+            Err(err) if started.elapsed() > Duration::from_secs(10) => return Err(err.into()),
+            Err(_) => ctx.sleep(Duration::from_millis(100))?,
+        }
+    }
+}
+
+fn load_meta(ctx: &TaskContext<'_>, facts: &Facts) -> Result<(), TaskError> {
+    let part = match wait_for_partition(ctx, "META", None) {
+        Ok(part) => part,
+        Err(err) => {
+            ctx.log(&format!("no META partition: {err}"));
+            return Ok(());
+        }
+    };
+    let store = open_meta(&part)?;
+    for warning in store.warnings() {
+        ctx.log(&format!("META: {warning}"));
+    }
+    let entries: Vec<String> = store
+        .entries()
+        .iter()
+        .map(|e| match tag_name(e.tag) {
+            Some(name) => format!("{name}={}", String::from_utf8_lossy(e.value)),
+            None => format!("{}={}", e.tag, String::from_utf8_lossy(e.value)),
+        })
+        .collect();
+    ctx.log(&format!(
+        "META on {}: {} value(s) {}",
+        part.device.display(),
+        entries.len(),
+        entries.join(" ")
+    ));
+    *facts.system_disk.lock().unwrap_or_else(|p| p.into_inner()) = Some(part.disk);
+    Ok(())
+}
+
+fn open_meta(part: &BlockPartition) -> Result<MetaStore<FileDisk>, TaskError> {
+    let disk = FileDisk::open_read_only(&part.device)
+        .map_err(|e| failed(format!("opening {}: {e}", part.device.display())))?;
+    MetaStore::open(disk).map_err(|e| failed(format!("reading META: {e}")))
+}
+
+pub fn install<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
+    let installed = facts.system_disk().is_some();
+    PhaseListBuilder::new()
+        .append_when(
+            !installed,
+            "install",
+            [task(node, "install", |_| {
+                Err(failed(
+                    "no disk carries a slate installation (no META partition); \
+                     install with `slate installer` first",
+                ))
+            })],
+        )
+        .into_sequence(SequenceKind::Install)
+}
+
+pub fn boot<'a>(
+    node: &'a Node,
+    facts: &'a Facts,
+    start_api: impl FnOnce(&TaskContext<'_>) -> Result<SocketAddr, TaskError> + Send + 'a,
+) -> Sequence<'a> {
+    let disk = facts.system_disk();
+    let disk2 = disk.clone();
+    PhaseListBuilder::new()
+        .append(
+            "volumes",
+            [
+                task(node, "mountState", move |ctx| {
+                    mount_volume(ctx, "STATE", disk.as_deref(), Path::new(STATE_MOUNT))
+                }),
+                task(node, "mountEphemeral", move |ctx| {
+                    mount_volume(
+                        ctx,
+                        "EPHEMERAL",
+                        disk2.as_deref(),
+                        Path::new(EPHEMERAL_MOUNT),
+                    )
+                }),
+            ],
+        )
+        .append("network", [task(node, "network", network)])
+        .append(
+            "api",
+            [task(node, "startApi", move |ctx| {
+                let addr = start_api(ctx)?;
+                wait_listening(ctx, addr)
+            })],
+        )
+        .into_sequence(SequenceKind::Boot)
+}
+
+/// Mount a volume, formatting it first when its head is blank (the first boot after install).
+fn mount_volume(
+    ctx: &TaskContext<'_>,
+    label: &str,
+    disk: Option<&Path>,
+    target: &Path,
+) -> Result<(), TaskError> {
+    let part = wait_for_partition(ctx, label, disk)?;
+    if slate_host::is_blank(&part.device)? {
+        ctx.log(&format!(
+            "{label} ({}) is blank: formatting it (first boot)",
+            part.device.display()
+        ));
+        slate_host::format_ext(&part.device, label)?;
+    }
+    let source = part.device.to_string_lossy().into_owned();
+    slate_host::mount(
+        &source,
+        target,
+        "ext4",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None,
+    )?;
+    ctx.log(&format!("{label} mounted on {}", target.display()));
+    Ok(())
+}
+
+/// DHCP on the first Ethernet interface, with busybox's udhcpc.
+fn network(ctx: &TaskContext<'_>) -> Result<(), TaskError> {
+    slate_host::run_command(Command::new("ip").args(["link", "set", "lo", "up"]))?;
+    let interface = std::fs::read_dir("/sys/class/net")
+        .map_err(|e| failed(format!("listing network interfaces: {e}")))?
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "lo")
+        .min()
+        .ok_or_else(|| failed("no network interface"))?;
+    slate_host::run_command(Command::new("udhcpc").args([
+        "-i",
+        &interface,
+        "-n",
+        "-q",
+        "-t",
+        "10",
+        "-s",
+        "/usr/share/udhcpc/default.script",
+    ]))?;
+    let addr =
+        slate_host::run_command(Command::new("ip").args(["-4", "-o", "addr", "show", &interface]))?;
+    ctx.log(&format!(
+        "{interface}: {}",
+        String::from_utf8_lossy(&addr.stdout)
+            .split_whitespace()
+            .nth(3)
+            .unwrap_or("no address")
+    ));
+    Ok(())
+}
+
+fn wait_listening(ctx: &TaskContext<'_>, addr: SocketAddr) -> Result<(), TaskError> {
+    let local = SocketAddr::from(([127, 0, 0, 1], addr.port()));
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(20) {
+        if TcpStream::connect_timeout(&local, Duration::from_millis(500)).is_ok() {
+            ctx.log(&format!("API listening on {addr}"));
+            return Ok(());
+        }
+        ctx.sleep(Duration::from_millis(200))?;
+    }
+    Err(failed(format!("the API did not start listening on {addr}")))
+}
+
+pub fn reboot(node: &Node, mode: RebootMode) -> Sequence<'_> {
+    PhaseListBuilder::new()
+        .append(
+            "reboot",
+            [task(node, "reboot", move |_| {
+                node.set_stage(Stage::Rebooting);
+                Err(TaskError::Reboot(mode))
+            })],
+        )
+        .into_sequence(SequenceKind::Reboot)
+}
+
+/// Reset: forget the node's state. STATE and EPHEMERAL are unmounted and their heads zeroed
+/// (through the Disk trait), so the next boot formats them afresh; then reboot.
+pub fn reset(node: &Node) -> Sequence<'_> {
+    PhaseListBuilder::new()
+        .append(
+            "stage",
+            [task(node, "announce", move |_| {
+                node.set_stage(Stage::Resetting);
+                Ok(())
+            })],
+        )
+        .append(
+            "unmountVolumes",
+            [task(node, "unmount", |ctx| {
+                for target in [EPHEMERAL_MOUNT, STATE_MOUNT] {
+                    if slate_host::is_mount_point(Path::new(target))? {
+                        slate_host::unmount(Path::new(target))?;
+                        ctx.log(&format!("unmounted {target}"));
+                    }
+                }
+                Ok(())
+            })],
+        )
+        .append(
+            "wipe",
+            [
+                task(node, "wipeState", |ctx| wipe_head(ctx, "STATE")),
+                task(node, "wipeEphemeral", |ctx| wipe_head(ctx, "EPHEMERAL")),
+            ],
+        )
+        .append(
+            "reboot",
+            [task(node, "reboot", |_| {
+                Err(TaskError::Reboot(RebootMode::Default))
+            })],
+        )
+        .into_sequence(SequenceKind::Reset)
+}
+
+fn wipe_head(ctx: &TaskContext<'_>, label: &str) -> Result<(), TaskError> {
+    let part = slate_host::find_partition_by_label(label, None)?;
+    let mut disk = FileDisk::open(&part.device)
+        .map_err(|e| failed(format!("opening {}: {e}", part.device.display())))?;
+    let len = disk.len().min(1 << 20);
+    let mut view = PartitionView::new(&mut disk, 0, len)?;
+    view.write_at(0, &vec![0u8; len as usize])?;
+    view.flush()?;
+    ctx.log(&format!("{label} ({}) wiped", part.device.display()));
+    Ok(())
+}
