@@ -6,6 +6,7 @@
 
 mod base_rootfs;
 mod bench;
+mod bench_boot;
 mod kernel;
 mod slate_static;
 mod util;
@@ -56,6 +57,8 @@ enum Task {
     Demo,
     /// Benchmark: slate's squashfs builder vs mksquashfs, printed as ratios.
     BenchRootfs,
+    /// Benchmark: kernel start to machined Running vs a busybox /init mounting the same root.
+    BenchBoot,
 }
 
 fn main() -> Result<()> {
@@ -71,5 +74,6 @@ fn main() -> Result<()> {
         Task::VmTest => vm_test::vm_test(),
         Task::Demo => vm_test::demo(),
         Task::BenchRootfs => bench::bench_rootfs(),
+        Task::BenchBoot => bench_boot::bench_boot(),
     }
 }

@@ -57,6 +57,9 @@ pub fn kernel_release() -> Result<String> {
 pub enum ModuleLoad {
     Loaded,
     AlreadyLoaded,
+    /// The module refused to initialize because its device is absent (`ENODEV`), e.g.
+    /// efivarfs on a machine not booted through UEFI.
+    NoDevice,
 }
 
 /// Loads the kernel module file at `path` with `finit_module(2)`, without parameters.
@@ -78,6 +81,7 @@ pub fn load_module(path: &Path) -> Result<ModuleLoad> {
     match finit_module(&file, c"", flags) {
         Ok(()) => Ok(ModuleLoad::Loaded),
         Err(Errno::EEXIST) => Ok(ModuleLoad::AlreadyLoaded),
+        Err(Errno::ENODEV) => Ok(ModuleLoad::NoDevice),
         Err(source) => Err(HostError::LoadModule {
             path: path.to_path_buf(),
             source,

@@ -195,10 +195,10 @@ fn load_modules(log: &KmsgLogger) -> Result<()> {
         let name = module_name(module);
         let outcome = host::load_module(&dir.join(module))
             .with_context(|| format!("loading module {k}/{total} {name}"))?;
-        let note = if outcome == ModuleLoad::AlreadyLoaded {
-            " (already loaded)"
-        } else {
-            ""
+        let note = match outcome {
+            ModuleLoad::AlreadyLoaded => " (already loaded)",
+            ModuleLoad::NoDevice => " (no such device here: skipped)",
+            ModuleLoad::Loaded => "",
         };
         log.info(format_args!("loaded {k}/{total} {name}{note}"));
     }
