@@ -1,0 +1,37 @@
+//! slate's own reading of systemd-boot's rules (FORMATS.md §2): which UKI boots, under which
+//! name, after which rename. Pure functions over values; no I/O. VM tests check these
+//! predictions against the real loader.
+//!
+//! - [`compare_versions`]: UAPI.10 version order, as `systemd-analyze compare-versions`.
+//! - [`EntryName`]: BLS file names with boot counters (`slate-1.2+3.efi`), the renames
+//!   systemd-boot (`+2-1`) and systemd-bless-boot (good / bad) perform, and entry IDs in the
+//!   two [`IdStyle`]s systemd-boot has used.
+//! - [`parse_loader_conf`], [`OsRelease`], [`EfiVars`]: the inputs to default selection.
+//! - [`sorted`] and [`select`]: the menu order and the entry booted by default.
+//! - [`newest_not_bad`] and [`prune_candidates`]: the update policy (boot the newest version
+//!   not marked bad; never delete the running version).
+//!
+//! Where systemd-boot versions differ, the model follows current systemd-boot and names the
+//! Debian 12 (252) difference: entry IDs ([`IdStyle`]), counters above `INT_MAX`, and
+//! `timeout menu-disabled`.
+
+mod conf;
+mod efivars;
+mod error;
+mod glob;
+mod name;
+mod policy;
+mod select;
+mod version;
+
+pub use conf::{parse_loader_conf, LoaderConf, OsRelease, Timeout};
+pub use efivars::{
+    decode_efivar_string, efivarfs_name, encode_efivar_string, EfiVars, LOADER_GUID,
+    LOADER_VAR_ATTRIBUTES,
+};
+pub use error::{EfiVarError, LoaderConfError, NameError};
+pub use glob::fnmatch;
+pub use name::{BootCounter, BootState, EntryKind, EntryName, IdStyle, MAX_NAME_LEN, MAX_TRIES};
+pub use policy::{newest_not_bad, prune_candidates, refers_to};
+pub use select::{compare_entries, menu_ids, select, sorted, Entry, Reason, Selection};
+pub use version::compare_versions;
