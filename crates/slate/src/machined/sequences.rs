@@ -1,7 +1,7 @@
 //! machined's sequences as phase lists, and their tasks. Ordering lives only in phase
 //! boundaries: tasks of one phase run concurrently.
 
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Mutex;
@@ -204,8 +204,10 @@ pub fn boot<'a>(
         .append(
             "api",
             [task(node, "startApi", move |ctx| {
+                // The server binds before `start_api` returns, so it accepts from here on.
                 let addr = start_api(ctx)?;
-                wait_listening(ctx, addr)
+                ctx.log(&format!("API listening on {addr}"));
+                Ok(())
             })],
         )
         .into_sequence(SequenceKind::Boot)
@@ -268,19 +270,6 @@ fn network(ctx: &TaskContext<'_>) -> Result<(), TaskError> {
             .unwrap_or("no address")
     ));
     Ok(())
-}
-
-fn wait_listening(ctx: &TaskContext<'_>, addr: SocketAddr) -> Result<(), TaskError> {
-    let local = SocketAddr::from(([127, 0, 0, 1], addr.port()));
-    let started = Instant::now();
-    while started.elapsed() < Duration::from_secs(20) {
-        if TcpStream::connect_timeout(&local, Duration::from_millis(500)).is_ok() {
-            ctx.log(&format!("API listening on {addr}"));
-            return Ok(());
-        }
-        ctx.sleep(Duration::from_millis(200))?;
-    }
-    Err(failed(format!("the API did not start listening on {addr}")))
 }
 
 pub fn reboot(node: &Node, mode: RebootMode) -> Sequence<'_> {
