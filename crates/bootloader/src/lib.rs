@@ -1,0 +1,149 @@
+//! The [`Bootloader`] trait — status, upgrade, commit, revert — and its systemd-boot backend
+//! [`SystemdBoot`], pure over the [`slate_disk::Disk`] trait: the ESP is read and written with
+//! the userspace `fatfs` crate over a partition view, META with `slate-meta`, EFI variables
+//! through the small [`EfiVars`] trait. No mounts, no syscalls.
+//!
+//! Which entry boots is answered by slate's own model of systemd-boot (`slate-bootspec`,
+//! [`IdStyle::Sd252`] for Debian 12's loader), over what is actually on the disk. The crash
+//! matrix (`tests/crash.rs`) replays every operation over a fault-injecting disk and asks that
+//! model, for each power-cut state, which version boots.
+//!
+//! Write orders (each step durable — disk flushed — before the next starts):
+//! - **upgrade**: prune (if the ESP lacks room) → new UKI under a hidden temp name → META
+//!   `Upgrade` = the running entry's file name → drop stale `LoaderEntryDefault`/`OneShot` if the
+//!   model says they would hide the new entry → rename the temp file to `<name>-<version>+<tries>.efi`
+//!   (the flip: loader.conf's `default <name>-*` glob picks the highest version not bad).
+//! - **commit**: bless the running entry (drop its counter) → delete META `Upgrade`.
+//! - **revert**: mark the failed entry bad (`+0-DONE`) → delete META `Upgrade`.
+//!
+//! See `SystemdBoot`'s methods for why each order is safe.
+
+mod efivars;
+mod fatscan;
+mod sdboot;
+mod sectors;
+
+pub use efivars::{
+    loader_vars, EfiVars, EfiVarsError, MemEfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_LAST_BOOTED,
+    LOADER_ENTRY_ONESHOT,
+};
+pub use fatscan::{fat_space, FatSpace, ReadOnly};
+pub use sdboot::{SystemdBoot, DEFAULT_ENTRY_NAME};
+pub use sectors::SectorBuffer;
+pub use slate_bootspec::IdStyle;
+
+use slate_bootspec::{BootState, LoaderConf, Selection};
+
+/// One UKI in `EFI/Linux`, as found on the ESP (directory order).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EntryStatus {
+    pub file_name: String,
+    /// From the file name `<name>-<version>[+counter].efi` (the `.osrel` is not read).
+    pub version: Option<String>,
+    pub state: BootState,
+    pub len: u64,
+}
+
+/// What is on the disk, and what the loader will do with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootStatus {
+    pub entries: Vec<EntryStatus>,
+    /// Hidden temp files (`.<name>.tmp`) left by an interrupted write: never booted, reclaimed
+    /// by the next upgrade.
+    pub temp_files: Vec<String>,
+    /// `loader/loader.conf` as parsed (`None` if absent or unparsable; see `warnings`).
+    pub loader_conf: Option<LoaderConf>,
+    /// META `Upgrade`: the label to return to while an upgrade is uncommitted.
+    pub upgrade_tag: Option<String>,
+    /// The entry systemd-boot boots by default, by the selection model.
+    pub selected: Option<Selection>,
+    pub free_bytes: u64,
+    pub warnings: Vec<String>,
+}
+
+impl BootStatus {
+    /// The selected entry's file name.
+    pub fn selected_file(&self) -> Option<&str> {
+        self.selected.as_ref().map(|s| s.file_name.as_str())
+    }
+}
+
+/// What to install by [`Bootloader::upgrade`].
+#[derive(Debug, Clone, Copy)]
+pub struct UpgradeRequest<'a> {
+    pub uki: &'a [u8],
+    /// Entry name, e.g. `slate` (the file is `<name>-<version>+<tries>.efi`).
+    pub name: &'a str,
+    pub version: &'a str,
+    /// Boot-counting budget of the new entry (3 in slate).
+    pub tries: u32,
+    /// The entry the machine booted (file name, with or without counter, or an entry ID); it
+    /// becomes the fallback and is never pruned.
+    pub running_entry: &'a str,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UpgradeOutcome {
+    /// The new entry's file name.
+    pub file_name: String,
+    /// The label recorded in META `Upgrade`.
+    pub fallback: String,
+    /// Entries deleted to make room (or replaced: an older copy of the same version).
+    pub removed: Vec<String>,
+    /// EFI variables removed because they would have kept the old version booting.
+    pub cleared_vars: Vec<&'static str>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CommitOutcome {
+    /// The running entry's file name after blessing.
+    pub blessed: String,
+    /// The Upgrade tag that was deleted, if any.
+    pub previous: Option<String>,
+}
+
+/// Errors of every backend operation. Refusals (`Invalid*`, `NoRoom`, `*NotFound`,
+/// `WouldNotBoot`) happen before the first write.
+#[derive(Debug, thiserror::Error)]
+pub enum BootloaderError {
+    #[error("partition table")]
+    Layout(#[from] slate_layout::LayoutError),
+    #[error("EFI partition")]
+    Esp(#[from] slate_installer::InstallError),
+    #[error("EFI partition: {action} {path}")]
+    Fat {
+        action: &'static str,
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("META partition")]
+    Meta(#[from] slate_meta::MetaError),
+    #[error("disk")]
+    Disk(#[from] slate_disk::DiskError),
+    #[error(transparent)]
+    EfiVars(#[from] EfiVarsError),
+    #[error("invalid upgrade: {0}")]
+    Invalid(String),
+    #[error("the EFI partition lacks room: {needed} bytes needed, {available} available even after pruning every entry that may go")]
+    NoRoom { needed: u64, available: u64 },
+    #[error("no boot entry matches {0:?}")]
+    EntryNotFound(String),
+    #[error("after this change systemd-boot would boot {selected:?}, not {wanted:?}")]
+    WouldNotBoot { wanted: String, selected: String },
+}
+
+/// A boot loader slate drives. Every method reads or writes only the disk and EFI variables
+/// the implementation was built over.
+pub trait Bootloader {
+    /// The entries, the Upgrade tag, and which entry boots next (pure read).
+    fn status(&self) -> Result<BootStatus, BootloaderError>;
+    /// Install a new version next to the running one and make it the default, recording the
+    /// running entry in META `Upgrade`.
+    fn upgrade(&mut self, request: &UpgradeRequest<'_>) -> Result<UpgradeOutcome, BootloaderError>;
+    /// The running entry is good: bless it, then drop the Upgrade tag. Idempotent.
+    fn commit(&mut self, running_entry: &str) -> Result<CommitOutcome, BootloaderError>;
+    /// The running entry failed: return to the label in META `Upgrade` (returned), marking the
+    /// failed entry bad, then drop the tag. `None` when there was nothing to revert to.
+    fn revert(&mut self, failed_entry: &str) -> Result<Option<String>, BootloaderError>;
+}

@@ -1,0 +1,566 @@
+//! The systemd-boot backend: Type #2 entries (UKIs in `EFI/Linux`) with boot counting,
+//! `loader.conf`'s `default <name>-*` glob, META `Upgrade`, and the EFI variables only where the
+//! selection model shows they are needed.
+
+use std::io::{self, Read, Write};
+
+use fatfs::{FileSystem, ReadWriteSeek};
+use slate_bootspec::{
+    parse_loader_conf, prune_candidates, refers_to, select, BootState, Entry, EntryKind, EntryName,
+    IdStyle, LoaderConf, Selection,
+};
+use slate_disk::{Disk, DiskIo, PartitionView};
+use slate_installer::fat::{self, temp_name, TEMP_NAME_EXTRA};
+use slate_installer::{uki_file_name, LOADER_CONF_PATH, MAX_FILE_NAME, UKI_DIR};
+use slate_layout::{find_partition, EFI_LABEL, META_LABEL};
+use slate_meta::{tags, MetaStore};
+
+use crate::efivars::{loader_vars, EfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_ONESHOT};
+use crate::fatscan::{fat_space, FatSpace, ReadOnly};
+use crate::sectors::SectorBuffer;
+use crate::{
+    BootStatus, Bootloader, BootloaderError, CommitOutcome, EntryStatus, UpgradeOutcome,
+    UpgradeRequest,
+};
+
+/// The entry name slate's images use (`slate-<version>+3.efi`).
+pub const DEFAULT_ENTRY_NAME: &str = "slate";
+
+type Result<T> = std::result::Result<T, BootloaderError>;
+
+fn fat_err(action: &'static str, path: &str) -> impl FnOnce(io::Error) -> BootloaderError {
+    let path = path.to_owned();
+    move |source| BootloaderError::Fat {
+        action,
+        path,
+        source,
+    }
+}
+
+/// systemd-boot on a whole disk with the slate layout (partitions `EFI` and `META`), with EFI
+/// variables `V`.
+#[derive(Debug)]
+pub struct SystemdBoot<D, V> {
+    disk: D,
+    vars: V,
+    name: String,
+    source_date_epoch: u64,
+    style: IdStyle,
+}
+
+/// What is on the ESP and in META, read in one pass.
+struct Scan {
+    entries: Vec<Entry>,
+    lens: Vec<u64>,
+    temps: Vec<(String, u64)>,
+    conf: Option<LoaderConf>,
+    tag: Option<String>,
+    space: FatSpace,
+    warnings: Vec<String>,
+}
+
+impl Scan {
+    fn find(&self, reference: &str) -> Option<usize> {
+        self.entries.iter().position(|e| refers_to(e, reference))
+    }
+    fn conf(&self) -> LoaderConf {
+        self.conf.clone().unwrap_or_default()
+    }
+}
+
+impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
+    /// Entry name `slate`, FAT timestamps at `SOURCE_DATE_EPOCH` 0 (clamped to 1980), and entry
+    /// IDs as Debian 12's systemd-boot 252 forms them.
+    pub fn new(disk: D, vars: V) -> Self {
+        Self {
+            disk,
+            vars,
+            name: DEFAULT_ENTRY_NAME.to_owned(),
+            source_date_epoch: 0,
+            style: IdStyle::Sd252,
+        }
+    }
+
+    pub fn with_source_date_epoch(mut self, epoch: u64) -> Self {
+        self.source_date_epoch = epoch;
+        self
+    }
+
+    pub fn with_id_style(mut self, style: IdStyle) -> Self {
+        self.style = style;
+        self
+    }
+
+    pub fn disk(&self) -> &D {
+        &self.disk
+    }
+
+    pub fn vars(&self) -> &V {
+        &self.vars
+    }
+
+    pub fn into_parts(self) -> (D, V) {
+        (self.disk, self.vars)
+    }
+
+    fn esp_read_only(&self) -> Result<PartitionView<ReadOnly<'_, D>>> {
+        let info = find_partition(ReadOnly(&self.disk), EFI_LABEL)?;
+        Ok(PartitionView::new(
+            ReadOnly(&self.disk),
+            info.start,
+            info.len,
+        )?)
+    }
+
+    /// The content of `EFI/Linux/<file_name>`.
+    pub fn read_entry(&self, file_name: &str) -> Result<Vec<u8>> {
+        let fs = fat::mount(self.esp_read_only()?, self.source_date_epoch)?;
+        let path = format!("{UKI_DIR}/{file_name}");
+        let mut bytes = Vec::new();
+        fs.root_dir()
+            .open_file(&path)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(fat_err("reading", &path))?;
+        Ok(bytes)
+    }
+
+    fn scan(&self) -> Result<Scan> {
+        let esp = self.esp_read_only()?;
+        let space = fat_space(&esp).map_err(fat_err("counting free clusters of", "/"))?;
+        let fs = fat::mount(esp, self.source_date_epoch)?;
+        let (mut entries, mut lens, mut temps, mut warnings) = (vec![], vec![], vec![], vec![]);
+        let dir = fs
+            .root_dir()
+            .open_dir(UKI_DIR)
+            .map_err(fat_err("opening", UKI_DIR))?;
+        for item in dir.iter() {
+            let item = item.map_err(fat_err("listing", UKI_DIR))?;
+            let file = item.file_name();
+            if item.is_dir() {
+                continue;
+            }
+            if file.starts_with('.') {
+                temps.push((file, item.len()));
+                continue;
+            }
+            match EntryName::parse(&file) {
+                Ok(name) if name.kind() == EntryKind::Type2Efi => {
+                    let mut entry = Entry::new(name);
+                    let prefix = format!("{}-", self.name);
+                    entry.version = entry.name.stem().strip_prefix(&prefix).map(str::to_owned);
+                    entries.push(entry);
+                    lens.push(item.len());
+                }
+                _ => warnings.push(format!("{UKI_DIR}/{file}: not a boot entry, ignored")),
+            }
+        }
+        let mut text = String::new();
+        let conf = match fs.root_dir().open_file(LOADER_CONF_PATH) {
+            Ok(mut f) => match f.read_to_string(&mut text) {
+                Ok(_) => parse_loader_conf(&text)
+                    .map_err(|e| warnings.push(format!("{LOADER_CONF_PATH}: {e}")))
+                    .ok(),
+                Err(e) => {
+                    warnings.push(format!("{LOADER_CONF_PATH}: {e}"));
+                    None
+                }
+            },
+            Err(_) => None,
+        };
+        drop(dir);
+        drop(fs);
+        let meta_info = find_partition(ReadOnly(&self.disk), META_LABEL)?;
+        let meta = MetaStore::open(PartitionView::new(
+            ReadOnly(&self.disk),
+            meta_info.start,
+            meta_info.len,
+        )?)?;
+        warnings.extend(meta.warnings().iter().cloned());
+        let tag = meta
+            .get(tags::UPGRADE)
+            .map(|v| String::from_utf8_lossy(v).into_owned());
+        Ok(Scan {
+            entries,
+            lens,
+            temps,
+            conf,
+            tag,
+            space,
+            warnings,
+        })
+    }
+
+    fn selection(
+        &self,
+        entries: &[Entry],
+        conf: &LoaderConf,
+        vars: &impl EfiVars,
+    ) -> Option<Selection> {
+        select(entries, conf, &loader_vars(vars), self.style)
+    }
+
+    /// Mount the ESP read-write over a [`SectorBuffer`], run `f`, unmount (FSInfo) and flush.
+    fn with_esp<R>(
+        &mut self,
+        f: impl FnOnce(&FileSystem<DiskIo<&mut SectorBuffer<PartitionView<&mut D>>>>) -> Result<R>,
+    ) -> Result<R> {
+        let info = find_partition(&mut self.disk, EFI_LABEL)?;
+        let mut esp = SectorBuffer::new(PartitionView::new(&mut self.disk, info.start, info.len)?);
+        let fs = fat::mount(&mut esp, self.source_date_epoch)?;
+        let out = f(&fs)?;
+        fat::unmount(fs)?;
+        esp.flush()?;
+        Ok(out)
+    }
+
+    fn with_meta<R>(
+        &mut self,
+        f: impl FnOnce(&mut MetaStore<PartitionView<&mut D>>) -> Result<R>,
+    ) -> Result<R> {
+        let info = find_partition(&mut self.disk, META_LABEL)?;
+        let mut meta = MetaStore::open(PartitionView::new(&mut self.disk, info.start, info.len)?)?;
+        f(&mut meta)
+    }
+
+    /// Rename `EFI/Linux/<from>` to `<to>` and flush. `fatfs` frees the old name before writing
+    /// the new one, so a cut in between leaves the entry nameless (its clusters orphaned): the
+    /// callers only rename when the *other* version would then boot.
+    fn rename_entry(&mut self, from: &str, to: &str) -> Result<()> {
+        self.with_esp(|fs| rename_in(fs, from, to))
+    }
+
+    /// What systemd-boot does before starting its default entry: rename a counted entry
+    /// `+L-D` → `+(L-1)-(D+1)` (flushed) and consume `LoaderEntryOneShot`. Returns the file
+    /// name booted. For tests and dry runs: on a real machine the loader does this.
+    pub fn simulate_boot_attempt(&mut self) -> Result<Option<String>> {
+        let scan = self.scan()?;
+        let Some(sel) = self.selection(&scan.entries, &scan.conf(), &self.vars) else {
+            return Ok(None);
+        };
+        let name = &scan.entries[sel.index].name;
+        let next = name
+            .after_boot_attempt()
+            .map_err(|e| BootloaderError::Invalid(e.to_string()))?;
+        if next != *name {
+            self.rename_entry(name.file_name(), next.file_name())?;
+        }
+        self.vars.remove(LOADER_ENTRY_ONESHOT)?;
+        Ok(Some(next.file_name().to_owned()))
+    }
+}
+
+fn rename_in<T: ReadWriteSeek>(fs: &FileSystem<T>, from: &str, to: &str) -> Result<()> {
+    let dir = fs
+        .root_dir()
+        .open_dir(UKI_DIR)
+        .map_err(fat_err("opening", UKI_DIR))?;
+    dir.rename(from, &dir, to)
+        .map_err(fat_err("renaming", &format!("{UKI_DIR}/{from} to {to}")))?;
+    dir.open_file(to)
+        .and_then(|mut f| f.flush())
+        .map_err(fat_err("flushing", &format!("{UKI_DIR}/{to}")))
+}
+
+fn invalid(e: impl std::fmt::Display) -> BootloaderError {
+    BootloaderError::Invalid(e.to_string())
+}
+
+impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
+    fn status(&self) -> Result<BootStatus> {
+        let scan = self.scan()?;
+        let selected = self.selection(&scan.entries, &scan.conf(), &self.vars);
+        let entries = scan
+            .entries
+            .iter()
+            .zip(&scan.lens)
+            .map(|(e, &len)| EntryStatus {
+                file_name: e.file_name().to_owned(),
+                version: e.version.clone(),
+                state: e.state(),
+                len,
+            })
+            .collect();
+        Ok(BootStatus {
+            entries,
+            temp_files: scan.temps.into_iter().map(|(n, _)| n).collect(),
+            loader_conf: scan.conf,
+            upgrade_tag: scan.tag,
+            selected,
+            free_bytes: scan.space.free_clusters * scan.space.cluster_size,
+            warnings: scan.warnings,
+        })
+    }
+
+    /// Every check first — names, the running entry exists and is not the target, room (after
+    /// pruning what [`prune_candidates`] allows: never the running entry, never the pending
+    /// fallback), and that the selection model boots the new entry afterwards — then:
+    ///
+    /// 1. prune (flush): only entries that are neither booted by default nor the fallback;
+    /// 2. write the UKI under the hidden temp name `.<file>.tmp` (flush) — systemd-boot skips
+    ///    dot-names, so a torn UKI is never offered;
+    /// 3. META `Upgrade` = the running entry's file name (copy 1, flush, copy 2, flush) —
+    ///    recorded *before* the flip, so whenever the new entry can boot, its way back is known;
+    ///    a cut before the flip leaves the old version booting with a tag naming itself, which
+    ///    its own commit clears;
+    /// 4. remove `LoaderEntryDefault` / `LoaderEntryOneShot` only if the model shows they would
+    ///    keep the new entry from booting (with slate's `default <name>-*` glob and no variables
+    ///    set — the normal case — nothing is touched: the glob picks the highest version not
+    ///    bad, and a counted Sd252 ID changes on every boot attempt, so pinning it would go
+    ///    stale);
+    /// 5. the flip: rename the temp file to `<name>-<version>+<tries>.efi` (flush). A cut inside
+    ///    the rename leaves no name (old boots) or the new name over complete, flushed data.
+    fn upgrade(&mut self, req: &UpgradeRequest<'_>) -> Result<UpgradeOutcome> {
+        let file = uki_file_name(req.name, req.version, Some(req.tries))?;
+        if file.len() + TEMP_NAME_EXTRA > MAX_FILE_NAME {
+            return Err(invalid(format!("{file}: too long for its temporary name")));
+        }
+        if req.uki.is_empty() {
+            return Err(invalid("the UKI is empty"));
+        }
+        let new_name = EntryName::parse(&file).map_err(invalid)?;
+        let scan = self.scan()?;
+        let running = scan
+            .find(req.running_entry)
+            .ok_or_else(|| BootloaderError::EntryNotFound(req.running_entry.to_owned()))?;
+        let new_id = new_name.id(IdStyle::Current);
+        if scan.entries[running].id(IdStyle::Current) == new_id {
+            return Err(invalid(format!("{file}: this version is the running one")));
+        }
+        let fallback = scan.tag.clone().filter(|t| !t.is_empty());
+        let fallback_idx = fallback.as_deref().and_then(|f| scan.find(f));
+        // An older copy of the target version (e.g. marked bad by an earlier attempt) goes.
+        let mut removed: Vec<usize> = (0..scan.entries.len())
+            .filter(|&i| scan.entries[i].id(IdStyle::Current) == new_id)
+            .collect();
+        if removed.iter().any(|&i| Some(i) == fallback_idx) {
+            return Err(invalid(format!(
+                "{file}: this version is the pending fallback"
+            )));
+        }
+        let clusters = |i: &usize| scan.space.clusters_for(scan.lens[*i]);
+        let tmp = temp_name(&file);
+        let stale: u64 = scan
+            .temps
+            .iter()
+            .filter(|(n, _)| *n == tmp)
+            .map(|(_, l)| scan.space.clusters_for(*l))
+            .sum();
+        // One spare cluster: the directory may grow by the new long-name entries.
+        let needed = scan.space.clusters_for(req.uki.len() as u64) + 1;
+        let have = scan.space.free_clusters + stale + removed.iter().map(clusters).sum::<u64>();
+        if have < needed {
+            let running_file = scan.entries[running].file_name().to_owned();
+            let mut best = have;
+            let found = (0..scan.entries.len()).rev().find_map(|keep| {
+                let extra: Vec<usize> =
+                    prune_candidates(&scan.entries, &running_file, fallback.as_deref(), keep)
+                        .iter()
+                        .filter_map(|f| scan.entries.iter().position(|e| e.file_name() == f))
+                        .filter(|i| !removed.contains(i))
+                        .collect();
+                let total = have + extra.iter().map(clusters).sum::<u64>();
+                best = best.max(total);
+                (total >= needed).then_some(extra)
+            });
+            match found {
+                Some(extra) => removed.extend(extra),
+                None => {
+                    return Err(BootloaderError::NoRoom {
+                        needed: needed * scan.space.cluster_size,
+                        available: best * scan.space.cluster_size,
+                    })
+                }
+            }
+        }
+        // The state after the flip, as the loader will see it.
+        let mut after: Vec<Entry> = (0..scan.entries.len())
+            .filter(|i| !removed.contains(i))
+            .map(|i| scan.entries[i].clone())
+            .collect();
+        let mut new_entry = Entry::new(new_name);
+        new_entry.version = Some(req.version.to_owned());
+        after.push(new_entry);
+        let conf = scan.conf();
+        let mut vars = crate::MemEfiVars::new();
+        for name in [
+            LOADER_ENTRY_ONESHOT,
+            LOADER_ENTRY_DEFAULT,
+            crate::LOADER_ENTRY_LAST_BOOTED,
+        ] {
+            if let Some(v) = self.vars.get(name) {
+                vars.set(name, &v)?;
+            }
+        }
+        let picks_new =
+            |vars: &crate::MemEfiVars| self.selection(&after, &conf, vars).map(|s| s.file_name);
+        let mut cleared = Vec::new();
+        for name in [LOADER_ENTRY_ONESHOT, LOADER_ENTRY_DEFAULT] {
+            if picks_new(&vars).as_deref() != Some(file.as_str()) && vars.get(name).is_some() {
+                vars.remove(name)?;
+                cleared.push(name);
+            }
+        }
+        if let Some(selected) = picks_new(&vars).filter(|s| *s != file) {
+            return Err(BootloaderError::WouldNotBoot {
+                wanted: file,
+                selected,
+            });
+        }
+        let removed: Vec<String> = removed
+            .iter()
+            .map(|&i| scan.entries[i].file_name().to_owned())
+            .collect();
+        let fallback_label = scan.entries[running].file_name().to_owned();
+
+        // Writes start here.
+        if !removed.is_empty() {
+            self.with_esp(|fs| {
+                let dir = fs
+                    .root_dir()
+                    .open_dir(UKI_DIR)
+                    .map_err(fat_err("opening", UKI_DIR))?;
+                for name in &removed {
+                    dir.remove(name).map_err(fat_err("removing", name))?;
+                }
+                Ok(())
+            })?;
+        }
+        self.with_esp(|fs| {
+            let dir = fs
+                .root_dir()
+                .open_dir(UKI_DIR)
+                .map_err(fat_err("opening", UKI_DIR))?;
+            if dir
+                .iter()
+                .filter_map(|e| e.ok())
+                .any(|e| e.file_name() == tmp)
+            {
+                dir.remove(&tmp)
+                    .map_err(fat_err("removing a stale", &tmp))?;
+            }
+            let mut f = dir.create_file(&tmp).map_err(fat_err("creating", &tmp))?;
+            f.write_all(req.uki).map_err(fat_err("writing", &tmp))?;
+            f.flush().map_err(fat_err("flushing", &tmp))
+        })?;
+        self.with_meta(|meta| {
+            meta.set(tags::UPGRADE, fallback_label.as_bytes())?;
+            Ok(meta.flush()?)
+        })?;
+        for name in &cleared {
+            self.vars.remove(name)?;
+        }
+        self.rename_entry(&tmp, &file)?;
+        Ok(UpgradeOutcome {
+            file_name: file,
+            fallback: fallback_label,
+            removed,
+            cleared_vars: cleared,
+        })
+    }
+
+    /// Bless first (rename dropping the counter, flush), then delete META `Upgrade` (flush).
+    /// A cut after the bless leaves a blessed entry and the tag: the next boot reaches Running
+    /// and commits again (both steps are idempotent), or fails and reverts with the tag. The
+    /// other order could leave a committed entry still counted, which boot counting would later
+    /// demote with no fallback recorded. A cut inside the rename leaves the entry nameless and
+    /// the old version (still on disk, never deleted here) boots.
+    fn commit(&mut self, running_entry: &str) -> Result<CommitOutcome> {
+        let scan = self.scan()?;
+        let idx = scan
+            .find(running_entry)
+            .ok_or_else(|| BootloaderError::EntryNotFound(running_entry.to_owned()))?;
+        let name = scan.entries[idx].name.clone();
+        let blessed = name.blessed().map_err(invalid)?;
+        if blessed != name {
+            if scan
+                .entries
+                .iter()
+                .any(|e| e.file_name().eq_ignore_ascii_case(blessed.file_name()))
+            {
+                return Err(invalid(format!("{blessed} already exists next to {name}")));
+            }
+            self.rename_entry(name.file_name(), blessed.file_name())?;
+        }
+        let previous = scan.tag.clone();
+        if previous.is_some() {
+            self.with_meta(|meta| {
+                meta.delete(tags::UPGRADE);
+                Ok(meta.flush()?)
+            })?;
+        }
+        Ok(CommitOutcome {
+            blessed: blessed.file_name().to_owned(),
+            previous,
+        })
+    }
+
+    /// Mark the failed entry bad (`+0-DONE`, flush), then delete META `Upgrade` (flush). A
+    /// bad entry sorts after every other one, so the `default <name>-*` glob falls to the
+    /// previous version; only if the model says otherwise is `LoaderEntryDefault` set to the
+    /// previous entry's ID. A cut before the mark leaves the failed entry counted (tried
+    /// again, and boot counting still ends it); after the mark, the previous version boots
+    /// with the tag naming itself and its commit clears it. The other order could leave the
+    /// failed version booting with no way back recorded.
+    fn revert(&mut self, failed_entry: &str) -> Result<Option<String>> {
+        let scan = self.scan()?;
+        let Some(label) = scan.tag.clone() else {
+            return Ok(None);
+        };
+        if label.is_empty() {
+            self.with_meta(|meta| {
+                meta.delete(tags::UPGRADE);
+                Ok(meta.flush()?)
+            })?;
+            return Ok(None);
+        }
+        let prev = scan
+            .find(&label)
+            .ok_or_else(|| BootloaderError::EntryNotFound(label.clone()))?;
+        let mut after = scan.entries.clone();
+        let mut rename = None;
+        if let Some(failed) = scan.find(failed_entry).filter(|&f| f != prev) {
+            let name = &scan.entries[failed].name;
+            if name.state() != BootState::Bad {
+                let bad = name.marked_bad().map_err(invalid)?;
+                after[failed].name = bad.clone();
+                rename = Some((name.file_name().to_owned(), bad.file_name().to_owned()));
+            }
+        }
+        let conf = scan.conf();
+        let prev_file = scan.entries[prev].file_name().to_owned();
+        let mut set_default = None;
+        let boots = |vars: &dyn Fn() -> slate_bootspec::EfiVars| {
+            select(&after, &conf, &vars(), self.style).map(|s| s.file_name)
+        };
+        if boots(&|| loader_vars(&self.vars)).as_deref() != Some(prev_file.as_str()) {
+            let id = scan.entries[prev].id(self.style);
+            let pinned = || slate_bootspec::EfiVars {
+                entry_oneshot: None,
+                entry_default: Some(id.clone()),
+                entry_last_booted: None,
+            };
+            match boots(&pinned) {
+                Some(f) if f == prev_file && self.vars.get(LOADER_ENTRY_ONESHOT).is_none() => {
+                    set_default = Some(id.clone())
+                }
+                selected => {
+                    return Err(BootloaderError::WouldNotBoot {
+                        wanted: prev_file,
+                        selected: selected.unwrap_or_default(),
+                    })
+                }
+            }
+        }
+        if let Some((from, to)) = rename {
+            self.rename_entry(&from, &to)?;
+        }
+        if let Some(id) = set_default {
+            self.vars.set(LOADER_ENTRY_DEFAULT, &id)?;
+        }
+        self.with_meta(|meta| {
+            meta.delete(tags::UPGRADE);
+            Ok(meta.flush()?)
+        })?;
+        Ok(Some(label))
+    }
+}
