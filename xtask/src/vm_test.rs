@@ -166,9 +166,15 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
     ] {
         ensure_logged(&boot, line)?;
     }
+    // systemd-boot counted the try (+3 -> +2-1) and machined blessed the entry at Running.
+    boot.expect(
+        &["committed: slate-1.0.0+2-1.efi blessed as slate-1.0.0.efi"],
+        Duration::from_secs(30),
+        "the booted entry blessed",
+    )?;
     ensure!(
-        esp_listing(&image)?.contains("slate-1.0.0+2-1.efi"),
-        "systemd-boot should have counted one try (+3 -> +2-1)"
+        esp_listing(&image)?.contains("slate-1.0.0.efi"),
+        "the ESP should hold the blessed entry"
     );
     let status = node.status()?;
     ensure!(status["version"] == "1.0.0", "status: {status}");
@@ -241,8 +247,130 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
     )?;
     boot.kill();
     Ok(format!(
-        "first boot to Running in {first_boot:.1?}; API roles enforced; reboot, STATE kept; \
-         concurrent resets: 1 accepted, 1 locked; volumes reformatted after reset"
+        "first boot to Running in {first_boot:.1?}; +3 -> +2-1 counted by systemd-boot and blessed; \
+         API roles enforced; reboot, STATE kept; concurrent resets: 1 accepted, 1 locked; \
+         volumes reformatted after reset"
+    ))
+}
+
+fn build_bundle(slate: &Path, version: &str, extra_args: &[&str], out: &Path) -> Result<()> {
+    let mut cmd = Command::new(slate);
+    cmd.args(["imager", "build", "--profile"])
+        .arg(repo_root().join("profiles/demo.toml"))
+        .args(["--version", version, "--output", "installer", "--out"])
+        .arg(out)
+        .env("SOURCE_DATE_EPOCH", "1700000000");
+    for arg in extra_args {
+        cmd.args(["--kernel-arg", arg]);
+    }
+    run(&mut cmd)
+}
+
+fn offline_upgrade(slate: &Path, image: &Path, bundle: &Path) -> Result<String> {
+    output(
+        Command::new(slate)
+            .args(["installer", "upgrade", "--disk"])
+            .arg(image)
+            .arg("--bundle")
+            .arg(bundle),
+    )
+}
+
+/// v1 → v2 through the installer's upgrade (offline, on the powered-off node's disk): v2 boots
+/// on its first try, machined commits it (entry blessed, META marker gone); then a broken v3
+/// (a Boot task fails) takes the fatal path, machined reverts to v2 (v3 marked bad), and after
+/// the reboot v2 is up again with no human action.
+fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String> {
+    let image = work.join("upgrade.raw");
+    build_image(&prepared.slate, "1.0.0", &[], &image)?;
+    let (v2, v3) = (work.join("bundle-v2"), work.join("bundle-v3"));
+    build_bundle(&prepared.slate, "2.0.0", &[], &v2)?;
+    build_bundle(
+        &prepared.slate,
+        "3.0.0",
+        &["slate.debug.fail-task=network"],
+        &v3,
+    )?;
+    let mut vm = Vm::new(&image, &work.join("vm-upgrade"))?;
+    let node = Node {
+        prepared,
+        port: vm.api_port,
+    };
+    let meta_upgrade = || -> Result<Output> {
+        Ok(Command::new(&prepared.slate)
+            .args(["meta", "get", "Upgrade", "--disk"])
+            .arg(&image)
+            .output()?)
+    };
+
+    let mut boot = running(&mut vm)?;
+    boot.expect(
+        &["committed: slate-1.0.0"],
+        Duration::from_secs(30),
+        "v1 blessed",
+    )?;
+    node.ok(&["reboot"])?;
+    boot.wait_exit(Duration::from_secs(90))?;
+
+    let installed = offline_upgrade(&prepared.slate, &image, &v2)?;
+    ensure!(
+        installed.contains("installed slate-2.0.0+3.efi (fallback slate-1.0.0.efi"),
+        "upgrade to v2: {installed}"
+    );
+    let marker = meta_upgrade()?;
+    ensure!(
+        String::from_utf8_lossy(&marker.stdout).trim() == "slate-1.0.0.efi",
+        "META Upgrade should name the fallback"
+    );
+    let mut boot = running(&mut vm)?;
+    let committed = boot.expect(
+        &["committed: slate-2.0.0"],
+        Duration::from_secs(30),
+        "v2 committed",
+    )?;
+    ensure!(
+        committed.contains("slate-2.0.0+2-1.efi blessed as slate-2.0.0.efi; upgrade marker (fallback slate-1.0.0.efi) dropped"),
+        "commit line: {committed}"
+    );
+    ensure!(node.status()?["version"] == "2.0.0");
+    node.ok(&["reboot"])?;
+    boot.wait_exit(Duration::from_secs(90))?;
+    ensure!(
+        !meta_upgrade()?.status.success(),
+        "after the commit META holds no Upgrade marker"
+    );
+
+    let installed = offline_upgrade(&prepared.slate, &image, &v3)?;
+    ensure!(
+        installed.contains("installed slate-3.0.0+3.efi (fallback slate-2.0.0.efi"),
+        "{installed}"
+    );
+    let mut boot = vm.start()?;
+    boot.expect(
+        &["[slate] [machined] fatal:"],
+        BOOT_TIMEOUT,
+        "v3's fatal boot",
+    )?;
+    let reverted = boot.expect(
+        &["upgrade reverted: the next boot is"],
+        Duration::from_secs(30),
+        "the revert",
+    )?;
+    ensure!(reverted.contains("slate-2.0.0.efi"), "{reverted}");
+    boot.wait_exit(Duration::from_secs(90))?;
+    let listing = esp_listing(&image)?;
+    ensure!(
+        listing.contains("slate-3.0.0+0-1.efi"),
+        "v3 marked bad: {listing}"
+    );
+
+    let mut boot = running(&mut vm)?;
+    let status = node.status()?;
+    ensure!(status["version"] == "2.0.0", "after the revert: {status}");
+    boot.kill();
+    Ok(format!(
+        "v1 -> v2 committed (blessed, marker dropped); broken v3 reverted to v2 unattended \
+         ({reverted})"
     ))
 }
 
@@ -280,9 +408,10 @@ pub fn vm_test() -> Result<()> {
     let work = repo_root().join("target/vm-test");
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)?;
-    let scenarios: [(&str, Scenario); 2] = [
+    let scenarios: [(&str, Scenario); 3] = [
         ("node_lifecycle", node_lifecycle),
         ("fatal_boot_task", fatal_boot_task),
+        ("upgrade_commit_and_revert", upgrade_commit_and_revert),
     ];
     let (mut passed, mut failed) = (0, 0);
     for (name, scenario) in scenarios {

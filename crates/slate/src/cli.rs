@@ -7,6 +7,7 @@ use anyhow::Result;
 use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
 
 use crate::imager_cmd::{self, ImagerCommand};
+use crate::installer_cmd::{self, InstallerCommand};
 use crate::meta_cmd::{self, MetaCommand};
 use crate::node_cmd::{self, GenCommand, NodeTarget, RebootModeArg};
 
@@ -38,6 +39,9 @@ pub enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// Install or upgrade slate on a disk (also the `installer` role).
+    #[command(subcommand)]
+    Installer(InstallerCommand),
     /// Run as machined, the node's real PID 1.
     #[command(hide = true)]
     Machined,
@@ -109,6 +113,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Init { args } => crate::init::run(args),
         Command::Imager(cmd) => imager_cmd::run(cmd),
         Command::Machined => crate::machined::run(),
+        Command::Installer(cmd) => installer_cmd::run(cmd),
         Command::Gen(cmd) => node_cmd::gen(cmd),
         Command::Status { output } => node_cmd::status(&cli.target, output),
         Command::Version { output } => node_cmd::version(&cli.target, output),

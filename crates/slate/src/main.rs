@@ -7,6 +7,7 @@
 mod cli;
 mod imager_cmd;
 mod init;
+mod installer_cmd;
 mod machined;
 mod meta_cmd;
 mod node_cmd;

@@ -73,6 +73,13 @@ pub fn fatal(node: &Node, error: &(dyn std::error::Error + 'static)) -> ! {
     }
     node.journal.error(format_args!("fatal: {message}"));
     node.set_stage(Stage::Failed);
+    match super::transaction::revert_if_pending(node) {
+        Ok(Some(label)) => node
+            .journal
+            .info(format_args!("upgrade reverted: the next boot is {label}")),
+        Ok(None) => {}
+        Err(err) => node.journal.error(format_args!("revert failed: {err}")),
+    }
     teardown(node);
     if node.config.halt_on_fatal {
         halt_forever(node)

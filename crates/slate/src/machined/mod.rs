@@ -10,6 +10,7 @@ mod handler;
 mod journal;
 mod node;
 mod sequences;
+mod transaction;
 
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
@@ -75,7 +76,17 @@ fn boot_and_serve(node: &Arc<Node>, requests: Receiver<Request>) -> SequenceErro
         },
     );
     match outcome {
-        Ok(BootOutcome::Booted) => node.set_stage(Stage::Running),
+        Ok(BootOutcome::Booted) => {
+            node.set_stage(Stage::Running);
+            if let Err(err) = transaction::commit_booted(node) {
+                return SequenceError::Fatal {
+                    sequence: slate_sequencer::SequenceKind::Boot,
+                    phase: "commit".into(),
+                    task: "commitUpgrade".into(),
+                    source: err.into(),
+                };
+            }
+        }
         Ok(other) => node
             .journal
             .info(format_args!("boot ended early: {other:?}; serving")),
