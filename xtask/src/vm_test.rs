@@ -431,41 +431,72 @@ pub fn vm_test() -> Result<()> {
     Ok(())
 }
 
-/// The main job as far as slate goes today: build the demo image with the imager, boot it in
-/// QEMU through systemd-boot and the UKI, talk to the node's API, reboot it.
+fn show(boot: &Running, filter: &[&str]) {
+    for line in boot.serial().lines() {
+        if filter.iter().any(|f| line.contains(f)) {
+            println!("  {}", line.trim());
+        }
+    }
+}
+
+/// The main job: build v1 as a disk image and v2 and a broken v3 as installer bundles, boot v1,
+/// upgrade to v2 (committed once it is up), try v3 and watch the node return to v2 by itself.
 pub fn demo() -> Result<()> {
     let prepared = prepare()?;
     let work = repo_root().join("target/demo/run");
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)?;
     let image = work.join("disk.raw");
-    println!("== the plan");
+    println!("== the plan for v1");
     run(Command::new(&prepared.slate)
         .args(["imager", "build", "--profile"])
         .arg(repo_root().join("profiles/demo.toml"))
         .args(["--output", "image", "--dry-run", "--out"])
         .arg(&image))?;
-    println!("== building slate 1.0.0 as a disk image");
+    println!("== building v1 (disk image), v2 and a broken v3 (installer bundles)");
     build_image(&prepared.slate, "1.0.0", &[], &image)?;
+    let (v2, v3) = (work.join("bundle-v2"), work.join("bundle-v3"));
+    build_bundle(&prepared.slate, "2.0.0", &[], &v2)?;
+    build_bundle(
+        &prepared.slate,
+        "3.0.0",
+        &["slate.debug.fail-task=network"],
+        &v3,
+    )?;
     println!("{}", output(Command::new("sgdisk").arg("-p").arg(&image))?);
     println!("{}", esp_listing(&image)?);
-    println!("== booting it (QEMU, OVMF, systemd-boot, -accel tcg)");
+
+    println!("== booting v1 (QEMU, OVMF, systemd-boot, -accel tcg)");
     let mut vm = Vm::new(&image, &work.join("vm"))?;
     let node = Node {
         prepared: &prepared,
         port: vm.api_port,
     };
     let mut boot = running(&mut vm)?;
-    for line in boot.serial().lines().filter(|l| l.contains("[slate]")) {
-        println!("  {}", line.trim());
-    }
-    println!("== asking the node (mutual TLS, admin certificate)");
+    boot.expect(&["committed:"], Duration::from_secs(30), "v1 committed")?;
+    show(&boot, &["[slate]"]);
+    println!("== asking the node over mutual TLS");
     print!("{}", node.ok(&["status"])?);
-    println!("== systemd-boot counted one try");
-    println!("{}", esp_listing(&image)?);
-    println!("== rebooting it over the API");
-    println!("{}", node.ok(&["reboot"])?.trim());
+    println!("== rebooting it over the API, then upgrading its disk to v2");
+    node.ok(&["reboot"])?;
     boot.wait_exit(Duration::from_secs(90))?;
+    println!("{}", offline_upgrade(&prepared.slate, &image, &v2)?.trim());
+    println!("{}", esp_listing(&image)?);
+    println!("== booting v2: systemd-boot tries it (+3), machined commits it at Running");
+    let mut boot = running(&mut vm)?;
+    boot.expect(&["committed:"], Duration::from_secs(30), "v2 committed")?;
+    show(&boot, &["committed", "stage Running"]);
+    print!("{}", node.ok(&["status"])?);
+    node.ok(&["reboot"])?;
+    boot.wait_exit(Duration::from_secs(90))?;
+    println!("== upgrading to the broken v3 (a Boot task fails)");
+    println!("{}", offline_upgrade(&prepared.slate, &image, &v3)?.trim());
+    let mut boot = vm.start()?;
+    boot.expect(&["upgrade reverted"], BOOT_TIMEOUT, "the revert")?;
+    boot.wait_exit(Duration::from_secs(90))?;
+    show(&boot, &["fatal:", "upgrade reverted", "rebooting"]);
+    println!("{}", esp_listing(&image)?);
+    println!("== the node came back on v2 by itself");
     let _boot = running(&mut vm)?;
     print!("{}", node.ok(&["status"])?);
     Ok(())
