@@ -367,6 +367,13 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
     let mut boot = running(&mut vm)?;
     let status = node.status()?;
     ensure!(status["version"] == "2.0.0", "after the revert: {status}");
+    ensure!(
+        status["last_failure"]["version"] == "3.0.0"
+            && status["last_failure"]["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("fault injected by slate.debug.fail-task=network")),
+        "status says which version failed and why: {status}"
+    );
     boot.kill();
     Ok(format!(
         "v1 -> v2 committed (blessed, marker dropped); broken v3 reverted to v2 unattended \

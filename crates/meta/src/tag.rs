@@ -16,6 +16,9 @@ pub mod tags {
     pub const UUID_OVERRIDE: u8 = 15;
     pub const UNIQUE_MACHINE_TOKEN: u8 = 16;
     pub const DISK_IMAGE_BOOTLOADER: u8 = 17;
+    /// slate's own: JSON `{"version", "reason"}` of the last boot that failed fatally, so the
+    /// version the node returned to can say which one failed and why.
+    pub const LAST_BOOT_FAILURE: u8 = 0x40;
 }
 
 const NAMES: &[(u8, &str)] = &[
@@ -37,6 +40,7 @@ const NAMES: &[(u8, &str)] = &[
     (tags::UUID_OVERRIDE, "UUIDOverride"),
     (tags::UNIQUE_MACHINE_TOKEN, "UniqueMachineToken"),
     (tags::DISK_IMAGE_BOOTLOADER, "DiskImageBootloader"),
+    (tags::LAST_BOOT_FAILURE, "LastBootFailure"),
 ];
 
 /// The Talos name of a tag, if it has one.

@@ -73,6 +73,10 @@ pub fn fatal(node: &Node, error: &(dyn std::error::Error + 'static)) -> ! {
     }
     node.journal.error(format_args!("fatal: {message}"));
     node.set_stage(Stage::Failed);
+    if let Err(err) = super::transaction::record_failure(node, &message) {
+        node.journal
+            .error(format_args!("could not record the failure in META: {err}"));
+    }
     match super::transaction::revert_if_pending(node) {
         Ok(Some(label)) => node
             .journal

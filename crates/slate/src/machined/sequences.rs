@@ -81,7 +81,9 @@ pub fn initialize<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
         )
         .append(
             "meta",
-            [task(node, "loadMeta", move |ctx| load_meta(ctx, facts))],
+            [task(node, "loadMeta", move |ctx| {
+                load_meta(ctx, node, facts)
+            })],
         )
         .append(
             "config",
@@ -124,7 +126,7 @@ fn wait_for_partition(
     }
 }
 
-fn load_meta(ctx: &TaskContext<'_>, facts: &Facts) -> Result<(), TaskError> {
+fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), TaskError> {
     let part = match wait_for_partition(ctx, "META", None) {
         Ok(part) => part,
         Err(err) => {
@@ -150,6 +152,18 @@ fn load_meta(ctx: &TaskContext<'_>, facts: &Facts) -> Result<(), TaskError> {
         entries.len(),
         entries.join(" ")
     ));
+    if let Some(failure) = store.get(slate_meta::tags::LAST_BOOT_FAILURE) {
+        match serde_json::from_slice::<slate_api::Failure>(failure) {
+            Ok(failure) => {
+                ctx.log(&format!(
+                    "the last failed boot was {}: {}",
+                    failure.version, failure.reason
+                ));
+                *node.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(failure);
+            }
+            Err(err) => ctx.log(&format!("META LastBootFailure is not readable: {err}")),
+        }
+    }
     *facts.system_disk.lock().unwrap_or_else(|p| p.into_inner()) = Some(part.disk);
     Ok(())
 }

@@ -107,3 +107,28 @@ pub fn revert_if_pending(node: &Node) -> Result<Option<String>, String> {
         .ok_or("the firmware did not say which entry booted (LoaderEntrySelected)")?;
     loader.revert(&failed).map_err(|e| chain(&e))
 }
+
+/// Remember in META which version failed and why; the next boot reports it in its status.
+pub fn record_failure(node: &Node, reason: &str) -> Result<(), String> {
+    let meta = slate_host::find_partition_by_label("META", None).map_err(|e| e.to_string())?;
+    let disk = FileDisk::open(&meta.device)
+        .map_err(|e| format!("opening {}: {e}", meta.device.display()))?;
+    let mut store = slate_meta::MetaStore::open(disk).map_err(|e| chain(&e))?;
+    let failure = slate_api::Failure {
+        version: node.version.clone(),
+        reason: reason.to_string(),
+    };
+    let mut json = serde_json::to_string(&failure).map_err(|e| e.to_string())?;
+    // META values travel through fixed-size records: keep the reason to a sane length.
+    if json.len() > 4096 {
+        json = serde_json::to_string(&slate_api::Failure {
+            version: node.version.clone(),
+            reason: reason.chars().take(3000).collect(),
+        })
+        .map_err(|e| e.to_string())?;
+    }
+    store
+        .set(slate_meta::tags::LAST_BOOT_FAILURE, json.into_bytes())
+        .map_err(|e| chain(&e))?;
+    store.flush().map_err(|e| chain(&e))
+}
