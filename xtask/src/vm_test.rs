@@ -45,20 +45,31 @@ pub fn prepare() -> Result<Prepared> {
     Ok(Prepared { slate, pki })
 }
 
-/// Build a disk image of the demo profile at `version` with the static slate (in its imager
-/// role, as a release pipeline would).
-pub fn build_image(slate: &Path, version: &str, extra_args: &[&str], out: &Path) -> Result<()> {
+/// Build `kind` of the demo profile at `version` with the static slate (in its imager role, as
+/// a release pipeline would), with extra kernel arguments.
+fn build_demo(
+    slate: &Path,
+    kind: &str,
+    version: &str,
+    extra_args: &[&str],
+    out: &Path,
+) -> Result<()> {
     fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
     let mut cmd = Command::new(slate);
     cmd.args(["imager", "build", "--profile"])
         .arg(repo_root().join("profiles/demo.toml"))
-        .args(["--version", version, "--output", "image", "--out"])
+        .args(["--version", version, "--output", kind, "--out"])
         .arg(out)
         .env("SOURCE_DATE_EPOCH", "1700000000");
     for arg in extra_args {
         cmd.args(["--kernel-arg", arg]);
     }
     run(&mut cmd)
+}
+
+/// A disk image of the demo profile.
+pub fn build_image(slate: &Path, version: &str, extra_args: &[&str], out: &Path) -> Result<()> {
+    build_demo(slate, "image", version, extra_args, out)
 }
 
 fn esp_listing(image: &Path) -> Result<String> {
@@ -253,17 +264,9 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
     ))
 }
 
+/// An installer bundle of the demo profile.
 fn build_bundle(slate: &Path, version: &str, extra_args: &[&str], out: &Path) -> Result<()> {
-    let mut cmd = Command::new(slate);
-    cmd.args(["imager", "build", "--profile"])
-        .arg(repo_root().join("profiles/demo.toml"))
-        .args(["--version", version, "--output", "installer", "--out"])
-        .arg(out)
-        .env("SOURCE_DATE_EPOCH", "1700000000");
-    for arg in extra_args {
-        cmd.args(["--kernel-arg", arg]);
-    }
-    run(&mut cmd)
+    build_demo(slate, "installer", version, extra_args, out)
 }
 
 fn offline_upgrade(slate: &Path, image: &Path, bundle: &Path) -> Result<String> {

@@ -23,9 +23,7 @@ pub use block::{
     BlockPartition,
 };
 pub use cmdline::{cmdline_value, kernel_cmdline};
-pub use efivars::{
-    decode_string_var, loader_var_path, mount_efivarfs, read_loader_string, LOADER_GUID,
-};
+pub use efivars::{loader_var_path, mount_efivarfs, read_loader_string, LOADER_GUID};
 pub use error::{HostError, Result};
 pub use kmsg::{disable_kmsg_ratelimit, KmsgLogger, Level};
 pub use kmsg_read::{format_kmsg_record, kernel_log, KernelLog};
