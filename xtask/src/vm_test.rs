@@ -269,6 +269,16 @@ fn build_bundle(slate: &Path, version: &str, extra_args: &[&str], out: &Path) ->
     build_demo(slate, "installer", version, extra_args, out)
 }
 
+/// The upgrade story's artifacts: v1 as a disk image at `image`, v2 and a broken v3 (a Boot
+/// task fails) as installer bundles in `work`.
+fn build_upgrade_story(slate: &Path, image: &Path, work: &Path) -> Result<(PathBuf, PathBuf)> {
+    build_image(slate, "1.0.0", &[], image)?;
+    let (v2, v3) = (work.join("bundle-v2"), work.join("bundle-v3"));
+    build_bundle(slate, "2.0.0", &[], &v2)?;
+    build_bundle(slate, "3.0.0", &["slate.debug.fail-task=network"], &v3)?;
+    Ok((v2, v3))
+}
+
 fn offline_upgrade(slate: &Path, image: &Path, bundle: &Path) -> Result<String> {
     output(
         Command::new(slate)
@@ -285,15 +295,7 @@ fn offline_upgrade(slate: &Path, image: &Path, bundle: &Path) -> Result<String> 
 /// the reboot v2 is up again with no human action.
 fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String> {
     let image = work.join("upgrade.raw");
-    build_image(&prepared.slate, "1.0.0", &[], &image)?;
-    let (v2, v3) = (work.join("bundle-v2"), work.join("bundle-v3"));
-    build_bundle(&prepared.slate, "2.0.0", &[], &v2)?;
-    build_bundle(
-        &prepared.slate,
-        "3.0.0",
-        &["slate.debug.fail-task=network"],
-        &v3,
-    )?;
+    let (v2, v3) = build_upgrade_story(&prepared.slate, &image, work)?;
     let mut vm = Vm::new(&image, &work.join("vm-upgrade"))?;
     let node = Node {
         prepared,
@@ -464,15 +466,7 @@ pub fn demo() -> Result<()> {
         .args(["--output", "image", "--dry-run", "--out"])
         .arg(&image))?;
     println!("== building v1 (disk image), v2 and a broken v3 (installer bundles)");
-    build_image(&prepared.slate, "1.0.0", &[], &image)?;
-    let (v2, v3) = (work.join("bundle-v2"), work.join("bundle-v3"));
-    build_bundle(&prepared.slate, "2.0.0", &[], &v2)?;
-    build_bundle(
-        &prepared.slate,
-        "3.0.0",
-        &["slate.debug.fail-task=network"],
-        &v3,
-    )?;
+    let (v2, v3) = build_upgrade_story(&prepared.slate, &image, &work)?;
     println!("{}", output(Command::new("sgdisk").arg("-p").arg(&image))?);
     println!("{}", esp_listing(&image)?);
 
