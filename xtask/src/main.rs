@@ -52,7 +52,10 @@ enum Task {
     /// Build the slate binary statically linked (target/static/...) and check it is static.
     SlateStatic,
     /// Build images and boot them in QEMU; every scenario judged by what the guest printed.
-    VmTest,
+    VmTest {
+        /// Run only these scenarios (all when none is named).
+        only: Vec<String>,
+    },
     /// The main job: build the demo image, boot it, show what happened.
     Demo,
     /// Benchmark: slate's squashfs builder vs mksquashfs, printed as ratios.
@@ -71,7 +74,7 @@ fn main() -> Result<()> {
             replace,
         } => base_rootfs::base_rootfs(&out, &version, slate_bin.as_deref(), replace),
         Task::SlateStatic => slate_static::slate_static().map(drop),
-        Task::VmTest => vm_test::vm_test(),
+        Task::VmTest { only } => vm_test::vm_test(&only),
         Task::Demo => vm_test::demo(),
         Task::BenchRootfs => bench::bench_rootfs(),
         Task::BenchBoot => bench_boot::bench_boot(),

@@ -1,6 +1,7 @@
 //! The VM harness: QEMU (TCG) with OVMF and a per-disk copy of the firmware variables (the
 //! node's NVRAM, so EFI variables persist across its reboots), the serial console captured to a
-//! file and watched for what the guest prints, and the node API forwarded to 127.0.0.1.
+//! file and watched for what the guest prints, the node API forwarded to 127.0.0.1, and an
+//! i6300esb watchdog.
 
 use std::fs;
 use std::net::TcpListener;
@@ -58,6 +59,9 @@ impl Vm {
         let child = Command::new("qemu-system-x86_64")
             .args(["-accel", "tcg", "-m", "1024", "-smp", "1"])
             .args(["-display", "none", "-monitor", "none", "-no-reboot"])
+            // The hardware watchdog machined arms: when it fires, QEMU resets the guest, which
+            // `-no-reboot` turns into an exit, like any other reboot.
+            .args(["-device", "i6300esb"])
             .arg("-serial")
             .arg(format!("file:{}", log.display()))
             .arg("-drive")
@@ -140,6 +144,12 @@ impl Running {
             "the guest did not reboot within {timeout:?}; console ended with:\n{}",
             tail(&self.serial(), 30)
         )
+    }
+
+    /// Whether this boot's QEMU is still running (the guest has not rebooted, powered off or
+    /// been reset).
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
     }
 
     /// Pull the plug.

@@ -1,6 +1,6 @@
 //! What the server asks of the node: [`NodeBackend`], implemented by machined.
 
-use crate::types::{Event, RebootMode, Status, UpgradeRequest, VersionInfo};
+use crate::types::{Event, RebootMode, Status, UpgradeRequest, UploadedBundle, VersionInfo};
 
 /// Lines of a log, consumed on a dedicated thread (blocking in `next` is fine).
 ///
@@ -56,6 +56,15 @@ pub trait NodeBackend: Send + Sync {
     fn reset(&self) -> Result<(), BackendError>;
     /// `POST /v1/upgrade` (admin).
     fn upgrade(&self, req: UpgradeRequest) -> Result<(), BackendError>;
+    /// `POST /v1/bundles` (admin): an installer bundle as a tar stream of its OCI layout. The
+    /// backend unpacks and checks it and answers what it kept; `body` ends with an error if the
+    /// upload breaks or exceeds [`crate::MAX_UPLOAD_BYTES`].
+    fn receive_bundle(&self, body: &mut dyn std::io::Read) -> Result<UploadedBundle, BackendError> {
+        let _ = body;
+        Err(BackendError::Unsupported(
+            "this node does not take bundle uploads".into(),
+        ))
+    }
     /// `GET /v1/events`: a new subscription; see [`EventStream`] for the contract.
     fn events(&self) -> EventStream;
     /// `GET /v1/logs`: machined's own log lines (without trailing newlines). With `follow`,

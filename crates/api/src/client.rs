@@ -24,8 +24,9 @@ use crate::server::DEFAULT_PORT;
 use crate::tls;
 use crate::types::{
     ApiError, ErrorCode, Event, RebootMode, RebootRequest, Role, Status, UpgradeRequest,
-    VersionInfo,
+    UploadedBundle, VersionInfo,
 };
+use crate::upload::{ChannelWriter, UPLOAD_CHANNEL};
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
@@ -240,6 +241,47 @@ impl Client {
         }
     }
 
+    /// `POST /v1/bundles` (admin): upload an installer bundle. `write_tar` writes the tar stream
+    /// of its OCI layout on a thread of its own while the request streams it to the node (no
+    /// copy on disk on either side); `on_progress` gets the bytes sent so far.
+    pub fn upload_bundle(
+        &self,
+        write_tar: impl FnOnce(&mut dyn std::io::Write) -> std::io::Result<()> + Send + 'static,
+        on_progress: impl Fn(u64) + Send + 'static,
+    ) -> Result<UploadedBundle, ClientError> {
+        let route = route_of(Endpoint::UploadBundle);
+        let (tx, rx) = tokio::sync::mpsc::channel(UPLOAD_CHANNEL);
+        let producer = std::thread::spawn(move || {
+            let mut writer = ProgressWriter {
+                inner: ChannelWriter::new(tx),
+                on_progress,
+            };
+            write_tar(&mut writer)?;
+            std::io::Write::flush(&mut writer)
+        });
+        let answer = self.rt.block_on(async {
+            let (mut resp, conn) = self
+                .send(
+                    route.method,
+                    route.path,
+                    Body::Stream(rx),
+                    Some("application/x-tar"),
+                )
+                .await?;
+            let data = collect(resp.body_mut(), MAX_RESPONSE).await;
+            conn.abort();
+            let data = data.map_err(|_| self.protocol("the upload's answer broke".into()))?;
+            serde_json::from_slice::<UploadedBundle>(&data)
+                .map_err(|e| self.protocol(format!("cannot decode the answer: {e}")))
+        });
+        let produced = producer
+            .join()
+            .map_err(|_| self.protocol("the bundle writer panicked".into()))?;
+        let uploaded = answer?;
+        produced.map_err(|e| self.protocol(format!("writing the bundle: {e}")))?;
+        Ok(uploaded)
+    }
+
     fn unary<T: DeserializeOwned, B: Serialize>(
         &self,
         endpoint: Endpoint,
@@ -253,7 +295,10 @@ impl Client {
         let timeout = self.request_timeout;
         self.rt.block_on(async {
             let call = async {
-                let (mut resp, conn) = self.send(route.method, route.path, body).await?;
+                let content_type = (!body.is_empty()).then_some("application/json");
+                let (mut resp, conn) = self
+                    .send(route.method, route.path, Body::full(body), content_type)
+                    .await?;
                 let data = collect(resp.body_mut(), MAX_RESPONSE).await;
                 conn.abort();
                 let data = match data {
@@ -286,7 +331,9 @@ impl Client {
         let route = route_of(endpoint);
         let path = format!("{}?follow={follow}", route.path);
         self.rt.block_on(async {
-            let (mut resp, conn) = self.send(route.method, &path, Vec::new()).await?;
+            let (mut resp, conn) = self
+                .send(route.method, &path, Body::full(Vec::new()), None)
+                .await?;
             let mut pending: Vec<u8> = Vec::new();
             let result = loop {
                 let chunk = match next_chunk(resp.body_mut()).await {
@@ -323,7 +370,8 @@ impl Client {
         &self,
         method: &str,
         path: &str,
-        body: Vec<u8>,
+        body: Body,
+        content_type: Option<&'static str>,
     ) -> Result<(Response<Incoming>, JoinHandle<Result<(), hyper::Error>>), ClientError> {
         let addr = self.addr();
         let tcp = tokio::time::timeout(
@@ -355,8 +403,7 @@ impl Client {
 
         let method =
             Method::from_bytes(method.as_bytes()).map_err(|e| self.protocol(e.to_string()))?;
-        let has_body = !body.is_empty();
-        let mut req = Request::new(Body::full(body));
+        let mut req = Request::new(body);
         *req.method_mut() = method;
         *req.uri_mut() = path.parse().map_err(|e| self.protocol(format!("{e}")))?;
         let headers = req.headers_mut();
@@ -367,8 +414,8 @@ impl Client {
             ACCEPT,
             HeaderValue::from_static("application/json, text/plain"),
         );
-        if has_body {
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        if let Some(content_type) = content_type {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
         }
         let resp = match sender.send_request(req).await {
             Ok(resp) => resp,
@@ -483,5 +530,28 @@ mod tests {
         assert_eq!(p("host:port"), None);
         assert_eq!(p(""), None);
         assert_eq!(p("a b:1"), None);
+    }
+}
+
+/// Reports the bytes handed to the channel after each chunk.
+struct ProgressWriter<F> {
+    inner: ChannelWriter,
+    on_progress: F,
+}
+
+impl<F: Fn(u64)> std::io::Write for ProgressWriter<F> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let before = self.inner.sent;
+        let n = self.inner.write(buf)?;
+        if self.inner.sent != before {
+            (self.on_progress)(self.inner.sent);
+        }
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()?;
+        (self.on_progress)(self.inner.sent);
+        Ok(())
     }
 }

@@ -13,9 +13,12 @@ use serde::Serialize;
 use tokio::sync::mpsc;
 
 use crate::backend::{BackendError, LineStream, NodeBackend};
-use crate::body::{collect, Body, CollectError};
+use crate::body::{collect, next_chunk, Body, CollectError};
 use crate::routes::{self, Endpoint, Match, Route};
-use crate::types::{Accepted, ApiError, ErrorCode, Event, RebootRequest, Role, UpgradeRequest};
+use crate::types::{
+    Accepted, ApiError, ErrorCode, Event, RebootRequest, Role, UpgradeRequest, UploadedBundle,
+};
+use crate::upload::{ChannelReader, MAX_UPLOAD_BYTES, UPLOAD_CHANNEL};
 
 const MAX_REQUEST_BODY: usize = 64 * 1024;
 /// Chunks buffered per streaming response before the producer waits for the client.
@@ -79,16 +82,23 @@ pub(crate) async fn handle(
         }
         Match::Found(route) => match peer.role {
             Some(role) if role >= route.role => dispatch(route, req, &peer).await,
-            role => error(
-                StatusCode::FORBIDDEN,
-                ErrorCode::PermissionDenied,
-                format!(
-                    "{method} {path} requires role {} or higher; this client's certificate \
+            role => {
+                if route.endpoint == Endpoint::UploadBundle {
+                    // The client is still sending: read it out, or it sees a broken pipe
+                    // instead of this answer.
+                    drain(req.into_body()).await;
+                }
+                error(
+                    StatusCode::FORBIDDEN,
+                    ErrorCode::PermissionDenied,
+                    format!(
+                        "{method} {path} requires role {} or higher; this client's certificate \
                      grants {}",
-                    route.role,
-                    role.map_or("no role".to_owned(), |r| format!("role {r}")),
-                ),
-            ),
+                        route.role,
+                        role.map_or("no role".to_owned(), |r| format!("role {r}")),
+                    ),
+                )
+            }
         },
     };
     let status = response.status();
@@ -126,9 +136,64 @@ async fn dispatch(route: &Route, req: Request<Incoming>, peer: &Peer) -> Respons
             Ok(body) => accepted("upgrade", call(peer, move |b| b.upgrade(body)).await),
             Err(reject) => reject.into_response(),
         },
+        Endpoint::UploadBundle => reply(upload(req, peer).await),
         Endpoint::Events => events(peer, follow).await,
         Endpoint::Logs => lines(peer, follow, |b, f| b.logs(f)).await,
         Endpoint::Dmesg => lines(peer, follow, |b, f| b.dmesg(f)).await,
+    }
+}
+
+/// Streams the request body to [`NodeBackend::receive_bundle`] on the blocking pool. If the
+/// backend stops reading (it refused the bundle), the rest of the body is not read.
+async fn upload(req: Request<Incoming>, peer: &Peer) -> Result<UploadedBundle, BackendError> {
+    let (tx, rx) = mpsc::channel::<Result<Bytes, String>>(UPLOAD_CHANNEL);
+    let backend = peer.backend.clone();
+    let receiving =
+        tokio::task::spawn_blocking(move || backend.receive_bundle(&mut ChannelReader::new(rx)));
+    let mut body = req.into_body();
+    let mut total = 0u64;
+    loop {
+        let chunk = match next_chunk(&mut body).await {
+            Ok(Some(chunk)) => Ok(chunk),
+            Ok(None) => break,
+            Err(e) => Err(format!("the upload broke: {e}")),
+        };
+        if let Ok(chunk) = &chunk {
+            total += chunk.len() as u64;
+        }
+        let chunk = if total > MAX_UPLOAD_BYTES {
+            Err(format!("the upload exceeds {MAX_UPLOAD_BYTES} bytes"))
+        } else {
+            chunk
+        };
+        let stop = chunk.is_err();
+        if stop {
+            let _ = tx.send(chunk).await;
+            break;
+        }
+        if tx.send(chunk).await.is_err() {
+            // The backend refused the bundle and stopped reading; read out the rest so the
+            // client gets the answer rather than a broken pipe.
+            drain(body).await;
+            break;
+        }
+    }
+    drop(tx);
+    receiving.await.unwrap_or_else(|e| {
+        Err(BackendError::Failed(format!(
+            "the node failed to take the upload: {e}"
+        )))
+    })
+}
+
+/// Read and discard what is left of a request body, up to [`MAX_UPLOAD_BYTES`].
+async fn drain(mut body: Incoming) {
+    let mut total = 0u64;
+    while let Ok(Some(chunk)) = next_chunk(&mut body).await {
+        total += chunk.len() as u64;
+        if total > MAX_UPLOAD_BYTES {
+            break;
+        }
     }
 }
 

@@ -33,6 +33,7 @@ mod routes;
 mod server;
 mod tls;
 mod types;
+mod upload;
 
 pub use backend::{BackendError, EventStream, LineStream, NodeBackend};
 pub use certs::{
@@ -46,5 +47,6 @@ pub use server::{
 };
 pub use types::{
     Accepted, ApiError, ErrorCode, Event, EventKind, Failure, Mode, RebootMode, RebootRequest,
-    Role, Stage, Status, UpgradeRequest, VersionInfo,
+    Role, Stage, Status, UpgradeRequest, UploadedBundle, VersionInfo,
 };
+pub use upload::MAX_UPLOAD_BYTES;

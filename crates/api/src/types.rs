@@ -172,6 +172,9 @@ pub struct UpgradeRequest {
     /// Allow moving to an older version.
     #[serde(default)]
     pub allow_downgrade: bool,
+    /// Boot-counting tries for the new version (the node's default when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tries: Option<u32>,
 }
 
 impl UpgradeRequest {
@@ -182,8 +185,21 @@ impl UpgradeRequest {
             stage: false,
             reboot_mode: RebootMode::Default,
             allow_downgrade: false,
+            tries: None,
         }
     }
+}
+
+/// `POST /v1/bundles` answer: an installer bundle the node received, checked and kept. Upgrade
+/// to it with [`UpgradeRequest::image`] = `bundle:<id>`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UploadedBundle {
+    /// The digest of the bundle's image manifest (`sha256:…`).
+    pub id: String,
+    pub name: String,
+    pub version: String,
+    /// Bytes received.
+    pub size: u64,
 }
 
 /// The answer to an accepted mutating request (HTTP 202): the operation has started.

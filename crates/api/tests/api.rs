@@ -82,6 +82,7 @@ fn upgrade_request_reaches_the_backend_intact() {
         stage: true,
         reboot_mode: RebootMode::Powercycle,
         allow_downgrade: true,
+        tries: Some(2),
     };
     let err = client(&dir, &server, Role::Operator)
         .upgrade(&req)
@@ -383,4 +384,57 @@ fn serve_blocking_runs_until_shutdown() {
     shutdown.trigger();
     server.join().unwrap().unwrap();
     assert!(matches!(reader.status(), Err(ClientError::Connect { .. })));
+}
+
+fn tar_of(files: &[(&str, Vec<u8>)]) -> Vec<u8> {
+    let mut builder = tar::Builder::new(Vec::new());
+    for (name, data) in files {
+        let mut header = tar::Header::new_ustar();
+        header.set_size(data.len() as u64);
+        header.set_mode(0o644);
+        header.set_cksum();
+        builder.append_data(&mut header, name, &data[..]).unwrap();
+    }
+    builder.into_inner().unwrap()
+}
+
+#[test]
+fn a_bundle_upload_streams_every_byte_to_the_backend() {
+    use sha2::Digest as _;
+    let (dir, server) = start(Arc::default());
+    // 5 MiB of varied bytes: many chunks through the channel on both sides.
+    let blob: Vec<u8> = (0..5u32 << 20).map(|i| (i * 7 + i / 4096) as u8).collect();
+    let tar = tar_of(&[("oci-layout", b"{}".to_vec()), ("blobs/sha256/x", blob)]);
+    let expected = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&tar)));
+    let progress = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let seen = progress.clone();
+    let sent = tar.clone();
+    let uploaded = client(&dir, &server, Role::Admin)
+        .upload_bundle(
+            move |w| w.write_all(&sent),
+            move |n| seen.store(n, Ordering::SeqCst),
+        )
+        .unwrap();
+    assert_eq!(uploaded.size, tar.len() as u64);
+    assert_eq!(uploaded.id, expected);
+    assert_eq!(progress.load(Ordering::SeqCst), tar.len() as u64);
+
+    let err = client(&dir, &server, Role::Operator)
+        .upload_bundle(move |w| w.write_all(&tar), |_| {})
+        .unwrap_err();
+    assert!(matches!(err, ClientError::PermissionDenied(_)), "{err}");
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn a_refused_upload_is_answered_with_the_backends_reason() {
+    let (dir, server) = start(Arc::default());
+    let err = client(&dir, &server, Role::Admin)
+        .upload_bundle(|w| w.write_all(&vec![0x55; 4 << 20]), |_| {})
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::InvalidArgument(m) if m.contains("not a tar stream")),
+        "{err}"
+    );
+    server.shutdown().unwrap();
 }

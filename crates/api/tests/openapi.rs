@@ -8,7 +8,7 @@ use serde::Serialize;
 use serde_yaml::Value;
 use slate_api::{
     Accepted, ApiError, ErrorCode, Event, EventKind, Failure, Mode, RebootMode, RebootRequest,
-    Stage, Status, UpgradeRequest, VersionInfo, ROUTES,
+    Stage, Status, UpgradeRequest, UploadedBundle, VersionInfo, ROUTES,
 };
 
 fn spec() -> Value {
@@ -131,6 +131,13 @@ fn schemas_match_the_types() {
     };
     check_object(&spec, "Status", &status, &status_min);
     check_object(&spec, "Failure", &failure, &failure);
+    let uploaded = UploadedBundle {
+        id: "sha256:00".into(),
+        name: "slate".into(),
+        version: "2".into(),
+        size: 1,
+    };
+    check_object(&spec, "UploadedBundle", &uploaded, &uploaded);
     let accepted = Accepted {
         operation: "reboot".into(),
     };
@@ -144,7 +151,11 @@ fn schemas_match_the_types() {
     // Requests: every field documented; `required` is what the server cannot default.
     let upgrade = UpgradeRequest::new("img");
     let s = schema(&spec, "UpgradeRequest");
-    assert_eq!(property_names(s), json_keys(&upgrade));
+    let full = UpgradeRequest {
+        tries: Some(3),
+        ..upgrade.clone()
+    };
+    assert_eq!(property_names(s), json_keys(&full));
     assert_eq!(
         strings(&s["required"]),
         BTreeSet::from(["image".to_owned()])
@@ -176,9 +187,10 @@ fn schemas_match_the_types() {
     let codes = strings(&schema(&spec, "Error")["properties"]["code"]["enum"]);
     assert_eq!(codes, json_strings(ErrorCode::ALL));
     let operations = strings(&schema(&spec, "Accepted")["properties"]["operation"]["enum"]);
+    // Every POST answers 202 Accepted, except the upload, which answers what it received.
     let mutating: BTreeSet<_> = ROUTES
         .iter()
-        .filter(|r| r.method == "POST")
+        .filter(|r| r.method == "POST" && r.path != "/v1/bundles")
         .map(|r| r.path.trim_start_matches("/v1/").to_owned())
         .collect();
     assert_eq!(operations, mutating);

@@ -2,9 +2,10 @@
 //! `switch_root`, `exec`, reboot and the kernel log.
 //!
 //! This is the only crate in the workspace that makes system calls. Everything goes through
-//! `nix`'s safe wrappers where they exist; the loop-device ioctls, which neither `nix` nor
-//! `libc` describe, are the only `unsafe` code (see `loopdev.rs`). Every error names the
-//! operation and the path it was applied to, so a failed boot reads as a sentence on the console.
+//! `nix`'s safe wrappers where they exist; the loop-device and watchdog ioctls, which neither
+//! `nix` nor `libc` describe, are the only `unsafe` code (see `loopdev.rs`, `watchdog.rs`).
+//! Every error names the operation and the path it was applied to, so a failed boot reads as a
+//! sentence on the console.
 
 mod block;
 mod cmdline;
@@ -17,6 +18,7 @@ mod mount;
 mod process;
 mod system;
 mod teardown;
+mod watchdog;
 
 pub use block::{
     filesystem_signature, find_partition_by_label, format_ext, is_blank, uevent_value,
@@ -37,3 +39,4 @@ pub use system::{
     ensure_console_stdio, exec, is_pid1, kernel_release, load_module, poweroff, reboot, ModuleLoad,
 };
 pub use teardown::{kill_all_processes, mount_points_for_teardown, sync_with_budget, unmount_all};
+pub use watchdog::Watchdog;

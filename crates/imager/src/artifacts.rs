@@ -61,8 +61,37 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), ImagerError> {
     Ok(())
 }
 
+/// Write a file the imager generates into the root tree, replacing what the base had there.
+/// Modes are explicit (files 0644, directories created here 0755) so the build host's umask
+/// cannot reach the image.
+fn write_generated(path: &Path, contents: &[u8]) -> Result<(), ImagerError> {
+    let write_err = |path: &Path| {
+        let path = path.to_owned();
+        move |source| ImagerError::Output { path, source }
+    };
+    if let Some(parent) = path.parent() {
+        let mut missing = Vec::new();
+        let mut dir = Some(parent);
+        while let Some(d) = dir.filter(|d| !d.exists()) {
+            missing.push(d.to_owned());
+            dir = d.parent();
+        }
+        for d in missing.iter().rev() {
+            fs::create_dir(d).map_err(write_err(d))?;
+            fs::set_permissions(d, fs::Permissions::from_mode(0o755)).map_err(write_err(d))?;
+        }
+    }
+    if fs::symlink_metadata(path).is_ok() {
+        fs::remove_file(path).map_err(write_err(path))?;
+    }
+    fs::write(path, contents).map_err(write_err(path))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o644)).map_err(write_err(path))
+}
+
 /// The root filesystem as squashfs: the base tree (directory or tar), with `/etc/os-release`
-/// written from the profile so the booted root names its own version.
+/// written from the profile so the booted root names its own version, and the node's runtime
+/// configuration (`/etc/slate/node.toml`: health checks, watchdog) when the profile has one, and
+/// the keys it trusts for updates (`/etc/slate/trusted-keys/<key id>.pub`).
 pub fn build_rootfs(
     inputs: &Inputs,
     progress: &mut dyn FnMut(Progress),
@@ -87,8 +116,35 @@ pub fn build_rootfs(
             })?;
     }
     let etc = tree.path().join("etc");
-    fs::create_dir_all(&etc).map_err(io_err(&etc))?;
-    fs::write(etc.join("os-release"), inputs.profile.os_release()).map_err(io_err(&etc))?;
+    write_generated(
+        &etc.join("os-release"),
+        inputs.profile.os_release().as_bytes(),
+    )?;
+    if let Some(node) = inputs.profile.node_config() {
+        write_generated(
+            &tree.path().join(slate_profile::NODE_CONFIG_PATH),
+            node.to_toml().as_bytes(),
+        )?;
+    }
+    // The image trusts exactly the profile's keys: whatever the base had there goes.
+    let trusted = tree.path().join(slate_trust::TRUSTED_KEYS_DIR);
+    if let Ok(meta) = fs::symlink_metadata(&trusted) {
+        let removed = if meta.is_dir() {
+            fs::remove_dir_all(&trusted)
+        } else {
+            fs::remove_file(&trusted)
+        };
+        removed.map_err(|source| ImagerError::Output {
+            path: trusted.clone(),
+            source,
+        })?;
+    }
+    for key in &inputs.trusted_keys {
+        write_generated(
+            &tree.path().join(slate_trust::trusted_key_path(key)),
+            key.to_pem().as_bytes(),
+        )?;
+    }
 
     progress(Progress::Step("compressing the root filesystem"));
     let opts = SquashfsOptions {

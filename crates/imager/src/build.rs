@@ -8,9 +8,9 @@ use slate_installer::{loader_conf, write_image, ImagePlan};
 use slate_layout::{LayoutParams, MIB};
 
 use crate::artifacts::{build_cmdline, build_initramfs, build_rootfs, build_uki, uki_name};
-use crate::bundle::build_installer_bundle;
 use crate::output::PendingOutput;
 use crate::{ImagerError, Inputs, OutputKind, Progress};
+use slate_bundle::{write_bundle, BlobInput, BundleSpec, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE};
 
 /// The steps a build of `inputs.kind` takes, for `--dry-run`.
 pub fn plan(inputs: &Inputs) -> Vec<String> {
@@ -19,11 +19,12 @@ pub fn plan(inputs: &Inputs) -> Vec<String> {
     let kind = inputs.kind;
     if !matches!(kind, OutputKind::Cmdline | OutputKind::Kernel) {
         steps.push(format!(
-            "squashfs (zstd {}) of {} with /etc/os-release for {} {}",
+            "squashfs (zstd {}) of {} with /etc/os-release for {} {}{}",
             p.rootfs.zstd_level,
             inputs.base_rootfs.display(),
             p.name,
-            p.version
+            p.version,
+            node_config_summary(p)
         ));
     }
     if !matches!(
@@ -66,6 +67,29 @@ pub fn plan(inputs: &Inputs) -> Vec<String> {
         _ => {}
     }
     steps
+}
+
+/// What the image's `/etc/slate/node.toml` will hold, for the plan.
+fn node_config_summary(p: &slate_profile::Profile) -> String {
+    let Some(node) = p.node_config() else {
+        return String::new();
+    };
+    let health = match &node.health {
+        Some(h) => format!(
+            "{} health check(s) within {}s",
+            h.checks.len(),
+            h.timeout_secs
+        ),
+        None => "no health checks".to_string(),
+    };
+    let watchdog = match node.enabled_watchdog() {
+        Some(w) => format!("watchdog {} {}s", w.device.display(), w.timeout_secs),
+        None => "no watchdog".to_string(),
+    };
+    format!(
+        " and /{} ({health}, {watchdog})",
+        slate_profile::NODE_CONFIG_PATH
+    )
 }
 
 /// Build `inputs.kind` into `out`.
@@ -145,12 +169,29 @@ pub fn build(
                     path: inputs.slate.clone(),
                     source,
                 })?;
-            build_installer_bundle(
+            let uki_file = uki_name(inputs, None)?;
+            write_bundle(
                 pending.path(),
-                (&p.name, &p.version, p.arch.as_str(), &p.variant),
-                &uki_name(inputs, None)?,
-                &uki,
-                &slate,
+                BundleSpec {
+                    name: &p.name,
+                    version: &p.version,
+                    arch: p.arch.as_str(),
+                    variant: &p.variant,
+                },
+                &[
+                    BlobInput {
+                        role: slate_bundle::UKI_ROLE,
+                        file_name: &uki_file,
+                        media_type: UKI_MEDIA_TYPE,
+                        bytes: &uki,
+                    },
+                    BlobInput {
+                        role: slate_bundle::INSTALLER_ROLE,
+                        file_name: "slate",
+                        media_type: BINARY_MEDIA_TYPE,
+                        bytes: &slate,
+                    },
+                ],
             )?;
         }
     }

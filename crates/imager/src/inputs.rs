@@ -95,6 +95,9 @@ pub struct Inputs {
     pub stub: PathBuf,
     pub systemd_boot: PathBuf,
     pub slate: PathBuf,
+    /// The profile's `[trust] keys`, parsed (sorted by key id, duplicates dropped): the root
+    /// carries them as `/etc/slate/trusted-keys/<key id>.pub`.
+    pub trusted_keys: Vec<slate_trust::PublicKey>,
     /// Every timestamp in every artifact.
     pub source_date_epoch: u64,
 }
@@ -107,6 +110,34 @@ fn must_exist(what: &'static str, path: &Path) -> Result<(), ImagerError> {
             path: path.to_owned(),
             source,
         })
+}
+
+/// The profile's trusted keys (relative to the profile's directory), each parsed as a P-256
+/// SPKI PEM public key: a key that does not parse stops the build before anything is built.
+fn read_trusted_keys(
+    base: &Path,
+    paths: &[PathBuf],
+) -> Result<Vec<slate_trust::PublicKey>, ImagerError> {
+    let mut keys = Vec::new();
+    for path in paths {
+        let path = base.join(path);
+        keys.push(
+            slate_trust::read_public_key(&path).map_err(|err| match err {
+                slate_trust::TrustError::Io { path, source } => ImagerError::MissingInput {
+                    what: "the trusted key",
+                    path,
+                    source,
+                },
+                other => ImagerError::BadInput {
+                    what: "trust.keys",
+                    reason: other.to_string(),
+                },
+            })?,
+        );
+    }
+    keys.sort_by_key(slate_trust::PublicKey::id);
+    keys.dedup_by_key(|k| k.id());
+    Ok(keys)
 }
 
 impl Inputs {
@@ -150,13 +181,14 @@ impl Inputs {
             stub: at(&profile.boot.stub),
             systemd_boot: at(&profile.boot.systemd_boot),
             slate: at(&profile.boot.slate),
+            trusted_keys: Vec::new(),
             source_date_epoch,
             profile,
         };
-        inputs.check()
+        inputs.check(base)
     }
 
-    fn check(mut self) -> Result<Self, ImagerError> {
+    fn check(mut self, base: &Path) -> Result<Self, ImagerError> {
         let kind = self.kind;
         if kind.needs_kernel() {
             must_exist("the kernel image", &self.kernel_image)?;
@@ -166,6 +198,7 @@ impl Inputs {
             for ext in &self.extensions {
                 must_exist("the system extension", ext)?;
             }
+            self.trusted_keys = read_trusted_keys(base, &self.profile.trust.keys)?;
         }
         if kind.needs_initramfs() {
             must_exist("the slate binary", &self.slate)?;

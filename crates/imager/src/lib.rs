@@ -8,15 +8,17 @@
 
 mod artifacts;
 mod build;
-mod bundle;
 mod inputs;
 mod output;
 
 pub use artifacts::{build_cmdline, build_initramfs, build_rootfs, build_uki, uki_name};
 pub use build::{build, plan};
-pub use bundle::{build_installer_bundle, BundleManifest};
 pub use inputs::{Inputs, OutputKind};
 pub use output::{write_output, PendingOutput};
+pub use slate_bundle::BundleManifest;
+/// The profile crate, for the `slate` binary: machined reads the node configuration
+/// (`slate_profile::NodeConfig`) the imager wrote into the image.
+pub use slate_profile as profile;
 
 /// Errors of the imager, each naming the input or output concerned.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +54,8 @@ pub enum ImagerError {
     Uki(#[from] slate_uki::UkiError),
     #[error("writing the disk image")]
     Install(#[from] slate_installer::InstallError),
+    #[error("laying out the installer bundle")]
+    Bundle(#[from] slate_bundle::BundleError),
     #[error("output {path} cannot be written")]
     Output {
         path: std::path::PathBuf,

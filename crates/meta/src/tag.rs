@@ -19,6 +19,9 @@ pub mod tags {
     /// slate's own: JSON `{"version", "reason"}` of the last boot that failed fatally, so the
     /// version the node returned to can say which one failed and why.
     pub const LAST_BOOT_FAILURE: u8 = 0x40;
+    /// slate's own: the lowest version this node may ever be updated to (UAPI version order),
+    /// whatever `--allow-downgrade` says; absent, a downgrade needs only that flag.
+    pub const VERSION_FLOOR: u8 = 0x41;
 }
 
 const NAMES: &[(u8, &str)] = &[
@@ -41,6 +44,7 @@ const NAMES: &[(u8, &str)] = &[
     (tags::UNIQUE_MACHINE_TOKEN, "UniqueMachineToken"),
     (tags::DISK_IMAGE_BOOTLOADER, "DiskImageBootloader"),
     (tags::LAST_BOOT_FAILURE, "LastBootFailure"),
+    (tags::VERSION_FLOOR, "VersionFloor"),
 ];
 
 /// The Talos name of a tag, if it has one.
@@ -103,6 +107,8 @@ mod tests {
         assert_eq!(parse_tag(""), None);
         assert_eq!(parse_tag("1_0"), None);
         assert_eq!(tag_name(6), Some("Upgrade"));
+        assert_eq!(parse_tag("versionfloor"), Some(tags::VERSION_FLOOR));
+        assert_eq!(tag_name(0x41), Some("VersionFloor"));
         assert_eq!(tag_name(200), None);
     }
 }

@@ -3,10 +3,20 @@
 //! Pure: parsing and validation of the text only. Whether the named files exist is checked by the
 //! imager before it writes anything. Relative paths are kept as written; the imager resolves them
 //! against the profile's directory.
+//!
+//! The optional `[health]` and `[watchdog]` sections are the node's runtime configuration
+//! ([`NodeConfig`]): the imager writes them into the image for machined to read.
+
+mod node;
 
 use std::path::PathBuf;
 
 use serde::Deserialize;
+
+pub use node::{
+    Health, HealthCheck, NodeConfig, Watchdog, HEALTH_TIMEOUT_RANGE, NODE_CONFIG_PATH,
+    WATCHDOG_TIMEOUT_RANGE,
+};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
@@ -64,6 +74,25 @@ pub struct Profile {
     pub boot: Boot,
     #[serde(default)]
     pub image: Image,
+    /// Checks machined runs at stage Running before it commits the boot.
+    #[serde(default)]
+    pub health: Option<Health>,
+    /// The hardware watchdog machined arms at startup.
+    #[serde(default)]
+    pub watchdog: Option<Watchdog>,
+    /// The public keys this image trusts for updates.
+    #[serde(default)]
+    pub trust: Trust,
+}
+
+/// `[trust]`: the public keys (SPKI PEM files, as `slate keygen` or cosign write them) whose
+/// signatures this image accepts on update bundles. The imager checks that each parses and
+/// writes it into the root as `/etc/slate/trusted-keys/<key id>.pub`.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Trust {
+    #[serde(default)]
+    pub keys: Vec<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -225,7 +254,18 @@ impl Profile {
                 ),
             });
         }
-        Ok(())
+        if self.trust.keys.iter().any(|k| k.as_os_str().is_empty()) {
+            return Err(invalid("trust.keys", "a key path is empty"));
+        }
+        node::validate(self.health.as_ref(), self.watchdog.as_ref())
+    }
+
+    /// The node's runtime configuration this image carries, when the profile has any.
+    pub fn node_config(&self) -> Option<NodeConfig> {
+        (self.health.is_some() || self.watchdog.is_some()).then(|| NodeConfig {
+            health: self.health.clone(),
+            watchdog: self.watchdog.clone(),
+        })
     }
 
     /// Append kernel arguments (e.g. a fault to inject into one test image).
@@ -296,5 +336,49 @@ slate = "slate"
         assert!(err(MINIMAL.replace("image = \"vmlinuz\"\n", "")).contains("missing field `image`"));
         assert!(err(MINIMAL.replace("\"console=ttyS0\"", "\"a b\"")).starts_with("kernel.args:"));
         assert!(err(format!("{MINIMAL}[image]\nsize_mib = 10\n")).starts_with("image.size_mib:"));
+        assert!(err(format!("{MINIMAL}[health]\ntimeout_secs = 0\n"))
+            .starts_with("health.timeout_secs:"));
+        assert!(err(format!("{MINIMAL}[watchdog]\ntimeout_secs = 1\n"))
+            .starts_with("watchdog.timeout_secs:"));
+        assert!(
+            err(format!("{MINIMAL}[watchdog]\ntimeout = 1\n")).contains("unknown field `timeout`")
+        );
+        assert!(err(format!(
+            "{MINIMAL}[[health.checks]]\nfile = \"/a\"\ncommand = [\"/b\"]\n"
+        ))
+        .contains("exactly one of `file`, `command` or `tcp`"));
+    }
+
+    #[test]
+    fn trust_keys_are_paths() {
+        assert!(Profile::parse(MINIMAL).unwrap().trust.keys.is_empty());
+        let p = Profile::parse(&format!(
+            "{MINIMAL}[trust]\nkeys = [\"keys/a.pub\", \"/b.pub\"]\n"
+        ));
+        assert_eq!(
+            p.unwrap().trust.keys,
+            [PathBuf::from("keys/a.pub"), "/b.pub".into()]
+        );
+        let err = |text: String| Profile::parse(&text).unwrap_err().to_string();
+        assert!(err(format!("{MINIMAL}[trust]\nkeys = [\"\"]\n")).starts_with("trust.keys:"));
+        assert!(err(format!("{MINIMAL}[trust]\nkey = []\n")).contains("unknown field `key`"));
+    }
+
+    #[test]
+    fn health_and_watchdog_become_the_node_config() {
+        assert_eq!(Profile::parse(MINIMAL).unwrap().node_config(), None);
+        let text = format!(
+            "{MINIMAL}[health]\ntimeout_secs = 20\n[[health.checks]]\ntcp = \"127.0.0.1:50000\"\n\
+             [[health.checks]]\nfile = \"/etc/os-release\"\n[watchdog]\ntimeout_secs = 45\n"
+        );
+        let profile = Profile::parse(&text).unwrap();
+        let node = profile.node_config().unwrap();
+        assert_eq!(node.health.as_ref().unwrap().checks.len(), 2);
+        assert_eq!(node.health.as_ref().unwrap().timeout_secs, 20);
+        assert_eq!(node.enabled_watchdog().unwrap().timeout_secs, 45);
+        assert_eq!(NodeConfig::parse(&node.to_toml()).unwrap(), node);
+        // Only a watchdog: still a node config (no checks).
+        let dog = Profile::parse(&format!("{MINIMAL}[watchdog]\ntimeout_secs = 30\n")).unwrap();
+        assert_eq!(dog.node_config().unwrap().health, None);
     }
 }

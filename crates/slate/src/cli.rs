@@ -48,6 +48,12 @@ pub enum Command {
     /// Make identities: `gen certs` for the node API.
     #[command(subcommand)]
     Gen(GenCommand),
+    /// Make a key pair that signs installer bundles (slate.key 0600, slate.pub).
+    Keygen(crate::trust_cmd::KeygenArgs),
+    /// Sign an installer bundle (cosign's signature layout, kept in the bundle's OCI layout).
+    Sign(crate::trust_cmd::SignArgs),
+    /// Verify an installer bundle's signature against trusted keys, and every blob's digest.
+    Verify(crate::trust_cmd::VerifyArgs),
     /// The node's booted version, stage and running sequence.
     Status {
         #[arg(long, value_enum, default_value_t)]
@@ -70,18 +76,9 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
-    /// Upgrade the node to an image.
-    Upgrade {
-        #[arg(long)]
-        image: String,
-        /// Apply it on the next boot, before the OS comes up.
-        #[arg(long)]
-        stage: bool,
-        #[arg(long, value_enum, default_value_t)]
-        reboot_mode: RebootModeArg,
-        #[arg(long)]
-        dry_run: bool,
-    },
+    /// Upgrade the node to an installer bundle: upload it, then the node installs it with
+    /// the bundle's own installer and reboots.
+    Upgrade(crate::upgrade_cmd::UpgradeArgs),
     /// machined's log.
     Logs {
         #[arg(short, long)]
@@ -115,16 +112,14 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Machined => crate::machined::run(),
         Command::Installer(cmd) => installer_cmd::run(cmd),
         Command::Gen(cmd) => node_cmd::gen(cmd),
+        Command::Keygen(args) => crate::trust_cmd::keygen(args),
+        Command::Sign(args) => crate::trust_cmd::sign(args),
+        Command::Verify(args) => crate::trust_cmd::verify(args),
         Command::Status { output } => node_cmd::status(&cli.target, output),
         Command::Version { output } => node_cmd::version(&cli.target, output),
         Command::Reboot { mode, dry_run } => node_cmd::reboot(&cli.target, mode, dry_run),
         Command::Reset { dry_run } => node_cmd::reset(&cli.target, dry_run),
-        Command::Upgrade {
-            image,
-            stage,
-            reboot_mode,
-            dry_run,
-        } => node_cmd::upgrade(&cli.target, image, stage, reboot_mode, dry_run),
+        Command::Upgrade(args) => crate::upgrade_cmd::run(&cli.target, args),
         Command::Logs { follow } => node_cmd::logs(&cli.target, follow, false),
         Command::Dmesg { follow } => node_cmd::logs(&cli.target, follow, true),
         Command::Completions { shell } => {

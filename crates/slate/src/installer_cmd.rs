@@ -4,12 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use clap::Subcommand;
-use sha2::{Digest, Sha256};
 use slate_bootloader::{Bootloader, MemEfiVars, SystemdBoot, UpgradeRequest};
 use slate_disk::FileDisk;
-use slate_imager::BundleManifest;
+use slate_bundle::{Bundle, BundleManifest};
 
 #[derive(Debug, Subcommand)]
 pub enum InstallerCommand {
@@ -32,53 +31,11 @@ pub enum InstallerCommand {
     },
 }
 
-/// A blob of the bundle, read and checked against its digest.
-fn blob(bundle: &Path, digest: &str) -> Result<Vec<u8>> {
-    let hex = digest
-        .strip_prefix("sha256:")
-        .with_context(|| format!("unsupported digest {digest:?}"))?;
-    let path = bundle.join("blobs/sha256").join(hex);
-    let bytes = std::fs::read(&path).with_context(|| format!("reading {}", path.display()))?;
-    let actual = hex::encode(Sha256::digest(&bytes));
-    if actual != hex {
-        bail!(
-            "{} does not match its digest (sha256:{actual})",
-            path.display()
-        );
-    }
-    Ok(bytes)
-}
-
-/// The bundle's manifest (the config blob of the one image in index.json) and its UKI.
-pub fn read_bundle(bundle: &Path) -> Result<(BundleManifest, Vec<u8>)> {
-    let index: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(bundle.join("index.json"))
-            .with_context(|| format!("reading {}/index.json", bundle.display()))?,
-    )
-    .context("index.json is not JSON")?;
-    let manifest_digest = index["manifests"][0]["digest"]
-        .as_str()
-        .context("index.json names no manifest")?;
-    let manifest: serde_json::Value = serde_json::from_slice(&blob(bundle, manifest_digest)?)
-        .context("the image manifest is not JSON")?;
-    let config_digest = manifest["config"]["digest"]
-        .as_str()
-        .context("the image manifest has no config")?;
-    let config: BundleManifest = serde_json::from_slice(&blob(bundle, config_digest)?)
-        .context("the bundle manifest is malformed")?;
-    let uki = config
-        .blobs
-        .get("uki")
-        .context("the bundle carries no UKI")?;
-    let bytes = blob(bundle, &uki.digest)?;
-    if bytes.len() as u64 != uki.size {
-        bail!(
-            "the UKI blob is {} bytes, the manifest says {}",
-            bytes.len(),
-            uki.size
-        );
-    }
-    Ok((config, bytes))
+/// The bundle's manifest and its UKI, every byte checked against the digests before use.
+pub fn read_bundle(dir: &Path) -> Result<(BundleManifest, Vec<u8>)> {
+    let bundle = Bundle::open(dir, None)?;
+    let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
+    Ok((bundle.manifest().clone(), uki))
 }
 
 pub fn run(cmd: InstallerCommand) -> Result<()> {

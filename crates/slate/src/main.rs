@@ -11,6 +11,8 @@ mod installer_cmd;
 mod machined;
 mod meta_cmd;
 mod node_cmd;
+mod trust_cmd;
+mod upgrade_cmd;
 
 use std::ffi::OsString;
 use std::path::Path;

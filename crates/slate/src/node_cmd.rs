@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Subcommand, ValueEnum};
-use slate_api::{Client, RebootMode, Role, UpgradeRequest};
+use slate_api::{Client, RebootMode, Role};
 
 use crate::cli::OutputFormat;
 
@@ -83,7 +83,7 @@ pub fn gen(cmd: GenCommand) -> Result<()> {
     Ok(())
 }
 
-fn client(target: &NodeTarget) -> Result<Client> {
+pub fn client(target: &NodeTarget) -> Result<Client> {
     let node = target
         .node
         .as_deref()
@@ -185,29 +185,6 @@ pub fn reset(target: &NodeTarget, dry_run: bool) -> Result<()> {
     }
     client.reset().context("resetting the node")?;
     println!("reset accepted by {}", client.addr());
-    Ok(())
-}
-
-pub fn upgrade(
-    target: &NodeTarget,
-    image: String,
-    stage: bool,
-    reboot_mode: RebootModeArg,
-    dry_run: bool,
-) -> Result<()> {
-    let client = client(target)?;
-    let request = UpgradeRequest {
-        image,
-        stage,
-        reboot_mode: reboot_mode.into(),
-        allow_downgrade: false,
-    };
-    if dry_run {
-        println!("would ask {} to upgrade: {request:?}", client.addr());
-        return Ok(());
-    }
-    client.upgrade(&request).context("upgrading the node")?;
-    println!("upgrade accepted by {}", client.addr());
     Ok(())
 }
 

@@ -1,6 +1,9 @@
 //! VM scenarios run by the test command (`xtask vm-test`) and the demo (`xtask demo`): real
 //! boots of images the imager built, judged by what the guest printed and what its API answered.
 
+mod powercut;
+mod rollback;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -167,7 +170,7 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
     let mut boot = running(&mut vm)?;
     let first_boot = boot.elapsed();
     for line in [
-        "[slate] [initramfs] loaded 18/18",
+        "[slate] [initramfs] loaded 20/20",
         "[slate] [initramfs] switched root; executing /usr/bin/machined",
         "[slate] [machined] starting slate",
         "root squashfs",
@@ -289,10 +292,35 @@ fn offline_upgrade(slate: &Path, image: &Path, bundle: &Path) -> Result<String> 
     )
 }
 
-/// v1 → v2 through the installer's upgrade (offline, on the powered-off node's disk): v2 boots
-/// on its first try, machined commits it (entry blessed, META marker gone); then a broken v3
-/// (a Boot task fails) takes the fatal path, machined reverts to v2 (v3 marked bad), and after
-/// the reboot v2 is up again with no human action.
+/// `slate upgrade --image oci-layout:BUNDLE` against the running node: the client checks and
+/// uploads the bundle, the node checks it again, runs the bundle's own installer and reboots.
+/// Returns the console lines of the installer.
+fn online_upgrade(node: &Node, boot: &mut Running, bundle: &Path, version: &str) -> Result<String> {
+    let answer = node.ok(&[
+        "upgrade",
+        "--image",
+        &format!("oci-layout:{}", bundle.display()),
+    ])?;
+    ensure!(
+        answer.contains(&format!("uploaded slate {version}")) && answer.contains("accepted"),
+        "slate upgrade: {answer}"
+    );
+    let installed = boot.expect(
+        &["installer: installed"],
+        Duration::from_secs(120),
+        "the bundle's installer",
+    )?;
+    boot.wait_exit(Duration::from_secs(90))?;
+    ensure_logged(boot, &format!("received bundle slate {version}"))?;
+    ensure_logged(boot, "[slate] [machined] rebooting (default)")?;
+    Ok(installed)
+}
+
+/// v1 → v2 with `slate upgrade` over the API (the v2 bundle's own installer writes v2 beside
+/// v1): v2 boots on its first try, machined commits it (entry blessed, META marker gone), and
+/// v2 is still what boots after another reboot. Then a broken v3 (a Boot task fails) goes the
+/// same way, takes the fatal path, machined reverts to v2 (v3 marked bad), and after the reboot
+/// v2 is up again with no human action, its status naming v3's failure.
 fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String> {
     let image = work.join("upgrade.raw");
     let (v2, v3) = build_upgrade_story(&prepared.slate, &image, work)?;
@@ -314,10 +342,7 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
         Duration::from_secs(30),
         "v1 blessed",
     )?;
-    node.ok(&["reboot"])?;
-    boot.wait_exit(Duration::from_secs(90))?;
-
-    let installed = offline_upgrade(&prepared.slate, &image, &v2)?;
+    let installed = online_upgrade(&node, &mut boot, &v2, "2.0.0")?;
     ensure!(
         installed.contains("installed slate-2.0.0+3.efi (fallback slate-1.0.0.efi"),
         "upgrade to v2: {installed}"
@@ -345,7 +370,14 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
         "after the commit META holds no Upgrade marker"
     );
 
-    let installed = offline_upgrade(&prepared.slate, &image, &v3)?;
+    // Still v2 after another reboot.
+    let mut boot = running(&mut vm)?;
+    let status = node.status()?;
+    ensure!(
+        status["version"] == "2.0.0" && status["booted_entry"] == "slate-2.0.0.efi",
+        "the second boot of v2: {status}"
+    );
+    let installed = online_upgrade(&node, &mut boot, &v3, "3.0.0")?;
     ensure!(
         installed.contains("installed slate-3.0.0+3.efi (fallback slate-2.0.0.efi"),
         "{installed}"
@@ -381,8 +413,9 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
     );
     boot.kill();
     Ok(format!(
-        "v1 -> v2 committed (blessed, marker dropped); broken v3 reverted to v2 unattended \
-         ({reverted})"
+        "v1 -> v2 by `slate upgrade` over the API (bundle's own installer), committed \
+         (blessed, marker dropped), still v2 after a reboot; broken v3 reverted to v2 \
+         unattended ({reverted})"
     ))
 }
 
@@ -415,18 +448,27 @@ fn fatal_boot_task(prepared: &Prepared, work: &Path) -> Result<String> {
 /// A scenario gets the prepared artifacts and a work directory, and describes what it saw.
 type Scenario = fn(&Prepared, &Path) -> Result<String>;
 
-pub fn vm_test() -> Result<()> {
+pub fn vm_test(only: &[String]) -> Result<()> {
     let prepared = prepare()?;
-    let work = repo_root().join("target/vm-test");
+    // A run of some scenarios works apart, so it can run beside a full one.
+    let work = match only {
+        [] => repo_root().join("target/vm-test"),
+        names => repo_root().join(format!("target/vm-test-{}", names.join("-"))),
+    };
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)?;
-    let scenarios: [(&str, Scenario); 3] = [
+    let scenarios: [(&str, Scenario); 5] = [
         ("node_lifecycle", node_lifecycle),
         ("fatal_boot_task", fatal_boot_task),
         ("upgrade_commit_and_revert", upgrade_commit_and_revert),
+        ("power_cuts_during_upgrade", powercut::power_cuts_during_upgrade),
+        ("broken_upgrades_roll_back", rollback::broken_upgrades_roll_back),
     ];
     let (mut passed, mut failed) = (0, 0);
     for (name, scenario) in scenarios {
+        if !only.is_empty() && !only.iter().any(|o| o == name) {
+            continue;
+        }
         match scenario(&prepared, &work).with_context(|| format!("scenario {name}")) {
             Ok(detail) => {
                 passed += 1;
@@ -481,20 +523,18 @@ pub fn demo() -> Result<()> {
     show(&boot, &["[slate]"]);
     println!("== asking the node over mutual TLS");
     print!("{}", node.ok(&["status"])?);
-    println!("== rebooting it over the API, then upgrading its disk to v2");
-    node.ok(&["reboot"])?;
-    boot.wait_exit(Duration::from_secs(90))?;
-    println!("{}", offline_upgrade(&prepared.slate, &image, &v2)?.trim());
+    println!("== slate upgrade --image oci-layout:bundle-v2 (uploaded over mutual TLS; the node runs v2's own installer)");
+    online_upgrade(&node, &mut boot, &v2, "2.0.0")?;
+    show(&boot, &["received bundle", "installer", "rebooting"]);
     println!("{}", esp_listing(&image)?);
     println!("== booting v2: systemd-boot tries it (+3), machined commits it at Running");
     let mut boot = running(&mut vm)?;
     boot.expect(&["committed:"], Duration::from_secs(30), "v2 committed")?;
     show(&boot, &["committed", "stage Running"]);
     print!("{}", node.ok(&["status"])?);
-    node.ok(&["reboot"])?;
-    boot.wait_exit(Duration::from_secs(90))?;
     println!("== upgrading to the broken v3 (a Boot task fails)");
-    println!("{}", offline_upgrade(&prepared.slate, &image, &v3)?.trim());
+    online_upgrade(&node, &mut boot, &v3, "3.0.0")?;
+    show(&boot, &["installer: installed"]);
     let mut boot = vm.start()?;
     boot.expect(&["upgrade reverted"], BOOT_TIMEOUT, "the revert")?;
     boot.wait_exit(Duration::from_secs(90))?;

@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 
 use slate_api::{
     BackendError, Client, Event, EventKind, EventStream, Failure, LineStream, Mode, NodeBackend,
-    RebootMode, Role, ServerConfig, ServerHandle, Stage, Status, UpgradeRequest, VersionInfo,
+    RebootMode, Role, ServerConfig, ServerHandle, Stage, Status, UpgradeRequest, UploadedBundle,
+    VersionInfo,
 };
 use tempfile::TempDir;
 
@@ -101,6 +102,38 @@ impl NodeBackend for Fake {
         self.upgrades.lock().unwrap().push(req);
         std::thread::sleep(self.upgrade_hold);
         Ok(())
+    }
+
+    /// Reads the whole stream; answers its length and SHA-256, or refuses a body that does not
+    /// start like a tar header's "ustar" magic at 257 after reading only that much.
+    fn receive_bundle(&self, body: &mut dyn std::io::Read) -> Result<UploadedBundle, BackendError> {
+        use sha2::Digest as _;
+        let mut head = vec![0u8; 512];
+        body.read_exact(&mut head)
+            .map_err(|e| BackendError::InvalidArgument(format!("short upload: {e}")))?;
+        if &head[257..262] != b"ustar" {
+            return Err(BackendError::InvalidArgument("not a tar stream".into()));
+        }
+        let mut hasher = sha2::Sha256::new();
+        hasher.update(&head);
+        let mut size = head.len() as u64;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = body
+                .read(&mut buf)
+                .map_err(|e| BackendError::Failed(e.to_string()))?;
+            if n == 0 {
+                break;
+            }
+            hasher.update(&buf[..n]);
+            size += n as u64;
+        }
+        Ok(UploadedBundle {
+            id: format!("sha256:{}", hex::encode(hasher.finalize())),
+            name: "slate".into(),
+            version: "2.0.0".into(),
+            size,
+        })
     }
 
     fn events(&self) -> EventStream {

@@ -2,17 +2,19 @@
 //! sequence lock here (so a refusal is answered at once) and hand the guard to the main loop.
 
 use std::collections::VecDeque;
+use std::io::Read;
 use std::sync::Arc;
 use std::time::Duration;
 
 use slate_api::{
     BackendError, EventStream, LineStream, NodeBackend, RebootMode as ApiRebootMode, Status,
-    UpgradeRequest, VersionInfo,
+    UpgradeRequest, UploadedBundle, VersionInfo,
 };
 use slate_sequencer::{Capabilities, LockError, RebootMode, SequenceKind};
 
 use super::journal::Journal;
 use super::node::{Node, Request};
+use super::upgrade;
 
 #[derive(Debug)]
 pub struct Backend(pub Arc<Node>);
@@ -82,11 +84,28 @@ impl NodeBackend for Backend {
 
     fn upgrade(&self, req: UpgradeRequest) -> Result<(), BackendError> {
         self.require(Capabilities::UPGRADE, "upgrade")?;
-        // Refuse before touching the lock: this build has no bootloader backend to upgrade with.
-        Err(BackendError::Unsupported(format!(
-            "cannot upgrade to {}: this node's slate has no upgrade transaction yet",
-            req.image
-        )))
+        if req.stage {
+            return Err(BackendError::Unsupported(
+                "staged upgrades are not available yet; upgrade now instead".into(),
+            ));
+        }
+        let reboot = match req.reboot_mode {
+            ApiRebootMode::Default => RebootMode::Default,
+            ApiRebootMode::Powercycle => RebootMode::Powercycle,
+        };
+        let plan = upgrade::plan(&req.image, req.tries, reboot)?;
+        let guard = self.0.lock.try_lock(SequenceKind::Upgrade).map_err(locked)?;
+        self.0
+            .journal
+            .info(format_args!("upgrade to {} requested", plan.version));
+        self.0
+            .request(Request::Upgrade(plan, guard))
+            .map_err(BackendError::Failed)
+    }
+
+    fn receive_bundle(&self, body: &mut dyn Read) -> Result<UploadedBundle, BackendError> {
+        self.require(Capabilities::UPGRADE, "upgrade")?;
+        upgrade::receive(&self.0, body)
     }
 
     fn events(&self) -> EventStream {

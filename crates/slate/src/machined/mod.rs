@@ -7,10 +7,13 @@
 
 mod backend;
 mod handler;
+mod health;
 mod journal;
 mod node;
 mod sequences;
 mod transaction;
+mod upgrade;
+mod watchdog;
 
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
@@ -49,7 +52,16 @@ pub fn run() -> Result<()> {
     std::panic::set_hook(Box::new(move |info| {
         panic_journal.error(format_args!("panic: {info}"));
     }));
-    let result = std::panic::catch_unwind(AssertUnwindSafe(|| boot_and_serve(&node, requests)));
+    // The image's health checks and watchdog. The watchdog is armed now and fed only once the
+    // boot is committed, so a boot that hangs before its commit is reset by the hardware.
+    let config = match health::load_config(Path::new(health::NODE_CONFIG)) {
+        Ok(config) => config,
+        Err(err) => handler::fatal(&node, AsRef::<dyn std::error::Error>::as_ref(&err)),
+    };
+    let watchdog = watchdog::arm(&node, &config);
+    let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
+        boot_and_serve(&node, requests, &config, watchdog.as_ref())
+    }));
     let error: Box<dyn std::error::Error> = match result {
         Ok(err) => Box::new(err),
         Err(_) => "machined panicked".into(),
@@ -58,9 +70,16 @@ pub fn run() -> Result<()> {
 }
 
 /// Runs until a fatal error (returned) or a reboot (does not return).
-fn boot_and_serve(node: &Arc<Node>, requests: Receiver<Request>) -> SequenceError {
+fn boot_and_serve(
+    node: &Arc<Node>,
+    requests: Receiver<Request>,
+    config: &slate_imager::profile::NodeConfig,
+    watchdog: Option<&Arc<slate_host::Watchdog>>,
+) -> SequenceError {
     let facts = Facts::default();
     let api = Mutex::new(None);
+    // Feeds the watchdog from the commit on, for as long as this main loop runs.
+    let mut _feeder = None;
     let outcome = run_boot(
         &node.lock,
         node.journal.as_ref(),
@@ -78,6 +97,14 @@ fn boot_and_serve(node: &Arc<Node>, requests: Receiver<Request>) -> SequenceErro
     match outcome {
         Ok(BootOutcome::Booted) => {
             node.set_stage(Stage::Running);
+            if let Err(failure) = health::check(node, config) {
+                return SequenceError::Fatal {
+                    sequence: slate_sequencer::SequenceKind::Boot,
+                    phase: "health".into(),
+                    task: "healthChecks".into(),
+                    source: failure.into(),
+                };
+            }
             if let Err(err) = transaction::commit_booted(node) {
                 return SequenceError::Fatal {
                     sequence: slate_sequencer::SequenceKind::Boot,
@@ -86,6 +113,7 @@ fn boot_and_serve(node: &Arc<Node>, requests: Receiver<Request>) -> SequenceErro
                     source: err.into(),
                 };
             }
+            _feeder = watchdog.map(|dog| watchdog::feed(node, dog));
         }
         Ok(other) => node
             .journal
@@ -100,6 +128,16 @@ fn boot_and_serve(node: &Arc<Node>, requests: Receiver<Request>) -> SequenceErro
         let (sequence, guard) = match request {
             Request::Reboot(mode, guard) => (sequences::reboot(node, mode), guard),
             Request::Reset(guard) => (sequences::reset(node), guard),
+            Request::Upgrade(plan, guard) => {
+                let version = plan.version.clone();
+                run_upgrade(node, upgrade::sequence(node, plan), &guard);
+                drop(guard);
+                node.journal.info(format_args!(
+                    "the upgrade to {version} did not happen; still running {}",
+                    node.version
+                ));
+                continue;
+            }
         };
         if let Some(fatal) = run_held(node, sequence, &guard) {
             return fatal;
@@ -132,6 +170,34 @@ fn run_held(
         Ok(()) => None,
         Err(err) => dispose(node, err),
     }
+}
+
+/// An upgrade that fails before its reboot leaves the running version the default (the
+/// installer's write order guarantees it), so the failure is reported and the node keeps
+/// running; only the reboot at its end, or a panic, leaves this function.
+fn run_upgrade(node: &Node, sequence: Sequence<'_>, guard: &slate_sequencer::SequenceGuard) {
+    let name = sequence.kind().to_string();
+    node.publish(EventKind::SequenceStarted {
+        sequence: name.clone(),
+    });
+    let result = sequence.run(guard.token(), node.journal.as_ref());
+    node.publish(EventKind::SequenceFinished {
+        sequence: name,
+        error: result.as_ref().err().map(|e| e.to_string()),
+    });
+    let Err(err) = result else { return };
+    if let Disposition::Reboot(mode) = err.disposition() {
+        handler::reboot(node, mode);
+    }
+    node.journal.error(format_args!("upgrade failed: {err}"));
+    *node
+        .last_failure
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = Some(slate_api::Failure {
+        version: node.version.clone(),
+        reason: format!("upgrade failed: {err}"),
+    });
+    node.set_stage(Stage::Running);
 }
 
 /// Reboot (does not return), swallow (`None`), or hand back a fatal error.

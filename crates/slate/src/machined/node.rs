@@ -14,6 +14,7 @@ use super::journal::Journal;
 pub enum Request {
     Reboot(RebootMode, SequenceGuard),
     Reset(SequenceGuard),
+    Upgrade(super::upgrade::UpgradePlan, SequenceGuard),
 }
 
 /// Settings read from the kernel command line (`slate.*`).

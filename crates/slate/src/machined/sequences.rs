@@ -37,8 +37,9 @@ impl Facts {
 }
 
 /// A task, failing on purpose when the kernel command line names it in
-/// `slate.debug.fail-task=` (how tests make a boot fail at a chosen point).
-fn task<'a>(
+/// `slate.debug.fail-task=`, or never finishing when it names it in `slate.debug.hang-task=`
+/// (how tests make a boot fail or hang at a chosen point).
+pub(super) fn task<'a>(
     node: &'a Node,
     name: &'static str,
     body: impl FnOnce(&TaskContext<'_>) -> Result<(), TaskError> + Send + 'a,
@@ -49,8 +50,26 @@ fn task<'a>(
                 "fault injected by slate.debug.fail-task={name}"
             )));
         }
+        if hang_task().as_deref() == Some(name) {
+            ctx.log(&format!(
+                "fault injected by slate.debug.hang-task={name}: this task never ends"
+            ));
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
         body(ctx)
     })
+}
+
+/// `slate.debug.hang-task=NAME`, read once from the kernel command line.
+fn hang_task() -> Option<String> {
+    static HANG: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    HANG.get_or_init(|| {
+        let cmdline = slate_host::kernel_cmdline().ok()?;
+        slate_host::cmdline_value(&cmdline, "slate.debug.hang-task").map(str::to_string)
+    })
+    .clone()
 }
 
 fn failed(message: impl std::fmt::Display) -> TaskError {

@@ -1,0 +1,100 @@
+//! The installer bundle: an OCI image layout directory holding a version's UKI and that
+//! version's own slate binary, described by a bundle manifest (the OCI config blob) that names
+//! version, arch, variant and the digest of every blob.
+//!
+//! The OCI documents (index, image manifest, descriptors) are `oci-spec` types. They are written
+//! through `serde_json::Value` so object keys come out sorted and a bundle is byte-reproducible
+//! (`oci-spec` keeps annotations in a `HashMap`).
+//!
+//! Reading never trusts a size or a digest it has not checked: every document and blob is read
+//! with a size cap and hashed before it is returned.
+
+mod export;
+mod read;
+mod signature;
+mod write;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::{Deserialize, Serialize};
+
+pub use read::{is_signature_tag, Bundle, MAX_DOCUMENT_BYTES};
+pub use signature::{
+    add_signature, parse_signature_manifest, signature_tag, SignatureDescriptor, SignatureLayer,
+    MAX_SIGNATURES, PUBLIC_KEY_ANNOTATION, SIGNATURE_ANNOTATION, SIGNATURE_CONFIG_MEDIA_TYPE,
+    SIMPLE_SIGNING_MEDIA_TYPE,
+};
+pub use write::{write_bundle, BlobInput, BundleSpec};
+
+pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+pub const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
+pub const ARTIFACT_TYPE: &str = "application/vnd.slate.installer.v1";
+pub const CONFIG_MEDIA_TYPE: &str = "application/vnd.slate.installer.config.v1+json";
+pub const UKI_MEDIA_TYPE: &str = "application/vnd.slate.uki.v1";
+pub const BINARY_MEDIA_TYPE: &str = "application/vnd.slate.installer-binary.v1";
+/// The annotation of an index entry naming its tag.
+pub const REF_NAME_ANNOTATION: &str = "org.opencontainers.image.ref.name";
+
+/// Blob roles the installer needs.
+pub const UKI_ROLE: &str = "uki";
+pub const INSTALLER_ROLE: &str = "installer";
+
+/// The bundle's own manifest (the OCI config blob): what the bundle is and what it holds.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BundleManifest {
+    pub name: String,
+    pub version: String,
+    pub arch: String,
+    pub variant: String,
+    /// Blob role (`uki`, `installer`) → its file name, digest and size.
+    pub blobs: BTreeMap<String, BlobRef>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BlobRef {
+    pub file_name: String,
+    pub digest: String,
+    pub size: u64,
+}
+
+/// Why a bundle was refused. Every variant names what was wrong; none is raised after a write.
+#[derive(Debug, thiserror::Error)]
+pub enum BundleError {
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{what} is malformed: {reason}")]
+    Malformed { what: String, reason: String },
+    #[error("{what} is larger than {limit} bytes")]
+    Oversize { what: String, limit: u64 },
+    #[error("{what} does not match its digest: expected {expected}, got {actual}")]
+    DigestMismatch {
+        what: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("{what} is {actual} bytes, its descriptor says {expected}")]
+    SizeMismatch {
+        what: String,
+        expected: u64,
+        actual: u64,
+    },
+    #[error("the bundle has no tag {0:?}")]
+    NoSuchTag(String),
+    #[error("the bundle carries no {0} blob")]
+    MissingBlob(String),
+    #[error("unsupported digest {0:?} (sha256 only)")]
+    UnsupportedDigest(String),
+}
+
+/// `sha256:<hex>` of `bytes`.
+pub fn sha256_digest(bytes: &[u8]) -> String {
+    use sha2::Digest as _;
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}

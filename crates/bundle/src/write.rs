@@ -1,0 +1,162 @@
+//! Laying out a bundle: blobs under `blobs/sha256`, the bundle manifest as the config blob, one
+//! OCI image manifest, and `index.json` tagging it with the version.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fs;
+use std::path::Path;
+
+use oci_spec::image::{
+    Descriptor, DescriptorBuilder, Digest, ImageIndexBuilder, ImageManifestBuilder, MediaType,
+};
+use serde::Serialize;
+
+use crate::{
+    sha256_digest, BlobRef, BundleError, BundleManifest, ARTIFACT_TYPE, CONFIG_MEDIA_TYPE,
+    REF_NAME_ANNOTATION,
+};
+
+/// What the bundle is.
+#[derive(Debug, Clone, Copy)]
+pub struct BundleSpec<'a> {
+    pub name: &'a str,
+    pub version: &'a str,
+    pub arch: &'a str,
+    pub variant: &'a str,
+}
+
+/// One blob to carry, under a role the installer looks up (`uki`, `installer`).
+#[derive(Debug, Clone, Copy)]
+pub struct BlobInput<'a> {
+    pub role: &'a str,
+    pub file_name: &'a str,
+    pub media_type: &'a str,
+    pub bytes: &'a [u8],
+}
+
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> BundleError + '_ {
+    move |source| BundleError::Io {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+fn malformed(what: &str) -> impl FnOnce(oci_spec::OciSpecError) -> BundleError + '_ {
+    move |err| BundleError::Malformed {
+        what: what.to_owned(),
+        reason: err.to_string(),
+    }
+}
+
+/// Pretty JSON with sorted object keys (through `serde_json::Value`), so bundles reproduce.
+pub(crate) fn canonical_json(value: &impl Serialize) -> Vec<u8> {
+    let value = serde_json::to_value(value).expect("plain data serializes");
+    serde_json::to_vec_pretty(&value).expect("a JSON value serializes")
+}
+
+pub(crate) fn put_blob(dir: &Path, bytes: &[u8]) -> Result<Digest, BundleError> {
+    let digest = sha256_digest(bytes);
+    let path = dir
+        .join("blobs/sha256")
+        .join(digest.trim_start_matches("sha256:"));
+    fs::write(&path, bytes).map_err(io_err(&path))?;
+    digest.parse().map_err(malformed("a blob digest"))
+}
+
+pub(crate) fn descriptor(
+    media_type: &str,
+    digest: Digest,
+    size: usize,
+    annotations: &[(&str, &str)],
+) -> Result<Descriptor, BundleError> {
+    let mut builder = DescriptorBuilder::default()
+        .media_type(MediaType::from(media_type))
+        .digest(digest)
+        .size(size as u64);
+    if !annotations.is_empty() {
+        builder = builder.annotations(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect::<HashMap<_, _>>(),
+        );
+    }
+    builder.build().map_err(malformed("a descriptor"))
+}
+
+/// Lay out the bundle in `dir` (created if missing; expected empty), tagged with the version.
+pub fn write_bundle(
+    dir: &Path,
+    spec: BundleSpec<'_>,
+    blobs: &[BlobInput<'_>],
+) -> Result<BundleManifest, BundleError> {
+    let blobs_dir = dir.join("blobs/sha256");
+    fs::create_dir_all(&blobs_dir).map_err(io_err(&blobs_dir))?;
+    let mut layers = Vec::new();
+    let mut refs = BTreeMap::new();
+    for blob in blobs {
+        let digest = put_blob(dir, blob.bytes)?;
+        refs.insert(
+            blob.role.to_string(),
+            BlobRef {
+                file_name: blob.file_name.to_string(),
+                digest: digest.to_string(),
+                size: blob.bytes.len() as u64,
+            },
+        );
+        layers.push(descriptor(
+            blob.media_type,
+            digest,
+            blob.bytes.len(),
+            &[("org.opencontainers.image.title", blob.file_name)],
+        )?);
+    }
+    let manifest = BundleManifest {
+        name: spec.name.into(),
+        version: spec.version.into(),
+        arch: spec.arch.into(),
+        variant: spec.variant.into(),
+        blobs: refs,
+    };
+    let config = canonical_json(&manifest);
+    let oci_manifest = ImageManifestBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageManifest)
+        .artifact_type(MediaType::from(ARTIFACT_TYPE))
+        .config(descriptor(
+            CONFIG_MEDIA_TYPE,
+            put_blob(dir, &config)?,
+            config.len(),
+            &[],
+        )?)
+        .layers(layers)
+        .annotations(HashMap::from([
+            (
+                "org.opencontainers.image.version".to_string(),
+                spec.version.to_string(),
+            ),
+            ("dev.slate.arch".to_string(), spec.arch.to_string()),
+            ("dev.slate.variant".to_string(), spec.variant.to_string()),
+        ]))
+        .build()
+        .map_err(malformed("the image manifest"))?;
+    let oci_manifest = canonical_json(&oci_manifest);
+    let index = ImageIndexBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageIndex)
+        .manifests(vec![descriptor(
+            crate::MANIFEST_MEDIA_TYPE,
+            put_blob(dir, &oci_manifest)?,
+            oci_manifest.len(),
+            &[(REF_NAME_ANNOTATION, spec.version)],
+        )?])
+        .build()
+        .map_err(malformed("the image index"))?;
+    for (file, bytes) in [
+        ("oci-layout", br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec()),
+        ("index.json", canonical_json(&index)),
+    ] {
+        let path = dir.join(file);
+        fs::write(&path, bytes).map_err(io_err(&path))?;
+    }
+    Ok(manifest)
+}

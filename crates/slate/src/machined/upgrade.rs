@@ -1,0 +1,353 @@
+//! The online upgrade. A bundle arrives over the API as a tar stream of its OCI layout and is
+//! kept under `/var/lib/slate/bundles/<manifest hex>` once every digest checks out; nothing
+//! touches the boot disk then. The Upgrade sequence later runs *the bundle's own* slate binary
+//! (the target version's code, after its digest was checked) in installer mode against the
+//! system disk, and reboots into the result.
+
+use std::fs;
+use std::io::{self, Read};
+use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::process::CommandExt as _;
+use std::path::{Component, Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use slate_api::{BackendError, Stage, UploadedBundle};
+use slate_bundle::{Bundle, INSTALLER_ROLE};
+use slate_sequencer::{PhaseListBuilder, RebootMode, Sequence, SequenceKind, TaskError};
+
+use super::node::Node;
+use super::sequences::task;
+
+pub const BUNDLES_DIR: &str = "/var/lib/slate/bundles";
+/// The prefix of an upgrade image that names a received bundle: `bundle:sha256:<hex>`.
+pub const BUNDLE_SCHEME: &str = "bundle:";
+const DEFAULT_TRIES: u32 = 3;
+
+/// What the Upgrade sequence installs, and how.
+#[derive(Debug, Clone)]
+pub struct UpgradePlan {
+    pub bundle_dir: PathBuf,
+    pub version: String,
+    pub tries: u32,
+    pub reboot: RebootMode,
+}
+
+fn invalid(message: impl std::fmt::Display) -> BackendError {
+    BackendError::InvalidArgument(message.to_string())
+}
+
+fn chain(err: &dyn std::error::Error) -> String {
+    let mut text = err.to_string();
+    let mut source = err.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+/// Only the files of an OCI layout, as plain relative paths: no links, devices, `..` or
+/// absolute names can come out of an upload.
+fn layout_path(path: &Path) -> Option<PathBuf> {
+    let parts: Vec<&str> = path
+        .components()
+        .filter(|c| *c != Component::CurDir)
+        .map(|c| match c {
+            Component::Normal(part) => part.to_str(),
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    let ok = match parts.as_slice() {
+        ["oci-layout"] | ["index.json"] | ["blobs"] | ["blobs", "sha256"] => true,
+        ["blobs", "sha256", hex] => hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
+        _ => false,
+    };
+    ok.then(|| parts.iter().collect())
+}
+
+struct Counting<'a> {
+    inner: &'a mut dyn Read,
+    bytes: u64,
+}
+
+impl Read for Counting<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+/// Unpack the tar stream into `dir`, refusing anything that is not a layout file.
+fn unpack(body: &mut Counting<'_>, dir: &Path) -> Result<(), BackendError> {
+    let mut archive = tar::Archive::new(body);
+    let entries = archive
+        .entries()
+        .map_err(|e| invalid(format!("the upload is not a tar stream: {e}")))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| invalid(format!("the upload broke: {e}")))?;
+        let name = entry
+            .path()
+            .map_err(|e| invalid(format!("a bad name in the upload: {e}")))?
+            .into_owned();
+        let relative = layout_path(&name).ok_or_else(|| {
+            invalid(format!(
+                "{} is not a file of an OCI layout; refusing the upload",
+                name.display()
+            ))
+        })?;
+        let target = dir.join(&relative);
+        match entry.header().entry_type() {
+            tar::EntryType::Directory => fs::create_dir_all(&target)
+                .map_err(|e| BackendError::Failed(format!("{}: {e}", target.display())))?,
+            tar::EntryType::Regular => {
+                if let Some(parent) = target.parent() {
+                    fs::create_dir_all(parent)
+                        .map_err(|e| BackendError::Failed(format!("{}: {e}", parent.display())))?;
+                }
+                let mut file = fs::File::create(&target)
+                    .map_err(|e| BackendError::Failed(format!("{}: {e}", target.display())))?;
+                io::copy(&mut entry, &mut file)
+                    .map_err(|e| invalid(format!("the upload broke in {}: {e}", name.display())))?;
+            }
+            other => {
+                return Err(invalid(format!(
+                    "{} is a {other:?} entry; a layout holds plain files only",
+                    name.display()
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Open the bundle in `dir` and check every blob against its digest.
+fn check(dir: &Path) -> Result<Bundle, String> {
+    let bundle = Bundle::open(dir, None).map_err(|e| chain(&e))?;
+    for role in bundle.manifest().blobs.keys() {
+        bundle.read_blob(role).map_err(|e| chain(&e))?;
+    }
+    bundle.blob_ref(INSTALLER_ROLE).map_err(|e| chain(&e))?;
+    Ok(bundle)
+}
+
+/// `POST /v1/bundles`: unpack beside the others, check, and keep only this one.
+pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, BackendError> {
+    static UPLOADS: AtomicU64 = AtomicU64::new(0);
+    let root = Path::new(BUNDLES_DIR);
+    let staging = root.join(format!(
+        ".incoming-{}",
+        UPLOADS.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = fs::remove_dir_all(&staging);
+    fs::create_dir_all(&staging)
+        .map_err(|e| BackendError::Failed(format!("{}: {e}", staging.display())))?;
+    let mut counting = Counting {
+        inner: body,
+        bytes: 0,
+    };
+    let result = unpack(&mut counting, &staging).and_then(|()| {
+        check(&staging).map_err(|e| invalid(format!("the bundle is refused: {e}")))
+    });
+    let bundle = match result {
+        Ok(bundle) => bundle,
+        Err(err) => {
+            let _ = fs::remove_dir_all(&staging);
+            node.journal
+                .info(format_args!("refused an uploaded bundle: {err}"));
+            return Err(err);
+        }
+    };
+    let id = bundle.manifest_digest().to_owned();
+    let manifest = bundle.manifest().clone();
+    let kept = root.join(id.trim_start_matches("sha256:"));
+    // One bundle at a time: /var is not a cache of old versions.
+    if let Ok(entries) = fs::read_dir(root) {
+        for entry in entries.flatten() {
+            if entry.path() != staging {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+    fs::rename(&staging, &kept)
+        .map_err(|e| BackendError::Failed(format!("keeping the bundle: {e}")))?;
+    node.journal.info(format_args!(
+        "received bundle {} {} ({id}, {} bytes)",
+        manifest.name, manifest.version, counting.bytes
+    ));
+    Ok(UploadedBundle {
+        id,
+        name: manifest.name,
+        version: manifest.version,
+        size: counting.bytes,
+    })
+}
+
+/// The plan for `POST /v1/upgrade` with `image` = `bundle:<id>` of a received bundle.
+pub fn plan(image: &str, tries: Option<u32>, reboot: RebootMode) -> Result<UpgradePlan, BackendError> {
+    let id = image.strip_prefix(BUNDLE_SCHEME).ok_or_else(|| {
+        invalid(format!(
+            "cannot upgrade to {image:?}: upload the bundle first (POST /v1/bundles, or \
+             `slate upgrade --image …`) and name it as {BUNDLE_SCHEME}<id>"
+        ))
+    })?;
+    let hex = id
+        .strip_prefix("sha256:")
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| invalid(format!("{id:?} is not a bundle id (sha256:<hex>)")))?;
+    let bundle_dir = Path::new(BUNDLES_DIR).join(hex);
+    let bundle = Bundle::open(&bundle_dir, None)
+        .map_err(|e| invalid(format!("no received bundle {id}: {}", chain(&e))))?;
+    Ok(UpgradePlan {
+        bundle_dir,
+        version: bundle.manifest().version.clone(),
+        tries: tries.unwrap_or(DEFAULT_TRIES),
+        reboot,
+    })
+}
+
+fn failed(message: impl std::fmt::Display) -> TaskError {
+    TaskError::msg(message.to_string())
+}
+
+/// Verify again (the bundle sat on /var), lay the target's installer down, run it, reboot.
+pub fn sequence<'a>(node: &'a Node, plan: UpgradePlan) -> Sequence<'a> {
+    let installer = plan.bundle_dir.join("installer");
+    let (dir, run_installer) = (plan.bundle_dir.clone(), installer.clone());
+    let reboot = plan.reboot;
+    PhaseListBuilder::new()
+        .append(
+            "stage",
+            [task(node, "announce", move |_| {
+                node.set_stage(Stage::Upgrading);
+                Ok(())
+            })],
+        )
+        .append(
+            "verify",
+            [task(node, "verifyBundle", move |ctx| {
+                let bundle = check(&dir).map_err(failed)?;
+                let binary = bundle.read_blob(INSTALLER_ROLE).map_err(|e| failed(chain(&e)))?;
+                fs::write(&installer, &binary)
+                    .and_then(|()| {
+                        fs::set_permissions(&installer, fs::Permissions::from_mode(0o755))
+                    })
+                    .map_err(|e| failed(format!("{}: {e}", installer.display())))?;
+                ctx.log(&format!(
+                    "bundle {} {} verified; its installer is {} bytes",
+                    bundle.manifest().name,
+                    bundle.manifest().version,
+                    binary.len()
+                ));
+                Ok(())
+            })],
+        )
+        .append(
+            "install",
+            [task(node, "runInstaller", move |ctx| {
+                let meta = slate_host::find_partition_by_label("META", None)
+                    .map_err(|e| failed(format!("finding the system disk: {e}")))?;
+                let running = node
+                    .booted_entry
+                    .clone()
+                    .ok_or_else(|| failed("the firmware did not say which entry booted"))?;
+                let mut cmd = Command::new(&run_installer);
+                cmd.arg0("slate")
+                    .args(["installer", "upgrade", "--disk"])
+                    .arg(&meta.disk)
+                    .arg("--bundle")
+                    .arg(&plan.bundle_dir)
+                    .args(["--running-entry", &running])
+                    .args(["--tries", &plan.tries.to_string()]);
+                ctx.log(&format!(
+                    "running the {} installer on {}",
+                    plan.version,
+                    meta.disk.display()
+                ));
+                let out = slate_host::run_command(&mut cmd)?;
+                for line in String::from_utf8_lossy(&out.stdout).lines() {
+                    ctx.log(&format!("installer: {line}"));
+                }
+                Ok(())
+            })],
+        )
+        .append(
+            "reboot",
+            [task(node, "reboot", move |_| Err(TaskError::Reboot(reboot)))],
+        )
+        .into_sequence(SequenceKind::Upgrade)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_layout_files_come_out_of_an_upload() {
+        let hex = "ab".repeat(32);
+        for ok in [
+            "oci-layout".to_string(),
+            "./index.json".into(),
+            "blobs/sha256".into(),
+            format!("blobs/sha256/{hex}"),
+        ] {
+            assert!(layout_path(Path::new(&ok)).is_some(), "{ok}");
+        }
+        for bad in [
+            "../etc/passwd".to_string(),
+            "/etc/passwd".into(),
+            "blobs/sha256/../../x".into(),
+            "blobs/sha256/short".into(),
+            format!("blobs/sha512/{hex}"),
+            "installer".into(),
+        ] {
+            assert!(layout_path(Path::new(&bad)).is_none(), "{bad}");
+        }
+    }
+
+    fn tar_with(entries: &[(&str, tar::EntryType, &[u8])]) -> Vec<u8> {
+        let mut builder = tar::Builder::new(Vec::new());
+        for (name, kind, data) in entries {
+            let mut header = tar::Header::new_gnu();
+            header.set_entry_type(*kind);
+            header.set_size(data.len() as u64);
+            header.set_mode(0o644);
+            if *kind == tar::EntryType::Symlink {
+                header.set_link_name("/etc/shadow").unwrap();
+            }
+            header.set_cksum();
+            builder.append_data(&mut header, name, *data).unwrap();
+        }
+        builder.into_inner().unwrap()
+    }
+
+    #[test]
+    fn links_and_foreign_names_are_refused_and_nothing_is_left_outside() {
+        let dir = tempfile::tempdir().unwrap();
+        let link = tar_with(&[("index.json", tar::EntryType::Symlink, b"")]);
+        let mut body: &[u8] = &link;
+        let err = unpack(
+            &mut Counting {
+                inner: &mut body,
+                bytes: 0,
+            },
+            dir.path(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("plain files only"), "{err}");
+        let foreign = tar_with(&[("etc/cron.d/x", tar::EntryType::Regular, b"* * * * *")]);
+        let mut body: &[u8] = &foreign;
+        let err = unpack(
+            &mut Counting {
+                inner: &mut body,
+                bytes: 0,
+            },
+            dir.path(),
+        )
+        .unwrap_err();
+        assert!(err.to_string().contains("not a file of an OCI layout"), "{err}");
+        assert!(!dir.path().join("etc").exists());
+    }
+}

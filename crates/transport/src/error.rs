@@ -1,0 +1,85 @@
+use std::path::PathBuf;
+
+use crate::reference::ReferenceError;
+
+/// Why a pull or a push failed. Each variant names the thing (a URL, a blob, a manifest) and what
+/// was wrong with it; a transfer that fails never leaves an unverified blob in a layout.
+#[derive(Debug, thiserror::Error)]
+pub enum TransportError {
+    #[error(transparent)]
+    Reference(#[from] ReferenceError),
+    #[error("{path}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// The request did not get an HTTP answer: connection refused or cut, TLS, timeout, or bytes
+    /// that are not HTTP.
+    #[error("{method} {url}: {source}")]
+    Http {
+        method: String,
+        url: String,
+        #[source]
+        source: Box<ureq::Error>,
+    },
+    /// The registry answered with a status the protocol does not allow here.
+    #[error("{method} {url}: the registry answered {status}{detail}")]
+    Status {
+        method: String,
+        url: String,
+        status: u16,
+        /// The OCI error codes and messages of the body, when it had any (`: CODE: message`).
+        detail: String,
+    },
+    #[error("{url}: the registry wants credentials ({challenge}); set SLATE_REGISTRY_USERNAME and SLATE_REGISTRY_PASSWORD")]
+    Unauthorized { url: String, challenge: String },
+    #[error("{what} was not found ({location})")]
+    NotFound { what: String, location: String },
+    #[error("{what} has media type {actual:?}, expected {expected}")]
+    MediaType {
+        what: String,
+        actual: String,
+        expected: String,
+    },
+    #[error("{what} is malformed: {reason}")]
+    Malformed { what: String, reason: String },
+    #[error("{what} is larger than {limit} bytes")]
+    Oversize { what: String, limit: u64 },
+    #[error("{what} does not match its digest: expected {expected}, got {actual}")]
+    DigestMismatch {
+        what: String,
+        expected: String,
+        actual: String,
+    },
+    #[error("{what} is {actual} bytes, its descriptor says {expected}")]
+    SizeMismatch {
+        what: String,
+        expected: u64,
+        actual: u64,
+    },
+    /// The transfer stopped early; what arrived is kept and the next pull resumes from it.
+    #[error("{what}: the transfer stopped after {received} of {expected} bytes (kept; the next pull resumes there){}", cause.as_ref().map(|c| format!(": {c}")).unwrap_or_default())]
+    Truncated {
+        what: String,
+        received: u64,
+        expected: u64,
+        cause: Option<std::io::Error>,
+    },
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl TransportError {
+    pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
+        let path = path.into();
+        move |source| TransportError::Io { path, source }
+    }
+
+    pub(crate) fn malformed(what: impl Into<String>, reason: impl std::fmt::Display) -> Self {
+        TransportError::Malformed {
+            what: what.into(),
+            reason: reason.to_string(),
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! The update transport: installer bundles (OCI image layouts, `slate-bundle`) pulled from and
+//! pushed to OCI registries and local layouts.
+//!
+//! - [`Reference::parse`]: `host[:port]/repo/path:tag`, `host/repo@sha256:<hex>`,
+//!   `oci-layout:PATH[:TAG]`.
+//! - [`pull`]: a reference into a local layout cache. Blobs are shared across pulls by digest and
+//!   never fetched twice; every byte is hashed on its way to `incoming/<hex>.partial` and renamed
+//!   into `blobs/sha256/` only when the digest matches; an interrupted pull resumes with an HTTP
+//!   `Range` request. The cosign signature tag of the image (`sha256-<hex>.sig`) comes along when
+//!   the source has one. The result opens with `slate_bundle::Bundle::open(dir, Some(tag))`.
+//! - [`push`]: every tag of a layout to a registry (blobs the registry has are skipped) or into
+//!   another layout.
+//!
+//! Blocking, on `ureq` (rustls with ring, webpki roots); plain HTTP for loopback registries or
+//! with [`Options::insecure`]. ARCHITECTURE.md says why this is not `oci-client`.
+
+mod error;
+mod layout;
+mod pull;
+mod push;
+mod reference;
+mod registry;
+mod source;
+
+use std::path::{Path, PathBuf};
+
+pub use error::TransportError;
+pub use pull::signature_tag;
+pub use push::{plan_push, PlannedBlob, PlannedImage, PushPlan};
+pub use reference::{Location, Reference, ReferenceError, LAYOUT_PREFIX};
+
+/// What a transfer is doing, for progress displays. Events come in order: for each blob
+/// `BlobPresent`, or `BlobStart`, `Bytes`…, `BlobDone`; `Manifest` once a manifest is known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Event<'a> {
+    /// A manifest was read (pull) or stored (push) under `name`.
+    Manifest { name: &'a str, digest: &'a str },
+    /// A blob transfer starts: `size` bytes, the first `from` of them already here (a resumed
+    /// pull).
+    BlobStart {
+        digest: &'a str,
+        size: u64,
+        from: u64,
+    },
+    /// `n` more bytes of the current blob went over the wire.
+    Bytes(u64),
+    /// The current blob is in place and verified.
+    BlobDone { digest: &'a str },
+    /// The blob was already there (in the cache, or on the registry) and was not transferred.
+    BlobPresent { digest: &'a str, size: u64 },
+}
+
+/// Registry credentials (basic, or exchanged for a bearer token). `Debug` hides the password.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Credentials {
+    pub username: String,
+    pub password: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Credentials")
+            .field("username", &self.username)
+            .field("password", &"…")
+            .finish()
+    }
+}
+
+/// How to talk to registries.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Plain HTTP to any registry (loopback registries get plain HTTP anyway).
+    pub insecure: bool,
+    pub credentials: Option<Credentials>,
+    /// Push: blobs larger than this go up in PATCH chunks of this size (default 32 MiB).
+    pub chunk_size: Option<u64>,
+}
+
+/// What a pull left in the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pulled {
+    /// The cache: an OCI image layout; `Bundle::open(&layout_dir, Some(&tag))` opens the image.
+    pub layout_dir: PathBuf,
+    /// The image's tag in the layout: the reference's tag, or its digest when it had no tag.
+    pub tag: String,
+    /// `sha256:<hex>` of the image manifest.
+    pub manifest_digest: String,
+    /// The cosign signature tag (`sha256-<hex>.sig`), when the source had one; it is in the
+    /// layout too.
+    pub signature_tag: Option<String>,
+    /// Blob bytes (configs and layers, image and signature) transferred by this pull.
+    pub fetched_bytes: u64,
+    /// Blob bytes that were already in the cache, including a resumed transfer's prefix.
+    pub cached_bytes: u64,
+}
+
+/// What a push did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pushed {
+    /// The references written, one per image (`host/repo:tag`, or `@digest` when untagged).
+    pub references: Vec<String>,
+    /// Blob bytes sent.
+    pub uploaded_bytes: u64,
+    /// Blob bytes the destination already had.
+    pub skipped_bytes: u64,
+}
+
+/// Pull `reference` into the layout cache at `cache_dir` (created when missing) with default
+/// [`Options`].
+pub fn pull(
+    reference: &Reference,
+    cache_dir: &Path,
+    progress: &mut dyn FnMut(Event<'_>),
+) -> Result<Pulled, TransportError> {
+    pull::pull(reference, cache_dir, &Options::default(), progress)
+}
+
+/// [`pull`] with explicit [`Options`].
+pub fn pull_with(
+    reference: &Reference,
+    cache_dir: &Path,
+    options: &Options,
+    progress: &mut dyn FnMut(Event<'_>),
+) -> Result<Pulled, TransportError> {
+    pull::pull(reference, cache_dir, options, progress)
+}
+
+/// Push every tag of the layout at `layout_dir` to `reference` (a repository, or a layout) with
+/// default [`Options`]. A tag in the reference must be one of the layout's, or renames the
+/// layout's only image; see [`plan_push`].
+pub fn push(
+    layout_dir: &Path,
+    reference: &Reference,
+    progress: &mut dyn FnMut(Event<'_>),
+) -> Result<Pushed, TransportError> {
+    push::push(layout_dir, reference, &Options::default(), progress)
+}
+
+/// [`push`] with explicit [`Options`].
+pub fn push_with(
+    layout_dir: &Path,
+    reference: &Reference,
+    options: &Options,
+    progress: &mut dyn FnMut(Event<'_>),
+) -> Result<Pushed, TransportError> {
+    push::push(layout_dir, reference, options, progress)
+}

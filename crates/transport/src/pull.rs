@@ -1,0 +1,220 @@
+//! Pulling an image (and its signature tag) into a layout cache.
+
+use std::path::Path;
+
+use oci_spec::image::{Descriptor, DescriptorBuilder, MediaType};
+use slate_bundle::is_signature_tag;
+
+use crate::layout::{hex_of, set_entry, Incoming, Layout};
+use crate::reference::Location;
+use crate::registry::{Manifest, Registry, OCI_MANIFEST};
+use crate::source::{parse_manifest, LayoutSource, Source};
+use crate::{Event, Options, Pulled, Reference, TransportError};
+
+/// cosign's tag for the signature of the manifest `digest`: `sha256-<hex>.sig`.
+pub fn signature_tag(manifest_digest: &str) -> Result<String, TransportError> {
+    Ok(format!("sha256-{}.sig", hex_of(manifest_digest)?))
+}
+
+/// Byte counts of one transfer.
+#[derive(Debug, Default)]
+pub(crate) struct Stats {
+    pub fetched: u64,
+    pub cached: u64,
+}
+
+/// Copy blob `digest` from `source` into `dest` unless it is there: resumes a partial, verifies
+/// before the rename, and retries once from the start when a resumed blob fails its digest (the
+/// prefix from an earlier run may be what was wrong).
+pub(crate) fn fetch_blob(
+    source: &dyn Source,
+    dest: &Layout,
+    digest: &str,
+    size: u64,
+    stats: &mut Stats,
+    progress: &mut dyn FnMut(Event<'_>),
+) -> Result<(), TransportError> {
+    if dest.has_blob(digest, size)? {
+        stats.cached += size;
+        progress(Event::BlobPresent { digest, size });
+        return Ok(());
+    }
+    let what = format!("blob {digest} from {}", source.describe());
+    for attempt in 0..2 {
+        let mut incoming = Incoming::begin(dest, &what, digest, size)?;
+        let from = incoming.offset();
+        progress(Event::BlobStart { digest, size, from });
+        let mut received = || -> Result<(), TransportError> {
+            if incoming.offset() < size {
+                let (start, mut reader) = source.blob(&what, digest, size, incoming.offset())?;
+                if start != incoming.offset() {
+                    incoming.restart()?;
+                }
+                incoming.receive(&mut reader, progress)?;
+            }
+            Ok(())
+        };
+        let result = received();
+        stats.fetched += incoming.received;
+        if let Err(e) = result {
+            if incoming.offset() == 0 {
+                incoming.discard();
+            }
+            return Err(e);
+        }
+        let kept = incoming.offset() - incoming.received;
+        match incoming.finish() {
+            Ok(()) => {
+                stats.cached += kept;
+                progress(Event::BlobDone { digest });
+                return Ok(());
+            }
+            Err(TransportError::DigestMismatch { .. }) if from > 0 && attempt == 0 => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    unreachable!("the second attempt starts from an empty partial and returns")
+}
+
+/// Copy the image manifest `reference` (tag or digest), its config and layers from `source` into
+/// `dest`. `None` when the source has no such manifest. The index is the caller's.
+pub(crate) fn copy_image(
+    source: &dyn Source,
+    dest: &Layout,
+    reference: &str,
+    name: &str,
+    stats: &mut Stats,
+    progress: &mut dyn FnMut(Event<'_>),
+) -> Result<Option<Descriptor>, TransportError> {
+    // A manifest pinned by digest that is already here needs no network (only manifests that
+    // were verified are ever stored; one that no longer verifies is dropped and fetched again).
+    let mut cached = None;
+    if reference.starts_with("sha256:") {
+        let path = dest.blob_path(reference)?;
+        if path.is_file() {
+            match dest.read_document(&format!("the manifest {reference}"), reference, None) {
+                Ok(bytes) => {
+                    cached = Some(Manifest {
+                        bytes,
+                        digest: reference.to_owned(),
+                        media_type: OCI_MANIFEST.to_owned(),
+                    })
+                }
+                Err(_) => {
+                    std::fs::remove_file(&path).map_err(TransportError::io(&path))?;
+                }
+            }
+        }
+    }
+    let manifest = match cached {
+        Some(m) => m,
+        None => match source.manifest(reference)? {
+            Some(m) => m,
+            None => return Ok(None),
+        },
+    };
+    let what = format!(
+        "the manifest {name} ({}) from {}",
+        manifest.digest,
+        source.describe()
+    );
+    let parsed = parse_manifest(&what, &manifest)?;
+    progress(Event::Manifest {
+        name,
+        digest: &manifest.digest,
+    });
+    for d in std::iter::once(parsed.config()).chain(parsed.layers()) {
+        fetch_blob(source, dest, d.digest().as_ref(), d.size(), stats, progress)?;
+    }
+    dest.put_document(&manifest.digest, &manifest.bytes)?;
+    let descriptor = DescriptorBuilder::default()
+        .media_type(MediaType::ImageManifest)
+        .digest(
+            manifest
+                .digest
+                .parse::<oci_spec::image::Digest>()
+                .map_err(|e| TransportError::malformed(&what, e))?,
+        )
+        .size(manifest.bytes.len() as u64)
+        .build()
+        .map_err(|e| TransportError::malformed(&what, e))?;
+    Ok(Some(descriptor))
+}
+
+pub(crate) enum AnySource {
+    Registry(Registry),
+    Layout(LayoutSource),
+}
+
+impl AnySource {
+    pub fn open(reference: &Reference, options: &Options) -> Result<Self, TransportError> {
+        Ok(match reference.location() {
+            Location::Registry { host, repository } => {
+                AnySource::Registry(Registry::new(host, repository, options, false))
+            }
+            Location::Layout { path } => AnySource::Layout(LayoutSource::open(path)?),
+        })
+    }
+
+    pub fn as_source(&self) -> &dyn Source {
+        match self {
+            AnySource::Registry(r) => r,
+            AnySource::Layout(l) => l,
+        }
+    }
+}
+
+pub(crate) fn pull(
+    reference: &Reference,
+    cache_dir: &Path,
+    options: &Options,
+    progress: &mut dyn FnMut(Event<'_>),
+) -> Result<Pulled, TransportError> {
+    let any = AnySource::open(reference, options)?;
+    let source = any.as_source();
+    let (fetch, name) = match (reference.tag(), reference.digest()) {
+        (tag, Some(digest)) => (digest.to_owned(), tag.unwrap_or(digest).to_owned()),
+        (Some(tag), None) => (tag.to_owned(), tag.to_owned()),
+        (None, None) => match &any {
+            AnySource::Layout(layout) => {
+                let tag = layout.default_tag()?;
+                (tag.clone(), tag)
+            }
+            AnySource::Registry(_) => {
+                return Err(TransportError::Usage(format!(
+                    "{reference}: name a tag (:TAG) or a digest (@sha256:…) to pull"
+                )))
+            }
+        },
+    };
+    let cache = Layout::create(cache_dir)?;
+    let mut stats = Stats::default();
+    let image =
+        copy_image(source, &cache, &fetch, &name, &mut stats, progress)?.ok_or_else(|| {
+            TransportError::NotFound {
+                what: format!("the image {name}"),
+                location: source.describe(),
+            }
+        })?;
+    let manifest_digest = image.digest().to_string();
+    let signature = if is_signature_tag(&name) {
+        None
+    } else {
+        let tag = signature_tag(&manifest_digest)?;
+        copy_image(source, &cache, &tag, &tag, &mut stats, progress)?.map(|d| (tag, d))
+    };
+    let mut index = cache.read_index()?;
+    set_entry(&mut index, &image, Some(&name));
+    if let Some((tag, descriptor)) = &signature {
+        set_entry(&mut index, descriptor, Some(tag));
+    }
+    cache.write_index(&index)?;
+    Ok(Pulled {
+        layout_dir: cache_dir.to_owned(),
+        tag: name,
+        manifest_digest,
+        signature_tag: signature.map(|(tag, _)| tag),
+        fetched_bytes: stats.fetched,
+        cached_bytes: stats.cached,
+    })
+}

@@ -1,0 +1,182 @@
+//! Shared by the transport tests: bundles, signatures, progress counting, cache checks.
+#![allow(dead_code)]
+
+pub mod http;
+pub mod registry;
+
+use std::path::Path;
+
+use sha2::Digest as _;
+use slate_bundle::{BlobInput, BundleSpec, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE};
+use slate_transport::Event;
+
+/// Deterministic bytes that do not compress.
+pub fn noise(seed: u64, len: usize) -> Vec<u8> {
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect()
+}
+
+pub fn sha256(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+}
+
+/// A bundle of `version` at `dir` with a UKI and an installer of the given contents.
+pub fn write_test_bundle(dir: &Path, version: &str, uki: &[u8], installer: &[u8]) {
+    slate_bundle::write_bundle(
+        dir,
+        BundleSpec {
+            name: "demo",
+            version,
+            arch: "x86_64",
+            variant: "generic",
+        },
+        &[
+            BlobInput {
+                role: slate_bundle::UKI_ROLE,
+                file_name: "slate.efi",
+                media_type: UKI_MEDIA_TYPE,
+                bytes: uki,
+            },
+            BlobInput {
+                role: slate_bundle::INSTALLER_ROLE,
+                file_name: "slate",
+                media_type: BINARY_MEDIA_TYPE,
+                bytes: installer,
+            },
+        ],
+    )
+    .expect("the bundle is written");
+}
+
+/// The digest of the manifest tagged `tag` in the layout at `dir`.
+pub fn manifest_digest(dir: &Path, tag: &str) -> String {
+    let index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
+    index["manifests"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
+        .map(|m| m["digest"].as_str().unwrap().to_owned())
+        .unwrap_or_else(|| panic!("no tag {tag} in {}", dir.display()))
+}
+
+fn put_blob(dir: &Path, bytes: &[u8]) -> (String, usize) {
+    let digest = sha256(bytes);
+    let path = dir.join("blobs/sha256").join(&digest["sha256:".len()..]);
+    std::fs::write(path, bytes).unwrap();
+    (digest, bytes.len())
+}
+
+/// Add a cosign-shaped signature manifest for the image tagged `tag` (a config, one
+/// simple-signing layer), tagged `sha256-<hex>.sig`. Returns that tag.
+pub fn add_fake_signature(dir: &Path, tag: &str) -> String {
+    let subject = manifest_digest(dir, tag);
+    let payload = serde_json::to_vec(&serde_json::json!({
+        "critical": {"image": {"docker-manifest-digest": subject}, "type": "cosign container image signature"}
+    }))
+    .unwrap();
+    let (layer, layer_size) = put_blob(dir, &payload);
+    let (config, config_size) = put_blob(
+        dir,
+        br#"{"architecture":"","os":"","rootfs":{"type":"layers","diff_ids":[]}}"#,
+    );
+    let manifest = serde_json::to_vec(&serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config, "size": config_size},
+        "layers": [{
+            "mediaType": "application/vnd.dev.cosign.simplesigning.v1+json",
+            "digest": layer, "size": layer_size,
+            "annotations": {"dev.cosignproject.cosign/signature": "c2lnbmF0dXJl"}
+        }]
+    }))
+    .unwrap();
+    let (digest, size) = put_blob(dir, &manifest);
+    let sig_tag = format!("sha256-{}.sig", &subject["sha256:".len()..]);
+    let path = dir.join("index.json");
+    let mut index: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+    index["manifests"]
+        .as_array_mut()
+        .unwrap()
+        .push(serde_json::json!({
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "digest": digest, "size": size,
+            "annotations": {"org.opencontainers.image.ref.name": sig_tag}
+        }));
+    std::fs::write(&path, serde_json::to_vec_pretty(&index).unwrap()).unwrap();
+    sig_tag
+}
+
+/// Counts what a transfer reports.
+#[derive(Debug, Default)]
+pub struct Counter {
+    pub bytes: u64,
+    /// `(digest, size, from)` of every blob transfer that started.
+    pub starts: Vec<(String, u64, u64)>,
+    pub present: Vec<String>,
+    pub done: Vec<String>,
+    pub manifests: Vec<(String, String)>,
+}
+
+impl Counter {
+    pub fn record(&mut self, event: Event<'_>) {
+        match event {
+            Event::Bytes(n) => self.bytes += n,
+            Event::BlobStart { digest, size, from } => {
+                self.starts.push((digest.to_owned(), size, from))
+            }
+            Event::BlobPresent { digest, .. } => self.present.push(digest.to_owned()),
+            Event::BlobDone { digest } => self.done.push(digest.to_owned()),
+            Event::Manifest { name, digest } => {
+                self.manifests.push((name.to_owned(), digest.to_owned()))
+            }
+        }
+    }
+}
+
+/// Every file under `blobs/sha256` hashes to its name (no unverified blob in the cache).
+pub fn assert_only_verified_blobs(layout: &Path) {
+    let dir = layout.join("blobs/sha256");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return;
+    };
+    for entry in entries {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        let bytes = std::fs::read(entry.path()).unwrap();
+        assert_eq!(
+            sha256(&bytes),
+            format!("sha256:{name}"),
+            "{} is not the blob its name says",
+            entry.path().display()
+        );
+    }
+}
+
+/// Files in `incoming/` (partials and temporaries).
+pub fn incoming(layout: &Path) -> Vec<(String, u64)> {
+    let mut out: Vec<(String, u64)> = std::fs::read_dir(layout.join("incoming"))
+        .map(|entries| {
+            entries
+                .map(|e| {
+                    let e = e.unwrap();
+                    (
+                        e.file_name().into_string().unwrap(),
+                        e.metadata().unwrap().len(),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    out.sort();
+    out
+}
