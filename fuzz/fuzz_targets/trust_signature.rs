@@ -26,7 +26,10 @@ fuzz_target!(|data: &[u8]| {
         }
     }
     if let Ok(payload) = Payload::parse(data) {
-        assert_eq!(Payload::parse(&payload.to_bytes()).expect("re-parses"), payload);
+        assert_eq!(
+            Payload::parse(&payload.to_bytes()).expect("re-parses"),
+            payload
+        );
     }
     let mut parts = data.splitn(3, |&b| b == 0);
     let payload = parts.next().unwrap_or_default().to_vec();
@@ -39,6 +42,9 @@ fuzz_target!(|data: &[u8]| {
     };
     if let Ok(verified) = verify_layer(&layer, DIGEST, trusted()) {
         assert_eq!(verified.manifest_digest, DIGEST);
-        assert_eq!(Payload::parse(&layer.payload).unwrap().manifest_digest(), DIGEST);
+        assert_eq!(
+            Payload::parse(&layer.payload).unwrap().manifest_digest(),
+            DIGEST
+        );
     }
 });

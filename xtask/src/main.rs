@@ -6,7 +6,9 @@
 
 mod base_rootfs;
 mod bench;
+mod bench_apply;
 mod bench_boot;
+mod bench_pull;
 mod kernel;
 mod slate_static;
 mod util;
@@ -62,6 +64,10 @@ enum Task {
     BenchRootfs,
     /// Benchmark: kernel start to machined Running vs a busybox /init mounting the same root.
     BenchBoot,
+    /// Benchmark: slate pull of a 256 MiB blob from a local registry vs curl + sha256sum + cp.
+    BenchPull,
+    /// Benchmark: applying a 256 MiB upgrade payload vs cp + sync of the same bytes.
+    BenchApply,
 }
 
 fn main() -> Result<()> {
@@ -78,5 +84,7 @@ fn main() -> Result<()> {
         Task::Demo => vm_test::demo(),
         Task::BenchRootfs => bench::bench_rootfs(),
         Task::BenchBoot => bench_boot::bench_boot(),
+        Task::BenchPull => bench_pull::bench_pull(),
+        Task::BenchApply => bench_apply::bench_apply(),
     }
 }

@@ -513,26 +513,6 @@ fn parse_addr(addr: &str) -> Option<(String, u16)> {
     valid.then(|| (host.to_owned(), port))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::parse_addr;
-
-    #[test]
-    fn addresses() {
-        let p = |a: &str| parse_addr(a);
-        assert_eq!(p("10.0.0.5"), Some(("10.0.0.5".into(), 50000)));
-        assert_eq!(p("10.0.0.5:1234"), Some(("10.0.0.5".into(), 1234)));
-        assert_eq!(p("node-1.lan"), Some(("node-1.lan".into(), 50000)));
-        assert_eq!(p("localhost:8443"), Some(("localhost".into(), 8443)));
-        assert_eq!(p("[::1]:8443"), Some(("::1".into(), 8443)));
-        assert_eq!(p("[::1]"), Some(("::1".into(), 50000)));
-        assert_eq!(p("::1"), Some(("::1".into(), 50000)));
-        assert_eq!(p("host:port"), None);
-        assert_eq!(p(""), None);
-        assert_eq!(p("a b:1"), None);
-    }
-}
-
 /// Reports the bytes handed to the channel after each chunk.
 struct ProgressWriter<F> {
     inner: ChannelWriter,
@@ -553,5 +533,25 @@ impl<F: Fn(u64)> std::io::Write for ProgressWriter<F> {
         self.inner.flush()?;
         (self.on_progress)(self.inner.sent);
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_addr;
+
+    #[test]
+    fn addresses() {
+        let p = |a: &str| parse_addr(a);
+        assert_eq!(p("10.0.0.5"), Some(("10.0.0.5".into(), 50000)));
+        assert_eq!(p("10.0.0.5:1234"), Some(("10.0.0.5".into(), 1234)));
+        assert_eq!(p("node-1.lan"), Some(("node-1.lan".into(), 50000)));
+        assert_eq!(p("localhost:8443"), Some(("localhost".into(), 8443)));
+        assert_eq!(p("[::1]:8443"), Some(("::1".into(), 8443)));
+        assert_eq!(p("[::1]"), Some(("::1".into(), 50000)));
+        assert_eq!(p("::1"), Some(("::1".into(), 50000)));
+        assert_eq!(p("host:port"), None);
+        assert_eq!(p(""), None);
+        assert_eq!(p("a b:1"), None);
     }
 }

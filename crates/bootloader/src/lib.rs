@@ -21,7 +21,6 @@
 mod efivars;
 mod fatscan;
 mod sdboot;
-mod sectors;
 
 pub use efivars::{
     loader_vars, EfiVars, EfiVarsError, MemEfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_LAST_BOOTED,
@@ -29,8 +28,8 @@ pub use efivars::{
 };
 pub use fatscan::{fat_space, FatSpace, ReadOnly};
 pub use sdboot::{SystemdBoot, DEFAULT_ENTRY_NAME};
-pub use sectors::SectorBuffer;
 pub use slate_bootspec::IdStyle;
+pub use slate_disk::SectorBuffer;
 
 use slate_bootspec::{BootState, LoaderConf, Selection};
 

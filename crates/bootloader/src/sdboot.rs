@@ -9,7 +9,7 @@ use slate_bootspec::{
     parse_loader_conf, prune_candidates, refers_to, select, BootState, Entry, EntryKind, EntryName,
     IdStyle, LoaderConf, Selection,
 };
-use slate_disk::{Disk, DiskIo, PartitionView};
+use slate_disk::{Disk, DiskIo, PartitionView, SectorBuffer};
 use slate_installer::fat::{self, temp_name, TEMP_NAME_EXTRA};
 use slate_installer::{uki_file_name, LOADER_CONF_PATH, MAX_FILE_NAME, UKI_DIR};
 use slate_layout::{find_partition, EFI_LABEL, META_LABEL};
@@ -17,7 +17,6 @@ use slate_meta::{tags, MetaStore};
 
 use crate::efivars::{loader_vars, EfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_ONESHOT};
 use crate::fatscan::{fat_space, FatSpace, ReadOnly};
-use crate::sectors::SectorBuffer;
 use crate::{
     BootStatus, Bootloader, BootloaderError, CommitOutcome, EntryStatus, UpgradeOutcome,
     UpgradeRequest,

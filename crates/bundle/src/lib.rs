@@ -25,7 +25,7 @@ pub use signature::{
     MAX_SIGNATURES, PUBLIC_KEY_ANNOTATION, SIGNATURE_ANNOTATION, SIGNATURE_CONFIG_MEDIA_TYPE,
     SIMPLE_SIGNING_MEDIA_TYPE,
 };
-pub use write::{write_bundle, BlobInput, BundleSpec};
+pub use write::{write_bundle, write_installable_bundle, BlobInput, BundleSpec};
 
 pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";
@@ -39,6 +39,9 @@ pub const REF_NAME_ANNOTATION: &str = "org.opencontainers.image.ref.name";
 /// Blob roles the installer needs.
 pub const UKI_ROLE: &str = "uki";
 pub const INSTALLER_ROLE: &str = "installer";
+/// systemd-boot's EFI binary, for installs onto a blank disk.
+pub const SYSTEMD_BOOT_ROLE: &str = "systemd-boot";
+pub const EFI_MEDIA_TYPE: &str = "application/vnd.slate.efi-binary.v1";
 
 /// The bundle's own manifest (the OCI config blob): what the bundle is and what it holds.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -48,8 +51,25 @@ pub struct BundleManifest {
     pub version: String,
     pub arch: String,
     pub variant: String,
-    /// Blob role (`uki`, `installer`) → its file name, digest and size.
+    /// Blob role (`uki`, `installer`, `systemd-boot`) → its file name, digest and size.
     pub blobs: BTreeMap<String, BlobRef>,
+    /// How a fresh install of this bundle lays out a disk (from the image profile); absent in
+    /// bundles that can only upgrade.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub install: Option<InstallDefaults>,
+}
+
+/// The profile's disk and boot settings, carried so `slate installer install` can lay out a
+/// blank disk as the imager would.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct InstallDefaults {
+    pub esp_mib: u64,
+    pub state_mib: u64,
+    /// Boot-counting tries of the installed entry.
+    pub tries: u32,
+    /// systemd-boot's menu timeout in seconds.
+    pub menu_timeout: u32,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -94,7 +94,11 @@ pub(crate) fn read_blob(
     Ok(bytes)
 }
 
-pub(crate) fn read_descriptor(dir: &Path, what: &str, d: &Descriptor) -> Result<Vec<u8>, BundleError> {
+pub(crate) fn read_descriptor(
+    dir: &Path,
+    what: &str,
+    d: &Descriptor,
+) -> Result<Vec<u8>, BundleError> {
     read_blob(dir, what, d.digest().as_ref(), d.size(), MAX_DOCUMENT_BYTES)
 }
 

@@ -142,13 +142,8 @@ fn read_tagged(
         .enumerate()
         .map(|(i, layer)| {
             let what = format!("signature payload {}", i + 1);
-            let payload = crate::read::read_blob(
-                dir,
-                &what,
-                &layer.digest,
-                layer.size,
-                MAX_DOCUMENT_BYTES,
-            )?;
+            let payload =
+                crate::read::read_blob(dir, &what, &layer.digest, layer.size, MAX_DOCUMENT_BYTES)?;
             Ok(SignatureLayer {
                 payload,
                 signature: layer.signature,
@@ -179,10 +174,7 @@ impl Bundle {
     }
 }
 
-fn layer_descriptor(
-    dir: &Path,
-    layer: &SignatureLayer,
-) -> Result<Descriptor, BundleError> {
+fn layer_descriptor(dir: &Path, layer: &SignatureLayer) -> Result<Descriptor, BundleError> {
     let mut annotations = vec![(SIGNATURE_ANNOTATION, layer.signature.as_str())];
     if let Some(key) = &layer.public_key {
         annotations.push((PUBLIC_KEY_ANNOTATION, key.as_str()));

@@ -89,6 +89,26 @@ pub fn write_bundle(
     spec: BundleSpec<'_>,
     blobs: &[BlobInput<'_>],
 ) -> Result<BundleManifest, BundleError> {
+    write_layout(dir, spec, None, blobs)
+}
+
+/// [`write_bundle`] for a bundle that can also be installed onto a blank disk: it carries the
+/// profile's disk settings (and should carry a `systemd-boot` blob).
+pub fn write_installable_bundle(
+    dir: &Path,
+    spec: BundleSpec<'_>,
+    install: crate::InstallDefaults,
+    blobs: &[BlobInput<'_>],
+) -> Result<BundleManifest, BundleError> {
+    write_layout(dir, spec, Some(install), blobs)
+}
+
+fn write_layout(
+    dir: &Path,
+    spec: BundleSpec<'_>,
+    install: Option<crate::InstallDefaults>,
+    blobs: &[BlobInput<'_>],
+) -> Result<BundleManifest, BundleError> {
     let blobs_dir = dir.join("blobs/sha256");
     fs::create_dir_all(&blobs_dir).map_err(io_err(&blobs_dir))?;
     let mut layers = Vec::new();
@@ -116,6 +136,7 @@ pub fn write_bundle(
         arch: spec.arch.into(),
         variant: spec.variant.into(),
         blobs: refs,
+        install,
     };
     let config = canonical_json(&manifest);
     let oci_manifest = ImageManifestBuilder::default()

@@ -153,5 +153,8 @@ fn an_exported_image_unpacks_to_a_layout_that_opens_alone() {
     tar::Archive::new(&tar[..]).unpack(out.path()).unwrap();
     let exported = Bundle::open(out.path(), None).unwrap();
     assert_eq!(exported.manifest_digest(), bundle.manifest_digest());
-    assert_eq!(exported.read_blob("installer").unwrap(), b"\x7fELF pretend slate");
+    assert_eq!(
+        exported.read_blob("installer").unwrap(),
+        b"\x7fELF pretend slate"
+    );
 }

@@ -27,7 +27,10 @@ fn write(dir: &Path) -> String {
         }],
     )
     .unwrap();
-    Bundle::open(dir, None).unwrap().manifest_digest().to_owned()
+    Bundle::open(dir, None)
+        .unwrap()
+        .manifest_digest()
+        .to_owned()
 }
 
 fn layer(payload: &str, signature: &str, key: Option<&str>) -> SignatureLayer {
@@ -54,7 +57,7 @@ fn signatures_are_stored_under_cosigns_tag_and_read_back() {
     let bundle = Bundle::open(dir.path(), None).unwrap();
     assert_eq!(bundle.manifest_digest(), digest);
     assert_eq!(bundle.signatures().unwrap(), Some(vec![a.clone()]));
-    assert_eq!(bundle.signature_tags().unwrap(), [tag.clone()]);
+    assert_eq!(bundle.signature_tags().unwrap(), [tag]);
 
     // Another key adds a layer; the same key replaces its own.
     let b = layer("payload b", "c2lnIGI=", Some("key b"));
@@ -79,7 +82,11 @@ fn signature_manifests_are_bounded_and_checked() {
         signature_tag("md5:abc"),
         Err(BundleError::UnsupportedDigest(_))
     ));
-    let err = |text: &str| parse_signature_manifest(text.as_bytes()).unwrap_err().to_string();
+    let err = |text: &str| {
+        parse_signature_manifest(text.as_bytes())
+            .unwrap_err()
+            .to_string()
+    };
     assert!(err("{}").starts_with("the signature manifest is malformed"));
     let empty = r#"{"schemaVersion":2,"config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:98d7c2afecebd8e1910422d3410a8e5efdca1d372fe24b2efc7f639a45fa9e2c","size":2},"layers":[]}"#;
     assert!(err(empty).ends_with("it has no signature layer"));

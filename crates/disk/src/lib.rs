@@ -13,11 +13,13 @@
 mod file;
 mod io_adapter;
 mod recorder;
+mod sectors;
 mod view;
 
 pub use file::FileDisk;
 pub use io_adapter::DiskIo;
 pub use recorder::{CrashPoint, CutMode, Op, RecordingDisk, SECTOR};
+pub use sectors::SectorBuffer;
 pub use view::PartitionView;
 
 /// Errors of disk access. Offsets are reported so that a failure can be located.

@@ -10,7 +10,10 @@ use slate_layout::{LayoutParams, MIB};
 use crate::artifacts::{build_cmdline, build_initramfs, build_rootfs, build_uki, uki_name};
 use crate::output::PendingOutput;
 use crate::{ImagerError, Inputs, OutputKind, Progress};
-use slate_bundle::{write_bundle, BlobInput, BundleSpec, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE};
+use slate_bundle::{
+    write_installable_bundle, BlobInput, BundleSpec, InstallDefaults, BINARY_MEDIA_TYPE,
+    UKI_MEDIA_TYPE,
+};
 
 /// The steps a build of `inputs.kind` takes, for `--dry-run`.
 pub fn plan(inputs: &Inputs) -> Vec<String> {
@@ -170,13 +173,26 @@ pub fn build(
                     source,
                 })?;
             let uki_file = uki_name(inputs, None)?;
-            write_bundle(
+            let systemd_boot = std::fs::read(&inputs.systemd_boot).map_err(|source| {
+                ImagerError::MissingInput {
+                    what: "systemd-boot",
+                    path: inputs.systemd_boot.clone(),
+                    source,
+                }
+            })?;
+            write_installable_bundle(
                 pending.path(),
                 BundleSpec {
                     name: &p.name,
                     version: &p.version,
                     arch: p.arch.as_str(),
                     variant: &p.variant,
+                },
+                InstallDefaults {
+                    esp_mib: p.image.esp_mib,
+                    state_mib: p.image.state_mib,
+                    tries: p.image.tries,
+                    menu_timeout: p.image.menu_timeout,
                 },
                 &[
                     BlobInput {
@@ -190,6 +206,12 @@ pub fn build(
                         file_name: "slate",
                         media_type: BINARY_MEDIA_TYPE,
                         bytes: &slate,
+                    },
+                    BlobInput {
+                        role: slate_bundle::SYSTEMD_BOOT_ROLE,
+                        file_name: "systemd-bootx64.efi",
+                        media_type: slate_bundle::EFI_MEDIA_TYPE,
+                        bytes: &systemd_boot,
                     },
                 ],
             )?;

@@ -74,7 +74,11 @@ fn the_profiles_keys_and_only_they_reach_the_image() {
         .arg(&image)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 
     let keys = load_trusted_keys(&extract.join(TRUSTED_KEYS_DIR)).unwrap();
     let mut expected: Vec<_> = [1u8, 2]
@@ -99,10 +103,17 @@ fn the_profiles_keys_and_only_they_reach_the_image() {
 #[test]
 fn a_key_that_does_not_parse_is_refused_before_anything_is_built() {
     let dir = fixture(r#""keys/k1.pub", "keys/bad.pub""#);
-    fs::write(dir.path().join("keys/bad.pub"), "-----BEGIN PUBLIC KEY-----\nAAAA\n").unwrap();
+    fs::write(
+        dir.path().join("keys/bad.pub"),
+        "-----BEGIN PUBLIC KEY-----\nAAAA\n",
+    )
+    .unwrap();
     let err = resolve(dir.path()).unwrap_err().to_string();
     assert!(err.starts_with("trust.keys: the public key "), "{err}");
-    assert!(err.contains("bad.pub: not an SPKI PEM P-256 public key"), "{err}");
+    assert!(
+        err.contains("bad.pub: not an SPKI PEM P-256 public key"),
+        "{err}"
+    );
     // A private key where a public one belongs is refused too, and so is a missing file.
     fs::write(
         dir.path().join("keys/bad.pub"),
@@ -112,5 +123,14 @@ fn a_key_that_does_not_parse_is_refused_before_anything_is_built() {
     assert!(resolve(dir.path()).is_err());
     fs::remove_file(dir.path().join("keys/bad.pub")).unwrap();
     let err = resolve(dir.path()).unwrap_err();
-    assert!(matches!(err, ImagerError::MissingInput { what: "the trusted key", .. }), "{err}");
+    assert!(
+        matches!(
+            err,
+            ImagerError::MissingInput {
+                what: "the trusted key",
+                ..
+            }
+        ),
+        "{err}"
+    );
 }

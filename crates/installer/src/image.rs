@@ -1,6 +1,6 @@
 //! Image mode: a complete, bootable slate disk written onto an empty one.
 
-use slate_disk::{Disk, PartitionView};
+use slate_disk::{Disk, PartitionView, SectorBuffer};
 use slate_layout::{
     derived_u32, verify_gpt, write_gpt, DiskLayout, LayoutParams, PlacedLayout, PlacedPartition,
     EFI_LABEL, META_LABEL, MIB,
@@ -210,7 +210,10 @@ pub fn write_image(
             });
             fat::create_dirs(&mut esp_view, plan.source_date_epoch, &[dir])?;
         }
-        let fs = fat::mount(esp_view, plan.source_date_epoch)?;
+        // Whole sectors at each flush: fatfs updates a directory entry field by field, and a
+        // cut between two of those writes must not show a new name over old content.
+        let mut sectors = SectorBuffer::new(esp_view);
+        let fs = fat::mount(&mut sectors, plan.source_date_epoch)?;
         for (path, bytes) in plan.esp_files() {
             progress(ImageStep::WriteFile {
                 path: path.clone(),
@@ -219,6 +222,11 @@ pub fn write_image(
             fat::write_file_atomically(&fs, &path, bytes)?;
         }
         fat::unmount(fs)?;
+        sectors.flush().map_err(|source| InstallError::Disk {
+            label: EFI_LABEL.into(),
+            action: "flushing",
+            source,
+        })?;
     }
 
     progress(ImageStep::FormatMeta);

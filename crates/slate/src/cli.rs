@@ -54,6 +54,11 @@ pub enum Command {
     Sign(crate::trust_cmd::SignArgs),
     /// Verify an installer bundle's signature against trusted keys, and every blob's digest.
     Verify(crate::trust_cmd::VerifyArgs),
+    /// Push an installer bundle (every tag in it) to an OCI registry or another OCI layout.
+    Push(crate::transport_cmd::PushArgs),
+    /// Pull an installer bundle (and its signature) from an OCI registry or layout into a local
+    /// layout cache; prints the layout and the manifest digest.
+    Pull(crate::transport_cmd::PullArgs),
     /// The node's booted version, stage and running sequence.
     Status {
         #[arg(long, value_enum, default_value_t)]
@@ -115,6 +120,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Keygen(args) => crate::trust_cmd::keygen(args),
         Command::Sign(args) => crate::trust_cmd::sign(args),
         Command::Verify(args) => crate::trust_cmd::verify(args),
+        Command::Push(args) => crate::transport_cmd::push(args),
+        Command::Pull(args) => crate::transport_cmd::pull(args),
         Command::Status { output } => node_cmd::status(&cli.target, output),
         Command::Version { output } => node_cmd::version(&cli.target, output),
         Command::Reboot { mode, dry_run } => node_cmd::reboot(&cli.target, mode, dry_run),

@@ -11,6 +11,7 @@ mod installer_cmd;
 mod machined;
 mod meta_cmd;
 mod node_cmd;
+mod transport_cmd;
 mod trust_cmd;
 mod upgrade_cmd;
 

@@ -9,7 +9,9 @@ use std::process::{Command, Output};
 
 use base64::Engine as _;
 use sha2::{Digest, Sha256};
-use slate_bundle::{write_bundle, BlobInput, Bundle, BundleSpec, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE};
+use slate_bundle::{
+    write_bundle, BlobInput, Bundle, BundleSpec, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE,
+};
 
 fn slate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_slate"))
@@ -109,7 +111,8 @@ fn keygen_writes_a_private_key_0600_and_never_overwrites() {
     let der = openssl(&["pkey", "-pubin", "-in", s(&public), "-outform", "DER"]).stdout;
     assert_eq!(id, hex::encode(Sha256::digest(&der)));
     // openssl reads the private key as a P-256 key.
-    let text = String::from_utf8(openssl(&["pkey", "-in", s(&private), "-noout", "-text"]).stdout).unwrap();
+    let text = String::from_utf8(openssl(&["pkey", "-in", s(&private), "-noout", "-text"]).stdout)
+        .unwrap();
     assert!(text.contains("NIST CURVE: P-256"), "{text}");
 
     let before = fs::read(&private).unwrap();
@@ -127,12 +130,30 @@ fn sign_then_verify_and_openssl_agrees() {
     let index = fs::read(b.join("index.json")).unwrap();
 
     // Unsigned: refused by name.
-    let err = fails(&slate(&["verify", "--bundle", s(&b), "--trusted-key", s(&public)]));
+    let err = fails(&slate(&[
+        "verify",
+        "--bundle",
+        s(&b),
+        "--trusted-key",
+        s(&public),
+    ]));
     assert!(err.contains("the bundle is not signed"), "{err}");
 
     // A dry run writes nothing.
-    let out = ok(&slate(&["sign", "--bundle", s(&b), "--key", s(&private), "--dry-run"]));
-    assert!(out.starts_with(&format!("would sign slate 2.0.0 (manifest {digest}) with key {id}")), "{out}");
+    let out = ok(&slate(&[
+        "sign",
+        "--bundle",
+        s(&b),
+        "--key",
+        s(&private),
+        "--dry-run",
+    ]));
+    assert!(
+        out.starts_with(&format!(
+            "would sign slate 2.0.0 (manifest {digest}) with key {id}"
+        )),
+        "{out}"
+    );
     assert_eq!(fs::read(b.join("index.json")).unwrap(), index);
 
     let out = ok(&slate(&["sign", "--bundle", s(&b), "--key", s(&private)]));
@@ -142,9 +163,21 @@ fn sign_then_verify_and_openssl_agrees() {
         format!("signed slate 2.0.0 (manifest {digest}) with key {id} as {tag}\n")
     );
 
-    let out = ok(&slate(&["verify", "--bundle", s(&b), "--trusted-key", s(&public)]));
-    assert!(out.starts_with("verified slate 2.0.0 (arch amd64, variant test)\n"), "{out}");
-    assert!(out.contains(&format!("  manifest {digest}\n  signed by key {id}\n")), "{out}");
+    let out = ok(&slate(&[
+        "verify",
+        "--bundle",
+        s(&b),
+        "--trusted-key",
+        s(&public),
+    ]));
+    assert!(
+        out.starts_with("verified slate 2.0.0 (arch amd64, variant test)\n"),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("  manifest {digest}\n  signed by key {id}\n")),
+        "{out}"
+    );
     assert!(out.contains("  blob uki slate-2.0.0.efi sha256:"), "{out}");
     let json: serde_json::Value = serde_json::from_str(&ok(&slate(&[
         "verify",
@@ -163,7 +196,11 @@ fn sign_then_verify_and_openssl_agrees() {
     Bundle::open(&b, None).unwrap();
 
     // openssl verifies the stored signature over the stored payload with slate.pub.
-    let layers = Bundle::open(&b, None).unwrap().signatures().unwrap().unwrap();
+    let layers = Bundle::open(&b, None)
+        .unwrap()
+        .signatures()
+        .unwrap()
+        .unwrap();
     let payload = dir.path().join("payload");
     let sig = dir.path().join("sig.der");
     fs::write(&payload, &layers[0].payload).unwrap();
@@ -174,7 +211,15 @@ fn sign_then_verify_and_openssl_agrees() {
             .unwrap(),
     )
     .unwrap();
-    let out = openssl(&["dgst", "-sha256", "-verify", s(&public), "-signature", s(&sig), s(&payload)]);
+    let out = openssl(&[
+        "dgst",
+        "-sha256",
+        "-verify",
+        s(&public),
+        "-signature",
+        s(&sig),
+        s(&payload),
+    ]);
     assert_eq!(String::from_utf8_lossy(&out.stdout), "Verified OK\n");
 }
 
@@ -186,7 +231,13 @@ fn verify_refuses_untrusted_keys_and_tampered_blobs() {
     let b = bundle(dir.path(), "2.0.0");
     ok(&slate(&["sign", "--bundle", s(&b), "--key", s(&private)]));
 
-    let err = fails(&slate(&["verify", "--bundle", s(&b), "--trusted-key", s(&other)]));
+    let err = fails(&slate(&[
+        "verify",
+        "--bundle",
+        s(&b),
+        "--trusted-key",
+        s(&other),
+    ]));
     assert!(
         err.contains(&format!(
             "the bundle is signed by key {}, which is not trusted (trusted: {})",
@@ -200,22 +251,41 @@ fn verify_refuses_untrusted_keys_and_tampered_blobs() {
     fs::create_dir(&trusted).unwrap();
     fs::copy(&other, trusted.join("other.pub")).unwrap();
     fs::copy(dir.path().join("a/slate.pub"), trusted.join("signer.pub")).unwrap();
-    ok(&slate(&["verify", "--bundle", s(&b), "--trusted-key", s(&trusted)]));
+    ok(&slate(&[
+        "verify",
+        "--bundle",
+        s(&b),
+        "--trusted-key",
+        s(&trusted),
+    ]));
 
     // A blob changed after signing: the signature still verifies, the blob does not.
     let bundle = Bundle::open(&b, None).unwrap();
     let uki = &bundle.blob_ref("uki").unwrap().digest;
     fs::write(
-        b.join("blobs/sha256").join(uki.trim_start_matches("sha256:")),
+        b.join("blobs/sha256")
+            .join(uki.trim_start_matches("sha256:")),
         b"MZ pretend UKX",
     )
     .unwrap();
-    let err = fails(&slate(&["verify", "--bundle", s(&b), "--trusted-key", s(&trusted)]));
-    assert!(err.contains("the uki blob does not match its digest"), "{err}");
+    let err = fails(&slate(&[
+        "verify",
+        "--bundle",
+        s(&b),
+        "--trusted-key",
+        s(&trusted),
+    ]));
+    assert!(
+        err.contains("the uki blob does not match its digest"),
+        "{err}"
+    );
     // And signing a damaged bundle is refused before anything is written.
     let index = fs::read(b.join("index.json")).unwrap();
     let err = fails(&slate(&["sign", "--bundle", s(&b), "--key", s(&private)]));
-    assert!(err.contains("the uki blob does not match its digest"), "{err}");
+    assert!(
+        err.contains("the uki blob does not match its digest"),
+        "{err}"
+    );
     assert_eq!(fs::read(b.join("index.json")).unwrap(), index);
 }
 
@@ -224,18 +294,55 @@ fn keys_made_by_openssl_sign_and_verify() {
     let dir = tempfile::tempdir().unwrap();
     let key = dir.path().join("k.pem");
     let public = dir.path().join("k.pub");
-    openssl(&["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out", s(&key)]);
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "EC",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-out",
+        s(&key),
+    ]);
     openssl(&["pkey", "-in", s(&key), "-pubout", "-out", s(&public)]);
     let b = bundle(dir.path(), "3.0.0");
     ok(&slate(&["sign", "--bundle", s(&b), "--key", s(&key)]));
-    ok(&slate(&["verify", "--bundle", s(&b), "--trusted-key", s(&public)]));
+    ok(&slate(&[
+        "verify",
+        "--bundle",
+        s(&b),
+        "--trusted-key",
+        s(&public),
+    ]));
     // SEC1 (`openssl ecparam -genkey`) keys too.
     let sec1 = dir.path().join("sec1.pem");
-    openssl(&["ecparam", "-name", "prime256v1", "-genkey", "-noout", "-out", s(&sec1)]);
-    ok(&slate(&["sign", "--bundle", s(&b), "--key", s(&sec1), "--dry-run"]));
+    openssl(&[
+        "ecparam",
+        "-name",
+        "prime256v1",
+        "-genkey",
+        "-noout",
+        "-out",
+        s(&sec1),
+    ]);
+    ok(&slate(&[
+        "sign",
+        "--bundle",
+        s(&b),
+        "--key",
+        s(&sec1),
+        "--dry-run",
+    ]));
     // An RSA key is refused by name.
     let rsa = dir.path().join("rsa.pem");
-    openssl(&["genpkey", "-algorithm", "RSA", "-pkeyopt", "rsa_keygen_bits:1024", "-out", s(&rsa)]);
+    openssl(&[
+        "genpkey",
+        "-algorithm",
+        "RSA",
+        "-pkeyopt",
+        "rsa_keygen_bits:1024",
+        "-out",
+        s(&rsa),
+    ]);
     let err = fails(&slate(&["sign", "--bundle", s(&b), "--key", s(&rsa)]));
     assert!(err.contains("not a PKCS#8 PEM P-256 private key"), "{err}");
 }

@@ -21,7 +21,15 @@ pub enum TransportError {
         method: String,
         url: String,
         #[source]
-        source: Box<ureq::Error>,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    /// Bytes came back, but not an HTTP answer.
+    #[error("{method} {url}: the answer is not HTTP ({source})")]
+    NotHttp {
+        method: String,
+        url: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The registry answered with a status the protocol does not allow here.
     #[error("{method} {url}: the registry answered {status}{detail}")]
@@ -70,6 +78,7 @@ pub enum TransportError {
     Usage(String),
 }
 
+#[cfg_attr(not(feature = "client"), allow(dead_code))]
 impl TransportError {
     pub(crate) fn io(path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Self {
         let path = path.into();

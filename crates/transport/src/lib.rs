@@ -11,26 +11,39 @@
 //! - [`push`]: every tag of a layout to a registry (blobs the registry has are skipped) or into
 //!   another layout.
 //!
+//! The reference parser alone (for fuzzing) builds without the `client` feature, which brings
+//! the HTTP stack.
+//!
 //! Blocking, on `ureq` (rustls with ring, webpki roots); plain HTTP for loopback registries or
 //! with [`Options::insecure`]. ARCHITECTURE.md says why this is not `oci-client`.
 
 mod error;
+#[cfg(feature = "client")]
 mod layout;
+#[cfg(feature = "client")]
 mod pull;
+#[cfg(feature = "client")]
 mod push;
 mod reference;
+#[cfg(feature = "client")]
 mod registry;
+#[cfg(feature = "client")]
 mod source;
 
-use std::path::{Path, PathBuf};
+#[cfg(feature = "client")]
+use std::path::Path;
+use std::path::PathBuf;
 
 pub use error::TransportError;
+#[cfg(feature = "client")]
 pub use pull::signature_tag;
+#[cfg(feature = "client")]
 pub use push::{plan_push, PlannedBlob, PlannedImage, PushPlan};
 pub use reference::{Location, Reference, ReferenceError, LAYOUT_PREFIX};
 
 /// What a transfer is doing, for progress displays. Events come in order: for each blob
-/// `BlobPresent`, or `BlobStart`, `Bytes`…, `BlobDone`; `Manifest` once a manifest is known.
+/// `BlobPresent`, or `BlobStart`, `Bytes`…, `BlobDone` (a resumed blob that fails its digest
+/// starts once more from 0); `Manifest` once a manifest is known (pull) or stored (push).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Event<'a> {
     /// A manifest was read (pull) or stored (push) under `name`.
@@ -105,6 +118,7 @@ pub struct Pushed {
     pub skipped_bytes: u64,
 }
 
+#[cfg(feature = "client")]
 /// Pull `reference` into the layout cache at `cache_dir` (created when missing) with default
 /// [`Options`].
 pub fn pull(
@@ -115,6 +129,7 @@ pub fn pull(
     pull::pull(reference, cache_dir, &Options::default(), progress)
 }
 
+#[cfg(feature = "client")]
 /// [`pull`] with explicit [`Options`].
 pub fn pull_with(
     reference: &Reference,
@@ -125,6 +140,7 @@ pub fn pull_with(
     pull::pull(reference, cache_dir, options, progress)
 }
 
+#[cfg(feature = "client")]
 /// Push every tag of the layout at `layout_dir` to `reference` (a repository, or a layout) with
 /// default [`Options`]. A tag in the reference must be one of the layout's, or renames the
 /// layout's only image; see [`plan_push`].
@@ -136,6 +152,7 @@ pub fn push(
     push::push(layout_dir, reference, &Options::default(), progress)
 }
 
+#[cfg(feature = "client")]
 /// [`push`] with explicit [`Options`].
 pub fn push_with(
     layout_dir: &Path,

@@ -143,7 +143,7 @@ pub(crate) fn copy_image(
 
 pub(crate) enum AnySource {
     Registry(Registry),
-    Layout(LayoutSource),
+    Layout(Box<LayoutSource>),
 }
 
 impl AnySource {
@@ -152,14 +152,14 @@ impl AnySource {
             Location::Registry { host, repository } => {
                 AnySource::Registry(Registry::new(host, repository, options, false))
             }
-            Location::Layout { path } => AnySource::Layout(LayoutSource::open(path)?),
+            Location::Layout { path } => AnySource::Layout(Box::new(LayoutSource::open(path)?)),
         })
     }
 
     pub fn as_source(&self) -> &dyn Source {
         match self {
             AnySource::Registry(r) => r,
-            AnySource::Layout(l) => l,
+            AnySource::Layout(l) => &**l,
         }
     }
 }

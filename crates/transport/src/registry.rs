@@ -251,6 +251,13 @@ impl Registry {
     }
 
     fn http_error(method: &str, url: &str, source: ureq::Error) -> TransportError {
+        if matches!(source, ureq::Error::Protocol(_)) {
+            return TransportError::NotHttp {
+                method: method.to_owned(),
+                url: url.to_owned(),
+                source: Box::new(source),
+            };
+        }
         TransportError::Http {
             method: method.to_owned(),
             url: url.to_owned(),
@@ -743,6 +750,23 @@ mod tests {
         ] {
             assert!(!is_loopback(host), "{host}");
         }
+    }
+
+    #[test]
+    fn https_unless_loopback_or_insecure() {
+        let remote = Registry::new("registry.example:5000", "os", &Options::default(), false);
+        assert_eq!(remote.describe(), "https://registry.example:5000/v2/os");
+        let insecure = Options {
+            insecure: true,
+            ..Options::default()
+        };
+        let plain = Registry::new("registry.example:5000", "os", &insecure, false);
+        assert_eq!(plain.describe(), "http://registry.example:5000/v2/os");
+        let local = Registry::new("[::1]:5000", "a/b", &Options::default(), false);
+        assert_eq!(
+            local.url("blobs/uploads/"),
+            "http://[::1]:5000/v2/a/b/blobs/uploads/"
+        );
     }
 
     #[test]

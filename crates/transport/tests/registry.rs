@@ -1,4 +1,5 @@
 //! Push and pull against a real registry (Debian's docker-registry, distribution 2.8).
+#![cfg(feature = "client")]
 
 mod support;
 

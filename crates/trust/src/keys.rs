@@ -268,7 +268,9 @@ mod tests {
     #[test]
     fn generated_keys_round_trip_through_pem() {
         let pair = generate_keypair();
-        assert!(pair.private_pem.starts_with("-----BEGIN PRIVATE KEY-----\n"));
+        assert!(pair
+            .private_pem
+            .starts_with("-----BEGIN PRIVATE KEY-----\n"));
         assert!(pair.public_pem.starts_with("-----BEGIN PUBLIC KEY-----\n"));
         let private = PrivateKey::from_pem(&pair.private_pem).unwrap();
         let public = PublicKey::from_pem(&pair.public_pem).unwrap();
@@ -314,7 +316,10 @@ mod tests {
         .unwrap_err();
         assert!(err.to_string().contains("encrypted"), "{err}");
         let err = PublicKey::from_pem(&key.to_pem()).unwrap_err();
-        assert!(err.to_string().contains("not an SPKI PEM P-256 public key"), "{err}");
+        assert!(
+            err.to_string().contains("not an SPKI PEM P-256 public key"),
+            "{err}"
+        );
         assert!(PrivateKey::from_scalar(&[0; 32]).is_err());
     }
 }

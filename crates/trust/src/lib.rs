@@ -81,9 +81,7 @@ pub enum TrustError {
          payload or the signature was altered"
     )]
     NotVerified { trusted: String },
-    #[error(
-        "the signature by key {key_id} is for manifest {signed}, not this bundle's {bundle}"
-    )]
+    #[error("the signature by key {key_id} is for manifest {signed}, not this bundle's {bundle}")]
     SignedAnotherDigest {
         key_id: String,
         signed: String,

@@ -42,10 +42,7 @@ pub struct Identity {
 pub struct Image {
     /// cosign's spec shows `Docker-manifest-digest`, its code writes the lowercase name; Go's
     /// JSON decoder accepts either, so slate reads both and writes the lowercase one.
-    #[serde(
-        rename = "docker-manifest-digest",
-        alias = "Docker-manifest-digest"
-    )]
+    #[serde(rename = "docker-manifest-digest", alias = "Docker-manifest-digest")]
     pub docker_manifest_digest: String,
 }
 
@@ -74,8 +71,8 @@ impl Payload {
     /// Parse payload bytes: valid JSON of this shape, cosign's type, a `sha256:<64 hex>` digest.
     pub fn parse(bytes: &[u8]) -> Result<Self, TrustError> {
         let bad = |reason: String| TrustError::MalformedPayload { reason };
-        let payload: Payload =
-            serde_json::from_slice(bytes).map_err(|e| bad(format!("not a simple-signing document: {e}")))?;
+        let payload: Payload = serde_json::from_slice(bytes)
+            .map_err(|e| bad(format!("not a simple-signing document: {e}")))?;
         if payload.critical.kind != COSIGN_SIGNATURE_TYPE {
             return Err(bad(format!(
                 "its type is {:?}, not {COSIGN_SIGNATURE_TYPE:?}",
@@ -125,7 +122,10 @@ mod tests {
         let text = format!(
             r#"{{"critical":{{"identity":{{"docker-reference":"x"}},"image":{{"Docker-manifest-digest":"{DIGEST}"}},"type":"cosign container image signature"}},"optional":{{"creator":"atomic"}}}}"#
         );
-        assert_eq!(Payload::parse(text.as_bytes()).unwrap().manifest_digest(), DIGEST);
+        assert_eq!(
+            Payload::parse(text.as_bytes()).unwrap().manifest_digest(),
+            DIGEST
+        );
         let err = |text: &str| Payload::parse(text.as_bytes()).unwrap_err().to_string();
         assert!(err("{").contains("not a simple-signing document"));
         assert!(err(&text.replace("cosign container", "atomic container")).contains("its type is"));

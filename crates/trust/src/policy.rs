@@ -41,9 +41,7 @@ pub enum PolicyError {
     WrongArch { bundle: String, node: String },
     #[error("the bundle is variant {bundle:?}, this node runs variant {node:?}")]
     WrongVariant { bundle: String, node: String },
-    #[error(
-        "{target} is older than the running {running}; a downgrade needs --allow-downgrade"
-    )]
+    #[error("{target} is older than the running {running}; a downgrade needs --allow-downgrade")]
     Downgrade { target: String, running: String },
     #[error(
         "{target} is below this node's version floor {floor} (META VersionFloor); no update may \
@@ -96,18 +94,17 @@ pub fn check_update(
 
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use super::*;
 
     fn bundle(version: &str) -> BundleManifest {
-        BundleManifest {
-            name: "slate".into(),
-            version: version.into(),
-            arch: "amd64".into(),
-            variant: "demo".into(),
-            blobs: BTreeMap::new(),
-        }
+        serde_json::from_value(serde_json::json!({
+            "name": "slate",
+            "version": version,
+            "arch": "amd64",
+            "variant": "demo",
+            "blobs": {},
+        }))
+        .unwrap()
     }
 
     fn node(running: &str, floor: Option<&str>) -> NodeFacts {
@@ -122,8 +119,14 @@ mod tests {
     #[test]
     fn upgrades_and_reinstalls_are_allowed() {
         let n = node("1.9.0", None);
-        assert_eq!(check_update(&bundle("1.10.0"), &n, false), Ok(UpdateKind::Upgrade));
-        assert_eq!(check_update(&bundle("1.9.0"), &n, false), Ok(UpdateKind::Reinstall));
+        assert_eq!(
+            check_update(&bundle("1.10.0"), &n, false),
+            Ok(UpdateKind::Upgrade)
+        );
+        assert_eq!(
+            check_update(&bundle("1.9.0"), &n, false),
+            Ok(UpdateKind::Reinstall)
+        );
         // UAPI order, not string order: 1.10 > 1.9, ~rc before the release.
         assert_eq!(
             check_update(&bundle("1.9.0~rc1"), &n, false),
@@ -162,7 +165,10 @@ mod tests {
             check_update(&bundle("1.2.0"), &under, false),
             Err(PolicyError::BelowFloor { .. })
         ));
-        assert_eq!(check_update(&bundle("1.5.0"), &under, false), Ok(UpdateKind::Upgrade));
+        assert_eq!(
+            check_update(&bundle("1.5.0"), &under, false),
+            Ok(UpdateKind::Upgrade)
+        );
     }
 
     #[test]

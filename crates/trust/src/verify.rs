@@ -22,7 +22,10 @@ pub struct Verified {
 /// manifest digest (and its name as the reference), its DER signature in base64, and the public
 /// key. Nothing is written; see [`sign`].
 pub fn signature_for(bundle: &Bundle, key: &PrivateKey) -> SignatureLayer {
-    signature_over(&Payload::new(&bundle.manifest().name, bundle.manifest_digest()), key)
+    signature_over(
+        &Payload::new(&bundle.manifest().name, bundle.manifest_digest()),
+        key,
+    )
 }
 
 /// The signature layer of an arbitrary payload (corpora and tests make wrong ones with it).

@@ -111,7 +111,9 @@ fn unsigned() {
     let dir = bundle("2.0.0", None);
     let err = verify_err(dir.path());
     assert!(
-        err.starts_with("the bundle is not signed: its layout has no signature manifest tagged sha256-"),
+        err.starts_with(
+            "the bundle is not signed: its layout has no signature manifest tagged sha256-"
+        ),
         "{err}"
     );
 }
@@ -149,7 +151,12 @@ fn key_rotation_old_and_new_signatures_and_keys() {
     let err = verify(&open(dir.path()), &[key(3).public_key()])
         .unwrap_err()
         .to_string();
-    assert!(err.starts_with("none of the bundle's 2 signatures is valid: 1) the bundle is signed by key"), "{err}");
+    assert!(
+        err.starts_with(
+            "none of the bundle's 2 signatures is valid: 1) the bundle is signed by key"
+        ),
+        "{err}"
+    );
 }
 
 #[test]
@@ -188,7 +195,9 @@ fn tampered_blob() {
     verify(&b, &trusted()).unwrap();
     let err = verify_blobs(&b).unwrap_err().to_string();
     assert!(
-        err.starts_with(&format!("the uki blob does not match its digest: expected {uki}, got sha256:")),
+        err.starts_with(&format!(
+            "the uki blob does not match its digest: expected {uki}, got sha256:"
+        )),
         "{err}"
     );
 }
@@ -214,7 +223,9 @@ fn manifest_digest_mismatch() {
     fs::write(&path, text).unwrap();
     let err = Bundle::open(dir.path(), None).unwrap_err().to_string();
     assert!(
-        err.starts_with(&format!("the image manifest does not match its digest: expected {digest}, got sha256:")),
+        err.starts_with(&format!(
+            "the image manifest does not match its digest: expected {digest}, got sha256:"
+        )),
         "{err}"
     );
 }
@@ -319,7 +330,10 @@ fn malformed_signature_manifest() {
     // Altered in place: caught by its digest.
     fs::write(&path, text.replace("simplesigning", "simplesignin_")).unwrap();
     let err = verify_err(dir.path());
-    assert!(err.starts_with("the signature manifest does not match its digest"), "{err}");
+    assert!(
+        err.starts_with("the signature manifest does not match its digest"),
+        "{err}"
+    );
     // Re-digested garbage: caught by its shape, by name.
     for (from, to, message) in [
         ("simplesigning", "simplesignin_", "layer 1 is application/vnd.dev.cosign.simplesignin_.v1+json, not a simple-signing payload"),
@@ -353,7 +367,11 @@ fn copy_dir(from: &Path, to: &Path) {
     }
     for entry in fs::read_dir(from.join("blobs/sha256")).unwrap() {
         let entry = entry.unwrap();
-        fs::copy(entry.path(), to.join("blobs/sha256").join(entry.file_name())).unwrap();
+        fs::copy(
+            entry.path(),
+            to.join("blobs/sha256").join(entry.file_name()),
+        )
+        .unwrap();
     }
 }
 
@@ -367,13 +385,11 @@ fn oversize_manifest() {
     fs::write(blob_path(dir.path(), &huge_digest), &huge).unwrap();
     let index = fs::read_to_string(dir.path().join("index.json")).unwrap();
     let size_of = |d: &str| fs::metadata(blob_path(dir.path(), d)).unwrap().len();
-    let index = index
-        .replacen(&digest, &huge_digest, 1)
-        .replacen(
-            &format!("\"size\": {}", size_of(&digest)),
-            &format!("\"size\": {}", huge.len()),
-            1,
-        );
+    let index = index.replacen(&digest, &huge_digest, 1).replacen(
+        &format!("\"size\": {}", size_of(&digest)),
+        &format!("\"size\": {}", huge.len()),
+        1,
+    );
     fs::write(dir.path().join("index.json"), index).unwrap();
     let err = Bundle::open(dir.path(), None).unwrap_err();
     assert!(matches!(err, BundleError::Oversize { .. }), "{err}");
@@ -408,7 +424,8 @@ fn no_trusted_keys() {
     fs::write(empty.path().join("bad.pub"), "-----BEGIN PUBLIC KEY-----\n").unwrap();
     let err = slate_trust::load_trusted_keys(empty.path()).unwrap_err();
     assert!(
-        err.to_string().contains("bad.pub: not an SPKI PEM P-256 public key"),
+        err.to_string()
+            .contains("bad.pub: not an SPKI PEM P-256 public key"),
         "{err}"
     );
 }
@@ -442,7 +459,10 @@ fn wrong_arch() {
     let dir = tempfile::tempdir().unwrap();
     write(dir.path(), "2.0.0", "arm64", "demo");
     let err = check_update(&manifest(dir.path()), &node("1.0.0", None), false).unwrap_err();
-    assert_eq!(err.to_string(), "the bundle is for arch arm64, this node is amd64");
+    assert_eq!(
+        err.to_string(),
+        "the bundle is for arch arm64, this node is amd64"
+    );
 }
 
 #[test]

@@ -25,11 +25,34 @@ pub struct Prepared {
     pub pki: PathBuf,
 }
 
-/// Kernel cache, static slate, API certificates, and the base root with slate and the node's
-/// API identity in it.
+/// The demo's signing key pair (`slate keygen`): profiles/demo.toml trusts `slate.pub`, and
+/// the test harness signs every bundle it builds with `slate.key`.
+pub fn demo_keys() -> PathBuf {
+    repo_root().join("target/demo/keys")
+}
+
+/// Sign `bundle` with the demo key (as a release pipeline would after building it).
+pub fn sign_bundle(slate: &Path, bundle: &Path) -> Result<()> {
+    output(
+        Command::new(slate)
+            .args(["sign", "--bundle"])
+            .arg(bundle)
+            .arg("--key")
+            .arg(demo_keys().join("slate.key")),
+    )
+    .map(drop)
+}
+
+/// Kernel cache, static slate, API certificates, the demo signing key, and the base root with
+/// slate and the node's API identity in it.
 pub fn prepare() -> Result<Prepared> {
     kernel::kernel(false)?;
     let slate = slate_static::slate_static()?;
+    let keys = demo_keys();
+    if !keys.join("slate.pub").exists() {
+        let _ = fs::remove_dir_all(&keys);
+        run(Command::new(&slate).args(["keygen", "--out"]).arg(&keys))?;
+    }
     let pki = repo_root().join("target/demo/pki");
     if !pki.join("ca.crt").exists() {
         let _ = fs::remove_dir_all(&pki);
@@ -267,19 +290,62 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
     ))
 }
 
-/// An installer bundle of the demo profile.
+/// An installer bundle of the demo profile, signed with the demo key.
 fn build_bundle(slate: &Path, version: &str, extra_args: &[&str], out: &Path) -> Result<()> {
-    build_demo(slate, "installer", version, extra_args, out)
+    build_demo(slate, "installer", version, extra_args, out)?;
+    sign_bundle(slate, out)
 }
 
-/// The upgrade story's artifacts: v1 as a disk image at `image`, v2 and a broken v3 (a Boot
-/// task fails) as installer bundles in `work`.
-fn build_upgrade_story(slate: &Path, image: &Path, work: &Path) -> Result<(PathBuf, PathBuf)> {
-    build_image(slate, "1.0.0", &[], image)?;
-    let (v2, v3) = (work.join("bundle-v2"), work.join("bundle-v3"));
+/// The upgrade story's artifacts: v1, v2 and a broken v3 (a Boot task fails) as installer
+/// bundles in `work`, and v1 installed from its bundle onto the blank disk `image` by
+/// `slate installer install` (the install mode). Returns (v2, v3) and the installer's output.
+fn build_upgrade_story(
+    slate: &Path,
+    image: &Path,
+    work: &Path,
+) -> Result<(PathBuf, PathBuf, String)> {
+    let (v1, v2, v3) = (
+        work.join("bundle-v1"),
+        work.join("bundle-v2"),
+        work.join("bundle-v3"),
+    );
+    build_bundle(slate, "1.0.0", &[], &v1)?;
     build_bundle(slate, "2.0.0", &[], &v2)?;
     build_bundle(slate, "3.0.0", &["slate.debug.fail-task=network"], &v3)?;
-    Ok((v2, v3))
+    let _ = fs::remove_file(image);
+    fs::File::create(image)?.set_len(256 << 20)?;
+    let install = |extra: &[&str]| {
+        output(
+            Command::new(slate)
+                .args(["installer", "install", "--disk"])
+                .arg(image)
+                .arg("--bundle")
+                .arg(&v1)
+                .arg("--trusted-keys")
+                .arg(demo_keys())
+                .args(extra),
+        )
+    };
+    let plan = install(&["--dry-run"])?;
+    ensure!(
+        plan.contains("would install slate 1.0.0") && plan.contains("META"),
+        "install --dry-run: {plan}"
+    );
+    let installed = install(&[])?;
+    ensure!(installed.contains("installed slate 1.0.0"), "{installed}");
+    let again = Command::new(slate)
+        .args(["installer", "install", "--disk"])
+        .arg(image)
+        .arg("--bundle")
+        .arg(&v1)
+        .arg("--trusted-keys")
+        .arg(demo_keys())
+        .output()?;
+    ensure!(
+        !again.status.success() && String::from_utf8_lossy(&again.stderr).contains("not blank"),
+        "installing over a disk in use must be refused without --force"
+    );
+    Ok((v2, v3, format!("{plan}{installed}")))
 }
 
 fn offline_upgrade(slate: &Path, image: &Path, bundle: &Path) -> Result<String> {
@@ -288,8 +354,27 @@ fn offline_upgrade(slate: &Path, image: &Path, bundle: &Path) -> Result<String> 
             .args(["installer", "upgrade", "--disk"])
             .arg(image)
             .arg("--bundle")
-            .arg(bundle),
+            .arg(bundle)
+            .arg("--trusted-keys")
+            .arg(demo_keys()),
     )
+}
+
+/// A copy of the layout at `bundle` without its signature manifests.
+fn strip_signatures(bundle: &Path, out: &Path) -> Result<PathBuf> {
+    let _ = fs::remove_dir_all(out);
+    run(Command::new("cp").arg("-a").arg(bundle).arg(out))?;
+    let index_path = out.join("index.json");
+    let mut index: serde_json::Value = serde_json::from_slice(&fs::read(&index_path)?)?;
+    if let Some(manifests) = index["manifests"].as_array_mut() {
+        manifests.retain(|m| {
+            !m["annotations"]["org.opencontainers.image.ref.name"]
+                .as_str()
+                .is_some_and(|t| t.ends_with(".sig"))
+        });
+    }
+    fs::write(&index_path, serde_json::to_vec_pretty(&index)?)?;
+    Ok(out.to_owned())
 }
 
 /// `slate upgrade --image oci-layout:BUNDLE` against the running node: the client checks and
@@ -323,7 +408,7 @@ fn online_upgrade(node: &Node, boot: &mut Running, bundle: &Path, version: &str)
 /// v2 is up again with no human action, its status naming v3's failure.
 fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String> {
     let image = work.join("upgrade.raw");
-    let (v2, v3) = build_upgrade_story(&prepared.slate, &image, work)?;
+    let (v2, v3, _) = build_upgrade_story(&prepared.slate, &image, work)?;
     let mut vm = Vm::new(&image, &work.join("vm-upgrade"))?;
     let node = Node {
         prepared,
@@ -342,6 +427,18 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
         Duration::from_secs(30),
         "v1 blessed",
     )?;
+    // The node refuses what its image's keys did not sign, and keeps running.
+    let unsigned = strip_signatures(&v2, &work.join("bundle-v2-unsigned"))?;
+    let refused = node.refused(&[
+        "upgrade",
+        "--image",
+        &format!("oci-layout:{}", unsigned.display()),
+    ])?;
+    ensure!(
+        refused.contains("the bundle is not signed"),
+        "an unsigned bundle: {refused}"
+    );
+    ensure!(node.status()?["stage"] == "Running");
     let installed = online_upgrade(&node, &mut boot, &v2, "2.0.0")?;
     ensure!(
         installed.contains("installed slate-2.0.0+3.efi (fallback slate-1.0.0.efi"),
@@ -413,7 +510,8 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
     );
     boot.kill();
     Ok(format!(
-        "v1 -> v2 by `slate upgrade` over the API (bundle's own installer), committed \
+        "unsigned bundle refused by the node; v1 -> v2 by `slate upgrade` over the API (signed; \
+         the bundle's own installer), committed \
          (blessed, marker dropped), still v2 after a reboot; broken v3 reverted to v2 \
          unattended ({reverted})"
     ))
@@ -461,8 +559,14 @@ pub fn vm_test(only: &[String]) -> Result<()> {
         ("node_lifecycle", node_lifecycle),
         ("fatal_boot_task", fatal_boot_task),
         ("upgrade_commit_and_revert", upgrade_commit_and_revert),
-        ("power_cuts_during_upgrade", powercut::power_cuts_during_upgrade),
-        ("broken_upgrades_roll_back", rollback::broken_upgrades_roll_back),
+        (
+            "power_cuts_during_upgrade",
+            powercut::power_cuts_during_upgrade,
+        ),
+        (
+            "broken_upgrades_roll_back",
+            rollback::broken_upgrades_roll_back,
+        ),
     ];
     let (mut passed, mut failed) = (0, 0);
     for (name, scenario) in scenarios {
@@ -505,10 +609,13 @@ pub fn demo() -> Result<()> {
     run(Command::new(&prepared.slate)
         .args(["imager", "build", "--profile"])
         .arg(repo_root().join("profiles/demo.toml"))
-        .args(["--output", "image", "--dry-run", "--out"])
+        .args(["--output", "installer", "--dry-run", "--out"])
         .arg(&image))?;
-    println!("== building v1 (disk image), v2 and a broken v3 (installer bundles)");
-    let (v2, v3) = build_upgrade_story(&prepared.slate, &image, &work)?;
+    println!(
+        "== building v1, v2 and a broken v3 (installer bundles); installing v1 onto a blank disk"
+    );
+    let (v2, v3, installed) = build_upgrade_story(&prepared.slate, &image, &work)?;
+    print!("{installed}");
     println!("{}", output(Command::new("sgdisk").arg("-p").arg(&image))?);
     println!("{}", esp_listing(&image)?);
 

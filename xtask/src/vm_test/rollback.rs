@@ -81,7 +81,11 @@ fn build(
     for arg in extra_args {
         cmd.args(["--kernel-arg", arg]);
     }
-    output(&mut cmd).map(drop)
+    output(&mut cmd)?;
+    if kind == "installer" {
+        super::sign_bundle(slate, out)?;
+    }
+    Ok(())
 }
 
 /// The three broken bundles.
@@ -136,6 +140,8 @@ fn offline_upgrade_tries(slate: &Path, image: &Path, bundle: &Path, tries: u32) 
             .arg(image)
             .arg("--bundle")
             .arg(bundle)
+            .arg("--trusted-keys")
+            .arg(super::demo_keys())
             .args(["--tries", &tries.to_string()]),
     )
 }
@@ -177,6 +183,13 @@ fn back_on_v2(vm: &mut Vm, node: &Node<'_>) -> Result<(Running, serde_json::Valu
     Ok((boot, status))
 }
 
+/// What machined said on a console line, without the kernel's timestamp and the prefix.
+fn said(line: &str) -> &str {
+    line.split_once("[slate] [machined] ")
+        .map(|(_, text)| text)
+        .unwrap_or(line)
+}
+
 fn last_failure(status: &serde_json::Value) -> (String, String) {
     let failure = &status["last_failure"];
     (
@@ -199,7 +212,10 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
     // v2's first boot, with the broken bundles built meanwhile.
     let builder = {
         let (slate, work) = (slate.clone(), work.to_owned());
-        std::thread::spawn(move || build_broken_bundles(&slate, &work))
+        std::thread::spawn(move || {
+            let started = Instant::now();
+            build_broken_bundles(&slate, &work).map(|bundles| (bundles, started.elapsed()))
+        })
     };
     let mut vm = Vm::new(&image, &work.join("vm-rollback"))?;
     let node = Node {
@@ -225,7 +241,7 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
         .and_then(|r| r.split('s').next())
         .and_then(|n| n.parse().ok())
         .with_context(|| format!("the armed line names its timeout: {armed}"))?;
-    let bundles = builder
+    let (bundles, built_in) = builder
         .join()
         .map_err(|_| anyhow::anyhow!("the bundle builder panicked"))??;
     // The watchdog was armed before the commit: once its timeout has passed since the commit,
@@ -239,15 +255,17 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
     );
     ensure!(node.status()?["stage"] == "Running");
     println!(
-        "  v2: {}; {}; up {:.0?} after its commit ({timeout}s watchdog)",
-        armed.trim_start_matches("[slate] [machined] "),
-        fed.trim_start_matches("[slate] [machined] "),
+        "  v2 (image): {}; {}; still up {:.0?} after its commit; the 3 broken bundles built \
+         meanwhile in {built_in:.0?}",
+        said(&armed),
+        said(&fed),
         fed_since.elapsed()
     );
     power_off(&mut boot, &node)?;
     let [health_bundle, init_bundle, hang_bundle] = bundles;
 
     // (a) A health check that cannot pass: machined records it, reverts, reboots.
+    let variant = Instant::now();
     let installed = offline_upgrade(slate, &image, &health_bundle)?;
     ensure!(
         installed.contains("installed slate-3.0.1+3.efi (fallback slate-2.0.0.efi"),
@@ -290,14 +308,17 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
         "status names the failed version and why: {status}"
     );
     println!(
-        "  (a) health check fails: {}; {}; {} left on the ESP; back on {V2}, last_failure {failed_version}: {reason}",
-        fatal.split("failed: ").last().unwrap_or(&fatal),
-        reverted.trim_start_matches("[slate] [machined] "),
-        bad.unwrap_or_default()
+        "  (a) health check fails: {}; {}; {} on the ESP; back on {V2} in {:.0?}, status \
+         last_failure {failed_version}: {reason}",
+        said(&fatal),
+        said(&reverted),
+        bad.unwrap_or_default(),
+        variant.elapsed()
     );
     power_off(&mut boot, &node)?;
 
     // (b) init cannot start machined: only boot counting can help.
+    let variant = Instant::now();
     let installed = offline_upgrade(slate, &image, &init_bundle)?;
     ensure!(
         installed.contains("installed slate-3.0.2+3.efi"),
@@ -345,13 +366,16 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
         "nobody ran to record v3.0.2's failure: {status}"
     );
     println!(
-        "  (b) init cannot exec machined: {}; back on {V2} unattended (no record possible: \
-         last_failure still {failed_version})",
-        names.join(" -> ")
+        "  (b) init cannot exec machined (slate.init=/nonexistent): {}; back on {V2} in {:.0?}, \
+         {} (nothing ran to record the failure: last_failure still {failed_version})",
+        names.join(" -> "),
+        variant.elapsed(),
+        said(&dropped)
     );
     power_off(&mut boot, &node)?;
 
     // (c) A hang before the commit: the watchdog resets the machine.
+    let variant = Instant::now();
     let installed = offline_upgrade_tries(slate, &image, &hang_bundle, HANG_TRIES)?;
     ensure!(
         installed.contains("installed slate-3.0.3+1.efi"),
@@ -389,9 +413,12 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
         "v2 committed, dropping the hung upgrade's marker",
     )?;
     println!(
-        "  (c) hang-task=network (--tries {HANG_TRIES}, {HANG_WATCHDOG_SECS}s watchdog): \
-         hardware reset {reset_after:.0?} after the hang, {} on the ESP; back on {V2}",
-        bad.unwrap_or_default()
+        "  (c) slate.debug.hang-task=network (installer upgrade --tries {HANG_TRIES}, \
+         {HANG_WATCHDOG_SECS}s watchdog): {}; reset by the watchdog {reset_after:.0?} after the \
+         hang (no reboot logged), {} on the ESP; back on {V2} in {:.0?}",
+        said(&armed),
+        bad.unwrap_or_default(),
+        variant.elapsed()
     );
     boot.kill();
     Ok(format!(

@@ -24,6 +24,13 @@ pub fn uki(version: u32, len: usize) -> Vec<u8> {
 
 /// v1 installed by the installer's image mode (`slate-1+3.efi`, `default slate-*`).
 pub fn installed(v1: &[u8]) -> MemDisk {
+    let mut disk = MemDisk::zeroed(DISK_LEN);
+    write_installed(&mut disk, v1);
+    disk
+}
+
+/// The installer's writes for v1 onto `disk` (blank, [`DISK_LEN`] bytes).
+pub fn write_installed(disk: &mut impl Disk, v1: &[u8]) {
     let plan = ImagePlan {
         image_id: "bootloader-test".into(),
         layout: LayoutParams {
@@ -38,9 +45,7 @@ pub fn installed(v1: &[u8]) -> MemDisk {
         uki_name: "slate-1+3.efi".into(),
         loader_conf: loader_conf("slate-*", 3).unwrap(),
     };
-    let mut disk = MemDisk::zeroed(DISK_LEN);
-    write_image(&mut disk, &plan, &mut |_| {}).unwrap();
-    disk
+    write_image(disk, &plan, &mut |_| {}).unwrap();
 }
 
 pub fn sdboot<D: Disk>(disk: D) -> SystemdBoot<D, MemEfiVars> {

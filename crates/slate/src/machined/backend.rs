@@ -89,12 +89,12 @@ impl NodeBackend for Backend {
                 "staged upgrades are not available yet; upgrade now instead".into(),
             ));
         }
-        let reboot = match req.reboot_mode {
-            ApiRebootMode::Default => RebootMode::Default,
-            ApiRebootMode::Powercycle => RebootMode::Powercycle,
-        };
-        let plan = upgrade::plan(&req.image, req.tries, reboot)?;
-        let guard = self.0.lock.try_lock(SequenceKind::Upgrade).map_err(locked)?;
+        let plan = upgrade::plan(&self.0, &req)?;
+        let guard = self
+            .0
+            .lock
+            .try_lock(SequenceKind::Upgrade)
+            .map_err(locked)?;
         self.0
             .journal
             .info(format_args!("upgrade to {} requested", plan.version));

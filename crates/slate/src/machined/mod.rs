@@ -190,10 +190,7 @@ fn run_upgrade(node: &Node, sequence: Sequence<'_>, guard: &slate_sequencer::Seq
         handler::reboot(node, mode);
     }
     node.journal.error(format_args!("upgrade failed: {err}"));
-    *node
-        .last_failure
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = Some(slate_api::Failure {
+    *node.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(slate_api::Failure {
         version: node.version.clone(),
         reason: format!("upgrade failed: {err}"),
     });

@@ -44,6 +44,8 @@ pub struct Node {
     pub lock: PriorityLock,
     pub mode: Mode,
     pub version: String,
+    /// os-release `VARIANT_ID`: an update must carry the same.
+    pub variant: String,
     pub kernel: Option<String>,
     pub booted_entry: Option<String>,
     pub config: BootConfig,
@@ -75,6 +77,8 @@ impl Node {
             lock: PriorityLock::new(),
             mode,
             version,
+            variant: os_release_value(&os_release, "VARIANT_ID")
+                .unwrap_or_else(|| "unknown".into()),
             kernel: slate_host::kernel_release().ok(),
             booted_entry: None,
             config: BootConfig::from_cmdline(cmdline),

@@ -20,6 +20,8 @@ use super::node::Node;
 use super::sequences::task;
 
 pub const BUNDLES_DIR: &str = "/var/lib/slate/bundles";
+/// The keys this image trusts (baked in by the imager from the profile's `[trust] keys`).
+pub const TRUSTED_KEYS: &str = "/etc/slate/trusted-keys";
 /// The prefix of an upgrade image that names a received bundle: `bundle:sha256:<hex>`.
 pub const BUNDLE_SCHEME: &str = "bundle:";
 const DEFAULT_TRIES: u32 = 3;
@@ -31,6 +33,7 @@ pub struct UpgradePlan {
     pub version: String,
     pub tries: u32,
     pub reboot: RebootMode,
+    pub allow_downgrade: bool,
 }
 
 fn invalid(message: impl std::fmt::Display) -> BackendError {
@@ -123,14 +126,42 @@ fn unpack(body: &mut Counting<'_>, dir: &Path) -> Result<(), BackendError> {
     Ok(())
 }
 
-/// Open the bundle in `dir` and check every blob against its digest.
-fn check(dir: &Path) -> Result<Bundle, String> {
+/// Open the bundle in `dir`, check every blob against its digest and its signature against the
+/// keys this image trusts. Returns the bundle and who signed it.
+fn check(dir: &Path) -> Result<(Bundle, String), String> {
     let bundle = Bundle::open(dir, None).map_err(|e| chain(&e))?;
-    for role in bundle.manifest().blobs.keys() {
-        bundle.read_blob(role).map_err(|e| chain(&e))?;
-    }
+    slate_trust::verify_blobs(&bundle).map_err(|e| chain(&e))?;
     bundle.blob_ref(INSTALLER_ROLE).map_err(|e| chain(&e))?;
-    Ok(bundle)
+    let keys = slate_trust::load_trusted_keys(Path::new(TRUSTED_KEYS)).map_err(|e| chain(&e))?;
+    let verified = slate_trust::verify(&bundle, &keys).map_err(|e| chain(&e))?;
+    Ok((bundle, verified.key_id.short()))
+}
+
+/// META `VersionFloor` on the system disk, if one is kept.
+fn version_floor() -> Result<Option<String>, String> {
+    let meta = slate_host::find_partition_by_label("META", None).map_err(|e| e.to_string())?;
+    let disk = slate_disk::FileDisk::open_read_only(&meta.device)
+        .map_err(|e| format!("{}: {e}", meta.device.display()))?;
+    let store = slate_meta::MetaStore::open(disk).map_err(|e| chain(&e))?;
+    Ok(store
+        .get(slate_meta::tags::VERSION_FLOOR)
+        .map(|v| String::from_utf8_lossy(v).trim().to_string()))
+}
+
+/// May this node move to `target`? Arch, variant, and no downgrade unless allowed (and above
+/// the floor).
+fn check_policy(
+    node: &Node,
+    target: &slate_bundle::BundleManifest,
+    allow_downgrade: bool,
+) -> Result<slate_trust::UpdateKind, String> {
+    let facts = slate_trust::NodeFacts {
+        arch: crate::installer_cmd::NATIVE_ARCH.into(),
+        variant: node.variant.clone(),
+        running_version: node.version.clone(),
+        version_floor: version_floor()?,
+    };
+    slate_trust::check_update(target, &facts, allow_downgrade).map_err(|e| chain(&e))
 }
 
 /// `POST /v1/bundles`: unpack beside the others, check, and keep only this one.
@@ -148,11 +179,10 @@ pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, Backe
         inner: body,
         bytes: 0,
     };
-    let result = unpack(&mut counting, &staging).and_then(|()| {
-        check(&staging).map_err(|e| invalid(format!("the bundle is refused: {e}")))
-    });
-    let bundle = match result {
-        Ok(bundle) => bundle,
+    let result = unpack(&mut counting, &staging)
+        .and_then(|()| check(&staging).map_err(|e| invalid(format!("the bundle is refused: {e}"))));
+    let (bundle, signer) = match result {
+        Ok(checked) => checked,
         Err(err) => {
             let _ = fs::remove_dir_all(&staging);
             node.journal
@@ -174,7 +204,7 @@ pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, Backe
     fs::rename(&staging, &kept)
         .map_err(|e| BackendError::Failed(format!("keeping the bundle: {e}")))?;
     node.journal.info(format_args!(
-        "received bundle {} {} ({id}, {} bytes)",
+        "received bundle {} {} ({id}, {} bytes, signed by key {signer})",
         manifest.name, manifest.version, counting.bytes
     ));
     Ok(UploadedBundle {
@@ -185,8 +215,10 @@ pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, Backe
     })
 }
 
-/// The plan for `POST /v1/upgrade` with `image` = `bundle:<id>` of a received bundle.
-pub fn plan(image: &str, tries: Option<u32>, reboot: RebootMode) -> Result<UpgradePlan, BackendError> {
+/// The plan for `POST /v1/upgrade` with `image` = `bundle:<id>` of a received bundle, refused
+/// here (synchronously, before the lock) when the update policy says no.
+pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan, BackendError> {
+    let image = req.image.as_str();
     let id = image.strip_prefix(BUNDLE_SCHEME).ok_or_else(|| {
         invalid(format!(
             "cannot upgrade to {image:?}: upload the bundle first (POST /v1/bundles, or \
@@ -200,11 +232,17 @@ pub fn plan(image: &str, tries: Option<u32>, reboot: RebootMode) -> Result<Upgra
     let bundle_dir = Path::new(BUNDLES_DIR).join(hex);
     let bundle = Bundle::open(&bundle_dir, None)
         .map_err(|e| invalid(format!("no received bundle {id}: {}", chain(&e))))?;
+    check_policy(node, bundle.manifest(), req.allow_downgrade)
+        .map_err(|e| invalid(format!("the upgrade is refused: {e}")))?;
     Ok(UpgradePlan {
         bundle_dir,
         version: bundle.manifest().version.clone(),
-        tries: tries.unwrap_or(DEFAULT_TRIES),
-        reboot,
+        tries: req.tries.unwrap_or(DEFAULT_TRIES),
+        reboot: match req.reboot_mode {
+            slate_api::RebootMode::Default => RebootMode::Default,
+            slate_api::RebootMode::Powercycle => RebootMode::Powercycle,
+        },
+        allow_downgrade: req.allow_downgrade,
     })
 }
 
@@ -217,6 +255,7 @@ pub fn sequence<'a>(node: &'a Node, plan: UpgradePlan) -> Sequence<'a> {
     let installer = plan.bundle_dir.join("installer");
     let (dir, run_installer) = (plan.bundle_dir.clone(), installer.clone());
     let reboot = plan.reboot;
+    let plan_allow_downgrade = plan.allow_downgrade;
     PhaseListBuilder::new()
         .append(
             "stage",
@@ -228,15 +267,18 @@ pub fn sequence<'a>(node: &'a Node, plan: UpgradePlan) -> Sequence<'a> {
         .append(
             "verify",
             [task(node, "verifyBundle", move |ctx| {
-                let bundle = check(&dir).map_err(failed)?;
-                let binary = bundle.read_blob(INSTALLER_ROLE).map_err(|e| failed(chain(&e)))?;
+                let (bundle, signer) = check(&dir).map_err(failed)?;
+                check_policy(node, bundle.manifest(), plan_allow_downgrade).map_err(failed)?;
+                let binary = bundle
+                    .read_blob(INSTALLER_ROLE)
+                    .map_err(|e| failed(chain(&e)))?;
                 fs::write(&installer, &binary)
                     .and_then(|()| {
                         fs::set_permissions(&installer, fs::Permissions::from_mode(0o755))
                     })
                     .map_err(|e| failed(format!("{}: {e}", installer.display())))?;
                 ctx.log(&format!(
-                    "bundle {} {} verified; its installer is {} bytes",
+                    "bundle {} {} verified (signed by key {signer}); its installer is {} bytes",
                     bundle.manifest().name,
                     bundle.manifest().version,
                     binary.len()
@@ -260,7 +302,12 @@ pub fn sequence<'a>(node: &'a Node, plan: UpgradePlan) -> Sequence<'a> {
                     .arg("--bundle")
                     .arg(&plan.bundle_dir)
                     .args(["--running-entry", &running])
-                    .args(["--tries", &plan.tries.to_string()]);
+                    .args(["--tries", &plan.tries.to_string()])
+                    .args(["--trusted-keys", TRUSTED_KEYS])
+                    .args(["--variant", &node.variant]);
+                if plan.allow_downgrade {
+                    cmd.arg("--allow-downgrade");
+                }
                 ctx.log(&format!(
                     "running the {} installer on {}",
                     plan.version,
@@ -275,7 +322,9 @@ pub fn sequence<'a>(node: &'a Node, plan: UpgradePlan) -> Sequence<'a> {
         )
         .append(
             "reboot",
-            [task(node, "reboot", move |_| Err(TaskError::Reboot(reboot)))],
+            [task(node, "reboot", move |_| {
+                Err(TaskError::Reboot(reboot))
+            })],
         )
         .into_sequence(SequenceKind::Upgrade)
 }
@@ -347,7 +396,10 @@ mod tests {
             dir.path(),
         )
         .unwrap_err();
-        assert!(err.to_string().contains("not a file of an OCI layout"), "{err}");
+        assert!(
+            err.to_string().contains("not a file of an OCI layout"),
+            "{err}"
+        );
         assert!(!dir.path().join("etc").exists());
     }
 }

@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 
-use slate_disk::{check_bounds, Disk, DiskError, SECTOR};
+use crate::{check_bounds, Disk, DiskError, SECTOR};
 
 /// Buffers writes to `inner` per sector until [`Disk::flush`], which writes the dirty sectors in
 /// ascending order (adjacent ones as one write) and then flushes `inner`. Unflushed writes are
@@ -96,7 +96,7 @@ impl<D: Disk> Disk for SectorBuffer<D> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slate_disk::{MemDisk, Op, RecordingDisk};
+    use crate::{MemDisk, Op, RecordingDisk};
 
     #[test]
     fn small_writes_become_whole_sectors_at_flush() {

@@ -1,0 +1,282 @@
+//! `slate installer install|upgrade` end to end on disk image files: a blank disk installed
+//! from a bundle, then upgraded; and every refusal — not blank, not slate's, unsigned, untrusted,
+//! tampered, wrong arch or variant, downgrade, below the version floor — leaves the disk
+//! bit-identical (compared by SHA-256).
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use sha2::{Digest, Sha256};
+use slate_bundle::{
+    write_installable_bundle, BlobInput, BundleSpec, InstallDefaults, BINARY_MEDIA_TYPE,
+    EFI_MEDIA_TYPE, UKI_MEDIA_TYPE,
+};
+
+const DISK_MIB: u64 = 128;
+
+fn slate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_slate"))
+        .args(args)
+        .output()
+        .expect("run slate")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = slate(args);
+    assert!(
+        out.status.success(),
+        "slate {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn s(path: &Path) -> &str {
+    path.to_str().unwrap()
+}
+
+fn disk_hash(path: &Path) -> Vec<u8> {
+    Sha256::digest(fs::read(path).unwrap()).to_vec()
+}
+
+/// A bundle of `version` (fake UKI and systemd-boot bytes: the installer does not execute
+/// them), `arch`/`variant` as given.
+fn bundle(dir: &Path, version: &str, arch: &str, variant: &str) -> PathBuf {
+    let out = dir.join(format!("bundle-{version}-{arch}-{variant}"));
+    let uki = format!("MZ pretend UKI of {version}").repeat(1000);
+    write_installable_bundle(
+        &out,
+        BundleSpec {
+            name: "slate",
+            version,
+            arch,
+            variant,
+        },
+        InstallDefaults {
+            esp_mib: 40,
+            state_mib: 16,
+            tries: 3,
+            menu_timeout: 1,
+        },
+        &[
+            BlobInput {
+                role: "uki",
+                file_name: "slate.efi",
+                media_type: UKI_MEDIA_TYPE,
+                bytes: uki.as_bytes(),
+            },
+            BlobInput {
+                role: "installer",
+                file_name: "slate",
+                media_type: BINARY_MEDIA_TYPE,
+                bytes: b"\x7fELF pretend slate",
+            },
+            BlobInput {
+                role: "systemd-boot",
+                file_name: "systemd-bootx64.efi",
+                media_type: EFI_MEDIA_TYPE,
+                bytes: b"MZ pretend systemd-boot",
+            },
+        ],
+    )
+    .unwrap();
+    out
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    keys: PathBuf,
+    disk: PathBuf,
+}
+
+impl Fixture {
+    /// Keys, and a disk with v1.0.0 installed from a signed bundle.
+    fn installed() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("keys");
+        ok(&["keygen", "--out", s(&keys)]);
+        let disk = dir.path().join("disk.raw");
+        fs::File::create(&disk)
+            .unwrap()
+            .set_len(DISK_MIB << 20)
+            .unwrap();
+        let fx = Fixture { dir, keys, disk };
+        let v1 = fx.signed("1.0.0", "amd64", "demo");
+        let out = fx.install(&v1, &[]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        fx
+    }
+
+    fn signed(&self, version: &str, arch: &str, variant: &str) -> PathBuf {
+        let b = bundle(self.dir.path(), version, arch, variant);
+        ok(&[
+            "sign",
+            "--bundle",
+            s(&b),
+            "--key",
+            s(&self.keys.join("slate.key")),
+        ]);
+        b
+    }
+
+    fn install(&self, bundle: &Path, extra: &[&str]) -> Output {
+        let mut args = vec!["installer", "install", "--disk", s(&self.disk), "--bundle"];
+        args.push(s(bundle));
+        args.extend(["--trusted-keys", s(&self.keys)]);
+        args.extend(extra);
+        slate(&args)
+    }
+
+    fn upgrade(&self, bundle: &Path, extra: &[&str]) -> Output {
+        let mut args = vec!["installer", "upgrade", "--disk", s(&self.disk), "--bundle"];
+        args.push(s(bundle));
+        args.extend(["--trusted-keys", s(&self.keys)]);
+        args.extend(extra);
+        slate(&args)
+    }
+
+    /// `run` must fail naming `expected`, and the disk must not change.
+    fn refused(&self, what: &str, expected: &str, run: impl FnOnce() -> Output) {
+        let before = disk_hash(&self.disk);
+        let out = run();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: accepted");
+        assert!(stderr.contains(expected), "{what}: {stderr}");
+        assert_eq!(disk_hash(&self.disk), before, "{what}: the disk changed");
+    }
+}
+
+#[test]
+fn a_blank_disk_is_installed_then_upgraded() {
+    let fx = Fixture::installed();
+    let listing = ok(&["meta", "list", "--disk", s(&fx.disk)]);
+    assert!(!listing.contains("Upgrade"), "{listing}");
+    let v2 = fx.signed("2.0.0", "amd64", "demo");
+    let before = disk_hash(&fx.disk);
+    let plan = fx.upgrade(&v2, &["--dry-run"]);
+    let plan = String::from_utf8_lossy(&plan.stdout);
+    assert!(
+        plan.contains("would upgrade") && plan.contains("slate-1.0.0+3.efi to slate 2.0.0"),
+        "{plan}"
+    );
+    assert_eq!(disk_hash(&fx.disk), before, "--dry-run wrote");
+    let out = fx.upgrade(&v2, &[]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("signed by key"), "{stdout}");
+    assert!(
+        stdout.contains("installed slate-2.0.0+3.efi (fallback slate-1.0.0+3.efi)"),
+        "{stdout}"
+    );
+    assert_eq!(
+        ok(&["meta", "get", "Upgrade", "--disk", s(&fx.disk)]).trim(),
+        "slate-1.0.0+3.efi"
+    );
+}
+
+#[test]
+fn install_refuses_a_disk_in_use_unless_forced() {
+    let fx = Fixture::installed();
+    let v1 = fx.signed("1.0.0", "amd64", "demo");
+    fx.refused("install over an installed disk", "is not blank", || {
+        fx.install(&v1, &[])
+    });
+    let out = fx.install(&v1, &["--force"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("--force: wiping it"));
+}
+
+#[test]
+fn bad_bundles_and_foreign_disks_are_refused_before_any_write() {
+    let fx = Fixture::installed();
+    let dir = fx.dir.path();
+
+    let unsigned = bundle(dir, "2.0.1", "amd64", "demo");
+    fx.refused("unsigned", "the bundle is not signed", || {
+        fx.upgrade(&unsigned, &[])
+    });
+
+    let other_keys = dir.join("other-keys");
+    ok(&["keygen", "--out", s(&other_keys)]);
+    let foreign = bundle(dir, "2.0.2", "amd64", "demo");
+    ok(&[
+        "sign",
+        "--bundle",
+        s(&foreign),
+        "--key",
+        s(&other_keys.join("slate.key")),
+    ]);
+    fx.refused("untrusted key", "which is not trusted", || {
+        fx.upgrade(&foreign, &[])
+    });
+
+    let tampered = fx.signed("2.0.3", "amd64", "demo");
+    let uki = fs::read_dir(tampered.join("blobs/sha256"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max_by_key(|p| fs::metadata(p).unwrap().len())
+        .unwrap();
+    let mut bytes = fs::read(&uki).unwrap();
+    bytes[10] ^= 1;
+    fs::write(&uki, bytes).unwrap();
+    fx.refused("tampered blob", "does not match its digest", || {
+        fx.upgrade(&tampered, &[])
+    });
+
+    let arm = fx.signed("2.0.4", "arm64", "demo");
+    fx.refused("wrong arch", "arm64", || fx.upgrade(&arm, &[]));
+
+    let variant = fx.signed("2.0.5", "amd64", "other");
+    fx.refused("wrong variant", "other", || {
+        fx.upgrade(&variant, &["--variant", "demo"])
+    });
+
+    let older = fx.signed("0.9.0", "amd64", "demo");
+    fx.refused("downgrade", "0.9.0", || fx.upgrade(&older, &[]));
+    ok(&[
+        "meta",
+        "set",
+        "VersionFloor",
+        "0.9.5",
+        "--disk",
+        s(&fx.disk),
+    ]);
+    fx.refused("below the version floor", "0.9.5", || {
+        fx.upgrade(&older, &["--allow-downgrade"])
+    });
+
+    let not_slate = dir.join("foreign.raw");
+    fs::write(&not_slate, vec![0x5a; 8 << 20]).unwrap();
+    let v2 = fx.signed("2.0.0", "amd64", "demo");
+    let before = disk_hash(&not_slate);
+    let out = slate(&[
+        "installer",
+        "upgrade",
+        "--disk",
+        s(&not_slate),
+        "--bundle",
+        s(&v2),
+        "--trusted-keys",
+        s(&fx.keys),
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("reading the boot entries"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(disk_hash(&not_slate), before);
+}
