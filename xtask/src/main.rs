@@ -7,6 +7,7 @@
 mod base_rootfs;
 mod bench;
 mod bench_apply;
+mod registry;
 mod bench_boot;
 mod bench_pull;
 mod kernel;

@@ -10,6 +10,9 @@
 //! - [`sorted`] and [`select`]: the menu order and the entry booted by default.
 //! - [`newest_not_bad`] and [`prune_candidates`]: the update policy (boot the newest version
 //!   not marked bad; never delete the running version).
+//! - [`GrubEnv`]: GRUB's 1024-byte environment block (FORMATS.md §4), checked against
+//!   `grub-editenv`; [`grub_select`]: which menu entry GRUB boots (`next_entry` one shot,
+//!   `saved_entry`, the first entry).
 //!
 //! Where systemd-boot versions differ, the model follows current systemd-boot and names the
 //! Debian 12 (252) difference: entry IDs ([`IdStyle`]), counters above `INT_MAX`, and
@@ -19,6 +22,8 @@ mod conf;
 mod efivars;
 mod error;
 mod glob;
+mod grub_select;
+mod grubenv;
 mod name;
 mod policy;
 mod select;
@@ -31,6 +36,10 @@ pub use efivars::{
 };
 pub use error::{EfiVarError, LoaderConfError, NameError};
 pub use glob::fnmatch;
+pub use grub_select::{grub_entry_index, grub_select, GrubMenuEntry, GrubReason, GrubSelection};
+pub use grubenv::{
+    check_grubenv_name, GrubEnv, GrubEnvError, GRUBENV_LEN, GRUBENV_SIGNATURE, GRUBENV_WARNING,
+};
 pub use name::{BootCounter, BootState, EntryKind, EntryName, IdStyle, MAX_NAME_LEN, MAX_TRIES};
 pub use policy::{newest_not_bad, prune_candidates, refers_to};
 pub use select::{compare_entries, menu_ids, select, sorted, Entry, Reason, Selection};

@@ -55,6 +55,21 @@ pub struct PullArgs {
     pub output: OutputFormat,
 }
 
+/// Pull `reference` from its registry into `cache` with progress bars; returns the layout
+/// directory and the tag the image has there.
+pub fn pull_to_cache(
+    reference: &Reference,
+    cache: &std::path::Path,
+    registry: &RegistryArgs,
+) -> Result<(PathBuf, String)> {
+    let options = options(registry)?;
+    let mut bars = Bars::default();
+    let pulled = slate_transport::pull_with(reference, cache, &options, &mut |e| bars.event(e))
+        .with_context(|| format!("pulling {reference} into {}", cache.display()))?;
+    drop(bars);
+    Ok((pulled.layout_dir, pulled.tag))
+}
+
 fn options(args: &RegistryArgs) -> Result<Options> {
     let credentials = match &args.username {
         Some(username) => Some(Credentials {

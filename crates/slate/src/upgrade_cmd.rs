@@ -5,20 +5,29 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::{Context as _, Result};
 use clap::Args;
 use indicatif::{ProgressBar, ProgressStyle};
 use slate_api::UpgradeRequest;
 use slate_bundle::Bundle;
 
+use slate_transport::Reference;
+
 use crate::node_cmd::{client, NodeTarget, RebootModeArg};
+use crate::transport_cmd::{pull_to_cache, RegistryArgs};
 
 #[derive(Debug, Args)]
 pub struct UpgradeArgs {
-    /// The installer bundle: `oci-layout:PATH[:TAG]`, a layout directory, or
-    /// `bundle:sha256:…` for one the node already received.
+    /// The installer bundle: `host[:port]/repository:tag` or `…@sha256:…` (pulled here, then
+    /// uploaded), `oci-layout:PATH[:TAG]`, a layout directory, or `bundle:sha256:…` for one the
+    /// node already received.
     #[arg(long)]
     pub image: String,
+    /// Where registry pulls are cached (blobs by digest; an interrupted pull resumes).
+    #[arg(long, env = "SLATE_CACHE", default_value = ".slate-cache")]
+    pub cache: PathBuf,
+    #[command(flatten)]
+    pub registry: RegistryArgs,
     /// Apply it on the next boot, before the OS comes up.
     #[arg(long)]
     pub stage: bool,
@@ -43,28 +52,32 @@ enum Source {
     Layout(PathBuf, Option<String>),
 }
 
-fn parse_image(image: &str) -> Result<Source> {
+fn parse_image(args: &UpgradeArgs) -> Result<Source> {
+    let image = args.image.as_str();
     if image.starts_with("bundle:") {
         return Ok(Source::OnNode(image.to_owned()));
     }
-    if let Some(rest) = image.strip_prefix("oci-layout:") {
-        // PATH[:TAG]: a tag never holds '/', so a ':' after the last '/' starts it.
-        let slash = rest.rfind('/').map_or(0, |i| i + 1);
-        return Ok(match rest[slash..].rfind(':') {
-            Some(i) => Source::Layout(
-                rest[..slash + i].into(),
-                Some(rest[slash + i + 1..].to_owned()),
-            ),
-            None => Source::Layout(rest.into(), None),
-        });
-    }
-    if Path::new(image).join("index.json").is_file() {
+    if !image.starts_with("oci-layout:") && Path::new(image).join("index.json").is_file() {
         return Ok(Source::Layout(image.into(), None));
     }
-    bail!(
-        "{image:?} is not a bundle slate can read: give oci-layout:PATH[:TAG], a layout \
-         directory, or bundle:sha256:… for a bundle the node already holds"
-    )
+    let reference = Reference::parse(image).with_context(|| {
+        format!(
+            "{image:?} is not a bundle slate can read: give host[:port]/repository:tag, \
+             oci-layout:PATH[:TAG], a layout directory, or bundle:sha256:… for a bundle the \
+             node already holds"
+        )
+    })?;
+    if let Some(path) = reference.layout_path() {
+        return Ok(Source::Layout(
+            path.to_owned(),
+            reference.tag().map(str::to_owned),
+        ));
+    }
+    if args.dry_run {
+        println!("would pull {reference} into {}", args.cache.display());
+    }
+    let (dir, tag) = pull_to_cache(&reference, &args.cache, &args.registry)?;
+    Ok(Source::Layout(dir, Some(tag)))
 }
 
 /// Open the layout and check every blob against its digest before a byte leaves this machine.
@@ -87,7 +100,7 @@ pub fn run(target: &NodeTarget, args: UpgradeArgs) -> Result<()> {
         allow_downgrade: args.allow_downgrade,
         tries: args.tries,
     };
-    let (dir, tag) = match parse_image(&args.image)? {
+    let (dir, tag) = match parse_image(&args)? {
         Source::OnNode(id) => {
             request.image = id;
             return send(&client, &request, args.dry_run);
@@ -147,24 +160,38 @@ fn send(client: &slate_api::Client, request: &UpgradeRequest, dry_run: bool) -> 
 mod tests {
     use super::*;
 
+    fn args(image: &str) -> UpgradeArgs {
+        UpgradeArgs {
+            image: image.into(),
+            cache: PathBuf::from("/nonexistent-cache"),
+            registry: RegistryArgs {
+                insecure: false,
+                username: None,
+            },
+            stage: false,
+            tries: None,
+            allow_downgrade: false,
+            reboot_mode: RebootModeArg::Default,
+            dry_run: true,
+        }
+    }
+
     #[test]
-    fn layout_references_split_path_and_tag() {
-        let Source::Layout(dir, tag) = parse_image("oci-layout:/tmp/a:b/cache:2.0.0").unwrap()
+    fn images_name_layouts_node_bundles_or_registries() {
+        let Source::Layout(dir, tag) = parse_image(&args("oci-layout:/tmp/cache:2.0.0")).unwrap()
         else {
             panic!()
         };
-        assert_eq!(dir, Path::new("/tmp/a:b/cache"));
+        assert_eq!(dir, Path::new("/tmp/cache"));
         assert_eq!(tag.as_deref(), Some("2.0.0"));
-        let Source::Layout(dir, tag) = parse_image("oci-layout:./cache").unwrap() else {
-            panic!()
-        };
-        assert_eq!(dir, Path::new("./cache"));
-        assert_eq!(tag, None);
         assert!(matches!(
-            parse_image("bundle:sha256:00").unwrap(),
+            parse_image(&args("bundle:sha256:00")).unwrap(),
             Source::OnNode(_)
         ));
-        let err = parse_image("/nonexistent/bundle").err().unwrap();
-        assert!(err.to_string().contains("not a bundle slate can read"));
+        let err = parse_image(&args("no such thing")).err().unwrap();
+        assert!(
+            format!("{err:#}").contains("not a bundle slate can read"),
+            "{err:#}"
+        );
     }
 }

@@ -3,6 +3,7 @@
 
 mod powercut;
 mod rollback;
+mod staged;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -381,10 +382,28 @@ fn strip_signatures(bundle: &Path, out: &Path) -> Result<PathBuf> {
 /// uploads the bundle, the node checks it again, runs the bundle's own installer and reboots.
 /// Returns the console lines of the installer.
 fn online_upgrade(node: &Node, boot: &mut Running, bundle: &Path, version: &str) -> Result<String> {
+    online_upgrade_from(
+        node,
+        boot,
+        &format!("oci-layout:{}", bundle.display()),
+        version,
+    )
+}
+
+/// [`online_upgrade`] from any image reference `slate upgrade --image` takes.
+fn online_upgrade_from(
+    node: &Node,
+    boot: &mut Running,
+    image: &str,
+    version: &str,
+) -> Result<String> {
+    let cache = repo_root().join("target/vm-test-cache");
     let answer = node.ok(&[
         "upgrade",
         "--image",
-        &format!("oci-layout:{}", bundle.display()),
+        image,
+        "--cache",
+        cache.to_str().unwrap_or("."),
     ])?;
     ensure!(
         answer.contains(&format!("uploaded slate {version}")) && answer.contains("accepted"),
@@ -439,7 +458,16 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
         "an unsigned bundle: {refused}"
     );
     ensure!(node.status()?["stage"] == "Running");
-    let installed = online_upgrade(&node, &mut boot, &v2, "2.0.0")?;
+    // v2 travels through a real registry: pushed by the release pipeline, pulled (and checked)
+    // by `slate upgrade --image 127.0.0.1:PORT/slate/installer:2.0.0`, uploaded to the node.
+    let registry = crate::registry::Registry::start(&work.join("registry"))?;
+    let reference = format!("{}/slate/installer:2.0.0", registry.host);
+    run(Command::new(&prepared.slate)
+        .args(["push", "--bundle"])
+        .arg(&v2)
+        .args(["--image", &reference]))?;
+    let installed = online_upgrade_from(&node, &mut boot, &reference, "2.0.0")?;
+    drop(registry);
     ensure!(
         installed.contains("installed slate-2.0.0+3.efi (fallback slate-1.0.0.efi"),
         "upgrade to v2: {installed}"
@@ -510,8 +538,9 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
     );
     boot.kill();
     Ok(format!(
-        "unsigned bundle refused by the node; v1 -> v2 by `slate upgrade` over the API (signed; \
-         the bundle's own installer), committed \
+        "unsigned bundle refused by the node; v1 -> v2 by `slate upgrade --image \
+         127.0.0.1:PORT/slate/installer:2.0.0` (real registry; signed; the bundle's own \
+         installer), committed \
          (blessed, marker dropped), still v2 after a reboot; broken v3 reverted to v2 \
          unattended ({reverted})"
     ))
@@ -555,7 +584,7 @@ pub fn vm_test(only: &[String]) -> Result<()> {
     };
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)?;
-    let scenarios: [(&str, Scenario); 5] = [
+    let scenarios: &[(&str, Scenario)] = &[
         ("node_lifecycle", node_lifecycle),
         ("fatal_boot_task", fatal_boot_task),
         ("upgrade_commit_and_revert", upgrade_commit_and_revert),
@@ -567,9 +596,10 @@ pub fn vm_test(only: &[String]) -> Result<()> {
             "broken_upgrades_roll_back",
             rollback::broken_upgrades_roll_back,
         ),
+        ("staged_upgrades", staged::staged_upgrades),
     ];
     let (mut passed, mut failed) = (0, 0);
-    for (name, scenario) in scenarios {
+    for &(name, scenario) in scenarios {
         if !only.is_empty() && !only.iter().any(|o| o == name) {
             continue;
         }

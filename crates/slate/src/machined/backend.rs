@@ -84,11 +84,6 @@ impl NodeBackend for Backend {
 
     fn upgrade(&self, req: UpgradeRequest) -> Result<(), BackendError> {
         self.require(Capabilities::UPGRADE, "upgrade")?;
-        if req.stage {
-            return Err(BackendError::Unsupported(
-                "staged upgrades are not available yet; upgrade now instead".into(),
-            ));
-        }
         let plan = upgrade::plan(&self.0, &req)?;
         let guard = self
             .0

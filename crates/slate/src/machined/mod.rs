@@ -130,7 +130,12 @@ fn boot_and_serve(
             Request::Reset(guard) => (sequences::reset(node), guard),
             Request::Upgrade(plan, guard) => {
                 let version = plan.version.clone();
-                run_upgrade(node, upgrade::sequence(node, plan), &guard);
+                let sequence = if plan.stage {
+                    upgrade::stage_sequence(node, plan)
+                } else {
+                    upgrade::sequence(node, plan)
+                };
+                run_upgrade(node, sequence, &guard);
                 drop(guard);
                 node.journal.info(format_args!(
                     "the upgrade to {version} did not happen; still running {}",

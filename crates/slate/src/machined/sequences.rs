@@ -25,6 +25,8 @@ pub const EPHEMERAL_MOUNT: &str = "/var";
 pub struct Facts {
     /// The disk holding META: slate is installed there.
     pub system_disk: Mutex<Option<PathBuf>>,
+    /// A staged upgrade taken out of META (consumed: the tags are already gone).
+    pub staged: Mutex<Option<super::upgrade::Staged>>,
 }
 
 impl Facts {
@@ -153,7 +155,7 @@ fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), Ta
             return Ok(());
         }
     };
-    let store = open_meta(&part)?;
+    let mut store = open_meta(&part)?;
     for warning in store.warnings() {
         ctx.log(&format!("META: {warning}"));
     }
@@ -183,19 +185,48 @@ fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), Ta
             Err(err) => ctx.log(&format!("META LastBootFailure is not readable: {err}")),
         }
     }
+    match super::upgrade::consume_staged(&mut store) {
+        Ok(Some(staged)) => {
+            ctx.log(&format!(
+                "a staged upgrade to {} was waiting; taken out of META before it runs",
+                staged.image
+            ));
+            *facts.staged.lock().unwrap_or_else(|p| p.into_inner()) = Some(staged);
+        }
+        Ok(None) => {}
+        Err(err) => ctx.log(&format!("the staged upgrade in META is dropped: {err}")),
+    }
     *facts.system_disk.lock().unwrap_or_else(|p| p.into_inner()) = Some(part.disk);
     Ok(())
 }
 
 fn open_meta(part: &BlockPartition) -> Result<MetaStore<FileDisk>, TaskError> {
-    let disk = FileDisk::open_read_only(&part.device)
+    let disk = FileDisk::open(&part.device)
         .map_err(|e| failed(format!("opening {}: {e}", part.device.display())))?;
     MetaStore::open(disk).map_err(|e| failed(format!("reading META: {e}")))
 }
 
 pub fn install<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
     let installed = facts.system_disk().is_some();
-    PhaseListBuilder::new()
+    let staged = facts
+        .staged
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take();
+    let builder = match staged.map(|s| super::upgrade::staged_plan(&s)) {
+        Some(Ok(plan)) => {
+            node.journal
+                .info(format_args!("running the staged upgrade to {}", plan.version));
+            super::upgrade::staged_phases(node, plan, PhaseListBuilder::new())
+        }
+        Some(Err(err)) => {
+            node.journal
+                .error(format_args!("the staged upgrade cannot run: {err}; booting on"));
+            PhaseListBuilder::new()
+        }
+        None => PhaseListBuilder::new(),
+    };
+    builder
         .append_when(
             !installed,
             "install",

@@ -34,6 +34,23 @@ pub struct UpgradePlan {
     pub tries: u32,
     pub reboot: RebootMode,
     pub allow_downgrade: bool,
+    /// Record the upgrade in META and reboot; the next boot's Install sequence performs it.
+    pub stage: bool,
+}
+
+/// META `StagedUpgradeInstallOptions`: what the staged upgrade needs besides the image.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StagedOptions {
+    pub tries: u32,
+    pub allow_downgrade: bool,
+}
+
+/// A staged upgrade taken out of META: the bundle reference and its options.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Staged {
+    pub image: String,
+    pub options: StagedOptions,
 }
 
 fn invalid(message: impl std::fmt::Display) -> BackendError {
@@ -215,10 +232,8 @@ pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, Backe
     })
 }
 
-/// The plan for `POST /v1/upgrade` with `image` = `bundle:<id>` of a received bundle, refused
-/// here (synchronously, before the lock) when the update policy says no.
-pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan, BackendError> {
-    let image = req.image.as_str();
+/// The directory and version of the received bundle `bundle:sha256:<hex>`.
+fn locate(image: &str) -> Result<(PathBuf, String), BackendError> {
     let id = image.strip_prefix(BUNDLE_SCHEME).ok_or_else(|| {
         invalid(format!(
             "cannot upgrade to {image:?}: upload the bundle first (POST /v1/bundles, or \
@@ -232,17 +247,109 @@ pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan,
     let bundle_dir = Path::new(BUNDLES_DIR).join(hex);
     let bundle = Bundle::open(&bundle_dir, None)
         .map_err(|e| invalid(format!("no received bundle {id}: {}", chain(&e))))?;
+    let version = bundle.manifest().version.clone();
+    Ok((bundle_dir, version))
+}
+
+/// The plan for `POST /v1/upgrade` with `image` = `bundle:<id>` of a received bundle, refused
+/// here (synchronously, before the lock) when the update policy says no.
+pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan, BackendError> {
+    let (bundle_dir, version) = locate(&req.image)?;
+    let bundle = Bundle::open(&bundle_dir, None)
+        .map_err(|e| invalid(format!("the received bundle: {}", chain(&e))))?;
     check_policy(node, bundle.manifest(), req.allow_downgrade)
         .map_err(|e| invalid(format!("the upgrade is refused: {e}")))?;
     Ok(UpgradePlan {
         bundle_dir,
-        version: bundle.manifest().version.clone(),
+        version,
         tries: req.tries.unwrap_or(DEFAULT_TRIES),
         reboot: match req.reboot_mode {
             slate_api::RebootMode::Default => RebootMode::Default,
             slate_api::RebootMode::Powercycle => RebootMode::Powercycle,
         },
         allow_downgrade: req.allow_downgrade,
+        stage: req.stage,
+    })
+}
+
+/// Open META on the system disk for writing.
+fn meta_store() -> Result<slate_meta::MetaStore<slate_disk::FileDisk>, String> {
+    let meta = slate_host::find_partition_by_label("META", None).map_err(|e| e.to_string())?;
+    let disk = slate_disk::FileDisk::open(&meta.device)
+        .map_err(|e| format!("{}: {e}", meta.device.display()))?;
+    slate_meta::MetaStore::open(disk).map_err(|e| chain(&e))
+}
+
+/// Write the staged upgrade into META (both tags in one flush).
+fn record_staged(plan: &UpgradePlan) -> Result<(), String> {
+    let hex = plan
+        .bundle_dir
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or("the bundle has no id")?;
+    let options = serde_json::to_vec(&StagedOptions {
+        tries: plan.tries,
+        allow_downgrade: plan.allow_downgrade,
+    })
+    .map_err(|e| e.to_string())?;
+    let mut store = meta_store()?;
+    store
+        .set(
+            slate_meta::tags::STAGED_UPGRADE_IMAGE_REF,
+            format!("{BUNDLE_SCHEME}sha256:{hex}").into_bytes(),
+        )
+        .map_err(|e| chain(&e))?;
+    store
+        .set(slate_meta::tags::STAGED_UPGRADE_INSTALL_OPTIONS, options)
+        .map_err(|e| chain(&e))?;
+    store.flush().map_err(|e| chain(&e))
+}
+
+/// Take a staged upgrade out of META: both tags are deleted and flushed before anything acts
+/// on them, so an upgrade that fails (or whose version fails) is never tried again.
+pub fn consume_staged(
+    store: &mut slate_meta::MetaStore<slate_disk::FileDisk>,
+) -> Result<Option<Staged>, String> {
+    use slate_meta::tags::{STAGED_UPGRADE_IMAGE_REF, STAGED_UPGRADE_INSTALL_OPTIONS};
+    let image = store
+        .get(STAGED_UPGRADE_IMAGE_REF)
+        .map(|v| String::from_utf8_lossy(v).into_owned());
+    let options = store.get(STAGED_UPGRADE_INSTALL_OPTIONS).map(<[u8]>::to_vec);
+    if image.is_none() && options.is_none() {
+        return Ok(None);
+    }
+    store.delete(STAGED_UPGRADE_IMAGE_REF);
+    store.delete(STAGED_UPGRADE_INSTALL_OPTIONS);
+    store.flush().map_err(|e| chain(&e))?;
+    let image = image.ok_or("META holds staged install options but no image")?;
+    let options = match options {
+        Some(bytes) => serde_json::from_slice(&bytes)
+            .map_err(|e| format!("META StagedUpgradeInstallOptions is not readable: {e}"))?,
+        None => StagedOptions {
+            tries: DEFAULT_TRIES,
+            allow_downgrade: false,
+        },
+    };
+    Ok(Some(Staged { image, options }))
+}
+
+/// The plan for a staged upgrade found at boot (its policy is checked again by the sequence).
+pub fn staged_plan(staged: &Staged) -> Result<UpgradePlan, String> {
+    let req = slate_api::UpgradeRequest {
+        image: staged.image.clone(),
+        stage: false,
+        reboot_mode: slate_api::RebootMode::Default,
+        allow_downgrade: staged.options.allow_downgrade,
+        tries: Some(staged.options.tries),
+    };
+    let (bundle_dir, version) = locate(&req.image).map_err(|e| e.to_string())?;
+    Ok(UpgradePlan {
+        bundle_dir,
+        version,
+        tries: staged.options.tries,
+        reboot: RebootMode::Default,
+        allow_downgrade: staged.options.allow_downgrade,
+        stage: false,
     })
 }
 
@@ -251,12 +358,71 @@ fn failed(message: impl std::fmt::Display) -> TaskError {
 }
 
 /// Verify again (the bundle sat on /var), lay the target's installer down, run it, reboot.
+/// `--stage`: record the upgrade in META, then reboot into the Install sequence that runs it.
+pub fn stage_sequence(node: &Node, plan: UpgradePlan) -> Sequence<'_> {
+    let reboot = plan.reboot;
+    PhaseListBuilder::new()
+        .append(
+            "stage",
+            [task(node, "stageUpgrade", move |ctx| {
+                record_staged(&plan).map_err(failed)?;
+                ctx.log(&format!(
+                    "staged the upgrade to {} in META; it runs on the next boot",
+                    plan.version
+                ));
+                Ok(())
+            })],
+        )
+        .append(
+            "reboot",
+            [task(node, "reboot", move |_| {
+                node.set_stage(Stage::Rebooting);
+                Err(TaskError::Reboot(reboot))
+            })],
+        )
+        .into_sequence(SequenceKind::Upgrade)
+}
+
 pub fn sequence<'a>(node: &'a Node, plan: UpgradePlan) -> Sequence<'a> {
+    upgrade_phases(node, plan, PhaseListBuilder::new()).into_sequence(SequenceKind::Upgrade)
+}
+
+/// The staged upgrade at boot, inside the Install sequence: /var (where the bundle waits)
+/// mounted first, then the same phases as an upgrade on a running node.
+pub fn staged_phases<'a>(
+    node: &'a Node,
+    plan: UpgradePlan,
+    builder: PhaseListBuilder<'a>,
+) -> PhaseListBuilder<'a> {
+    let builder = builder.append(
+        "stagedVolumes",
+        [task(node, "mountEphemeral", |ctx| {
+            let part = slate_host::find_partition_by_label("EPHEMERAL", None)?;
+            fs::create_dir_all("/var").map_err(|e| failed(format!("/var: {e}")))?;
+            slate_host::mount(
+                &part.device,
+                Path::new("/var"),
+                "ext4",
+                slate_host::MsFlags::empty(),
+                None,
+            )?;
+            ctx.log(&format!("{} mounted on /var for the staged upgrade", part.device.display()));
+            Ok(())
+        })],
+    );
+    upgrade_phases(node, plan, builder)
+}
+
+fn upgrade_phases<'a>(
+    node: &'a Node,
+    plan: UpgradePlan,
+    builder: PhaseListBuilder<'a>,
+) -> PhaseListBuilder<'a> {
     let installer = plan.bundle_dir.join("installer");
     let (dir, run_installer) = (plan.bundle_dir.clone(), installer.clone());
     let reboot = plan.reboot;
     let plan_allow_downgrade = plan.allow_downgrade;
-    PhaseListBuilder::new()
+    builder
         .append(
             "stage",
             [task(node, "announce", move |_| {
@@ -326,7 +492,6 @@ pub fn sequence<'a>(node: &'a Node, plan: UpgradePlan) -> Sequence<'a> {
                 Err(TaskError::Reboot(reboot))
             })],
         )
-        .into_sequence(SequenceKind::Upgrade)
 }
 
 #[cfg(test)]
