@@ -17,9 +17,15 @@
 //! - **revert**: mark the failed entry bad (`+0-DONE`) → delete META `Upgrade`.
 //!
 //! See `SystemdBoot`'s methods for why each order is safe.
+//!
+//! The GRUB backend [`Grub`] keeps two slots (`A/`, `B/`: kernel, initramfs, `cmdline.cfg`) on
+//! the ESP and flips with grubenv: upgrade writes the inactive slot completely, then META
+//! `Upgrade`, then `next_entry` (one shot); commit sets `saved_entry`; revert returns
+//! `saved_entry` to the tag's slot. [`probe`] picks the backend a disk was installed with.
 
 mod efivars;
 mod fatscan;
+mod grub;
 mod sdboot;
 
 pub use efivars::{
@@ -27,6 +33,7 @@ pub use efivars::{
     LOADER_ENTRY_ONESHOT,
 };
 pub use fatscan::{fat_space, FatSpace, ReadOnly};
+pub use grub::{menu as grub_menu, Grub, GrubStatus, GrubWriteOrder, SlotPayload, SlotStatus};
 pub use sdboot::{SystemdBoot, DEFAULT_ENTRY_NAME};
 pub use slate_bootspec::IdStyle;
 pub use slate_disk::SectorBuffer;
@@ -64,6 +71,17 @@ impl BootStatus {
     /// The selected entry's file name.
     pub fn selected_file(&self) -> Option<&str> {
         self.selected.as_ref().map(|s| s.file_name.as_str())
+    }
+
+    /// The entry `reference` names: its file name (a GRUB slot label), or for systemd-boot
+    /// any name or ID of it (with or without boot counter).
+    pub fn entry(&self, reference: &str) -> Option<&EntryStatus> {
+        self.entries.iter().find(|e| {
+            e.file_name == reference
+                || slate_bootspec::EntryName::parse(&e.file_name).is_ok_and(|name| {
+                    slate_bootspec::refers_to(&slate_bootspec::Entry::new(name), reference)
+                })
+        })
     }
 }
 
@@ -128,6 +146,8 @@ pub enum BootloaderError {
     NoRoom { needed: u64, available: u64 },
     #[error("no boot entry matches {0:?}")]
     EntryNotFound(String),
+    #[error("GRUB environment block {}", slate_installer::grub::GRUBENV_PATH)]
+    GrubEnv(#[from] slate_bootspec::GrubEnvError),
     #[error("after this change systemd-boot would boot {selected:?}, not {wanted:?}")]
     WouldNotBoot { wanted: String, selected: String },
 }
@@ -145,4 +165,41 @@ pub trait Bootloader {
     /// The running entry failed: return to the label in META `Upgrade` (returned), marking the
     /// failed entry bad, then drop the tag. `None` when there was nothing to revert to.
     fn revert(&mut self, failed_entry: &str) -> Result<Option<String>, BootloaderError>;
+}
+
+/// Which boot loader a slate disk was installed with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LoaderKind {
+    SystemdBoot,
+    Grub,
+}
+
+/// The loader installed on `disk`: GRUB when its ESP holds `grub/grubenv` (the GRUB layout's
+/// environment block), else systemd-boot. Reads only.
+pub fn detect(disk: &impl slate_disk::Disk) -> Result<LoaderKind, BootloaderError> {
+    let info = slate_layout::find_partition(ReadOnly(disk), slate_layout::EFI_LABEL)?;
+    let esp = slate_disk::PartitionView::new(ReadOnly(disk), info.start, info.len)?;
+    let fs = slate_installer::fat::mount(esp, 0)?;
+    let found = fs
+        .root_dir()
+        .open_file(slate_installer::grub::GRUBENV_PATH)
+        .is_ok();
+    Ok(if found {
+        LoaderKind::Grub
+    } else {
+        LoaderKind::SystemdBoot
+    })
+}
+
+/// The backend for whatever loader `disk` was installed with (see [`detect`]); `vars` are the
+/// EFI variables systemd-boot consults (GRUB has none).
+pub fn probe<D, V>(disk: D, vars: V) -> Result<Box<dyn Bootloader>, BootloaderError>
+where
+    D: slate_disk::Disk + 'static,
+    V: EfiVars + 'static,
+{
+    Ok(match detect(&disk)? {
+        LoaderKind::Grub => Box::new(Grub::new(disk)),
+        LoaderKind::SystemdBoot => Box::new(SystemdBoot::new(disk, vars)),
+    })
 }

@@ -69,8 +69,7 @@ pub fn grub_entry_index(menu: &[GrubMenuEntry], reference: &str) -> Option<usize
 /// `grub_strtoul(s, &end, 0)` accepting only a whole-string number: `0x` hex, leading-`0`
 /// octal, else decimal.
 fn parse_ulong(s: &str) -> Option<u64> {
-    let (digits, radix) = if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X"))
-    {
+    let (digits, radix) = if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         (hex, 16)
     } else if s.len() > 1 && s.starts_with('0') {
         (&s[1..], 8)
@@ -147,7 +146,10 @@ mod tests {
         let m = menu();
         let e = env(&[("saved_entry", "A"), ("next_entry", "B")]);
         let s = grub_select(Some(&e), &m).unwrap();
-        assert_eq!((s.index, s.reason, s.fallback), (1, GrubReason::NextEntry, Some(0)));
+        assert_eq!(
+            (s.index, s.reason, s.fallback),
+            (1, GrubReason::NextEntry, Some(0))
+        );
         let after = s.env_after.unwrap();
         assert_eq!(after.get("next_entry"), Some(""));
         let s2 = grub_select(Some(&after), &m).unwrap();
@@ -178,12 +180,18 @@ mod tests {
     fn unknown_or_unloadable_means_the_first_entry() {
         let m = menu();
         let s = grub_select(None, &m).unwrap();
-        assert_eq!((s.index, s.reason, s.fallback), (0, GrubReason::FirstEntry, None));
+        assert_eq!(
+            (s.index, s.reason, s.fallback),
+            (0, GrubReason::FirstEntry, None)
+        );
         let e = env(&[("saved_entry", "B"), ("next_entry", "Z")]);
         let s = grub_select(Some(&e), &m).unwrap();
         // 00_header sets default to the unknown one-shot: GRUB starts the first entry, and
         // the one-shot is consumed all the same.
-        assert_eq!((s.index, s.reason, s.fallback), (0, GrubReason::FirstEntry, Some(1)));
+        assert_eq!(
+            (s.index, s.reason, s.fallback),
+            (0, GrubReason::FirstEntry, Some(1))
+        );
         assert!(s.env_after.is_some());
         let e = env(&[("saved_entry", "B"), ("next_entry", "")]);
         let s = grub_select(Some(&e), &m).unwrap();

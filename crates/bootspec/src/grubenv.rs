@@ -390,7 +390,14 @@ mod tests {
         let full = env.clone();
         let err = env.set("x", "1").unwrap_err();
         assert!(
-            matches!(err, GrubEnvError::DoesNotFit { needed: 4, free: 0, .. }),
+            matches!(
+                err,
+                GrubEnvError::DoesNotFit {
+                    needed: 4,
+                    free: 0,
+                    ..
+                }
+            ),
             "{err}"
         );
         assert!(err.to_string().contains("does not fit"), "{err}");
@@ -409,7 +416,10 @@ mod tests {
         let mut env = GrubEnv::new();
         for name in ["", "a=b", "a\nb", "#x", "a\0"] {
             let err = env.set(name, "1").unwrap_err();
-            assert!(matches!(err, GrubEnvError::BadName { .. }), "{name:?}: {err}");
+            assert!(
+                matches!(err, GrubEnvError::BadName { .. }),
+                "{name:?}: {err}"
+            );
         }
         assert!(matches!(
             env.set("a", "x\0"),
@@ -427,7 +437,10 @@ mod tests {
         long.push(b'#');
         let err = GrubEnv::parse(&long).unwrap_err();
         assert!(err.to_string().contains("1025 bytes, too long"), "{err}");
-        assert_eq!(GrubEnv::parse(&[]), Err(GrubEnvError::WrongLength { len: 0 }));
+        assert_eq!(
+            GrubEnv::parse(&[]),
+            Err(GrubEnvError::WrongLength { len: 0 })
+        );
 
         let mut sig = good.clone();
         sig[2] = b'g';
@@ -443,7 +456,10 @@ mod tests {
             b.resize(GRUBENV_LEN, b'#');
             GrubEnv::parse(&b)
         };
-        assert_eq!(with(b"noequals\n"), Err(GrubEnvError::NoEquals { offset: 25 }));
+        assert_eq!(
+            with(b"noequals\n"),
+            Err(GrubEnvError::NoEquals { offset: 25 })
+        );
         assert!(matches!(
             with(b"a=1\n##x##"),
             Err(GrubEnvError::BadPadding { offset: 31 })

@@ -98,7 +98,9 @@ fn same_edits_same_bytes_as_grub_editenv() {
             match (&theirs, &ours) {
                 (Ok(_), Ok(())) => sets += 1,
                 (Err(e), Err(_)) if e.contains("too small") => refused += 1,
-                _ => panic!("step {step}: set {name}={value:?}: grub-editenv {theirs:?}, slate {ours:?}"),
+                _ => panic!(
+                    "step {step}: set {name}={value:?}: grub-editenv {theirs:?}, slate {ours:?}"
+                ),
             }
             format!("set {name}={value:?}")
         };
@@ -111,9 +113,16 @@ fn same_edits_same_bytes_as_grub_editenv() {
         );
         // What grub-editenv writes parses, back to the same block.
         assert_eq!(GrubEnv::parse(&bytes).unwrap(), env, "step {step}");
-        assert_eq!(editenv(&file, &["list"]).unwrap(), listing(&env), "step {step}");
+        assert_eq!(
+            editenv(&file, &["list"]).unwrap(),
+            listing(&env),
+            "step {step}"
+        );
     }
-    assert!(sets > 100 && unsets > 30 && refused > 0, "{sets} {unsets} {refused}");
+    assert!(
+        sets > 100 && unsets > 30 && refused > 0,
+        "{sets} {unsets} {refused}"
+    );
     println!("grub-editenv conformance: {sets} sets, {unsets} unsets, {refused} refused as too big for the block: same bytes at every step");
 }
 

@@ -19,7 +19,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use read::{is_signature_tag, Bundle, MAX_DOCUMENT_BYTES};
+pub use read::{is_signature_tag, parse_documents, Bundle, MAX_DOCUMENT_BYTES};
 pub use signature::{
     add_signature, parse_signature_manifest, signature_tag, SignatureDescriptor, SignatureLayer,
     MAX_SIGNATURES, PUBLIC_KEY_ANNOTATION, SIGNATURE_ANNOTATION, SIGNATURE_CONFIG_MEDIA_TYPE,

@@ -109,6 +109,88 @@ pub(crate) fn tag_of(d: &Descriptor) -> Option<&str> {
         .map(String::as_str)
 }
 
+/// The descriptor of the image tagged `tag` in `index.json` (or of its only non-signature one).
+fn choose_image(index_bytes: &[u8], tag: Option<&str>) -> Result<Descriptor, BundleError> {
+    let index: ImageIndex =
+        serde_json::from_slice(index_bytes).map_err(|e| malformed("index.json", e))?;
+    let chosen = match tag {
+        Some(tag) => index
+            .manifests()
+            .iter()
+            .find(|d| tag_of(d) == Some(tag))
+            .ok_or_else(|| BundleError::NoSuchTag(tag.to_owned()))?,
+        None => match index
+            .manifests()
+            .iter()
+            .filter(|d| !tag_of(d).is_some_and(is_signature_tag))
+            .collect::<Vec<_>>()
+            .as_slice()
+        {
+            [only] => *only,
+            [] => return Err(malformed("index.json", "it lists no image")),
+            _ => {
+                return Err(malformed(
+                    "index.json",
+                    "it lists several images; name the tag",
+                ))
+            }
+        },
+    };
+    Ok(chosen.clone())
+}
+
+/// The OCI image manifest, whose config must be a slate bundle manifest.
+fn parse_image_manifest(bytes: &[u8]) -> Result<ImageManifest, BundleError> {
+    let oci: ImageManifest =
+        serde_json::from_slice(bytes).map_err(|e| malformed("the image manifest", e))?;
+    let config = oci.config();
+    if config.media_type().to_string() != CONFIG_MEDIA_TYPE {
+        return Err(malformed(
+            "the image manifest",
+            format!(
+                "its config is {}, not a slate bundle manifest ({CONFIG_MEDIA_TYPE})",
+                config.media_type()
+            ),
+        ));
+    }
+    Ok(oci)
+}
+
+/// The bundle manifest (the config blob); every blob it names must be a layer of `oci`.
+fn parse_bundle_manifest(bytes: &[u8], oci: &ImageManifest) -> Result<BundleManifest, BundleError> {
+    let manifest: BundleManifest =
+        serde_json::from_slice(bytes).map_err(|e| malformed("the bundle manifest", e))?;
+    for (role, blob) in &manifest.blobs {
+        let listed = oci
+            .layers()
+            .iter()
+            .any(|layer| layer.digest().to_string() == blob.digest && layer.size() == blob.size);
+        if !listed {
+            return Err(malformed(
+                "the bundle manifest",
+                format!(
+                    "its {role} blob {} is not a layer of the image",
+                    blob.digest
+                ),
+            ));
+        }
+    }
+    Ok(manifest)
+}
+
+/// The three documents of a bundle checked against each other, without the digests that tie
+/// them together on disk (for fuzzing the parsers; [`Bundle::open`] is the real reader).
+pub fn parse_documents(
+    index: &[u8],
+    tag: Option<&str>,
+    image_manifest: &[u8],
+    bundle_manifest: &[u8],
+) -> Result<BundleManifest, BundleError> {
+    choose_image(index, tag)?;
+    let oci = parse_image_manifest(image_manifest)?;
+    parse_bundle_manifest(bundle_manifest, &oci)
+}
+
 /// cosign's tag for the signature of a manifest: `sha256-<hex>.sig`.
 pub fn is_signature_tag(tag: &str) -> bool {
     tag.starts_with("sha256-") && tag.ends_with(".sig")
@@ -119,62 +201,12 @@ impl Bundle {
     /// signature).
     pub fn open(dir: &Path, tag: Option<&str>) -> Result<Self, BundleError> {
         let index_bytes = read_capped(&dir.join("index.json"), "index.json", MAX_DOCUMENT_BYTES)?;
-        let index: ImageIndex =
-            serde_json::from_slice(&index_bytes).map_err(|e| malformed("index.json", e))?;
-        let chosen = match tag {
-            Some(tag) => index
-                .manifests()
-                .iter()
-                .find(|d| tag_of(d) == Some(tag))
-                .ok_or_else(|| BundleError::NoSuchTag(tag.to_owned()))?,
-            None => match index
-                .manifests()
-                .iter()
-                .filter(|d| !tag_of(d).is_some_and(is_signature_tag))
-                .collect::<Vec<_>>()
-                .as_slice()
-            {
-                [only] => *only,
-                [] => return Err(malformed("index.json", "it lists no image")),
-                _ => {
-                    return Err(malformed(
-                        "index.json",
-                        "it lists several images; name the tag",
-                    ))
-                }
-            },
-        };
+        let chosen = choose_image(&index_bytes, tag)?;
         let manifest_digest = chosen.digest().to_string();
-        let manifest_bytes = read_descriptor(dir, "the image manifest", chosen)?;
-        let oci: ImageManifest = serde_json::from_slice(&manifest_bytes)
-            .map_err(|e| malformed("the image manifest", e))?;
-        let config = oci.config();
-        if config.media_type().to_string() != CONFIG_MEDIA_TYPE {
-            return Err(malformed(
-                "the image manifest",
-                format!(
-                    "its config is {}, not a slate bundle manifest ({CONFIG_MEDIA_TYPE})",
-                    config.media_type()
-                ),
-            ));
-        }
-        let config_bytes = read_descriptor(dir, "the bundle manifest", config)?;
-        let manifest: BundleManifest = serde_json::from_slice(&config_bytes)
-            .map_err(|e| malformed("the bundle manifest", e))?;
-        for (role, blob) in &manifest.blobs {
-            let listed = oci.layers().iter().any(|layer| {
-                layer.digest().to_string() == blob.digest && layer.size() == blob.size
-            });
-            if !listed {
-                return Err(malformed(
-                    "the bundle manifest",
-                    format!(
-                        "its {role} blob {} is not a layer of the image",
-                        blob.digest
-                    ),
-                ));
-            }
-        }
+        let manifest_bytes = read_descriptor(dir, "the image manifest", &chosen)?;
+        let oci = parse_image_manifest(&manifest_bytes)?;
+        let config_bytes = read_descriptor(dir, "the bundle manifest", oci.config())?;
+        let manifest = parse_bundle_manifest(&config_bytes, &oci)?;
         Ok(Bundle {
             dir: dir.to_owned(),
             manifest_digest,

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use slate_disk::FileDisk;
-use slate_installer::{loader_conf, write_image, ImagePlan};
+use slate_installer::{loader_conf, write_grub_image, write_image, GrubImagePlan, ImagePlan};
 use slate_layout::{LayoutParams, MIB};
 
 use crate::artifacts::{build_cmdline, build_initramfs, build_rootfs, build_uki, uki_name};
@@ -55,6 +55,14 @@ pub fn plan(inputs: &Inputs) -> Vec<String> {
         ));
     }
     match kind {
+        OutputKind::Image if inputs.grub_efi.is_some() => steps.push(format!(
+            "{} MiB GPT disk: EFI {} MiB (GRUB {}, grub.cfg, grubenv saved_entry=A, slot A: \
+             vmlinuz, initramfs, cmdline.cfg), META 1 MiB, STATE {} MiB, EPHEMERAL rest",
+            p.image.size_mib,
+            p.image.esp_mib,
+            inputs.grub_efi.as_deref().unwrap_or(Path::new("")).display(),
+            p.image.state_mib
+        )),
         OutputKind::Image => steps.push(format!(
             "{} MiB GPT disk: EFI {} MiB (systemd-boot {}), META 1 MiB, STATE {} MiB, EPHEMERAL rest",
             p.image.size_mib,
@@ -130,6 +138,9 @@ pub fn build(
             write(&build_initramfs(inputs, &rootfs)?)?
         }
         OutputKind::Uki => write(&uki(inputs, progress)?)?,
+        OutputKind::Image if inputs.grub_efi.is_some() => {
+            grub_image(inputs, pending.path(), out, progress)?
+        }
         OutputKind::Image => {
             let uki = uki(inputs, progress)?;
             let p = &inputs.profile;
@@ -218,6 +229,50 @@ pub fn build(
         }
     }
     pending.commit()
+}
+
+/// The GRUB variant of the image: kernel, initramfs and command line into slot A.
+fn grub_image(
+    inputs: &Inputs,
+    dest: &Path,
+    out: &Path,
+    progress: &mut dyn FnMut(Progress),
+) -> Result<(), ImagerError> {
+    let p = &inputs.profile;
+    let grub_efi = inputs.grub_efi.clone().unwrap_or_default();
+    let read = |what: &'static str, path: &Path| {
+        std::fs::read(path).map_err(|source| ImagerError::MissingInput {
+            what,
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let rootfs = build_rootfs(inputs, progress)?;
+    progress(Progress::Step("packing the initramfs"));
+    let initramfs = build_initramfs(inputs, &rootfs)?;
+    let plan = GrubImagePlan {
+        image_id: inputs.image_id(),
+        layout: LayoutParams {
+            esp_size: p.image.esp_mib * MIB,
+            state_size: p.image.state_mib * MIB,
+            ..LayoutParams::default()
+        },
+        source_date_epoch: inputs.source_date_epoch,
+        grub_efi: read("the GRUB EFI image", &grub_efi)?,
+        kernel: read("the kernel image", &inputs.kernel_image)?,
+        initramfs,
+        cmdline: build_cmdline(inputs),
+        version: p.version.clone(),
+        menu_timeout: p.image.menu_timeout,
+    };
+    progress(Progress::Step("writing the disk image (GRUB)"));
+    let mut disk =
+        FileDisk::create(dest, p.image.size_mib * MIB).map_err(|source| ImagerError::Output {
+            path: out.to_owned(),
+            source,
+        })?;
+    write_grub_image(&mut disk, &plan, &mut |_| {})?;
+    Ok(())
 }
 
 fn uki(inputs: &Inputs, progress: &mut dyn FnMut(Progress)) -> Result<Vec<u8>, ImagerError> {

@@ -94,6 +94,8 @@ pub struct Inputs {
     pub extensions: Vec<PathBuf>,
     pub stub: PathBuf,
     pub systemd_boot: PathBuf,
+    /// `bootloader = "grub"`: the GRUB EFI image.
+    pub grub_efi: Option<PathBuf>,
     pub slate: PathBuf,
     /// The profile's `[trust] keys`, parsed (sorted by key id, duplicates dropped): the root
     /// carries them as `/etc/slate/trusted-keys/<key id>.pub`.
@@ -180,6 +182,7 @@ impl Inputs {
             extensions: profile.rootfs.extensions.iter().map(|p| at(p)).collect(),
             stub: at(&profile.boot.stub),
             systemd_boot: at(&profile.boot.systemd_boot),
+            grub_efi: profile.boot.grub_efi.as_deref().map(at),
             slate: at(&profile.boot.slate),
             trusted_keys: Vec::new(),
             source_date_epoch,
@@ -208,7 +211,10 @@ impl Inputs {
             must_exist("systemd-stub", &self.stub)?;
         }
         if kind == OutputKind::Image {
-            must_exist("systemd-boot", &self.systemd_boot)?;
+            match &self.grub_efi {
+                Some(grub) => must_exist("the GRUB EFI image", grub)?,
+                None => must_exist("systemd-boot", &self.systemd_boot)?,
+            }
         }
         Ok(self)
     }

@@ -158,7 +158,7 @@ fn preflight(disk_len: u64, plan: &ImagePlan) -> Result<Preflight, InstallError>
     Ok(Preflight { placed, geometry })
 }
 
-fn partition<'a>(
+pub(crate) fn partition<'a>(
     placed: &'a PlacedLayout,
     label: &str,
 ) -> Result<&'a PlacedPartition, InstallError> {
@@ -192,34 +192,71 @@ pub fn write_image(
     progress: &mut dyn FnMut(ImageStep),
 ) -> Result<(), InstallError> {
     let Preflight { placed, geometry } = preflight(disk.len(), plan)?;
-    let layout = plan.disk_layout();
+    let files = plan.esp_files();
+    write_prepared(
+        disk,
+        &EspImage {
+            image_id: &plan.image_id,
+            layout: &plan.disk_layout(),
+            placed: &placed,
+            geometry: &geometry,
+            source_date_epoch: plan.source_date_epoch,
+            directories: &DIRECTORIES,
+            files: &files,
+        },
+        progress,
+    )
+}
+
+/// What [`write_prepared`] lays down: checked by the caller's preflight.
+pub(crate) struct EspImage<'a> {
+    pub image_id: &'a str,
+    pub layout: &'a DiskLayout,
+    pub placed: &'a PlacedLayout,
+    pub geometry: &'a EspGeometry,
+    pub source_date_epoch: u64,
+    /// Created in order, each with its parents.
+    pub directories: &'a [&'a str],
+    /// Written in order, each under a temp name and renamed: (path, content).
+    pub files: &'a [(String, &'a [u8])],
+}
+
+/// The writes of the image mode, shared by the systemd-boot and GRUB variants: GPT, FAT32 ESP
+/// with `directories` and `files`, META formatted, STATE and EPHEMERAL heads zeroed, flush.
+pub(crate) fn write_prepared(
+    disk: &mut impl Disk,
+    image: &EspImage<'_>,
+    progress: &mut dyn FnMut(ImageStep),
+) -> Result<(), InstallError> {
+    let placed = image.placed;
+    let layout = image.layout;
 
     progress(ImageStep::PartitionTable);
-    write_gpt(&mut *disk, &layout)?;
-    verify_gpt(&mut *disk, &layout)?;
+    write_gpt(&mut *disk, layout)?;
+    verify_gpt(&mut *disk, layout)?;
 
-    let esp = partition(&placed, EFI_LABEL)?;
-    let volume_id = derived_u32(&plan.image_id, "esp-volume-id");
+    let esp = partition(placed, EFI_LABEL)?;
+    let volume_id = derived_u32(image.image_id, "esp-volume-id");
     progress(ImageStep::FormatEsp { volume_id });
-    fat::format(view(&mut *disk, esp)?, &geometry, volume_id, EFI_LABEL)?;
+    fat::format(view(&mut *disk, esp)?, image.geometry, volume_id, EFI_LABEL)?;
     {
         let mut esp_view = view(&mut *disk, esp)?;
-        for dir in DIRECTORIES {
+        for dir in image.directories {
             progress(ImageStep::CreateDir {
                 path: dir.to_string(),
             });
-            fat::create_dirs(&mut esp_view, plan.source_date_epoch, &[dir])?;
+            fat::create_dirs(&mut esp_view, image.source_date_epoch, &[dir])?;
         }
         // Whole sectors at each flush: fatfs updates a directory entry field by field, and a
         // cut between two of those writes must not show a new name over old content.
         let mut sectors = SectorBuffer::new(esp_view);
-        let fs = fat::mount(&mut sectors, plan.source_date_epoch)?;
-        for (path, bytes) in plan.esp_files() {
+        let fs = fat::mount(&mut sectors, image.source_date_epoch)?;
+        for (path, bytes) in image.files {
             progress(ImageStep::WriteFile {
                 path: path.clone(),
                 len: bytes.len() as u64,
             });
-            fat::write_file_atomically(&fs, &path, bytes)?;
+            fat::write_file_atomically(&fs, path, bytes)?;
         }
         fat::unmount(fs)?;
         sectors.flush().map_err(|source| InstallError::Disk {
@@ -230,7 +267,7 @@ pub fn write_image(
     }
 
     progress(ImageStep::FormatMeta);
-    let meta = partition(&placed, META_LABEL)?;
+    let meta = partition(placed, META_LABEL)?;
     MetaStore::format(view(&mut *disk, meta)?).map_err(InstallError::Meta)?;
 
     // A filesystem left on the disk by its previous life must never be taken for ours, so first

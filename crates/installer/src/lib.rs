@@ -10,11 +10,15 @@
 //! Output is reproducible: GUIDs and the FAT volume id derive from the image id, FAT timestamps
 //! from the plan's `SOURCE_DATE_EPOCH`.
 //!
+//! The GRUB variant ([`write_grub_image`], module [`grub`]) lays out the same partitions with
+//! GRUB, its `grub.cfg` and `grubenv`, and the A/B slots on the ESP.
+//!
 //! [`fat::write_file_atomically`] (temp name, flush, rename, flush) is the ESP file writer that
 //! upgrades reuse.
 
 mod dot_entries;
 pub mod fat;
+pub mod grub;
 mod image;
 mod names;
 
@@ -22,6 +26,7 @@ use slate_disk::DiskError;
 use slate_layout::LayoutError;
 use slate_meta::MetaError;
 
+pub use grub::{write_grub_image, GrubImagePlan};
 pub use image::{
     write_image, ImagePlan, ImageStep, CLEARED_HEAD, FALLBACK_LOADER_PATH, LOADER_CONF_PATH,
     SYSTEMD_BOOT_PATH, UKI_DIR,

@@ -53,6 +53,8 @@ impl Arch {
 pub enum Bootloader {
     #[default]
     SystemdBoot,
+    /// GRUB with A/B slots on the ESP and grubenv (`[boot] grub_efi` names the GRUB EFI image).
+    Grub,
 }
 
 /// A whole profile.
@@ -130,6 +132,11 @@ pub struct Boot {
     pub systemd_boot: PathBuf,
     /// The statically linked slate binary: the initramfs `/init` and the bundle's installer.
     pub slate: PathBuf,
+    /// With `bootloader = "grub"`: the GRUB EFI image installed as BOOTX64.EFI, built with
+    /// `grub-mkstandalone -O x86_64-efi` around slate's embedded config (`xtask vm-test
+    /// grub_upgrade_and_revert` builds one into `target/grub/grubx64.efi`).
+    #[serde(default)]
+    pub grub_efi: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
@@ -257,6 +264,21 @@ impl Profile {
         if self.trust.keys.iter().any(|k| k.as_os_str().is_empty()) {
             return Err(invalid("trust.keys", "a key path is empty"));
         }
+        match (self.bootloader, &self.boot.grub_efi) {
+            (Bootloader::Grub, None) => {
+                return Err(invalid(
+                    "boot.grub_efi",
+                    "bootloader = \"grub\" needs the GRUB EFI image (grub-mkstandalone output)",
+                ))
+            }
+            (Bootloader::SystemdBoot, Some(_)) => {
+                return Err(invalid(
+                    "boot.grub_efi",
+                    "only used with bootloader = \"grub\"",
+                ))
+            }
+            _ => {}
+        }
         node::validate(self.health.as_ref(), self.watchdog.as_ref())
     }
 
@@ -380,5 +402,26 @@ slate = "slate"
         // Only a watchdog: still a node config (no checks).
         let dog = Profile::parse(&format!("{MINIMAL}[watchdog]\ntimeout_secs = 30\n")).unwrap();
         assert_eq!(dog.node_config().unwrap().health, None);
+    }
+
+    #[test]
+    fn grub_needs_its_efi_image() {
+        let grub = MINIMAL.replace(
+            "platform = \"qemu\"",
+            "platform = \"qemu\"\nbootloader = \"grub\"",
+        );
+        let err = Profile::parse(&grub).unwrap_err().to_string();
+        assert!(err.starts_with("boot.grub_efi:"), "{err}");
+        let p =
+            Profile::parse(&grub.replace("[boot]", "[boot]\ngrub_efi = \"grubx64.efi\"")).unwrap();
+        assert_eq!(p.bootloader, Bootloader::Grub);
+        assert_eq!(
+            p.boot.grub_efi.as_deref(),
+            Some(std::path::Path::new("grubx64.efi"))
+        );
+        let err = Profile::parse(&MINIMAL.replace("[boot]", "[boot]\ngrub_efi = \"g.efi\""))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("only used with"), "{err}");
     }
 }

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Subcommand};
-use slate_bootloader::{Bootloader, MemEfiVars, SystemdBoot, UpgradeRequest};
+use slate_bootloader::{MemEfiVars, UpgradeRequest};
 use slate_bundle::{Bundle, BundleManifest};
 use slate_disk::{Disk as _, FileDisk, PartitionView};
 use slate_installer::{loader_conf, uki_file_name, write_image, ImagePlan};
@@ -274,11 +274,12 @@ fn upgrade(args: UpgradeArgs) -> Result<()> {
     let bundle = open_trusted(&dir, &trust)?;
     let manifest = bundle.manifest().clone();
     let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
-    let status = SystemdBoot::new(
+    // The loader the disk was installed with (systemd-boot, or GRUB: grub/grubenv on the ESP).
+    let status = slate_bootloader::probe(
         FileDisk::open_read_only(&disk).with_context(|| format!("opening {}", disk.display()))?,
         MemEfiVars::new(),
     )
-    .status()
+    .and_then(|loader| loader.status())
     .with_context(|| format!("reading the boot entries on {}", disk.display()))?;
     let running = match running_entry {
         Some(entry) => entry,
@@ -288,13 +289,7 @@ fn upgrade(args: UpgradeArgs) -> Result<()> {
             .to_string(),
     };
     let running_version = status
-        .entries
-        .iter()
-        .find(|e| {
-            slate_bootspec::EntryName::parse(&e.file_name).is_ok_and(|name| {
-                slate_bootspec::refers_to(&slate_bootspec::Entry::new(name), &running)
-            })
-        })
+        .entry(&running)
         .and_then(|e| e.version.clone())
         .with_context(|| format!("no entry on {} is {running:?}", disk.display()))?;
     let facts = slate_trust::NodeFacts {
@@ -323,7 +318,8 @@ fn upgrade(args: UpgradeArgs) -> Result<()> {
     }
     let file = FileDisk::open(&disk).with_context(|| format!("opening {}", disk.display()))?;
     // Offline there are no firmware variables to consult.
-    let mut loader = SystemdBoot::new(file, MemEfiVars::new());
+    let mut loader = slate_bootloader::probe(file, MemEfiVars::new())
+        .with_context(|| format!("reading the boot loader on {}", disk.display()))?;
     let outcome = loader
         .upgrade(&UpgradeRequest {
             uki: &uki,

@@ -1,6 +1,7 @@
 //! VM scenarios run by the test command (`xtask vm-test`) and the demo (`xtask demo`): real
 //! boots of images the imager built, judged by what the guest printed and what its API answered.
 
+mod grub;
 mod powercut;
 mod rollback;
 mod staged;
@@ -597,6 +598,7 @@ pub fn vm_test(only: &[String]) -> Result<()> {
             rollback::broken_upgrades_roll_back,
         ),
         ("staged_upgrades", staged::staged_upgrades),
+        ("grub_upgrade_and_revert", grub::grub_upgrade_and_revert),
     ];
     let (mut passed, mut failed) = (0, 0);
     for &(name, scenario) in scenarios {

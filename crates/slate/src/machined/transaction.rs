@@ -2,7 +2,7 @@
 //! it fails. The bootloader backend does the writes (through the Disk trait, never mounting the
 //! ESP); machined decides when.
 
-use slate_bootloader::{Bootloader, EfiVars, EfiVarsError, SystemdBoot};
+use slate_bootloader::{Bootloader, EfiVars, EfiVarsError};
 use slate_disk::FileDisk;
 
 use super::node::Node;
@@ -36,11 +36,24 @@ impl EfiVars for FirmwareVars {
     }
 }
 
-fn system_loader() -> Result<SystemdBoot<FileDisk, FirmwareVars>, String> {
+/// The backend of the loader the system disk was installed with (systemd-boot or GRUB).
+fn system_loader() -> Result<Box<dyn Bootloader>, String> {
     let meta = slate_host::find_partition_by_label("META", None).map_err(|e| e.to_string())?;
     let disk =
         FileDisk::open(&meta.disk).map_err(|e| format!("opening {}: {e}", meta.disk.display()))?;
-    Ok(SystemdBoot::new(disk, FirmwareVars))
+    slate_bootloader::probe(disk, FirmwareVars).map_err(|e| chain(&e))
+}
+
+/// The entry that booted: `LoaderEntrySelected` (systemd-boot), else the slot GRUB's menu entry
+/// names on the kernel command line (`slate.slot=A`).
+fn booted_entry(node: &Node) -> Option<String> {
+    node.booted_entry.clone().or_else(|| {
+        let cmdline = slate_host::kernel_cmdline().unwrap_or_default();
+        cmdline
+            .split_whitespace()
+            .find_map(|arg| arg.strip_prefix("slate.slot="))
+            .map(str::to_owned)
+    })
 }
 
 fn chain(err: &dyn std::error::Error) -> String {
@@ -66,9 +79,7 @@ pub fn commit_booted(node: &Node) -> Result<(), String> {
         .filter(|e| e.file_name.contains('+'))
         .map(|e| e.file_name.clone())
         .collect();
-    let running = node
-        .booted_entry
-        .clone()
+    let running = booted_entry(node)
         .ok_or("the firmware did not say which entry booted (LoaderEntrySelected)")?;
     let Some(selected) = status.selected_file() else {
         return Err("systemd-boot would boot nothing on this disk".into());
@@ -101,9 +112,7 @@ pub fn commit_booted(node: &Node) -> Result<(), String> {
 /// recorded previous entry. Returns what it reverted to.
 pub fn revert_if_pending(node: &Node) -> Result<Option<String>, String> {
     let mut loader = system_loader()?;
-    let failed = node
-        .booted_entry
-        .clone()
+    let failed = booted_entry(node)
         .ok_or("the firmware did not say which entry booted (LoaderEntrySelected)")?;
     loader.revert(&failed).map_err(|e| chain(&e))
 }

@@ -42,6 +42,9 @@ pub struct UpgradePlan {
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct StagedOptions {
+    /// The bundle's version when it was staged (for the log; the bundle itself is checked again
+    /// before it runs).
+    pub version: String,
     pub tries: u32,
     pub allow_downgrade: bool,
 }
@@ -288,6 +291,7 @@ fn record_staged(plan: &UpgradePlan) -> Result<(), String> {
         .and_then(|n| n.to_str())
         .ok_or("the bundle has no id")?;
     let options = serde_json::to_vec(&StagedOptions {
+        version: plan.version.clone(),
         tries: plan.tries,
         allow_downgrade: plan.allow_downgrade,
     })
@@ -314,7 +318,9 @@ pub fn consume_staged(
     let image = store
         .get(STAGED_UPGRADE_IMAGE_REF)
         .map(|v| String::from_utf8_lossy(v).into_owned());
-    let options = store.get(STAGED_UPGRADE_INSTALL_OPTIONS).map(<[u8]>::to_vec);
+    let options = store
+        .get(STAGED_UPGRADE_INSTALL_OPTIONS)
+        .map(<[u8]>::to_vec);
     if image.is_none() && options.is_none() {
         return Ok(None);
     }
@@ -326,6 +332,7 @@ pub fn consume_staged(
         Some(bytes) => serde_json::from_slice(&bytes)
             .map_err(|e| format!("META StagedUpgradeInstallOptions is not readable: {e}"))?,
         None => StagedOptions {
+            version: "unknown".into(),
             tries: DEFAULT_TRIES,
             allow_downgrade: false,
         },
@@ -333,19 +340,18 @@ pub fn consume_staged(
     Ok(Some(Staged { image, options }))
 }
 
-/// The plan for a staged upgrade found at boot (its policy is checked again by the sequence).
+/// The plan for a staged upgrade found at boot. /var is not mounted yet, so the bundle is only
+/// located here; the staged phases mount /var and check it (digests, signature, policy).
 pub fn staged_plan(staged: &Staged) -> Result<UpgradePlan, String> {
-    let req = slate_api::UpgradeRequest {
-        image: staged.image.clone(),
-        stage: false,
-        reboot_mode: slate_api::RebootMode::Default,
-        allow_downgrade: staged.options.allow_downgrade,
-        tries: Some(staged.options.tries),
-    };
-    let (bundle_dir, version) = locate(&req.image).map_err(|e| e.to_string())?;
+    let hex = staged
+        .image
+        .strip_prefix(BUNDLE_SCHEME)
+        .and_then(|id| id.strip_prefix("sha256:"))
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| format!("{:?} is not a received bundle", staged.image))?;
     Ok(UpgradePlan {
-        bundle_dir,
-        version,
+        bundle_dir: Path::new(BUNDLES_DIR).join(hex),
+        version: staged.options.version.clone(),
         tries: staged.options.tries,
         reboot: RebootMode::Default,
         allow_downgrade: staged.options.allow_downgrade,
@@ -357,7 +363,6 @@ fn failed(message: impl std::fmt::Display) -> TaskError {
     TaskError::msg(message.to_string())
 }
 
-/// Verify again (the bundle sat on /var), lay the target's installer down, run it, reboot.
 /// `--stage`: record the upgrade in META, then reboot into the Install sequence that runs it.
 pub fn stage_sequence(node: &Node, plan: UpgradePlan) -> Sequence<'_> {
     let reboot = plan.reboot;
@@ -406,7 +411,10 @@ pub fn staged_phases<'a>(
                 slate_host::MsFlags::empty(),
                 None,
             )?;
-            ctx.log(&format!("{} mounted on /var for the staged upgrade", part.device.display()));
+            ctx.log(&format!(
+                "{} mounted on /var for the staged upgrade",
+                part.device.display()
+            ));
             Ok(())
         })],
     );

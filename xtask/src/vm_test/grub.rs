@@ -1,0 +1,245 @@
+//! The GRUB variant of the upgrade story: a demo image with `bootloader = "grub"` boots under
+//! OVMF + GRUB (slot A), is upgraded offline to v2 (slot B, `next_entry` one shot), commits
+//! it (`saved_entry=B`), and returns to v2 unattended after a broken v3. At every step slate's
+//! grubenv is read back out of the image with mtools and listed by the real `grub-editenv`.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+
+use super::{demo_keys, running, sign_bundle, Node, Prepared, BOOT_TIMEOUT};
+use crate::util::{output, repo_root};
+use crate::vm::Vm;
+
+/// Build the GRUB EFI image (`grub-mkstandalone`, every module in its memdisk) around slate's
+/// embedded config, into `target/grub/grubx64.efi`; rebuilt when the config changes.
+pub fn grub_efi() -> Result<PathBuf> {
+    let dir = repo_root().join("target/grub");
+    fs::create_dir_all(&dir)?;
+    let efi = dir.join("grubx64.efi");
+    let cfg = dir.join("embedded.cfg");
+    let wanted = slate_installer::grub::GRUB_EMBEDDED_CFG;
+    if efi.exists() && fs::read_to_string(&cfg).ok().as_deref() == Some(wanted) {
+        return Ok(efi);
+    }
+    fs::write(&cfg, wanted)?;
+    output(
+        Command::new("grub-mkstandalone")
+            .args([
+                "-O",
+                "x86_64-efi",
+                "--modules=part_gpt fat",
+                "--locales=",
+                "--themes=",
+                "--fonts=",
+            ])
+            .arg("-o")
+            .arg(&efi)
+            .arg(format!("boot/grub/grub.cfg={}", cfg.display())),
+    )
+    .context("grub-mkstandalone (Debian package grub-efi-amd64-bin; scripts/install-deps)")?;
+    Ok(efi)
+}
+
+/// demo.toml with absolute paths, `bootloader = "grub"`, the GRUB EFI image, and an ESP with
+/// room for two slots of kernel + initramfs.
+fn grub_profile(work: &Path, grub_efi: &Path) -> Result<PathBuf> {
+    let profiles = repo_root().join("profiles");
+    let text = fs::read_to_string(profiles.join("demo.toml")).context("reading demo.toml")?;
+    let absolute = format!("\"{}/../", profiles.display());
+    let mut out = String::new();
+    for line in text.lines() {
+        let line = line.replace("\"../", &absolute);
+        let line = match line.trim() {
+            l if l.starts_with("bootloader") => "bootloader = \"grub\"".to_string(),
+            l if l.starts_with("size_mib") => "size_mib = 512".to_string(),
+            l if l.starts_with("esp_mib") => "esp_mib = 200".to_string(),
+            "[boot]" => format!("[boot]\ngrub_efi = \"{}\"", grub_efi.display()),
+            _ => line,
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    let path = work.join("grub.toml");
+    fs::write(&path, out)?;
+    Ok(path)
+}
+
+fn build(
+    slate: &Path,
+    profile: &Path,
+    kind: &str,
+    version: &str,
+    args: &[&str],
+    out: &Path,
+) -> Result<()> {
+    let mut cmd = Command::new(slate);
+    cmd.args(["imager", "build", "--profile"])
+        .arg(profile)
+        .args(["--version", version, "--output", kind, "--out"])
+        .arg(out)
+        .env("SOURCE_DATE_EPOCH", "1700000000");
+    for arg in args {
+        cmd.args(["--kernel-arg", arg]);
+    }
+    output(&mut cmd)?;
+    if kind == "installer" {
+        sign_bundle(slate, out)?;
+    }
+    Ok(())
+}
+
+/// `grub-editenv FILE list` of the image's `grub/grubenv` (copied out with mtools), one line.
+fn grubenv(image: &Path, work: &Path) -> Result<String> {
+    let copy = work.join("grubenv.out");
+    let _ = fs::remove_file(&copy);
+    output(
+        Command::new("mcopy")
+            .arg("-n")
+            .arg("-i")
+            .arg(format!("{}@@1M", image.display()))
+            .arg("::/grub/grubenv")
+            .arg(&copy),
+    )?;
+    ensure!(
+        fs::metadata(&copy)?.len() == 1024,
+        "grubenv is not 1024 bytes"
+    );
+    let list = output(Command::new("grub-editenv").arg(&copy).arg("list"))?;
+    Ok(list.trim().replace('\n', " "))
+}
+
+fn upgrade(slate: &Path, image: &Path, bundle: &Path) -> Result<std::process::Output> {
+    Ok(Command::new(slate)
+        .args(["installer", "upgrade", "--disk"])
+        .arg(image)
+        .arg("--bundle")
+        .arg(bundle)
+        .arg("--trusted-keys")
+        .arg(demo_keys())
+        .output()?)
+}
+
+pub(super) fn grub_upgrade_and_revert(prepared: &Prepared, work: &Path) -> Result<String> {
+    let slate = &prepared.slate;
+    let efi = grub_efi()?;
+    let profile = grub_profile(work, &efi)?;
+    let image = work.join("grub.raw");
+    let (v2, v3) = (work.join("grub-bundle-v2"), work.join("grub-bundle-v3"));
+    build(slate, &profile, "image", "1.0.0", &[], &image)?;
+    build(slate, &profile, "installer", "2.0.0", &[], &v2)?;
+    build(
+        slate,
+        &profile,
+        "installer",
+        "3.0.0",
+        &["slate.debug.fail-task=network"],
+        &v3,
+    )?;
+    let mut seen = Vec::new();
+    let mut step = |what: &str, expect: &str| -> Result<()> {
+        let env = grubenv(&image, work)?;
+        println!("  grubenv {what}: {env}");
+        ensure!(
+            env == expect,
+            "grubenv {what}: {env:?}, expected {expect:?}"
+        );
+        seen.push(format!("{what}: {env}"));
+        Ok(())
+    };
+    step("as imaged", "saved_entry=A")?;
+
+    let mut vm = Vm::new(&image, &work.join("vm-grub"))?;
+    let node = Node {
+        prepared,
+        port: vm.api_port,
+    };
+    let mut boot = running(&mut vm)?;
+    let status = node.status()?;
+    ensure!(status["version"] == "1.0.0", "v1: {status}");
+    ensure!(
+        boot.serial().contains("slate.slot=A"),
+        "v1 booted from slot A"
+    );
+    boot.kill();
+
+    let out = upgrade(slate, &image, &v2)?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success() && text.contains("installed B (fallback A"),
+        "upgrade to v2: {text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    step("after the v2 upgrade", "saved_entry=A next_entry=B")?;
+
+    let mut boot = running(&mut vm)?;
+    let committed = boot.expect(&["committed: "], Duration::from_secs(60), "v2 committed")?;
+    ensure!(node.status()?["version"] == "2.0.0", "v2 is up");
+    ensure!(
+        boot.serial().contains("slate.slot=B"),
+        "v2 booted from slot B"
+    );
+    boot.kill();
+    step("after v2's commit", "saved_entry=B")?;
+
+    let out = upgrade(slate, &image, &v3)?;
+    ensure!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).contains("installed A (fallback B"),
+        "upgrade to v3: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    step("after the v3 upgrade", "saved_entry=B next_entry=A")?;
+    let mut boot = vm.start()?;
+    boot.expect(
+        &["[slate] [machined] fatal:"],
+        BOOT_TIMEOUT,
+        "v3's fatal boot",
+    )?;
+    let reverted = boot.expect(
+        &["upgrade reverted: the next boot is"],
+        Duration::from_secs(30),
+        "the revert",
+    )?;
+    ensure!(reverted.contains("is B"), "{reverted}");
+    boot.wait_exit(Duration::from_secs(90))?;
+    step("after v3's revert", "saved_entry=B")?;
+
+    let mut boot = running(&mut vm)?;
+    let status = node.status()?;
+    ensure!(status["version"] == "2.0.0", "after the revert: {status}");
+    boot.kill();
+
+    // A grubenv that is not GRUB's: the installer refuses before writing anything.
+    let bad = work.join("grubenv.bad");
+    fs::write(&bad, vec![b'x'; 1024])?;
+    output(
+        Command::new("mcopy")
+            .args(["-o", "-i"])
+            .arg(format!("{}@@1M", image.display()))
+            .arg(&bad)
+            .arg("::/grub/grubenv"),
+    )?;
+    let out = upgrade(slate, &image, &v3)?;
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    ensure!(
+        !out.status.success() && err.contains("signature"),
+        "a bad grubenv: {err}"
+    );
+    println!(
+        "  a corrupted grubenv: {}",
+        err.lines().last().unwrap_or("").trim()
+    );
+
+    Ok(format!(
+        "OVMF + GRUB: v1 (slot A) -> offline upgrade -> v2 via next_entry, committed ({}); \
+         broken v3 reverted to v2 unattended ({}); grubenv: {}",
+        committed.trim(),
+        reverted.trim(),
+        seen.join("; ")
+    ))
+}
