@@ -7,10 +7,10 @@
 mod base_rootfs;
 mod bench;
 mod bench_apply;
-mod registry;
 mod bench_boot;
 mod bench_pull;
 mod kernel;
+mod registry;
 mod slate_static;
 mod util;
 mod vm;

@@ -56,7 +56,9 @@ impl Registry {
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .with_context(|| format!("starting {REGISTRY_BIN} (scripts/install-deps installs it)"))?;
+            .with_context(|| {
+                format!("starting {REGISTRY_BIN} (scripts/install-deps installs it)")
+            })?;
         let mut registry = Registry { host, child };
         let deadline = Instant::now() + Duration::from_secs(30);
         while Instant::now() < deadline {

@@ -19,7 +19,10 @@ fn stage(node: &Node, boot: &mut Running, vm: &mut Vm, bundle: &Path, version: &
         "--image",
         &format!("oci-layout:{}", bundle.display()),
     ])?;
-    ensure!(answer.contains("accepted"), "slate upgrade --stage: {answer}");
+    ensure!(
+        answer.contains("accepted"),
+        "slate upgrade --stage: {answer}"
+    );
     boot.expect(
         &["staged the upgrade to"],
         Duration::from_secs(60),

@@ -215,13 +215,16 @@ pub fn install<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
         .take();
     let builder = match staged.map(|s| super::upgrade::staged_plan(&s)) {
         Some(Ok(plan)) => {
-            node.journal
-                .info(format_args!("running the staged upgrade to {}", plan.version));
+            node.journal.info(format_args!(
+                "running the staged upgrade to {}",
+                plan.version
+            ));
             super::upgrade::staged_phases(node, plan, PhaseListBuilder::new())
         }
         Some(Err(err)) => {
-            node.journal
-                .error(format_args!("the staged upgrade cannot run: {err}; booting on"));
+            node.journal.error(format_args!(
+                "the staged upgrade cannot run: {err}; booting on"
+            ));
             PhaseListBuilder::new()
         }
         None => PhaseListBuilder::new(),
