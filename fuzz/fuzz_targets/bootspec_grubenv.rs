@@ -20,10 +20,20 @@ fuzz_target!(|data: &[u8]| {
     let Ok(mut env) = GrubEnv::parse(&bytes) else {
         return;
     };
-    assert_eq!(env.to_bytes(), bytes, "a parsed block writes back unchanged");
+    assert_eq!(
+        env.to_bytes(),
+        bytes,
+        "a parsed block writes back unchanged"
+    );
     let menu = [
-        GrubMenuEntry { title: "slate A".into(), id: "A".into() },
-        GrubMenuEntry { title: "slate B".into(), id: "B".into() },
+        GrubMenuEntry {
+            title: "slate A".into(),
+            id: "A".into(),
+        },
+        GrubMenuEntry {
+            title: "slate B".into(),
+            id: "B".into(),
+        },
     ];
     let sel = grub_select(Some(&env), &menu).unwrap();
     assert!(sel.index < menu.len());

@@ -124,6 +124,8 @@ pub fn bench_apply() -> Result<()> {
         "  ratio: {:.2}x (slate / cp+sync)",
         slate_time.as_secs_f64() / cp_time.as_secs_f64()
     );
-    let _ = fs::remove_dir_all(&dir);
+    if std::env::var_os("SLATE_BENCH_KEEP").is_none() {
+        let _ = fs::remove_dir_all(&dir);
+    }
     Ok(())
 }

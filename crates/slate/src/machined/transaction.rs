@@ -46,7 +46,7 @@ fn system_loader() -> Result<Box<dyn Bootloader>, String> {
 
 /// The entry that booted: `LoaderEntrySelected` (systemd-boot), else the slot GRUB's menu entry
 /// names on the kernel command line (`slate.slot=A`).
-fn booted_entry(node: &Node) -> Option<String> {
+pub fn booted_entry(node: &Node) -> Option<String> {
     node.booted_entry.clone().or_else(|| {
         let cmdline = slate_host::kernel_cmdline().unwrap_or_default();
         cmdline

@@ -465,10 +465,9 @@ fn upgrade_phases<'a>(
             [task(node, "runInstaller", move |ctx| {
                 let meta = slate_host::find_partition_by_label("META", None)
                     .map_err(|e| failed(format!("finding the system disk: {e}")))?;
-                let running = node
-                    .booted_entry
-                    .clone()
-                    .ok_or_else(|| failed("the firmware did not say which entry booted"))?;
+                let running = super::transaction::booted_entry(node).ok_or_else(|| {
+                    failed("neither the firmware nor the kernel command line says what booted")
+                })?;
                 let mut cmd = Command::new(&run_installer);
                 cmd.arg0("slate")
                     .args(["installer", "upgrade", "--disk"])
