@@ -212,7 +212,40 @@ pub(super) fn grub_upgrade_and_revert(prepared: &Prepared, work: &Path) -> Resul
     let mut boot = running(&mut vm)?;
     let status = node.status()?;
     ensure!(status["version"] == "2.0.0", "after the revert: {status}");
+
+    // Staged on GRUB: v4 installed by the next boot before the OS comes up; a broken v5 staged
+    // the same way returns to v4 and is not tried again.
+    let (v4, v5) = (work.join("grub-bundle-v4"), work.join("grub-bundle-v5"));
+    build(slate, &profile, "installer", "4.0.0", &[], &v4)?;
+    build(
+        slate,
+        &profile,
+        "installer",
+        "5.0.0",
+        &["slate.debug.fail-task=network"],
+        &v5,
+    )?;
+    super::staged::stage(&node, &mut boot, &mut vm, &v4, "4.0.0")?;
+    let mut boot = running(&mut vm)?;
+    boot.expect(&["committed: "], Duration::from_secs(60), "v4 committed")?;
+    ensure!(node.status()?["version"] == "4.0.0", "staged v4 is up");
+    step("after staged v4's commit", "saved_entry=A")?;
+    super::staged::stage(&node, &mut boot, &mut vm, &v5, "5.0.0")?;
+    let mut broken = vm.start()?;
+    broken.expect(
+        &["upgrade reverted: the next boot is A"],
+        BOOT_TIMEOUT,
+        "staged v5 reverted",
+    )?;
+    broken.wait_exit(Duration::from_secs(90))?;
+    let mut boot = running(&mut vm)?;
+    let status = node.status()?;
+    ensure!(
+        status["version"] == "4.0.0" && !boot.serial().contains("staged upgrade"),
+        "after staged v5: {status}"
+    );
     boot.kill();
+    step("after staged v5's revert", "saved_entry=A")?;
 
     // A grubenv that is not GRUB's: the installer refuses before writing anything.
     let bad = work.join("grubenv.bad");
@@ -237,7 +270,8 @@ pub(super) fn grub_upgrade_and_revert(prepared: &Prepared, work: &Path) -> Resul
 
     Ok(format!(
         "OVMF + GRUB: v1 (slot A) -> offline upgrade -> v2 via next_entry, committed ({}); \
-         broken v3 reverted to v2 unattended ({}); grubenv: {}",
+         broken v3 reverted to v2 unattended ({}); staged v4 installed at boot and committed, \
+         staged broken v5 reverted to v4 and not retried; grubenv: {}",
         committed.trim(),
         reverted.trim(),
         seen.join("; ")

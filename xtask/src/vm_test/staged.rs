@@ -12,7 +12,13 @@ use super::{build_bundle, build_image, ensure_logged, running, Node, Prepared, B
 use crate::vm::{Running, Vm};
 
 /// `slate upgrade --stage`, then the staged boot that installs and reboots.
-fn stage(node: &Node, boot: &mut Running, vm: &mut Vm, bundle: &Path, version: &str) -> Result<()> {
+pub(super) fn stage(
+    node: &Node,
+    boot: &mut Running,
+    vm: &mut Vm,
+    bundle: &Path,
+    version: &str,
+) -> Result<()> {
     let answer = node.ok(&[
         "upgrade",
         "--stage",
