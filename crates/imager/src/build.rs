@@ -71,7 +71,7 @@ pub fn plan(inputs: &Inputs) -> Vec<String> {
             p.image.state_mib
         )),
         OutputKind::Installer => {
-            steps.push("OCI layout: UKI + slate binary + bundle manifest".to_string())
+            steps.push("OCI layout: UKI + slate binary + systemd-boot + bundle manifest (signed separately: slate sign)".to_string())
         }
         OutputKind::Cmdline => steps.push(format!("command line: {}", build_cmdline(inputs))),
         OutputKind::Kernel => steps.push(format!("kernel: {}", inputs.kernel_image.display())),
