@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 
-use super::{demo_keys, running, sign_bundle, Node, Prepared, BOOT_TIMEOUT};
+use super::rollback::build;
+use super::{demo_keys, running, Node, Prepared, BOOT_TIMEOUT};
 use crate::util::{output, repo_root};
 use crate::vm::Vm;
 
@@ -66,30 +67,6 @@ fn grub_profile(work: &Path, grub_efi: &Path) -> Result<PathBuf> {
     let path = work.join("grub.toml");
     fs::write(&path, out)?;
     Ok(path)
-}
-
-fn build(
-    slate: &Path,
-    profile: &Path,
-    kind: &str,
-    version: &str,
-    args: &[&str],
-    out: &Path,
-) -> Result<()> {
-    let mut cmd = Command::new(slate);
-    cmd.args(["imager", "build", "--profile"])
-        .arg(profile)
-        .args(["--version", version, "--output", kind, "--out"])
-        .arg(out)
-        .env("SOURCE_DATE_EPOCH", "1700000000");
-    for arg in args {
-        cmd.args(["--kernel-arg", arg]);
-    }
-    output(&mut cmd)?;
-    if kind == "installer" {
-        sign_bundle(slate, out)?;
-    }
-    Ok(())
 }
 
 /// `grub-editenv FILE list` of the image's `grub/grubenv` (copied out with mtools), one line.

@@ -63,8 +63,9 @@ fn variant_profile(work: &Path, name: &str, sections: &str) -> Result<PathBuf> {
     Ok(path)
 }
 
-/// `slate imager build` (quiet: it may run while a VM boots).
-fn build(
+/// `slate imager build` of any profile (quiet: it may run while a VM boots); installer bundles
+/// are signed with the demo key.
+pub(super) fn build(
     slate: &Path,
     profile: &Path,
     kind: &str,
