@@ -46,9 +46,8 @@ pub(super) fn power_cuts_during_upgrade(prepared: &Prepared, work: &Path) -> Res
 
     let cuts = [
         Cut::After(Duration::ZERO),
-        Cut::After(Duration::from_millis(1000)),
-        Cut::After(Duration::from_millis(2500)),
-        Cut::After(Duration::from_millis(3800)),
+        Cut::After(Duration::from_millis(800)),
+        Cut::After(Duration::from_millis(1600)),
         Cut::AfterInstalled,
     ];
     let mut outcomes = Vec::new();
