@@ -186,9 +186,44 @@ pub(super) fn grub_upgrade_and_revert(prepared: &Prepared, work: &Path) -> Resul
     boot.wait_exit(Duration::from_secs(90))?;
     step("after v3's revert", "saved_entry=B")?;
 
+    // A v3 whose health check cannot pass: machined records it, reverts, reboots into v2.
+    let health_profile = work.join("grub-health.toml");
+    fs::write(
+        &health_profile,
+        super::rollback::without_health(&fs::read_to_string(&profile)?)
+            + "\n[health]\ntimeout_secs = 5\n[[health.checks]]\nfile = \"/nonexistent/ready\"\n\n\
+               [watchdog]\ntimeout_secs = 60\n",
+    )?;
+    let v3h = work.join("grub-bundle-v3-health");
+    build(slate, &health_profile, "installer", "3.0.5", &[], &v3h)?;
+    let out = upgrade(slate, &image, &v3h)?;
+    ensure!(
+        out.status.success()
+            && String::from_utf8_lossy(&out.stdout).contains("installed A (fallback B"),
+        "upgrade to the unhealthy v3: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let mut boot = vm.start()?;
+    let unhealthy = boot.expect(
+        &["health check `file /nonexistent/ready` failed"],
+        BOOT_TIMEOUT,
+        "the failing health check",
+    )?;
+    boot.expect(
+        &["upgrade reverted: the next boot is B"],
+        Duration::from_secs(30),
+        "the revert after the health check",
+    )?;
+    boot.wait_exit(Duration::from_secs(90))?;
+    step("after the unhealthy v3's revert", "saved_entry=B")?;
+
     let mut boot = running(&mut vm)?;
     let status = node.status()?;
-    ensure!(status["version"] == "2.0.0", "after the revert: {status}");
+    ensure!(
+        status["version"] == "2.0.0" && status["last_failure"]["version"] == "3.0.5",
+        "after the reverts: {status}"
+    );
 
     // Staged on GRUB: v4 installed by the next boot before the OS comes up; a broken v5 staged
     // the same way returns to v4 and is not tried again.
@@ -247,10 +282,11 @@ pub(super) fn grub_upgrade_and_revert(prepared: &Prepared, work: &Path) -> Resul
 
     Ok(format!(
         "OVMF + GRUB: v1 (slot A) -> offline upgrade -> v2 via next_entry, committed ({}); \
-         broken v3 reverted to v2 unattended ({}); staged v4 installed at boot and committed, \
+         broken v3 reverted to v2 unattended ({}); unhealthy v3 reverted ({}); staged v4 installed at boot and committed, \
          staged broken v5 reverted to v4 and not retried; grubenv: {}",
         committed.trim(),
         reverted.trim(),
+        unhealthy.trim(),
         seen.join("; ")
     ))
 }

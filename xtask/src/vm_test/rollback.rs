@@ -36,13 +36,8 @@ const MISSING: &str = "/nonexistent/ready";
 const HANG_TRIES: u32 = 1;
 const HANG_WATCHDOG_SECS: u32 = 10;
 
-/// The demo profile with its `[health]` and `[watchdog]` sections replaced by `sections`. The
-/// copy lives in the work directory and a profile's relative paths resolve against its own
-/// directory, so the demo's (all `../…`) are made absolute.
-fn variant_profile(work: &Path, name: &str, sections: &str) -> Result<PathBuf> {
-    let profiles = repo_root().join("profiles");
-    let text = fs::read_to_string(profiles.join("demo.toml")).context("reading demo.toml")?;
-    let absolute = format!("\"{}/../", profiles.display());
+/// Profile text without its `[health]` (and `[[health.checks]]`) and `[watchdog]` sections.
+pub(super) fn without_health(text: &str) -> String {
     let mut out = String::new();
     let mut skipping = false;
     for line in text.lines() {
@@ -52,10 +47,21 @@ fn variant_profile(work: &Path, name: &str, sections: &str) -> Result<PathBuf> {
             skipping = header == "health" || header.starts_with("health.") || header == "watchdog";
         }
         if !skipping {
-            out.push_str(&line.replace("\"../", &absolute));
+            out.push_str(line);
             out.push('\n');
         }
     }
+    out
+}
+
+/// The demo profile with its `[health]` and `[watchdog]` sections replaced by `sections`. The
+/// copy lives in the work directory and a profile's relative paths resolve against its own
+/// directory, so the demo's (all `../…`) are made absolute.
+fn variant_profile(work: &Path, name: &str, sections: &str) -> Result<PathBuf> {
+    let profiles = repo_root().join("profiles");
+    let text = fs::read_to_string(profiles.join("demo.toml")).context("reading demo.toml")?;
+    let absolute = format!("\"{}/../", profiles.display());
+    let mut out = without_health(&text.replace("\"../", &absolute));
     out.push('\n');
     out.push_str(sections);
     let path = work.join(format!("{name}.toml"));
