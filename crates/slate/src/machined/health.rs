@@ -18,6 +18,7 @@ use anyhow::Context as _;
 use slate_imager::profile::{HealthCheck, NodeConfig};
 
 use super::node::Node;
+use super::transaction::chain;
 
 /// The node's runtime configuration (health checks, watchdog).
 pub const NODE_CONFIG: &str = "/etc/slate/node.toml";
@@ -222,17 +223,6 @@ fn run(argv: &[String], deadline: Instant) -> Result<(), Attempt> {
             budget.as_secs_f64()
         ))),
     }
-}
-
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// An I/O error in a few words (`connection refused`), without the `(os error N)` suffix.

@@ -56,7 +56,8 @@ pub fn booted_entry(node: &Node) -> Option<String> {
     })
 }
 
-fn chain(err: &dyn std::error::Error) -> String {
+/// An error and its causes on one line, `: `-separated.
+pub(super) fn chain(err: &dyn std::error::Error) -> String {
     let mut text = err.to_string();
     let mut source = err.source();
     while let Some(cause) = source {

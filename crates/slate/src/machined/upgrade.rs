@@ -18,6 +18,7 @@ use slate_sequencer::{PhaseListBuilder, RebootMode, Sequence, SequenceKind, Task
 
 use super::node::Node;
 use super::sequences::task;
+use super::transaction::chain;
 
 pub const BUNDLES_DIR: &str = "/var/lib/slate/bundles";
 /// The keys this image trusts (baked in by the imager from the profile's `[trust] keys`).
@@ -58,17 +59,6 @@ pub struct Staged {
 
 fn invalid(message: impl std::fmt::Display) -> BackendError {
     BackendError::InvalidArgument(message.to_string())
-}
-
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut text = err.to_string();
-    let mut source = err.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 /// Only the files of an OCI layout, as plain relative paths: no links, devices, `..` or
