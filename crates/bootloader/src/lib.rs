@@ -24,19 +24,18 @@
 //! `saved_entry` to the tag's slot. [`probe`] picks the backend a disk was installed with.
 
 mod efivars;
-mod fatscan;
-mod grub;
-mod sdboot;
+pub mod grub;
+pub mod sdboot;
 
 pub use efivars::{
     loader_vars, EfiVars, EfiVarsError, MemEfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_LAST_BOOTED,
     LOADER_ENTRY_ONESHOT,
 };
-pub use fatscan::{fat_space, FatSpace, ReadOnly};
 pub use grub::{menu as grub_menu, Grub, GrubStatus, GrubWriteOrder, SlotPayload, SlotStatus};
 pub use sdboot::{SystemdBoot, DEFAULT_ENTRY_NAME};
 pub use slate_bootspec::IdStyle;
 pub use slate_disk::SectorBuffer;
+pub use slate_esp::{fat_space, FatSpace, ReadOnly};
 
 use slate_bootspec::{BootState, LoaderConf, Selection};
 
@@ -126,7 +125,7 @@ pub enum BootloaderError {
     #[error("partition table")]
     Layout(#[from] slate_layout::LayoutError),
     #[error("EFI partition")]
-    Esp(#[from] slate_installer::InstallError),
+    Esp(#[from] slate_esp::EspError),
     #[error("EFI partition: {action} {path}")]
     Fat {
         action: &'static str,
@@ -146,7 +145,7 @@ pub enum BootloaderError {
     NoRoom { needed: u64, available: u64 },
     #[error("no boot entry matches {0:?}")]
     EntryNotFound(String),
-    #[error("GRUB environment block {}", slate_installer::grub::GRUBENV_PATH)]
+    #[error("GRUB environment block {}", slate_esp::GRUBENV_PATH)]
     GrubEnv(#[from] slate_bootspec::GrubEnvError),
     #[error("after this change systemd-boot would boot {selected:?}, not {wanted:?}")]
     WouldNotBoot { wanted: String, selected: String },
@@ -179,11 +178,8 @@ pub enum LoaderKind {
 pub fn detect(disk: &impl slate_disk::Disk) -> Result<LoaderKind, BootloaderError> {
     let info = slate_layout::find_partition(ReadOnly(disk), slate_layout::EFI_LABEL)?;
     let esp = slate_disk::PartitionView::new(ReadOnly(disk), info.start, info.len)?;
-    let fs = slate_installer::fat::mount(esp, 0)?;
-    let found = fs
-        .root_dir()
-        .open_file(slate_installer::grub::GRUBENV_PATH)
-        .is_ok();
+    let fs = slate_esp::fat::mount(esp, 0)?;
+    let found = fs.root_dir().open_file(slate_esp::GRUBENV_PATH).is_ok();
     Ok(if found {
         LoaderKind::Grub
     } else {

@@ -7,7 +7,7 @@ mod common;
 use common::*;
 use slate_bootloader::{Bootloader, SystemdBoot};
 use slate_disk::{CrashPoint, CutMode, Disk, MemDisk, RecordingDisk};
-use slate_installer::fat;
+use slate_esp::fat;
 
 const V1_LEN: usize = 20_000;
 const V2_LEN: usize = 24_000;

@@ -327,9 +327,9 @@ fn a_bad_grubenv_is_refused_before_any_write() {
         let mut long = grub(disk.clone()).read_file("grub/grubenv").unwrap();
         long.extend(std::iter::repeat_n(b'#', 512));
         let esp = slate_layout::open_partition(&mut disk, slate_layout::EFI_LABEL).unwrap();
-        let fs = slate_installer::fat::mount(esp, EPOCH).unwrap();
-        slate_installer::fat::write_file_atomically(&fs, "grub/grubenv", &long).unwrap();
-        slate_installer::fat::unmount(fs).unwrap();
+        let fs = slate_esp::fat::mount(esp, EPOCH).unwrap();
+        slate_esp::fat::write_file_atomically(&fs, "grub/grubenv", &long).unwrap();
+        slate_esp::fat::unmount(fs).unwrap();
     }
     let g = grub(RecordingDisk::new(disk.into_bytes()));
     let err = g.status().unwrap_err();

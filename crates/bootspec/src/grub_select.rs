@@ -1,7 +1,7 @@
 //! Which menu entry GRUB boots, given the environment block and the menu — pure.
 //!
 //! The model of the `grub.cfg` slate generates, which follows grub-mkconfig's `00_header` with
-//! `GRUB_DEFAULT=saved` (FORMATS.md §4) plus a `fallback`:
+//! `GRUB_DEFAULT=saved` (docs/formats.md §4) plus a `fallback`:
 //!
 //! ```text
 //! load_env                                  # a block GRUB cannot load sets nothing

@@ -1,4 +1,4 @@
-//! The GRUB environment block (`grubenv`, FORMATS.md §4) — pure parsing and writing.
+//! The GRUB environment block (`grubenv`, docs/formats.md §4) — pure parsing and writing.
 //!
 //! The file is exactly [`GRUBENV_LEN`] (1024) bytes: the signature line
 //! `# GRUB Environment Block\n`, then lines — comments (first byte `#`, such as grub-editenv's
@@ -322,7 +322,7 @@ mod tests {
     use super::*;
 
     fn measured_vector() -> Vec<u8> {
-        // FORMATS.md §4: `set saved_entry=gnulinux-advanced next_entry=1`, `unset next_entry`.
+        // docs/formats.md §4: `set saved_entry=gnulinux-advanced next_entry=1`, `unset next_entry`.
         let mut b = GRUBENV_SIGNATURE.to_vec();
         b.extend_from_slice(GRUBENV_WARNING.as_bytes());
         b.push(b'\n');

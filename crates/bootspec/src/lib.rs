@@ -1,4 +1,4 @@
-//! slate's own reading of systemd-boot's rules (FORMATS.md §2): which UKI boots, under which
+//! slate's own reading of systemd-boot's rules (docs/formats.md §2): which UKI boots, under which
 //! name, after which rename. Pure functions over values; no I/O. VM tests check these
 //! predictions against the real loader.
 //!
@@ -10,7 +10,7 @@
 //! - [`sorted`] and [`select`]: the menu order and the entry booted by default.
 //! - [`newest_not_bad`] and [`prune_candidates`]: the update policy (boot the newest version
 //!   not marked bad; never delete the running version).
-//! - [`GrubEnv`]: GRUB's 1024-byte environment block (FORMATS.md §4), checked against
+//! - [`GrubEnv`]: GRUB's 1024-byte environment block (docs/formats.md §4), checked against
 //!   `grub-editenv`; [`grub_select`]: which menu entry GRUB boots (`next_entry` one shot,
 //!   `saved_entry`, the first entry).
 //!

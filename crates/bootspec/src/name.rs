@@ -1,5 +1,5 @@
 //! Boot-loader-entry file names with boot counters (`<stem>+LEFT[-DONE].<conf|efi>`), and the
-//! renames systemd-boot and systemd-bless-boot perform on them (FORMATS.md §2).
+//! renames systemd-boot and systemd-bless-boot perform on them (docs/formats.md §2).
 
 use crate::error::NameError;
 

@@ -1,4 +1,4 @@
-//! systemd-boot's menu order and default-entry selection (FORMATS.md §2, "Sorting" and
+//! systemd-boot's menu order and default-entry selection (docs/formats.md §2, "Sorting" and
 //! "Default selection"), as functions over entry values.
 
 use std::cmp::Ordering;

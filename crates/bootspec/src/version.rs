@@ -51,7 +51,7 @@ fn prefix(a: &mut &[u8], b: &mut &[u8], c: u8) -> Option<Ordering> {
 
 /// Compares two version strings by the UAPI Version Format Specification (UAPI.10).
 ///
-/// `Greater` means `a` is newer. Check vectors (FORMATS.md §2): `122.1 < 123~rc1-1 < 123 < 123-a <
+/// `Greater` means `a` is newer. Check vectors (docs/formats.md §2): `122.1 < 123~rc1-1 < 123 < 123-a <
 /// 123-a.1 < 123-1 < 123-1.1 < 123^post1 < 123.a-1 < 123.1-1 < 123a-1 < 124-1`; `'' < 0`,
 /// `0. > 0`, `0 > ~`, `B < a`, `1_2_3 > 1.3.3`.
 pub fn compare_versions(a: &str, b: &str) -> Ordering {

@@ -111,7 +111,7 @@ fn simulated_boot_sequence() {
         name("a.efi").after_boot_attempt().unwrap().file_name(),
         "a.efi"
     );
-    // Type #1 works the same way (FORMATS.md example).
+    // Type #1 works the same way (docs/formats.md example).
     let c = name("a+3.conf").after_boot_attempt().unwrap();
     assert_eq!(c.after_boot_attempt().unwrap().file_name(), "a+1-2.conf");
 }

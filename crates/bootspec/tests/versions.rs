@@ -1,11 +1,11 @@
-//! UAPI.10 version order: every check vector of FORMATS.md §2, and order-relation properties.
+//! UAPI.10 version order: every check vector of docs/formats.md §2, and order-relation properties.
 
 use std::cmp::Ordering::{self, *};
 
 use proptest::prelude::*;
 use slate_bootspec::compare_versions;
 
-/// FORMATS.md §2 (and systemd's own comment): strictly increasing.
+/// docs/formats.md §2 (and systemd's own comment): strictly increasing.
 const CHAIN: [&str; 12] = [
     "122.1",
     "123~rc1-1",

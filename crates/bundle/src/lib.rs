@@ -36,6 +36,15 @@ pub const BINARY_MEDIA_TYPE: &str = "application/vnd.slate.installer-binary.v1";
 /// The annotation of an index entry naming its tag.
 pub const REF_NAME_ANNOTATION: &str = "org.opencontainers.image.ref.name";
 
+/// The architecture this slate binary was built for, as bundles name it.
+pub const NATIVE_ARCH: &str = if cfg!(target_arch = "x86_64") {
+    "amd64"
+} else if cfg!(target_arch = "aarch64") {
+    "arm64"
+} else {
+    std::env::consts::ARCH
+};
+
 /// Blob roles the installer needs.
 pub const UKI_ROLE: &str = "uki";
 pub const INSTALLER_ROLE: &str = "installer";

@@ -7,7 +7,7 @@
 //! and get bytes back.
 //!
 //! Format facts (header layout, 4-byte padding, `TRAILER!!!`, the kernel's concatenation
-//! grammar) follow `FORMATS.md` §6, which summarises the kernel's
+//! grammar) follow `docs/formats.md` §6, which summarises the kernel's
 //! `Documentation/driver-api/early-userspace/buffer-format.rst` and `init/initramfs.c`.
 
 mod error;

@@ -244,7 +244,7 @@ pub fn build_cmdline(inputs: &Inputs) -> String {
 
 /// The UKI's file name on the ESP, with its boot-counting tries.
 pub fn uki_name(inputs: &Inputs, tries: Option<u32>) -> Result<String, ImagerError> {
-    Ok(slate_installer::uki_file_name(
+    Ok(slate_esp::uki_file_name(
         &inputs.profile.name,
         &inputs.profile.version,
         tries,

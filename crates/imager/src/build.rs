@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use slate_disk::FileDisk;
-use slate_installer::{loader_conf, write_grub_image, write_image, GrubImagePlan, ImagePlan};
+use slate_esp::loader_conf;
+use slate_installer::{write_grub_image, write_image, GrubImagePlan, ImagePlan};
 use slate_layout::{LayoutParams, MIB};
 
 use crate::artifacts::{build_cmdline, build_initramfs, build_rootfs, build_uki, uki_name};

@@ -54,6 +54,8 @@ pub enum ImagerError {
     Uki(#[from] slate_uki::UkiError),
     #[error("writing the disk image")]
     Install(#[from] slate_installer::InstallError),
+    #[error(transparent)]
+    Esp(#[from] slate_esp::EspError),
     #[error("laying out the installer bundle")]
     Bundle(#[from] slate_bundle::BundleError),
     #[error("output {path} cannot be written")]

@@ -7,18 +7,12 @@ use slate_layout::{
 };
 use slate_meta::MetaStore;
 
-use crate::fat::{self, EspGeometry, TEMP_NAME_EXTRA};
-use crate::names::{validate_uki_file_name, MAX_FILE_NAME};
-use crate::InstallError;
+use slate_esp::fat::{self, EspGeometry, TEMP_NAME_EXTRA};
+use slate_esp::{
+    validate_uki_file_name, EspError, MAX_FILE_NAME, SYSTEMD_BOOT_DIRECTORIES, UKI_DIR,
+};
 
-/// Where systemd-boot goes: the removable-media path firmware boots without any boot entry in
-/// NVRAM, and systemd's own path, which `bootctl` recognises and updates.
-pub const FALLBACK_LOADER_PATH: &str = "EFI/BOOT/BOOTX64.EFI";
-pub const SYSTEMD_BOOT_PATH: &str = "EFI/systemd/systemd-bootx64.efi";
-/// Directory of Type #2 (UKI) boot entries.
-pub const UKI_DIR: &str = "EFI/Linux";
-pub const LOADER_CONF_PATH: &str = "loader/loader.conf";
-const DIRECTORIES: [&str; 5] = ["EFI", "EFI/BOOT", "EFI/systemd", UKI_DIR, "loader"];
+use crate::InstallError;
 
 /// How much of each partition the image leaves for first boot to format is zeroed.
 pub const CLEARED_HEAD: u64 = MIB;
@@ -66,13 +60,13 @@ impl ImagePlan {
     }
 
     /// The ESP's files in the order they are written: (path, content).
-    fn esp_files(&self) -> [(String, &[u8]); 4] {
-        [
-            (FALLBACK_LOADER_PATH.to_string(), &self.systemd_boot),
-            (SYSTEMD_BOOT_PATH.to_string(), &self.systemd_boot),
-            (format!("{UKI_DIR}/{}", self.uki_name), &self.uki),
-            (LOADER_CONF_PATH.to_string(), self.loader_conf.as_bytes()),
-        ]
+    fn esp_files(&self) -> Vec<(String, &[u8])> {
+        slate_bootloader::sdboot::image_files(
+            &self.systemd_boot,
+            &self.uki_name,
+            &self.uki,
+            &self.loader_conf,
+        )
     }
 }
 
@@ -110,13 +104,14 @@ struct Preflight {
 fn preflight(disk_len: u64, plan: &ImagePlan) -> Result<Preflight, InstallError> {
     validate_uki_file_name(&plan.uki_name)?;
     if plan.uki_name.len() + TEMP_NAME_EXTRA > MAX_FILE_NAME {
-        return Err(InstallError::InvalidFileName {
+        return Err(EspError::InvalidFileName {
             name: plan.uki_name.clone(),
             reason: format!(
                 "must be at most {} characters, to leave room for its temporary name",
                 MAX_FILE_NAME - TEMP_NAME_EXTRA
             ),
-        });
+        }
+        .into());
     }
     for (what, bytes) in [
         ("systemd-boot binary", &plan.systemd_boot),
@@ -139,7 +134,7 @@ fn preflight(disk_len: u64, plan: &ImagePlan) -> Result<Preflight, InstallError>
     }
     // Each directory is counted at two clusters: its `.`/`..` and long-name entries may spill
     // out of one 512-byte cluster.
-    let dir_clusters = 2 * DIRECTORIES.len() as u64;
+    let dir_clusters = 2 * SYSTEMD_BOOT_DIRECTORIES.len() as u64;
     let others: u64 = plan
         .esp_files()
         .iter()
@@ -201,7 +196,7 @@ pub fn write_image(
             placed: &placed,
             geometry: &geometry,
             source_date_epoch: plan.source_date_epoch,
-            directories: &DIRECTORIES,
+            directories: &SYSTEMD_BOOT_DIRECTORIES,
             files: &files,
         },
         progress,
@@ -318,7 +313,7 @@ mod tests {
             systemd_boot: vec![0x4d; 1000],
             uki: vec![0x5a; uki_len],
             uki_name: "slate-1+3.efi".into(),
-            loader_conf: crate::loader_conf("slate-*", 3).unwrap(),
+            loader_conf: slate_esp::loader_conf("slate-*", 3).unwrap(),
         }
     }
 

@@ -10,28 +10,22 @@
 //! Output is reproducible: GUIDs and the FAT volume id derive from the image id, FAT timestamps
 //! from the plan's `SOURCE_DATE_EPOCH`.
 //!
-//! The GRUB variant ([`write_grub_image`], module [`grub`]) lays out the same partitions with
+//! The GRUB variant ([`write_grub_image`], `slate_bootloader::grub` for the ESP files) lays out the same partitions with
 //! GRUB, its `grub.cfg` and `grubenv`, and the A/B slots on the ESP.
 //!
-//! [`fat::write_file_atomically`] (temp name, flush, rename, flush) is the ESP file writer that
+//! [`slate_esp::fat::write_file_atomically`] (temp name, flush, rename, flush) is the ESP file writer that
 //! upgrades reuse.
 
-mod dot_entries;
-pub mod fat;
-pub mod grub;
+mod grub_image;
 mod image;
-mod names;
 
 use slate_disk::DiskError;
+use slate_esp::{fat, EspError};
 use slate_layout::LayoutError;
 use slate_meta::MetaError;
 
-pub use grub::{write_grub_image, GrubImagePlan};
-pub use image::{
-    write_image, ImagePlan, ImageStep, CLEARED_HEAD, FALLBACK_LOADER_PATH, LOADER_CONF_PATH,
-    SYSTEMD_BOOT_PATH, UKI_DIR,
-};
-pub use names::{loader_conf, uki_file_name, validate_uki_file_name, MAX_FILE_NAME};
+pub use grub_image::{write_grub_image, GrubImagePlan};
+pub use image::{write_image, ImagePlan, ImageStep, CLEARED_HEAD};
 
 /// Why an image could not be written. Each variant names the partition, file or rule involved.
 #[derive(Debug, thiserror::Error)]
@@ -40,13 +34,6 @@ pub enum InstallError {
     /// written.
     #[error(transparent)]
     Layout(#[from] LayoutError),
-    #[error("invalid boot file name {name:?}: {reason}")]
-    InvalidFileName { name: String, reason: String },
-    #[error(
-        "invalid loader.conf default pattern {pattern:?}: use ASCII letters, digits, \
-         '+ - _ .' and glob characters '* ? [ ] !' (or @saved)"
-    )]
-    InvalidLoaderDefault { pattern: String },
     #[error("invalid image plan: {0}")]
     InvalidPlan(String),
     #[error(
@@ -69,19 +56,9 @@ pub enum InstallError {
         esp_len: u64,
         available: u64,
     },
-    #[error("EFI partition: {action}")]
-    Esp {
-        action: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("EFI partition: {action} {path}")]
-    EspFile {
-        path: String,
-        action: &'static str,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The ESP could not be written, or a boot file name was refused.
+    #[error(transparent)]
+    Esp(#[from] EspError),
     #[error("META partition: formatting")]
     Meta(#[source] MetaError),
     #[error("partition {label}: {action}")]

@@ -8,9 +8,8 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use slate_disk::{Disk, FileDisk, RecordingDisk};
-use slate_installer::{
-    loader_conf, uki_file_name, write_image, ImagePlan, ImageStep, InstallError,
-};
+use slate_esp::{loader_conf, uki_file_name};
+use slate_installer::{write_image, ImagePlan, ImageStep, InstallError};
 use slate_layout::{open_partition, LayoutError, LayoutParams, PlacedLayout, MIB};
 use slate_meta::{MetaStore, Source};
 

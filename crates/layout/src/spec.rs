@@ -49,7 +49,7 @@ pub struct PartitionSpec {
     pub label: String,
     pub type_guid: Uuid,
     pub size: PartitionSize,
-    /// GPT attribute bits (FORMATS.md §5).
+    /// GPT attribute bits (docs/formats.md §5).
     pub attributes: u64,
 }
 

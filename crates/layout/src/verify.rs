@@ -1,7 +1,7 @@
 //! Reading a partition table back and checking it is exactly the one a layout describes.
 //!
 //! Deliberately independent of the `gpt` crate that writes the table: the bytes are decoded here
-//! from the format description (FORMATS.md §5), so a writer bug is not hidden by the same
+//! from the format description (docs/formats.md §5), so a writer bug is not hidden by the same
 //! reader. Every field is checked, in both copies, including both CRCs, which the `gpt` crate's
 //! reader does not check for the partition array.
 

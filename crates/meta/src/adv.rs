@@ -176,7 +176,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    // Test vectors from FORMATS.md §1a.
+    // Test vectors from docs/formats.md §1a.
     #[test]
     fn empty_adv_matches_the_reference_checksum() {
         let block = Adv::default().serialize();

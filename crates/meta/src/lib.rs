@@ -1,7 +1,7 @@
 //! The META store: the few values a node keeps across reboots outside any filesystem — the
 //! revert marker (`Upgrade`), the staged-upgrade handoff, and the like.
 //!
-//! Byte-compatible with the Talos ADV layout (FORMATS.md §1): a 1 MiB partition holding two
+//! Byte-compatible with the Talos ADV layout (docs/formats.md §1): a 1 MiB partition holding two
 //! 256 KiB copies of a checksummed tag/value block and, at its tail, the legacy syslinux ADV.
 //! Pure: all access goes through the [`slate_disk::Disk`] trait.
 

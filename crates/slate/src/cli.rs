@@ -112,9 +112,9 @@ pub enum OutputFormat {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Meta(cmd) => meta_cmd::run(cmd),
-        Command::Init { args } => crate::init::run(args),
+        Command::Init { args } => slate_init::run(args),
         Command::Imager(cmd) => imager_cmd::run(cmd),
-        Command::Machined => crate::machined::run(),
+        Command::Machined => slate_machined::run(),
         Command::Installer(cmd) => installer_cmd::run(cmd),
         Command::Gen(cmd) => node_cmd::gen(cmd),
         Command::Keygen(args) => crate::trust_cmd::keygen(args),

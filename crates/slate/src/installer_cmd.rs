@@ -12,9 +12,10 @@ use std::path::{Path, PathBuf};
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Subcommand};
 use slate_bootloader::{MemEfiVars, UpgradeRequest};
-use slate_bundle::{Bundle, BundleManifest};
+use slate_bundle::{Bundle, BundleManifest, NATIVE_ARCH};
 use slate_disk::{Disk as _, FileDisk, PartitionView};
-use slate_installer::{loader_conf, uki_file_name, write_image, ImagePlan};
+use slate_esp::{loader_conf, uki_file_name};
+use slate_installer::{write_image, ImagePlan};
 use slate_layout::LayoutParams;
 use slate_meta::MetaStore;
 
@@ -77,15 +78,6 @@ pub struct UpgradeArgs {
     #[arg(long)]
     dry_run: bool,
 }
-
-/// The architecture this slate binary was built for, as bundles name it.
-pub const NATIVE_ARCH: &str = if cfg!(target_arch = "x86_64") {
-    "amd64"
-} else if cfg!(target_arch = "aarch64") {
-    "arm64"
-} else {
-    std::env::consts::ARCH
-};
 
 /// Open the bundle and, unless told not to, check its signature. The blobs the installer uses are
 /// checked against their digests as they are read (`read_blob`), each hashed once: at 256 MiB

@@ -6,9 +6,7 @@
 
 mod cli;
 mod imager_cmd;
-mod init;
 mod installer_cmd;
-mod machined;
 mod meta_cmd;
 mod node_cmd;
 mod transport_cmd;

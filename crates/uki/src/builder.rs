@@ -1,4 +1,4 @@
-//! Appending sections to systemd-stub: the assembly steps of FORMATS.md §3, over raw bytes.
+//! Appending sections to systemd-stub: the assembly steps of docs/formats.md §3, over raw bytes.
 
 use std::borrow::Cow;
 use std::fmt;

@@ -32,7 +32,7 @@ pub(crate) struct Work {
 }
 
 impl Work {
-    /// Steps 1–3 of FORMATS.md §3: refuse signed stubs, cut a trailing symbol table,
+    /// Steps 1–3 of docs/formats.md §3: refuse signed stubs, cut a trailing symbol table,
     /// re-align the stub's sections to FileAlignment, and work out how many section headers
     /// fit below SizeOfHeaders.
     pub(crate) fn prepare(stub: &[u8], info: &PeInfo) -> Result<Self, UkiError> {

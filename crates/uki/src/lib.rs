@@ -2,7 +2,7 @@
 //! starts, carrying the kernel, initrd, command line and os-release for one OS version.
 //!
 //! A UKI is systemd-stub with extra PE sections appended. This crate does that appending
-//! itself, over bytes, following the procedure ukify uses (FORMATS.md §3): refuse a signed
+//! itself, over bytes, following the procedure ukify uses (docs/formats.md §3): refuse a signed
 //! stub, cut a trailing COFF symbol table, re-align the stub's sections, add one section
 //! header per new section below SizeOfHeaders, lay the data out after the stub on disk and
 //! in memory, fix up the optional header, and — unlike ukify, which leaves 0 — write the real

@@ -22,7 +22,7 @@ pub fn grub_efi() -> Result<PathBuf> {
     fs::create_dir_all(&dir)?;
     let efi = dir.join("grubx64.efi");
     let cfg = dir.join("embedded.cfg");
-    let wanted = slate_installer::grub::GRUB_EMBEDDED_CFG;
+    let wanted = slate_bootloader::grub::config::GRUB_EMBEDDED_CFG;
     if efi.exists() && fs::read_to_string(&cfg).ok().as_deref() == Some(wanted) {
         return Ok(efi);
     }

@@ -3,7 +3,8 @@
 
 use slate_bootloader::{Bootloader, MemEfiVars, SystemdBoot, UpgradeRequest};
 use slate_disk::{Disk, MemDisk};
-use slate_installer::{loader_conf, write_image, ImagePlan};
+use slate_esp::loader_conf;
+use slate_installer::{write_image, ImagePlan};
 use slate_layout::{LayoutParams, MIB};
 
 pub const DISK_LEN: usize = 64 * MIB as usize;

@@ -11,7 +11,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::time::Duration;
 
 use slate_host::Watchdog;
-use slate_imager::profile::NodeConfig;
+use slate_profile::NodeConfig;
 
 use super::node::Node;
 

@@ -73,7 +73,7 @@ pub fn run() -> Result<()> {
 fn boot_and_serve(
     node: &Arc<Node>,
     requests: Receiver<Request>,
-    config: &slate_imager::profile::NodeConfig,
+    config: &slate_profile::NodeConfig,
     watchdog: Option<&Arc<slate_host::Watchdog>>,
 ) -> SequenceError {
     let facts = Facts::default();

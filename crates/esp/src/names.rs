@@ -1,6 +1,6 @@
-//! Boot Loader Specification names and `loader.conf` (FORMATS.md §2).
+//! Boot Loader Specification names and `loader.conf` (docs/formats.md §2).
 
-use crate::InstallError;
+use crate::EspError;
 
 /// Longest file name the Boot Loader Specification (and FAT's long names) allow.
 pub const MAX_FILE_NAME: usize = 255;
@@ -10,8 +10,8 @@ fn is_bls_char(c: char) -> bool {
     c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '_' | '.')
 }
 
-fn invalid(name: &str, reason: impl Into<String>) -> InstallError {
-    InstallError::InvalidFileName {
+fn invalid(name: &str, reason: impl Into<String>) -> EspError {
+    EspError::InvalidFileName {
         name: name.to_string(),
         reason: reason.into(),
     }
@@ -23,11 +23,7 @@ fn invalid(name: &str, reason: impl Into<String>) -> InstallError {
 /// reads a boot counter after the *last* `+` of the name, so a `+` in a version (`1.0+3`) would
 /// be taken for a counter. `tries` is the boot-counting budget (`+3` = three attempts before the
 /// entry is marked bad); `Some(0)` would write an entry already bad and is refused.
-pub fn uki_file_name(
-    name: &str,
-    version: &str,
-    tries: Option<u32>,
-) -> Result<String, InstallError> {
+pub fn uki_file_name(name: &str, version: &str, tries: Option<u32>) -> Result<String, EspError> {
     for (what, part) in [("name", name), ("version", version)] {
         if part.is_empty() {
             return Err(invalid(part, format!("the {what} is empty")));
@@ -59,7 +55,7 @@ pub fn uki_file_name(
 /// Checks a UKI file name against the Boot Loader Specification rules that systemd-boot
 /// applies to `EFI/Linux/*.efi`: 1-255 ASCII letters, digits, `+ - _ .`; ending in `.efi`; not
 /// starting with `.` or `auto-` (systemd-boot skips those).
-pub fn validate_uki_file_name(file: &str) -> Result<(), InstallError> {
+pub fn validate_uki_file_name(file: &str) -> Result<(), EspError> {
     if file.is_empty() || file.len() > MAX_FILE_NAME {
         return Err(invalid(
             file,
@@ -100,11 +96,11 @@ pub fn validate_uki_file_name(file: &str) -> Result<(), InstallError> {
 ///   and entries out of tries last, so the newest not-bad slate boots.
 /// - `editor no`: nobody at the console can edit the kernel command line (e.g. `init=/bin/sh`);
 ///   the command line is the one signed into the UKI.
-pub fn loader_conf(default_pattern: &str, timeout_secs: u32) -> Result<String, InstallError> {
+pub fn loader_conf(default_pattern: &str, timeout_secs: u32) -> Result<String, EspError> {
     let allowed = |c: char| is_bls_char(c) || matches!(c, '*' | '?' | '[' | ']' | '!' | '@');
     let ok = !default_pattern.is_empty() && default_pattern.chars().all(allowed);
     if !ok {
-        return Err(InstallError::InvalidLoaderDefault {
+        return Err(EspError::InvalidLoaderDefault {
             pattern: default_pattern.to_string(),
         });
     }
@@ -144,7 +140,7 @@ mod tests {
             ("AUTO-x", "1", Some(1)),
         ] {
             let err = uki_file_name(name, version, tries).unwrap_err();
-            assert!(matches!(err, InstallError::InvalidFileName { .. }), "{err}");
+            assert!(matches!(err, EspError::InvalidFileName { .. }), "{err}");
         }
         let long = "v".repeat(250);
         assert!(uki_file_name("slate", &long, None).is_err());

@@ -1,6 +1,6 @@
 //! The GRUB backend: two slots `A/` and `B/` on the ESP (kernel, initramfs, `cmdline.cfg`), a
 //! static `grub/grub.cfg`, and the environment block `grub/grubenv` choosing the slot
-//! (`next_entry` one shot, `saved_entry` default) — the layout of `slate_installer::grub`.
+//! (`next_entry` one shot, `saved_entry` default) — the layout of [`config`].
 //!
 //! Everything goes through the [`Disk`] trait: the ESP with `fatfs` behind a [`SectorBuffer`],
 //! META with `slate-meta`, as in the systemd-boot backend. `grubenv` is rewritten whole (1024
@@ -11,6 +11,10 @@
 //! The crash matrix (`tests/grub_crash.rs`) replays upgrade, commit and revert over a
 //! fault-injecting disk and asks that model, for every power-cut state, which slot boots.
 
+pub mod config;
+
+use config::{grub_entry_title, parse_slot_cmdline_cfg, slot_cmdline_cfg};
+
 use std::io::{self, Read, Seek, Write};
 
 use fatfs::{FileSystem, ReadWriteSeek};
@@ -19,15 +23,14 @@ use slate_bootspec::{
     Selection,
 };
 use slate_disk::{Disk, DiskIo, PartitionView, SectorBuffer};
-use slate_installer::fat;
-use slate_installer::grub::{
-    grub_entry_title, parse_slot_cmdline_cfg, slot_cmdline_cfg, GRUBENV_PATH, GRUB_CFG_PATH,
-    GRUB_SLOTS, SLOT_CMDLINE, SLOT_INITRAMFS, SLOT_KERNEL,
+use slate_esp::fat;
+use slate_esp::{
+    fat_space, FatSpace, ReadOnly, GRUBENV_PATH, GRUB_CFG_PATH, GRUB_SLOTS, SLOT_CMDLINE,
+    SLOT_INITRAMFS, SLOT_KERNEL,
 };
 use slate_layout::{find_partition, EFI_LABEL, META_LABEL};
 use slate_meta::{tags, MetaStore};
 
-use crate::fatscan::{fat_space, FatSpace, ReadOnly};
 use crate::{
     BootStatus, Bootloader, BootloaderError, CommitOutcome, EntryStatus, UpgradeOutcome,
     UpgradeRequest,
@@ -174,7 +177,7 @@ pub enum GrubWriteOrder {
 }
 
 /// GRUB on a whole disk with the slate layout (partitions `EFI` and `META`, the GRUB files of
-/// `slate_installer::grub` on the ESP).
+/// [`config`] on the ESP).
 #[derive(Debug)]
 pub struct Grub<D> {
     disk: D,
@@ -390,7 +393,8 @@ impl<D: Disk> Grub<D> {
         if payload.kernel.is_empty() || payload.initramfs.is_empty() {
             return Err(invalid("the kernel or the initramfs is empty"));
         }
-        let cfg = slot_cmdline_cfg(version, &payload.cmdline)?;
+        let cfg = slot_cmdline_cfg(version, &payload.cmdline)
+            .map_err(|err| BootloaderError::Invalid(err.to_string()))?;
         let status = self.grub_status()?;
         let running = status
             .slot(running_entry)

@@ -15,7 +15,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
-use slate_imager::profile::{HealthCheck, NodeConfig};
+use slate_profile::{HealthCheck, NodeConfig};
 
 use super::node::Node;
 use super::transaction::chain;

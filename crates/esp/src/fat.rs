@@ -12,7 +12,7 @@ use fatfs::{
 };
 use slate_disk::{Disk, DiskIo};
 
-use crate::InstallError;
+use crate::EspError;
 
 const MIB: u64 = 1024 * 1024;
 const GIB: u64 = 1024 * MIB;
@@ -150,7 +150,7 @@ pub fn format<D: Disk>(
     geometry: &EspGeometry,
     volume_id: u32,
     label: &str,
-) -> Result<(), InstallError> {
+) -> Result<(), EspError> {
     let mut volume_label = [b' '; 11];
     for (slot, byte) in volume_label.iter_mut().zip(label.bytes()) {
         *slot = byte.to_ascii_uppercase();
@@ -161,7 +161,7 @@ pub fn format<D: Disk>(
         .bytes_per_cluster(geometry.cluster_size as u32)
         .volume_id(volume_id)
         .volume_label(volume_label);
-    fatfs::format_volume(DiskIo::new(partition), options).map_err(|source| InstallError::Esp {
+    fatfs::format_volume(DiskIo::new(partition), options).map_err(|source| EspError::Fs {
         action: "formatting FAT32",
         source,
     })
@@ -172,17 +172,16 @@ pub fn format<D: Disk>(
 pub fn mount<D: Disk>(
     partition: D,
     source_date_epoch: u64,
-) -> Result<FileSystem<DiskIo<D>>, InstallError> {
+) -> Result<FileSystem<DiskIo<D>>, EspError> {
     let options = FsOptions::new()
         .update_accessed_date(false)
         .time_provider(fixed_time(source_date_epoch));
-    let fs =
-        FileSystem::new(DiskIo::new(partition), options).map_err(|source| InstallError::Esp {
-            action: "mounting FAT",
-            source,
-        })?;
+    let fs = FileSystem::new(DiskIo::new(partition), options).map_err(|source| EspError::Fs {
+        action: "mounting FAT",
+        source,
+    })?;
     if fs.fat_type() != FatType::Fat32 {
-        return Err(InstallError::Esp {
+        return Err(EspError::Fs {
             action: "mounting FAT",
             source: io::Error::other(format!("the file system is {:?}, not FAT32", fs.fat_type())),
         });
@@ -194,8 +193,8 @@ pub fn mount<D: Disk>(
 /// says "unknown", which is legal but which `fsck.fat` reports, and which makes every reader
 /// scan the whole FAT to tell free space. The scan happens here once; later mounts trust the
 /// count and `fatfs` keeps it current.
-pub fn unmount<T: ReadWriteSeek>(fs: FileSystem<T>) -> Result<(), InstallError> {
-    let fail = |action| move |source| InstallError::Esp { action, source };
+pub fn unmount<T: ReadWriteSeek>(fs: FileSystem<T>) -> Result<(), EspError> {
+    let fail = |action| move |source| EspError::Fs { action, source };
     fs.stats().map_err(fail("counting free clusters"))?;
     // Writes the FSInfo sector and clears the volume's dirty flag.
     fs.unmount().map_err(fail("unmounting FAT"))
@@ -210,14 +209,14 @@ pub fn create_dirs<D: Disk>(
     esp: &mut D,
     source_date_epoch: u64,
     paths: &[&str],
-) -> Result<(), InstallError> {
+) -> Result<(), EspError> {
     for path in paths {
         let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
         for depth in 1..=parts.len() {
             let prefix = parts[..depth].join("/");
             let fail = |action: &'static str| {
                 let path = prefix.clone();
-                move |source: io::Error| InstallError::EspFile {
+                move |source: io::Error| EspError::File {
                     path,
                     action,
                     source,
@@ -258,9 +257,9 @@ pub fn write_file_atomically<T: ReadWriteSeek>(
     fs: &FileSystem<T>,
     path: &str,
     bytes: &[u8],
-) -> Result<(), InstallError> {
+) -> Result<(), EspError> {
     let fail = |action: &'static str| {
-        move |source: io::Error| InstallError::EspFile {
+        move |source: io::Error| EspError::File {
             path: path.to_string(),
             action,
             source,

@@ -1,6 +1,10 @@
 //! The systemd-boot backend: Type #2 entries (UKIs in `EFI/Linux`) with boot counting,
 //! `loader.conf`'s `default <name>-*` glob, META `Upgrade`, and the EFI variables only where the
-//! selection model shows they are needed.
+//! selection model shows they are needed. A fresh image's ESP files: [`image_files`].
+
+mod image;
+
+pub use image::image_files;
 
 use std::io::{self, Read, Write};
 
@@ -10,13 +14,14 @@ use slate_bootspec::{
     IdStyle, LoaderConf, Selection,
 };
 use slate_disk::{Disk, DiskIo, PartitionView, SectorBuffer};
-use slate_installer::fat::{self, temp_name, TEMP_NAME_EXTRA};
-use slate_installer::{uki_file_name, LOADER_CONF_PATH, MAX_FILE_NAME, UKI_DIR};
+use slate_esp::fat::{self, temp_name, TEMP_NAME_EXTRA};
+use slate_esp::{
+    fat_space, uki_file_name, FatSpace, ReadOnly, LOADER_CONF_PATH, MAX_FILE_NAME, UKI_DIR,
+};
 use slate_layout::{find_partition, EFI_LABEL, META_LABEL};
 use slate_meta::{tags, MetaStore};
 
 use crate::efivars::{loader_vars, EfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_ONESHOT};
-use crate::fatscan::{fat_space, FatSpace, ReadOnly};
 use crate::{
     BootStatus, Bootloader, BootloaderError, CommitOutcome, EntryStatus, UpgradeOutcome,
     UpgradeRequest,

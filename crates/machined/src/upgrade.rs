@@ -166,7 +166,7 @@ fn check_policy(
     allow_downgrade: bool,
 ) -> Result<slate_trust::UpdateKind, String> {
     let facts = slate_trust::NodeFacts {
-        arch: crate::installer_cmd::NATIVE_ARCH.into(),
+        arch: slate_bundle::NATIVE_ARCH.into(),
         variant: node.variant.clone(),
         running_version: node.version.clone(),
         version_floor: version_floor()?,

@@ -1,0 +1,25 @@
+//! Where slate's files live on the ESP, for both boot loaders (docs/formats.md §2, §4).
+
+/// The removable-media path firmware boots without any boot entry in NVRAM: systemd-boot, or
+/// GRUB on a GRUB disk.
+pub const FALLBACK_LOADER_PATH: &str = "EFI/BOOT/BOOTX64.EFI";
+/// systemd's own path for systemd-boot, which `bootctl` recognises and updates.
+pub const SYSTEMD_BOOT_PATH: &str = "EFI/systemd/systemd-bootx64.efi";
+/// Directory of Type #2 (UKI) boot entries.
+pub const UKI_DIR: &str = "EFI/Linux";
+pub const LOADER_CONF_PATH: &str = "loader/loader.conf";
+/// The directories of a systemd-boot ESP, parents first.
+pub const SYSTEMD_BOOT_DIRECTORIES: [&str; 5] =
+    ["EFI", "EFI/BOOT", "EFI/systemd", UKI_DIR, "loader"];
+
+/// The GRUB directory on the ESP (`$prefix`).
+pub const GRUB_DIR: &str = "grub";
+pub const GRUB_CFG_PATH: &str = "grub/grub.cfg";
+pub const GRUBENV_PATH: &str = "grub/grubenv";
+/// The two slots, in menu order (the first is what GRUB boots when nothing names an entry).
+pub const GRUB_SLOTS: [&str; 2] = ["A", "B"];
+pub const SLOT_KERNEL: &str = "vmlinuz";
+pub const SLOT_INITRAMFS: &str = "initramfs";
+pub const SLOT_CMDLINE: &str = "cmdline.cfg";
+/// The directories of a GRUB ESP, parents first.
+pub const GRUB_DIRECTORIES: [&str; 5] = ["EFI", "EFI/BOOT", GRUB_DIR, "A", "B"];
