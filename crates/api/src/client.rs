@@ -472,13 +472,7 @@ impl Client {
                 message,
             };
         }
-        let mut message = err.to_string();
-        let mut source = err.source();
-        while let Some(s) = source {
-            message.push_str(&format!(": {s}"));
-            source = s.source();
-        }
-        self.protocol(message)
+        self.protocol(slate_sequencer::error_chain(err))
     }
 
     fn protocol(&self, message: String) -> ClientError {

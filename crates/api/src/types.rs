@@ -3,6 +3,12 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The platform mode the node runs in (`cloud`, `container`, `metal`, `metal-agent` on the
+/// wire), and how to reboot (`default`, `powercycle`): the sequencer's own types, one
+/// definition for machined and the API. `RebootMode::PowerOff` is not part of the wire format:
+/// it neither deserializes nor serializes.
+pub use slate_sequencer::{Mode, RebootMode};
+
 /// A caller's role, carried as the subject Organization (`O`) of its client certificate, as in
 /// Talos. Roles are ordered: `Admin` may do everything `Operator` may, which may do everything
 /// `Reader` may.
@@ -96,21 +102,6 @@ impl Stage {
     ];
 }
 
-/// The platform mode the node runs in.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Mode {
-    Cloud,
-    Container,
-    Metal,
-    MetalAgent,
-}
-
-impl Mode {
-    /// Every mode, in declaration order.
-    pub const ALL: [Mode; 4] = [Mode::Cloud, Mode::Container, Mode::Metal, Mode::MetalAgent];
-}
-
 /// A failed boot or upgrade the node remembers: which version failed and why.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Failure {
@@ -137,17 +128,6 @@ pub struct Status {
     /// The last failure the node recorded (e.g. an upgrade that was reverted), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<Failure>,
-}
-
-/// How to reboot.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum RebootMode {
-    /// The normal path (may use kexec where the node supports it).
-    #[default]
-    Default,
-    /// A full power cycle through the firmware.
-    Powercycle,
 }
 
 /// `POST /v1/reboot` body. An empty body means `{"mode":"default"}`.
@@ -292,4 +272,40 @@ impl ErrorCode {
 pub struct ApiError {
     pub code: ErrorCode,
     pub message: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn modes_travel_by_their_command_line_names() {
+        for mode in Mode::ALL {
+            let json = serde_json::to_string(&mode).unwrap();
+            assert_eq!(json, format!("\"{}\"", mode.as_str()));
+            assert_eq!(serde_json::from_str::<Mode>(&json).unwrap(), mode);
+        }
+        assert!(serde_json::from_str::<Mode>(r#""metal_agent""#).is_err());
+    }
+
+    #[test]
+    fn reboot_modes_on_the_wire_are_default_and_powercycle_only() {
+        for (mode, name) in [
+            (RebootMode::Default, "default"),
+            (RebootMode::Powercycle, "powercycle"),
+        ] {
+            assert_eq!(serde_json::to_string(&mode).unwrap(), format!("\"{name}\""));
+            assert_eq!(
+                serde_json::from_str::<RebootRequest>(&format!(r#"{{"mode":"{name}"}}"#))
+                    .unwrap()
+                    .mode,
+                mode
+            );
+        }
+        // A reboot request must not power the node off, nor does the node ever report it.
+        assert!(serde_json::from_str::<RebootRequest>(r#"{"mode":"poweroff"}"#).is_err());
+        assert!(serde_json::from_str::<RebootMode>(r#""PowerOff""#).is_err());
+        assert!(serde_json::to_string(&RebootMode::PowerOff).is_err());
+        assert_eq!(RebootRequest::default().mode, RebootMode::Default);
+    }
 }

@@ -25,6 +25,7 @@
 
 mod efivars;
 pub mod grub;
+mod parts;
 pub mod sdboot;
 
 pub use efivars::{
@@ -176,9 +177,7 @@ pub enum LoaderKind {
 /// The loader installed on `disk`: GRUB when its ESP holds `grub/grubenv` (the GRUB layout's
 /// environment block), else systemd-boot. Reads only.
 pub fn detect(disk: &impl slate_disk::Disk) -> Result<LoaderKind, BootloaderError> {
-    let info = slate_layout::find_partition(ReadOnly(disk), slate_layout::EFI_LABEL)?;
-    let esp = slate_disk::PartitionView::new(ReadOnly(disk), info.start, info.len)?;
-    let fs = slate_esp::fat::mount(esp, 0)?;
+    let fs = slate_esp::fat::mount(parts::esp_read_only(disk)?, 0)?;
     let found = fs.root_dir().open_file(slate_esp::GRUBENV_PATH).is_ok();
     Ok(if found {
         LoaderKind::Grub

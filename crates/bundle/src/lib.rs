@@ -7,8 +7,11 @@
 //! (`oci-spec` keeps annotations in a `HashMap`).
 //!
 //! Reading never trusts a size or a digest it has not checked: every document and blob is read
-//! with a size cap and hashed before it is returned.
+//! with a size cap and hashed before it is returned, once per [`Bundle`] (see [`VerifiedBlobs`]).
+//! Digests are [`Digest`]s, the one canonical `sha256:<64 lower-case hex>` form.
 
+mod blob;
+mod digest;
 mod export;
 mod read;
 mod signature;
@@ -19,9 +22,14 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
+pub use blob::{BlobReader, VerifiedBlobs};
+pub use digest::{
+    hashed_on_this_thread, Digest, DigestError, DigestWriter, Hasher, SHA256_PREFIX,
+};
 pub use read::{is_signature_tag, parse_documents, Bundle, MAX_DOCUMENT_BYTES};
 pub use signature::{
-    add_signature, parse_signature_manifest, signature_tag, SignatureDescriptor, SignatureLayer,
+    add_signature, parse_signature_manifest, signature_tag, signature_tag_of, SignatureDescriptor,
+    SignatureLayer,
     MAX_SIGNATURES, PUBLIC_KEY_ANNOTATION, SIGNATURE_ANNOTATION, SIGNATURE_CONFIG_MEDIA_TYPE,
     SIMPLE_SIGNING_MEDIA_TYPE,
 };
@@ -85,6 +93,8 @@ pub struct InstallDefaults {
 #[serde(deny_unknown_fields)]
 pub struct BlobRef {
     pub file_name: String,
+    /// `sha256:<hex>`; [`Bundle::open`] refuses a bundle manifest whose digests are not
+    /// canonical ([`Digest::parse`]).
     pub digest: String,
     pub size: u64,
 }
@@ -122,8 +132,7 @@ pub enum BundleError {
     UnsupportedDigest(String),
 }
 
-/// `sha256:<hex>` of `bytes`.
+/// `sha256:<hex>` of `bytes` as text ([`Digest::of`] for the typed value).
 pub fn sha256_digest(bytes: &[u8]) -> String {
-    use sha2::Digest as _;
-    format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
+    Digest::of(bytes).to_string()
 }

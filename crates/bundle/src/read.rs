@@ -1,27 +1,35 @@
 //! Opening a bundle: `index.json` → the tagged image manifest → the bundle manifest, each read
-//! with a size cap and checked against the digest that names it; blobs on demand, the same way.
+//! with a size cap and checked against the digest that names it; blobs on demand, the same way,
+//! each hashed at most once per [`Bundle`].
 
 use std::fs::File;
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use oci_spec::image::{Descriptor, ImageIndex, ImageManifest};
 
+use crate::blob::{self, lock, parse_digest, BlobReader};
 use crate::{
-    sha256_digest, BlobRef, BundleError, BundleManifest, CONFIG_MEDIA_TYPE, REF_NAME_ANNOTATION,
+    BlobRef, BundleError, BundleManifest, Digest, VerifiedBlobs, CONFIG_MEDIA_TYPE,
+    REF_NAME_ANNOTATION,
 };
 
 /// The largest index, image manifest or bundle manifest slate reads. Real ones are ~1 KiB; the
 /// cap keeps a hostile bundle from making the node buffer gigabytes of JSON.
 pub const MAX_DOCUMENT_BYTES: u64 = 256 * 1024;
 
-/// An opened bundle whose manifests have been checked. Blobs are read (and checked) on demand.
+/// An opened bundle whose manifests have been checked. Blobs are read (and checked) on demand;
+/// the bundle remembers each blob it has verified, so no blob is hashed twice through it.
 #[derive(Debug)]
 pub struct Bundle {
     dir: PathBuf,
-    manifest_digest: String,
+    digest: Digest,
     manifest_bytes: Vec<u8>,
     manifest: BundleManifest,
+    /// The image's config and layers, in manifest order.
+    image_blobs: Vec<(Digest, u64)>,
+    verified: Mutex<VerifiedBlobs>,
 }
 
 pub(crate) fn malformed(what: &str, reason: impl std::fmt::Display) -> BundleError {
@@ -53,53 +61,15 @@ pub(crate) fn read_capped(path: &Path, what: &str, limit: u64) -> Result<Vec<u8>
     Ok(bytes)
 }
 
-fn blob_path(dir: &Path, digest: &str) -> Result<PathBuf, BundleError> {
-    let hex = digest
-        .strip_prefix("sha256:")
-        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| BundleError::UnsupportedDigest(digest.to_owned()))?;
-    Ok(dir.join("blobs/sha256").join(hex))
-}
-
-/// The blob `digest` of `size` bytes, read and verified (size first, then hash).
-pub(crate) fn read_blob(
-    dir: &Path,
-    what: &str,
-    digest: &str,
-    size: u64,
-    limit: u64,
-) -> Result<Vec<u8>, BundleError> {
-    if size > limit {
-        return Err(BundleError::Oversize {
-            what: what.to_owned(),
-            limit,
-        });
-    }
-    let bytes = read_capped(&blob_path(dir, digest)?, what, size)?;
-    if bytes.len() as u64 != size {
-        return Err(BundleError::SizeMismatch {
-            what: what.to_owned(),
-            expected: size,
-            actual: bytes.len() as u64,
-        });
-    }
-    let actual = sha256_digest(&bytes);
-    if actual != digest {
-        return Err(BundleError::DigestMismatch {
-            what: what.to_owned(),
-            expected: digest.to_owned(),
-            actual,
-        });
-    }
-    Ok(bytes)
-}
-
+/// A document (manifest, config, signature payload) by its descriptor: capped, verified.
 pub(crate) fn read_descriptor(
     dir: &Path,
     what: &str,
     d: &Descriptor,
+    verified: &Mutex<VerifiedBlobs>,
 ) -> Result<Vec<u8>, BundleError> {
-    read_blob(dir, what, d.digest().as_ref(), d.size(), MAX_DOCUMENT_BYTES)
+    let digest = parse_digest(d.digest().as_ref())?;
+    blob::read_blob(dir, what, &digest, d.size(), MAX_DOCUMENT_BYTES, verified)
 }
 
 pub(crate) fn tag_of(d: &Descriptor) -> Option<&str> {
@@ -139,10 +109,12 @@ fn choose_image(index_bytes: &[u8], tag: Option<&str>) -> Result<Descriptor, Bun
     Ok(chosen.clone())
 }
 
-/// The OCI image manifest, whose config must be a slate bundle manifest.
+/// The OCI image manifest, whose config must be a slate bundle manifest and whose blobs must
+/// all be named by canonical sha256 digests.
 fn parse_image_manifest(bytes: &[u8]) -> Result<ImageManifest, BundleError> {
     let oci: ImageManifest =
         serde_json::from_slice(bytes).map_err(|e| malformed("the image manifest", e))?;
+    image_blobs(&oci)?;
     let config = oci.config();
     if config.media_type().to_string() != CONFIG_MEDIA_TYPE {
         return Err(malformed(
@@ -156,11 +128,20 @@ fn parse_image_manifest(bytes: &[u8]) -> Result<ImageManifest, BundleError> {
     Ok(oci)
 }
 
+/// The config and the layers of `oci` with their sizes.
+fn image_blobs(oci: &ImageManifest) -> Result<Vec<(Digest, u64)>, BundleError> {
+    std::iter::once(oci.config())
+        .chain(oci.layers())
+        .map(|d| Ok((parse_digest(d.digest().as_ref())?, d.size())))
+        .collect()
+}
+
 /// The bundle manifest (the config blob); every blob it names must be a layer of `oci`.
 fn parse_bundle_manifest(bytes: &[u8], oci: &ImageManifest) -> Result<BundleManifest, BundleError> {
     let manifest: BundleManifest =
         serde_json::from_slice(bytes).map_err(|e| malformed("the bundle manifest", e))?;
     for (role, blob) in &manifest.blobs {
+        parse_digest(&blob.digest)?;
         let listed = oci
             .layers()
             .iter()
@@ -200,18 +181,40 @@ impl Bundle {
     /// Open the layout at `dir`, choosing the image tagged `tag` (or the only one that is not a
     /// signature).
     pub fn open(dir: &Path, tag: Option<&str>) -> Result<Self, BundleError> {
+        Self::open_with(dir, tag, VerifiedBlobs::new())
+    }
+
+    /// [`Bundle::open`] for a layout some of whose blobs this process has hashed already (as it
+    /// received them, or through an earlier `Bundle`): those are read with a size check only,
+    /// every other one is hashed when first read. The caller vouches that the files in
+    /// `verified` have not changed since.
+    pub fn open_with(
+        dir: &Path,
+        tag: Option<&str>,
+        verified: VerifiedBlobs,
+    ) -> Result<Self, BundleError> {
+        let verified = Mutex::new(verified);
         let index_bytes = read_capped(&dir.join("index.json"), "index.json", MAX_DOCUMENT_BYTES)?;
         let chosen = choose_image(&index_bytes, tag)?;
-        let manifest_digest = chosen.digest().to_string();
-        let manifest_bytes = read_descriptor(dir, "the image manifest", &chosen)?;
+        let digest = parse_digest(chosen.digest().as_ref())?;
+        let manifest_bytes = blob::read_blob(
+            dir,
+            "the image manifest",
+            &digest,
+            chosen.size(),
+            MAX_DOCUMENT_BYTES,
+            &verified,
+        )?;
         let oci = parse_image_manifest(&manifest_bytes)?;
-        let config_bytes = read_descriptor(dir, "the bundle manifest", oci.config())?;
+        let config_bytes = read_descriptor(dir, "the bundle manifest", oci.config(), &verified)?;
         let manifest = parse_bundle_manifest(&config_bytes, &oci)?;
         Ok(Bundle {
             dir: dir.to_owned(),
-            manifest_digest,
+            digest,
             manifest_bytes,
             manifest,
+            image_blobs: image_blobs(&oci)?,
+            verified,
         })
     }
 
@@ -219,10 +222,15 @@ impl Bundle {
         &self.manifest
     }
 
-    /// Digest of the OCI image manifest: what a signature covers (the manifest names the
-    /// config's digest, which names every blob's).
+    /// Digest of the OCI image manifest: the bundle's identity, and what a signature covers
+    /// (the manifest names the config's digest, which names every blob's).
+    pub fn digest(&self) -> &Digest {
+        &self.digest
+    }
+
+    /// [`Bundle::digest`] as text.
     pub fn manifest_digest(&self) -> &str {
-        &self.manifest_digest
+        self.digest.as_str()
     }
 
     /// The image manifest exactly as stored.
@@ -230,8 +238,19 @@ impl Bundle {
         &self.manifest_bytes
     }
 
+    /// The image's config (the bundle manifest) and layers with their sizes, in manifest order.
+    pub fn image_blobs(&self) -> &[(Digest, u64)] {
+        &self.image_blobs
+    }
+
     pub fn dir(&self) -> &Path {
         &self.dir
+    }
+
+    /// Every blob (documents included) this bundle has verified so far, to hand to a later
+    /// [`Bundle::open_with`] in the same process.
+    pub fn verified_blobs(&self) -> VerifiedBlobs {
+        lock(&self.verified).clone()
     }
 
     /// The descriptor of the blob with `role`.
@@ -242,15 +261,59 @@ impl Bundle {
             .ok_or_else(|| BundleError::MissingBlob(role.to_owned()))
     }
 
+    fn role_digest(&self, role: &str) -> Result<(Digest, u64), BundleError> {
+        let blob = self.blob_ref(role)?;
+        Ok((parse_digest(&blob.digest)?, blob.size))
+    }
+
     /// The blob with `role`, read and verified against its size and digest.
     pub fn read_blob(&self, role: &str) -> Result<Vec<u8>, BundleError> {
-        let blob = self.blob_ref(role)?;
-        read_blob(
+        let (digest, size) = self.role_digest(role)?;
+        blob::read_blob(
             &self.dir,
             &format!("the {role} blob"),
-            &blob.digest,
-            blob.size,
+            &digest,
+            size,
             u64::MAX,
+            &self.verified,
         )
+    }
+
+    /// The blob with `role` as a stream, verified as it is read (see [`BlobReader`]): for
+    /// copying a large blob out without holding it.
+    pub fn open_blob(&self, role: &str) -> Result<BlobReader<'_>, BundleError> {
+        let (digest, size) = self.role_digest(role)?;
+        self.blob_reader(&format!("the {role} blob"), &digest, size)
+    }
+
+    /// Check the blob with `role` against its size and digest without holding it (a blob
+    /// verified before is only checked for size).
+    pub fn verify_blob(&self, role: &str) -> Result<&BlobRef, BundleError> {
+        let (digest, size) = self.role_digest(role)?;
+        let mut reader = self.blob_reader(&format!("the {role} blob"), &digest, size)?;
+        std::io::copy(&mut reader, &mut std::io::sink())
+            .map_err(|e| blob::from_io(&blob::blob_path(&self.dir, &digest), e))?;
+        self.blob_ref(role)
+    }
+
+    /// [`Bundle::verify_blob`] for every blob the bundle manifest names.
+    pub fn verify_blobs(&self) -> Result<(), BundleError> {
+        for role in self.manifest.blobs.keys() {
+            self.verify_blob(role)?;
+        }
+        Ok(())
+    }
+
+    pub(crate) fn blob_reader(
+        &self,
+        what: &str,
+        digest: &Digest,
+        size: u64,
+    ) -> Result<BlobReader<'_>, BundleError> {
+        BlobReader::open(&self.dir, what, digest, size, &self.verified)
+    }
+
+    pub(crate) fn verified_set(&self) -> &Mutex<VerifiedBlobs> {
+        &self.verified
     }
 }

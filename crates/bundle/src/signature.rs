@@ -10,12 +10,17 @@
 
 use std::fs;
 use std::path::Path;
+use std::sync::Mutex;
 
 use oci_spec::image::{Descriptor, ImageIndex, ImageManifest, ImageManifestBuilder, MediaType};
 
+use crate::blob::parse_digest;
 use crate::read::{malformed, read_capped, read_descriptor, tag_of};
 use crate::write::{canonical_json, descriptor, io_err, put_blob};
-use crate::{Bundle, BundleError, MANIFEST_MEDIA_TYPE, MAX_DOCUMENT_BYTES, REF_NAME_ANNOTATION};
+use crate::{
+    Bundle, BundleError, Digest, VerifiedBlobs, MANIFEST_MEDIA_TYPE, MAX_DOCUMENT_BYTES,
+    REF_NAME_ANNOTATION,
+};
 
 /// The media type of a cosign simple-signing payload layer.
 pub const SIMPLE_SIGNING_MEDIA_TYPE: &str = "application/vnd.dev.cosign.simplesigning.v1+json";
@@ -50,11 +55,12 @@ pub struct SignatureDescriptor {
 
 /// cosign's tag for the signature of `manifest_digest`: `sha256-<hex>.sig`.
 pub fn signature_tag(manifest_digest: &str) -> Result<String, BundleError> {
-    let hex = manifest_digest
-        .strip_prefix("sha256:")
-        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| BundleError::UnsupportedDigest(manifest_digest.to_owned()))?;
-    Ok(format!("sha256-{hex}.sig"))
+    Ok(signature_tag_of(&parse_digest(manifest_digest)?))
+}
+
+/// [`signature_tag`] of a parsed digest.
+pub fn signature_tag_of(manifest_digest: &Digest) -> String {
+    format!("sha256-{}.sig", manifest_digest.hex())
 }
 
 const WHAT: &str = "the signature manifest";
@@ -90,8 +96,7 @@ pub fn parse_signature_manifest(bytes: &[u8]) -> Result<Vec<SignatureDescriptor>
                     ),
                 ));
             }
-            let digest = layer.digest().to_string();
-            signature_tag(&digest)?;
+            let digest = parse_digest(layer.digest().as_ref())?.to_string();
             if layer.size() > MAX_DOCUMENT_BYTES {
                 return Err(BundleError::Oversize {
                     what: format!("signature payload {n}"),
@@ -132,18 +137,25 @@ fn read_tagged(
     dir: &Path,
     index: &ImageIndex,
     tag: &str,
+    verified: &Mutex<VerifiedBlobs>,
 ) -> Result<Option<Vec<SignatureLayer>>, BundleError> {
     let Some(entry) = index.manifests().iter().find(|d| tag_of(d) == Some(tag)) else {
         return Ok(None);
     };
-    let bytes = read_descriptor(dir, WHAT, entry)?;
+    let bytes = read_descriptor(dir, WHAT, entry, verified)?;
     parse_signature_manifest(&bytes)?
         .into_iter()
         .enumerate()
         .map(|(i, layer)| {
             let what = format!("signature payload {}", i + 1);
-            let payload =
-                crate::read::read_blob(dir, &what, &layer.digest, layer.size, MAX_DOCUMENT_BYTES)?;
+            let payload = crate::blob::read_blob(
+                dir,
+                &what,
+                &parse_digest(&layer.digest)?,
+                layer.size,
+                MAX_DOCUMENT_BYTES,
+                verified,
+            )?;
             Ok(SignatureLayer {
                 payload,
                 signature: layer.signature,
@@ -160,7 +172,12 @@ impl Bundle {
     /// digest; `None` when there is no such manifest: the bundle is unsigned.
     pub fn signatures(&self) -> Result<Option<Vec<SignatureLayer>>, BundleError> {
         let index = read_index(self.dir())?;
-        read_tagged(self.dir(), &index, &signature_tag(self.manifest_digest())?)
+        read_tagged(
+            self.dir(),
+            &index,
+            &signature_tag_of(self.digest()),
+            self.verified_set(),
+        )
     }
 
     /// Every signature tag the index holds, for whatever digest (to explain an unsigned bundle).
@@ -181,7 +198,7 @@ fn layer_descriptor(dir: &Path, layer: &SignatureLayer) -> Result<Descriptor, Bu
     }
     descriptor(
         SIMPLE_SIGNING_MEDIA_TYPE,
-        put_blob(dir, &layer.payload)?,
+        &put_blob(dir, &layer.payload)?,
         layer.payload.len(),
         &annotations,
     )
@@ -199,7 +216,7 @@ pub fn add_signature(
 ) -> Result<String, BundleError> {
     let tag = signature_tag(manifest_digest)?;
     let mut index = read_index(dir)?;
-    let mut layers = read_tagged(dir, &index, &tag)?.unwrap_or_default();
+    let mut layers = read_tagged(dir, &index, &tag, &Mutex::default())?.unwrap_or_default();
     layers.retain(|old| {
         let same_key = old.public_key.is_some() && old.public_key == layer.public_key;
         !same_key && old.signature != layer.signature
@@ -230,7 +247,7 @@ pub fn add_signature(
         .media_type(MediaType::ImageManifest)
         .config(descriptor(
             SIGNATURE_CONFIG_MEDIA_TYPE,
-            put_blob(dir, &config)?,
+            &put_blob(dir, &config)?,
             config.len(),
             &[],
         )?)
@@ -240,7 +257,7 @@ pub fn add_signature(
     let manifest = canonical_json(&manifest);
     let entry = descriptor(
         MANIFEST_MEDIA_TYPE,
-        put_blob(dir, &manifest)?,
+        &put_blob(dir, &manifest)?,
         manifest.len(),
         &[(REF_NAME_ANNOTATION, &tag)],
     )?;

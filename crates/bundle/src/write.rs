@@ -6,12 +6,13 @@ use std::fs;
 use std::path::Path;
 
 use oci_spec::image::{
-    Descriptor, DescriptorBuilder, Digest, ImageIndexBuilder, ImageManifestBuilder, MediaType,
+    Descriptor, DescriptorBuilder, ImageIndexBuilder, ImageManifestBuilder, MediaType,
 };
 use serde::Serialize;
 
+use crate::blob::blob_path;
 use crate::{
-    sha256_digest, BlobRef, BundleError, BundleManifest, ARTIFACT_TYPE, CONFIG_MEDIA_TYPE,
+    BlobRef, BundleError, BundleManifest, Digest, ARTIFACT_TYPE, CONFIG_MEDIA_TYPE,
     REF_NAME_ANNOTATION,
 };
 
@@ -53,24 +54,23 @@ pub(crate) fn canonical_json(value: &impl Serialize) -> Vec<u8> {
     serde_json::to_vec_pretty(&value).expect("a JSON value serializes")
 }
 
+/// Write `bytes` as the blob named by their digest.
 pub(crate) fn put_blob(dir: &Path, bytes: &[u8]) -> Result<Digest, BundleError> {
-    let digest = sha256_digest(bytes);
-    let path = dir
-        .join("blobs/sha256")
-        .join(digest.trim_start_matches("sha256:"));
+    let digest = Digest::of(bytes);
+    let path = blob_path(dir, &digest);
     fs::write(&path, bytes).map_err(io_err(&path))?;
-    digest.parse().map_err(malformed("a blob digest"))
+    Ok(digest)
 }
 
 pub(crate) fn descriptor(
     media_type: &str,
-    digest: Digest,
+    digest: &Digest,
     size: usize,
     annotations: &[(&str, &str)],
 ) -> Result<Descriptor, BundleError> {
     let mut builder = DescriptorBuilder::default()
         .media_type(MediaType::from(media_type))
-        .digest(digest)
+        .digest(digest.to_oci())
         .size(size as u64);
     if !annotations.is_empty() {
         builder = builder.annotations(
@@ -125,7 +125,7 @@ fn write_layout(
         );
         layers.push(descriptor(
             blob.media_type,
-            digest,
+            &digest,
             blob.bytes.len(),
             &[("org.opencontainers.image.title", blob.file_name)],
         )?);
@@ -145,7 +145,7 @@ fn write_layout(
         .artifact_type(MediaType::from(ARTIFACT_TYPE))
         .config(descriptor(
             CONFIG_MEDIA_TYPE,
-            put_blob(dir, &config)?,
+            &put_blob(dir, &config)?,
             config.len(),
             &[],
         )?)
@@ -166,7 +166,7 @@ fn write_layout(
         .media_type(MediaType::ImageIndex)
         .manifests(vec![descriptor(
             crate::MANIFEST_MEDIA_TYPE,
-            put_blob(dir, &oci_manifest)?,
+            &put_blob(dir, &oci_manifest)?,
             oci_manifest.len(),
             &[(REF_NAME_ANNOTATION, spec.version)],
         )?])

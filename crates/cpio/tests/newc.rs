@@ -118,22 +118,9 @@ fn concatenated_archives_parse_as_one_stream() {
     assert_eq!(names, [&b"dev"[..], b"dev/console", b"etc/extra"]);
 }
 
-fn gnu_cpio() -> Option<()> {
-    let found = Command::new("cpio")
-        .arg("--version")
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .status()
-        .is_ok();
-    if !found {
-        println!("SKIPPED: GNU cpio binary not found");
-    }
-    found.then_some(())
-}
-
 #[test]
 fn gnu_cpio_lists_what_we_wrote() {
-    if gnu_cpio().is_none() {
+    if !slate_testkit::require_tool("cpio") {
         return;
     }
     let archive = write(&sample_specs(), 1_700_000_000);
@@ -198,7 +185,7 @@ fn gnu_cpio_lists_what_we_wrote() {
 
 #[test]
 fn we_parse_what_gnu_cpio_writes() {
-    if gnu_cpio().is_none() {
+    if !slate_testkit::require_tool("cpio") {
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -156,8 +156,7 @@ mod tests {
         let img = dir.path().join("state.img");
         fs::File::create(&img).unwrap().set_len(8 << 20).unwrap();
         assert!(is_blank(&img).unwrap());
-        if Command::new("mke2fs").arg("-V").output().is_err() {
-            eprintln!("skipped: no mke2fs here");
+        if !slate_testkit::require_tool("mke2fs") {
             return;
         }
         format_ext(&img, "STATE").unwrap();

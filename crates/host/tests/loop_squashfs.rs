@@ -1,28 +1,22 @@
 //! Privileged: a real squashfs image attached to a real loop device and mounted read-only.
-//! Skips (saying why) when not root, without `/dev/loop-control` or without `mksquashfs`.
+//! Needs root, `/dev/loop-control` and `mksquashfs`: skipped (saying why) without them, failed
+//! under `CI=true` (see slate-testkit).
 
 use std::path::Path;
 use std::process::Command;
 
 use slate_host::{attach_loop_read_only, detach_loop, mount, unmount, MsFlags};
 
-fn skip_reason() -> Option<String> {
-    if !nix::unistd::geteuid().is_root() {
-        return Some("not root".into());
-    }
-    if !Path::new("/dev/loop-control").exists() {
-        return Some("no /dev/loop-control".into());
-    }
-    match Command::new("mksquashfs").arg("-version").output() {
-        Ok(_) => None,
-        Err(err) => Some(format!("mksquashfs not runnable: {err}")),
-    }
+/// Whether this machine can run the privileged tests.
+fn privileged() -> bool {
+    slate_testkit::require_root()
+        && slate_testkit::require_path("/dev/loop-control", "modprobe loop")
+        && slate_testkit::require_tool("mksquashfs")
 }
 
 #[test]
 fn squashfs_on_a_read_only_loop_device() {
-    if let Some(reason) = skip_reason() {
-        eprintln!("skipping squashfs_on_a_read_only_loop_device: {reason}");
+    if !privileged() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -65,8 +59,7 @@ fn squashfs_on_a_read_only_loop_device() {
 
 #[test]
 fn attaching_a_missing_image_names_it() {
-    if let Some(reason) = skip_reason() {
-        eprintln!("skipping attaching_a_missing_image_names_it: {reason}");
+    if !privileged() {
         return;
     }
     let err = attach_loop_read_only(Path::new("/nonexistent/rootfs.sqsh")).unwrap_err();

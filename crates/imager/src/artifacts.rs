@@ -9,6 +9,7 @@ use std::path::Path;
 use flate2::write::GzEncoder;
 use flate2::Compression;
 use slate_cpio::{concat_initrds, CpioWriter};
+use slate_profile::image_contract;
 use slate_rootfs::{build_squashfs_with_progress, SquashfsOptions};
 use slate_uki::{UkiBuilder, UKI_SBAT_LINE};
 
@@ -173,7 +174,7 @@ pub fn build_initramfs(inputs: &Inputs, rootfs: &[u8]) -> Result<Vec<u8>, Imager
         "run",
         "newroot",
         "etc",
-        "etc/slate",
+        "etc/slate", // the parent of image_contract::MODULES_LOAD_PATH
         "lib",
     ] {
         cpio.dir(dir, 0o755)?;
@@ -202,15 +203,15 @@ pub fn build_initramfs(inputs: &Inputs, rootfs: &[u8]) -> Result<Vec<u8>, Imager
         .iter()
         .map(|m| format!("{m}\n"))
         .collect();
-    cpio.file("etc/slate/modules.load", 0o644, load_order)?;
-    cpio.file("rootfs.sqsh", 0o644, rootfs.to_vec())?;
+    cpio.file(image_contract::MODULES_LOAD_PATH, 0o644, load_order)?;
+    cpio.file(image_contract::ROOTFS_IMAGE_PATH, 0o644, rootfs.to_vec())?;
     let main = cpio.finish();
 
     if inputs.extensions.is_empty() {
         return Ok(main);
     }
     let mut ext = CpioWriter::with_mtime(epoch);
-    ext.dir("extensions", 0o755)?;
+    ext.dir(image_contract::EXTENSIONS_PATH, 0o755)?;
     let mut manifest = String::new();
     for path in &inputs.extensions {
         let name =
@@ -221,14 +222,14 @@ pub fn build_initramfs(inputs: &Inputs, rootfs: &[u8]) -> Result<Vec<u8>, Imager
                     reason: format!("{} has no usable file name", path.display()),
                 })?;
         ext.file(
-            &format!("extensions/{name}"),
+            &format!("{}/{name}", image_contract::EXTENSIONS_PATH),
             0o644,
             read("the system extension", path)?,
         )?;
         manifest.push_str(name);
         manifest.push('\n');
     }
-    ext.file("extensions/manifest", 0o644, manifest)?;
+    ext.file(image_contract::EXTENSIONS_MANIFEST_PATH, 0o644, manifest)?;
     let mut gz = GzEncoder::new(Vec::new(), Compression::best());
     gz.write_all(&ext.finish())
         .and_then(|_| gz.flush())

@@ -147,11 +147,7 @@ pub fn build(
             let p = &inputs.profile;
             let plan = ImagePlan {
                 image_id: inputs.image_id(),
-                layout: LayoutParams {
-                    esp_size: p.image.esp_mib * MIB,
-                    state_size: p.image.state_mib * MIB,
-                    ..LayoutParams::default()
-                },
+                layout: layout_params(p),
                 source_date_epoch: inputs.source_date_epoch,
                 systemd_boot: std::fs::read(&inputs.systemd_boot).map_err(|source| {
                     ImagerError::MissingInput {
@@ -253,11 +249,7 @@ fn grub_image(
     let initramfs = build_initramfs(inputs, &rootfs)?;
     let plan = GrubImagePlan {
         image_id: inputs.image_id(),
-        layout: LayoutParams {
-            esp_size: p.image.esp_mib * MIB,
-            state_size: p.image.state_mib * MIB,
-            ..LayoutParams::default()
-        },
+        layout: layout_params(p),
         source_date_epoch: inputs.source_date_epoch,
         grub_efi: read("the GRUB EFI image", &grub_efi)?,
         kernel: read("the kernel image", &inputs.kernel_image)?,
@@ -282,4 +274,13 @@ fn uki(inputs: &Inputs, progress: &mut dyn FnMut(Progress)) -> Result<Vec<u8>, I
     let initramfs = build_initramfs(inputs, &rootfs)?;
     progress(Progress::Step("assembling the UKI"));
     build_uki(inputs, &initramfs)
+}
+
+/// The partition sizes a profile asks for; the rest is slate's reference layout.
+fn layout_params(profile: &slate_profile::Profile) -> LayoutParams {
+    LayoutParams {
+        esp_size: profile.image.esp_mib * MIB,
+        state_size: profile.image.state_mib * MIB,
+        ..LayoutParams::default()
+    }
 }

@@ -14,11 +14,9 @@ use std::time::Duration;
 
 use anyhow::{bail, ensure, Context as _, Result};
 use slate_host::{self as host, KmsgLogger, ModuleLoad, MsFlags};
+use slate_profile::image_contract::{EXTENSIONS as EXTENSIONS_DIR, MODULES_LOAD, ROOTFS_IMAGE};
 
-const MODULES_LOAD: &str = "/etc/slate/modules.load";
 const MODULES_DIR: &str = "/lib/modules";
-const ROOTFS_IMAGE: &str = "/rootfs.sqsh";
-const EXTENSIONS_DIR: &str = "/extensions";
 const MANIFEST: &str = "manifest";
 const RUN: &str = "/run";
 const LAYERS_DIR: &str = "/run/slate/layers";
@@ -407,7 +405,6 @@ fn create_dir(path: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::os::unix::fs::MetadataExt as _;
     use std::process::Command;
 
     use super::*;
@@ -547,19 +544,12 @@ mod tests {
         assert_eq!(alone[0].name, "rootfs");
     }
 
-    /// Why the privileged test cannot run here, if it cannot.
-    fn privileged_skip_reason() -> Option<String> {
-        if !std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0) {
-            return Some("not root".into());
-        }
-        if !Path::new("/dev/loop-control").exists() {
-            return Some("no /dev/loop-control".into());
-        }
-        Command::new("mksquashfs")
-            .arg("-version")
-            .output()
-            .err()
-            .map(|e| format!("no mksquashfs: {e}"))
+    /// Whether this machine can run the privileged test (skipped, saying why, when not; failed
+    /// under `CI=true`).
+    fn privileged() -> bool {
+        slate_testkit::require_root()
+            && slate_testkit::require_path("/dev/loop-control", "modprobe loop")
+            && slate_testkit::require_tool("mksquashfs")
     }
 
     fn squashfs(dir: &Path, name: &str, files: &[(&str, &str)]) -> PathBuf {
@@ -595,8 +585,7 @@ mod tests {
     /// The real thing, as root: squashfs images on loop devices, stacked by overlayfs.
     #[test]
     fn root_stack_layers_extensions_over_the_rootfs() {
-        if let Some(reason) = privileged_skip_reason() {
-            eprintln!("skipping root_stack_layers_extensions_over_the_rootfs: {reason}");
+        if !privileged() {
             return;
         }
         let dir = tempfile::tempdir().unwrap();

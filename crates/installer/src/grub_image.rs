@@ -5,9 +5,9 @@
 use slate_bootloader::grub::config as grub_config;
 use slate_esp::fat::EspGeometry;
 use slate_esp::GRUB_DIRECTORIES;
-use slate_layout::{DiskLayout, LayoutParams, PlacedLayout, EFI_LABEL, META_LABEL};
+use slate_layout::{DiskLayout, LayoutParams, PlacedLayout, EFI_LABEL};
 
-use crate::image::{partition, write_prepared, EspImage};
+use crate::image::{partition, place_with_fat32_esp, refuse_empty, write_prepared, EspImage};
 use crate::{ImageStep, InstallError};
 
 /// Everything a GRUB image is made of: slot A holds the version, slot B is empty.
@@ -66,26 +66,13 @@ fn grub_preflight(
     plan: &GrubImagePlan,
     files: &[(String, Vec<u8>)],
 ) -> Result<(PlacedLayout, EspGeometry), InstallError> {
-    for (what, bytes) in [
+    refuse_empty(&[
         ("GRUB EFI image", &plan.grub_efi),
         ("kernel", &plan.kernel),
         ("initramfs", &plan.initramfs),
-    ] {
-        if bytes.is_empty() {
-            return Err(InstallError::InvalidPlan(format!("the {what} is empty")));
-        }
-    }
-    let placed = plan.disk_layout().place(disk_len)?;
+    ])?;
+    let (placed, geometry) = place_with_fat32_esp(&plan.disk_layout(), disk_len)?;
     let esp = partition(&placed, EFI_LABEL)?;
-    partition(&placed, META_LABEL)?;
-    let geometry = EspGeometry::new(esp.len(), placed.sector_size);
-    if !geometry.is_fat32() {
-        return Err(InstallError::EspTooSmall {
-            esp_len: esp.len(),
-            cluster_size: geometry.cluster_size,
-            clusters: geometry.data_clusters,
-        });
-    }
     // Room for every file, and for a second slot of the same size (the first upgrade writes
     // one next to slot A), directories at two clusters each.
     let slot_clusters: u64 = files

@@ -113,25 +113,12 @@ fn preflight(disk_len: u64, plan: &ImagePlan) -> Result<Preflight, InstallError>
         }
         .into());
     }
-    for (what, bytes) in [
+    refuse_empty(&[
         ("systemd-boot binary", &plan.systemd_boot),
         ("UKI", &plan.uki),
-    ] {
-        if bytes.is_empty() {
-            return Err(InstallError::InvalidPlan(format!("the {what} is empty")));
-        }
-    }
-    let placed = plan.disk_layout().place(disk_len)?;
+    ])?;
+    let (placed, geometry) = place_with_fat32_esp(&plan.disk_layout(), disk_len)?;
     let esp = partition(&placed, EFI_LABEL)?;
-    partition(&placed, META_LABEL)?;
-    let geometry = EspGeometry::new(esp.len(), placed.sector_size);
-    if !geometry.is_fat32() {
-        return Err(InstallError::EspTooSmall {
-            esp_len: esp.len(),
-            cluster_size: geometry.cluster_size,
-            clusters: geometry.data_clusters,
-        });
-    }
     // Each directory is counted at two clusters: its `.`/`..` and long-name entries may spill
     // out of one 512-byte cluster.
     let dir_clusters = 2 * SYSTEMD_BOOT_DIRECTORIES.len() as u64;
@@ -151,6 +138,33 @@ fn preflight(disk_len: u64, plan: &ImagePlan) -> Result<Preflight, InstallError>
         });
     }
     Ok(Preflight { placed, geometry })
+}
+
+pub(crate) fn refuse_empty(inputs: &[(&str, &Vec<u8>)]) -> Result<(), InstallError> {
+    match inputs.iter().find(|(_, bytes)| bytes.is_empty()) {
+        Some((what, _)) => Err(InstallError::InvalidPlan(format!("the {what} is empty"))),
+        None => Ok(()),
+    }
+}
+
+/// The layout placed on a disk of `disk_len` bytes, with the geometry its ESP is formatted
+/// with; refused when the layout lacks an ESP or META, or the ESP is too small for FAT32.
+pub(crate) fn place_with_fat32_esp(
+    layout: &DiskLayout,
+    disk_len: u64,
+) -> Result<(PlacedLayout, EspGeometry), InstallError> {
+    let placed = layout.place(disk_len)?;
+    let esp = partition(&placed, EFI_LABEL)?;
+    partition(&placed, META_LABEL)?;
+    let geometry = EspGeometry::new(esp.len(), placed.sector_size);
+    if !geometry.is_fat32() {
+        return Err(InstallError::EspTooSmall {
+            esp_len: esp.len(),
+            cluster_size: geometry.cluster_size,
+            clusters: geometry.data_clusters,
+        });
+    }
+    Ok((placed, geometry))
 }
 
 pub(crate) fn partition<'a>(

@@ -15,17 +15,33 @@
 //!
 //! [`slate_esp::fat::write_file_atomically`] (temp name, flush, rename, flush) is the ESP file writer that
 //! upgrades reuse.
+//!
+//! Two more modes read an installer bundle and are what `slate installer` runs:
+//! [`install()`] lays the bundle's version onto a blank disk (the image mode over a plan made
+//! from the bundle), [`upgrade()`] writes it beside the running version of a slate disk through
+//! `slate_bootloader`. Both check everything, the bundle's signature first, before the disk is
+//! opened for writing, and both can stop there (`dry_run`) and report the plan.
 
 mod grub_image;
 mod image;
+mod install;
+mod upgrade;
 
+use std::path::{Path, PathBuf};
+
+use slate_bundle::{Bundle, BundleError};
 use slate_disk::DiskError;
 use slate_esp::{fat, EspError};
 use slate_layout::LayoutError;
 use slate_meta::MetaError;
+use slate_trust::TrustError;
 
 pub use grub_image::{write_grub_image, GrubImagePlan};
 pub use image::{write_image, ImagePlan, ImageStep, CLEARED_HEAD};
+pub use install::{
+    install, InstallEvent, InstallModeError, InstallPlan, InstallReport, InstallRequest,
+};
+pub use upgrade::{upgrade, UpgradeEvent, UpgradeModeError, UpgradeReport, UpgradeRequest};
 
 /// Why an image could not be written. Each variant names the partition, file or rule involved.
 #[derive(Debug, thiserror::Error)]
@@ -68,4 +84,85 @@ pub enum InstallError {
         #[source]
         source: DiskError,
     },
+}
+
+/// How a bundle is trusted before any of it is used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Trust {
+    /// Its signature must verify with one of the `*.pub` keys in this directory (on a node,
+    /// /etc/slate/trusted-keys).
+    KeysIn(PathBuf),
+    /// The signature is not checked; every blob used is still checked against its digest.
+    /// For bundles one built oneself.
+    NotVerified,
+}
+
+/// What opening a bundle established. Reported before any other check, so that a refusal
+/// further on reads against a known bundle.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Provenance {
+    Signed {
+        name: String,
+        version: String,
+        manifest_digest: String,
+        key_id: slate_trust::KeyId,
+    },
+    /// [`Trust::NotVerified`]: the signature was not looked at.
+    NotVerified,
+}
+
+/// Why a bundle could not be opened or was not trusted.
+#[derive(Debug, thiserror::Error)]
+pub enum OpenBundleError {
+    #[error("reading the bundle {}", dir.display())]
+    Read {
+        dir: PathBuf,
+        #[source]
+        source: BundleError,
+    },
+    #[error("loading trusted keys from {}", dir.display())]
+    TrustedKeys {
+        dir: PathBuf,
+        #[source]
+        source: TrustError,
+    },
+    #[error("verifying the bundle {}", dir.display())]
+    Verify {
+        dir: PathBuf,
+        #[source]
+        source: TrustError,
+    },
+}
+
+/// Open the bundle in `dir` and, unless `trust` says not to, check its signature. The blobs are
+/// not read here: each is checked against its digest as the mode reads it (`read_blob`), so it
+/// is hashed once; at 256 MiB the hash is most of an upgrade's time.
+fn open_trusted(dir: &Path, trust: &Trust) -> Result<(Bundle, Provenance), OpenBundleError> {
+    let bundle = Bundle::open(dir, None).map_err(|source| OpenBundleError::Read {
+        dir: dir.to_owned(),
+        source,
+    })?;
+    let provenance = match trust {
+        Trust::KeysIn(keys_dir) => {
+            let keys = slate_trust::load_trusted_keys(keys_dir).map_err(|source| {
+                OpenBundleError::TrustedKeys {
+                    dir: keys_dir.clone(),
+                    source,
+                }
+            })?;
+            let verified =
+                slate_trust::verify(&bundle, &keys).map_err(|source| OpenBundleError::Verify {
+                    dir: dir.to_owned(),
+                    source,
+                })?;
+            Provenance::Signed {
+                name: bundle.manifest().name.clone(),
+                version: bundle.manifest().version.clone(),
+                manifest_digest: verified.manifest_digest,
+                key_id: verified.key_id,
+            }
+        }
+        Trust::NotVerified => Provenance::NotVerified,
+    };
+    Ok((bundle, provenance))
 }

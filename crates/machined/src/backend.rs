@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slate_api::{
-    BackendError, EventStream, LineStream, NodeBackend, RebootMode as ApiRebootMode, Status,
-    UpgradeRequest, UploadedBundle, VersionInfo,
+    BackendError, EventStream, LineStream, NodeBackend, Status, UpgradeRequest, UploadedBundle,
+    VersionInfo,
 };
 use slate_sequencer::{Capabilities, LockError, RebootMode, SequenceKind};
 
@@ -52,7 +52,7 @@ impl NodeBackend for Backend {
             booted_entry: self.0.booted_entry.clone(),
             stage: self.0.stage(),
             running_sequence: self.0.running_sequence().map(|k| k.to_string()),
-            mode: self.0.api_mode(),
+            mode: self.0.mode,
             staged_image: None,
             last_failure: self
                 .0
@@ -63,13 +63,9 @@ impl NodeBackend for Backend {
         }
     }
 
-    fn reboot(&self, mode: ApiRebootMode) -> Result<(), BackendError> {
+    fn reboot(&self, mode: RebootMode) -> Result<(), BackendError> {
         self.require(Capabilities::REBOOT, "reboot")?;
         let guard = self.0.lock.try_lock(SequenceKind::Reboot).map_err(locked)?;
-        let mode = match mode {
-            ApiRebootMode::Default => RebootMode::Default,
-            ApiRebootMode::Powercycle => RebootMode::Powercycle,
-        };
         self.0
             .request(Request::Reboot(mode, guard))
             .map_err(BackendError::Failed)
@@ -151,5 +147,132 @@ impl Iterator for JournalLines {
             }
             self.buffered.extend(lines);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use slate_api::{Mode, Stage};
+
+    use super::*;
+
+    fn backend(cmdline: &str) -> (Backend, std::sync::mpsc::Receiver<Request>) {
+        let (node, requests) = Node::for_tests(cmdline);
+        (Backend(node), requests)
+    }
+
+    #[test]
+    fn a_reboot_takes_the_lock_and_hands_it_to_the_main_loop() {
+        let (backend, requests) = backend("");
+        backend.reboot(RebootMode::Powercycle).unwrap();
+        let Ok(Request::Reboot(mode, guard)) = requests.try_recv() else {
+            panic!("no reboot request");
+        };
+        assert_eq!(mode, RebootMode::Powercycle);
+        assert_eq!(guard.kind(), SequenceKind::Reboot);
+        // The status shows who holds the lock until the main loop is done with it.
+        assert_eq!(backend.status().running_sequence.as_deref(), Some("reboot"));
+        drop(guard);
+        assert_eq!(backend.status().running_sequence, None);
+    }
+
+    #[test]
+    fn a_request_the_running_sequence_may_not_yield_to_is_locked_at_once() {
+        let (backend, requests) = backend("");
+        backend.reboot(RebootMode::Default).unwrap();
+        let held = requests.try_recv().unwrap();
+        // Talos' matrix: a reset does not take over a reboot.
+        let err = backend.reset().unwrap_err();
+        assert!(
+            matches!(&err, BackendError::Locked(m) if m.contains("reboot")),
+            "{err}"
+        );
+        assert!(
+            requests.try_recv().is_err(),
+            "nothing reaches the main loop"
+        );
+        drop(held);
+        backend.reset().unwrap();
+        assert!(matches!(requests.try_recv(), Ok(Request::Reset(_))));
+    }
+
+    #[test]
+    fn a_container_may_not_reboot_or_upgrade() {
+        let (backend, requests) = backend("slate.platform=container");
+        assert_eq!(
+            backend.reboot(RebootMode::Default),
+            Err(BackendError::Unsupported(
+                "reboot is not available in container mode".into()
+            ))
+        );
+        let err = backend
+            .upgrade(UpgradeRequest::new("bundle:sha256:00"))
+            .unwrap_err();
+        assert_eq!(
+            err,
+            BackendError::Unsupported("upgrade is not available in container mode".into())
+        );
+        assert!(matches!(
+            backend.receive_bundle(&mut std::io::empty()),
+            Err(BackendError::Unsupported(_))
+        ));
+        assert!(requests.try_recv().is_err());
+        assert_eq!(backend.status().running_sequence, None, "no lock taken");
+        assert_eq!(backend.status().mode, Mode::Container);
+    }
+
+    #[test]
+    fn an_upgrade_to_a_bundle_not_received_is_refused_before_the_lock() {
+        let (backend, requests) = backend("");
+        let err = backend
+            .upgrade(UpgradeRequest::new("registry.example/slate:2.0.0"))
+            .unwrap_err();
+        assert!(
+            matches!(&err, BackendError::InvalidArgument(m) if m.contains("upload the bundle first")),
+            "{err}"
+        );
+        assert!(requests.try_recv().is_err());
+        assert_eq!(backend.status().running_sequence, None);
+    }
+
+    #[test]
+    fn requests_fail_when_the_main_loop_is_gone() {
+        let (backend, requests) = backend("");
+        drop(requests);
+        assert_eq!(
+            backend.reset(),
+            Err(BackendError::Failed("machined's main loop is gone".into()))
+        );
+        // The guard went down with the request: the lock is free again.
+        assert_eq!(backend.status().running_sequence, None);
+    }
+
+    #[test]
+    fn status_and_version_describe_the_node() {
+        let (backend, _requests) = backend("slate.platform=metal-agent");
+        let status = backend.status();
+        assert_eq!(status.mode, Mode::MetalAgent);
+        assert_eq!(status.stage, Stage::Booting);
+        assert_eq!(status.last_failure, None);
+        *backend.0.last_failure.lock().unwrap() = Some(slate_api::Failure {
+            version: "3.0.0".into(),
+            reason: "health check failed".into(),
+        });
+        assert_eq!(
+            backend.status().last_failure.map(|f| f.version).as_deref(),
+            Some("3.0.0")
+        );
+        let version = backend.version();
+        assert_eq!(version.version, backend.0.version);
+        assert_eq!(version.arch, "amd64");
+    }
+
+    #[test]
+    fn logs_replay_the_journal_and_end_unless_followed() {
+        let (backend, _requests) = backend("");
+        backend.0.journal.info("first");
+        backend.log_api("GET /v1/logs by admin");
+        let lines: Vec<String> = backend.logs(false).unwrap().collect();
+        assert_eq!(lines, ["first", "api: GET /v1/logs by admin"]);
     }
 }

@@ -4,8 +4,9 @@
 use std::time::Duration;
 
 use slate_api::Stage;
-use slate_sequencer::RebootMode;
+use slate_sequencer::{error_chain, RebootMode};
 
+use super::decision::Phase;
 use super::node::Node;
 
 const SYNC_BUDGET: Duration = Duration::from_secs(30);
@@ -40,21 +41,33 @@ fn halt_forever(node: &Node) -> ! {
     }
 }
 
+/// How the machine goes down.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GoDown {
+    PowerOff,
+    Restart,
+}
+
+/// How `mode` takes the machine down, and the line that says so. A power cycle and a reboot
+/// are the same to a machine without kexec: the firmware runs again either way.
+fn going_down(mode: RebootMode) -> (GoDown, String) {
+    match mode {
+        RebootMode::PowerOff => (GoDown::PowerOff, "powering off".into()),
+        RebootMode::Default | RebootMode::Powercycle => {
+            (GoDown::Restart, format!("rebooting ({mode})"))
+        }
+    }
+}
+
 /// A sequence returned the typed reboot error: tear down and restart (or power off).
 pub fn reboot(node: &Node, mode: RebootMode) -> ! {
     node.set_stage(Stage::Rebooting);
     teardown(node);
-    // A power cycle and a reboot are the same to a machine without kexec: the firmware runs
-    // again either way.
-    let result = match mode {
-        RebootMode::PowerOff => {
-            node.journal.info("powering off");
-            slate_host::poweroff()
-        }
-        RebootMode::Default | RebootMode::Powercycle => {
-            node.journal.info(format_args!("rebooting ({mode})"));
-            slate_host::reboot()
-        }
+    let (how, line) = going_down(mode);
+    node.journal.info(line);
+    let result = match how {
+        GoDown::PowerOff => slate_host::poweroff(),
+        GoDown::Restart => slate_host::reboot(),
     };
     let Err(err) = result;
     node.journal.error(format_args!("the reboot failed: {err}"));
@@ -64,25 +77,15 @@ pub fn reboot(node: &Node, mode: RebootMode) -> ! {
 /// Any other fatal error: log the whole chain, tear down, then reboot after a pause — or, with
 /// `panic=0`, wait forever so the failure can be inspected.
 pub fn fatal(node: &Node, error: &(dyn std::error::Error + 'static)) -> ! {
-    let mut message = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        message.push_str(": ");
-        message.push_str(&cause.to_string());
-        source = cause.source();
-    }
+    let message = error_chain(error);
     node.journal.error(format_args!("fatal: {message}"));
     node.set_stage(Stage::Failed);
     if let Err(err) = super::transaction::record_failure(node, &message) {
         node.journal
             .error(format_args!("could not record the failure in META: {err}"));
     }
-    match super::transaction::revert_if_pending(node) {
-        Ok(Some(label)) => node
-            .journal
-            .info(format_args!("upgrade reverted: the next boot is {label}")),
-        Ok(None) => {}
-        Err(err) => node.journal.error(format_args!("revert failed: {err}")),
+    if let Err(err) = super::transaction::settle(node, Phase::Fatal) {
+        node.journal.error(format_args!("revert failed: {err}"));
     }
     teardown(node);
     if node.config.halt_on_fatal {
@@ -94,4 +97,27 @@ pub fn fatal(node: &Node, error: &(dyn std::error::Error + 'static)) -> ! {
     let Err(err) = slate_host::reboot();
     node.journal.error(format_args!("the reboot failed: {err}"));
     halt_forever(node)
+}
+
+// The rest of this module tears the machine down (kills every process, unmounts, reboots): it
+// is exercised by the VM tests only.
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_poweroff_powers_the_machine_off() {
+        assert_eq!(
+            going_down(RebootMode::PowerOff),
+            (GoDown::PowerOff, "powering off".into())
+        );
+        assert_eq!(
+            going_down(RebootMode::Default),
+            (GoDown::Restart, "rebooting (default)".into())
+        );
+        assert_eq!(
+            going_down(RebootMode::Powercycle),
+            (GoDown::Restart, "rebooting (powercycle)".into())
+        );
+    }
 }

@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
 use slate_profile::{HealthCheck, NodeConfig};
+use slate_sequencer::error_chain;
 
 use super::node::Node;
-use super::transaction::chain;
 
 /// The node's runtime configuration (health checks, watchdog).
 pub const NODE_CONFIG: &str = "/etc/slate/node.toml";
@@ -212,7 +212,7 @@ fn run(argv: &[String], deadline: Instant) -> Result<(), Attempt> {
         .name("health-command".into())
         .spawn(move || {
             let result = slate_host::run_command(&mut command);
-            let _ = tx.send(result.map(drop).map_err(|e| chain(&e)));
+            let _ = tx.send(result.map(drop).map_err(|e| error_chain(&e)));
         })
         .map_err(|e| Attempt::Failed(format!("starting a thread for the command: {e}")))?;
     let budget = deadline.saturating_duration_since(Instant::now());

@@ -85,3 +85,89 @@ impl slate_sequencer::Logger for Journal {
         self.info(line);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::time::Instant;
+
+    use super::*;
+
+    fn journal() -> Journal {
+        Journal::new(KmsgLogger::stderr("test"))
+    }
+
+    #[test]
+    fn lines_are_replayed_in_order_with_the_next_sequence_number() {
+        let j = journal();
+        j.info("one");
+        j.info(format_args!("two {}", 2));
+        assert_eq!(
+            j.read_from(0, None),
+            (vec!["one".into(), "two 2".into()], 2)
+        );
+        assert_eq!(j.read_from(1, None), (vec!["two 2".into()], 2));
+        // A reader that is up to date gets nothing and keeps its place.
+        assert_eq!(j.read_from(2, None), (Vec::<String>::new(), 2));
+    }
+
+    #[test]
+    fn errors_are_marked_in_the_journal() {
+        let j = journal();
+        j.error("revert failed: no META");
+        slate_sequencer::Logger::log(&j, "from a task");
+        assert_eq!(
+            j.read_from(0, None).0,
+            ["error: revert failed: no META", "from a task"]
+        );
+    }
+
+    #[test]
+    fn the_oldest_lines_are_dropped_beyond_the_bound() {
+        let j = journal();
+        for i in 0..KEEP + 10 {
+            j.info(i);
+        }
+        let (lines, next) = j.read_from(0, None);
+        assert_eq!(next, (KEEP + 10) as u64);
+        assert_eq!(lines.len(), KEEP);
+        // A reader that fell behind resumes at the oldest line kept.
+        assert_eq!(lines.first().map(String::as_str), Some("10"));
+        assert_eq!(
+            lines.last().map(String::as_str),
+            Some(&*(KEEP + 9).to_string())
+        );
+        // Sequence numbers stay absolute.
+        assert_eq!(
+            j.read_from(KEEP as u64 + 9, None).0,
+            [(KEEP + 9).to_string()]
+        );
+    }
+
+    #[test]
+    fn a_follower_waits_for_the_next_line() {
+        let j = Arc::new(journal());
+        j.info("old");
+        let writer = {
+            let j = j.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(50));
+                j.info("new");
+            })
+        };
+        let (lines, next) = j.read_from(1, Some(Duration::from_secs(10)));
+        writer.join().unwrap();
+        assert_eq!((lines, next), (vec!["new".to_string()], 2));
+    }
+
+    #[test]
+    fn a_follower_gives_up_after_its_wait() {
+        let j = journal();
+        j.info("only");
+        let started = Instant::now();
+        let (lines, next) = j.read_from(1, Some(Duration::from_millis(50)));
+        assert!(lines.is_empty());
+        assert_eq!(next, 1);
+        assert!(started.elapsed() >= Duration::from_millis(50));
+    }
+}

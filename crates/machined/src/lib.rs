@@ -6,6 +6,7 @@
 //! goes to [`handler::fatal`]; Locked and Cancelled are swallowed and the node keeps running.
 
 mod backend;
+mod decision;
 mod handler;
 mod health;
 mod journal;
@@ -28,9 +29,11 @@ use slate_host::KmsgLogger;
 use slate_sequencer::{run_boot, BootOutcome, Disposition, Sequence, SequenceError, TaskError};
 
 use backend::Backend;
+use decision::{HealthOutcome, Phase};
 use journal::Journal;
 use node::{Node, Request};
 use sequences::Facts;
+use transaction::SettleError;
 
 /// Where the image carries the node's API identity.
 const PKI_DIR: &str = "/etc/slate/pki";
@@ -97,21 +100,12 @@ fn boot_and_serve(
     match outcome {
         Ok(BootOutcome::Booted) => {
             node.set_stage(Stage::Running);
-            if let Err(failure) = health::check(node, config) {
-                return SequenceError::Fatal {
-                    sequence: slate_sequencer::SequenceKind::Boot,
-                    phase: "health".into(),
-                    task: "healthChecks".into(),
-                    source: failure.into(),
-                };
-            }
-            if let Err(err) = transaction::commit_booted(node) {
-                return SequenceError::Fatal {
-                    sequence: slate_sequencer::SequenceKind::Boot,
-                    phase: "commit".into(),
-                    task: "commitUpgrade".into(),
-                    source: err.into(),
-                };
+            let health = match health::check(node, config) {
+                Ok(()) => HealthOutcome::Passed,
+                Err(failure) => HealthOutcome::Failed(failure.to_string()),
+            };
+            if let Err(err) = transaction::settle(node, Phase::Running { health }) {
+                return not_committed(err);
             }
             _feeder = watchdog.map(|dog| watchdog::feed(node, dog));
         }
@@ -153,6 +147,21 @@ fn boot_and_serve(
         phase: "serve".into(),
         task: "requests".into(),
         source: "the API's request channel closed".into(),
+    }
+}
+
+/// A boot that could not be committed fails as a Boot task would: in phase `health` when a
+/// check failed, else in phase `commit` (the names the console shows and the VM tests read).
+fn not_committed(err: SettleError) -> SequenceError {
+    let (phase, task, reason) = match err {
+        SettleError::Unhealthy(report) => ("health", "healthChecks", report),
+        SettleError::Failed(reason) => ("commit", "commitUpgrade", reason),
+    };
+    SequenceError::Fatal {
+        sequence: slate_sequencer::SequenceKind::Boot,
+        phase: phase.into(),
+        task: task.into(),
+        source: reason.into(),
     }
 }
 
@@ -223,4 +232,126 @@ fn start_api(node: &Arc<Node>) -> Result<slate_api::ServerHandle, TaskError> {
         .map_err(|e| TaskError::msg(format!("slate.api.listen: {e}")))?;
     let config = ServerConfig::from_dir(listen, Path::new(PKI_DIR))?;
     Ok(slate_api::spawn(config, Arc::new(Backend(node.clone())))?)
+}
+
+#[cfg(test)]
+mod tests {
+    use slate_sequencer::{error_chain, PhaseListBuilder, SequenceKind, Task};
+
+    use super::*;
+
+    fn failing(kind: SequenceKind, message: &'static str) -> Sequence<'static> {
+        PhaseListBuilder::new()
+            .append(
+                "work",
+                [Task::new("job", move |_| Err(TaskError::msg(message)))],
+            )
+            .into_sequence(kind)
+    }
+
+    fn journal_lines(node: &Node) -> Vec<String> {
+        node.journal.read_from(0, None).0
+    }
+
+    #[test]
+    fn an_unhealthy_boot_fails_in_phase_health() {
+        let report = "health check `file /ready` failed: missing (1 attempt in 0.0s)";
+        let err = not_committed(SettleError::Unhealthy(report.into()));
+        assert_eq!(
+            error_chain(&err),
+            format!("boot sequence: phase health: task healthChecks failed: {report}")
+        );
+        assert_eq!(err.disposition(), Disposition::Fatal);
+    }
+
+    #[test]
+    fn a_boot_that_cannot_be_committed_fails_in_phase_commit() {
+        let err = not_committed(SettleError::Failed(
+            "systemd-boot would boot nothing on this disk".into(),
+        ));
+        assert_eq!(
+            error_chain(&err),
+            "boot sequence: phase commit: task commitUpgrade failed: \
+             systemd-boot would boot nothing on this disk"
+        );
+    }
+
+    #[test]
+    fn contention_is_swallowed_and_logged() {
+        let (node, _requests) = Node::for_tests("");
+        let err = SequenceError::Locked {
+            running: SequenceKind::Reset,
+        };
+        assert!(dispose(&node, err).is_none());
+        assert_eq!(
+            journal_lines(&node),
+            ["locked: the reset sequence is running; the node keeps running"]
+        );
+    }
+
+    #[test]
+    fn a_failed_task_is_handed_back_as_fatal() {
+        let (node, _requests) = Node::for_tests("");
+        let err = failing(SequenceKind::Reset, "disk gone")
+            .run(
+                &slate_sequencer::CancelToken::new(),
+                &slate_sequencer::NullLogger,
+            )
+            .unwrap_err();
+        let fatal = dispose(&node, err).expect("fatal");
+        assert_eq!(
+            error_chain(&fatal),
+            "reset sequence: phase work: task job failed: disk gone"
+        );
+    }
+
+    #[test]
+    fn a_held_sequence_reports_its_start_and_end_as_events() {
+        let (node, _requests) = Node::for_tests("");
+        let events = node.subscribe();
+        let guard = node.lock.try_lock(SequenceKind::Reset).unwrap();
+        let fatal = run_held(&node, failing(SequenceKind::Reset, "disk gone"), &guard);
+        assert!(fatal.is_some());
+        let kinds: Vec<EventKind> = events.try_iter().map(|e| e.kind).collect();
+        assert_eq!(
+            kinds,
+            [
+                EventKind::Stage {
+                    stage: Stage::Booting
+                },
+                EventKind::SequenceStarted {
+                    sequence: "reset".into()
+                },
+                EventKind::SequenceFinished {
+                    sequence: "reset".into(),
+                    error: Some("reset sequence: phase work: task job failed".into()),
+                },
+            ]
+        );
+        let done = PhaseListBuilder::new()
+            .append("work", [Task::new("job", |_| Ok(()))])
+            .into_sequence(SequenceKind::Reset);
+        assert!(run_held(&node, done, &guard).is_none());
+    }
+
+    #[test]
+    fn a_failed_upgrade_is_reported_and_the_node_keeps_running() {
+        let (node, _requests) = Node::for_tests("");
+        let guard = node.lock.try_lock(SequenceKind::Upgrade).unwrap();
+        run_upgrade(
+            &node,
+            failing(SequenceKind::Upgrade, "bad signature"),
+            &guard,
+        );
+        let reason = "upgrade failed: upgrade sequence: phase work: task job failed";
+        assert_eq!(
+            *node.last_failure.lock().unwrap(),
+            Some(slate_api::Failure {
+                version: node.version.clone(),
+                reason: reason.into(),
+            })
+        );
+        assert_eq!(node.stage(), Stage::Running);
+        assert!(journal_lines(&node).contains(&format!("error: {reason}")));
+    }
 }

@@ -4,7 +4,7 @@
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
-use slate_api::{Event, EventKind, Failure, Mode as ApiMode, Stage};
+use slate_api::{Event, EventKind, Failure, Stage};
 use slate_sequencer::{Mode, PriorityLock, RebootMode, SequenceGuard, SequenceKind};
 
 use super::journal::Journal;
@@ -141,17 +141,17 @@ impl Node {
             .map_err(|_| "machined's main loop is gone".to_string())
     }
 
-    pub fn api_mode(&self) -> ApiMode {
-        match self.mode {
-            Mode::Cloud => ApiMode::Cloud,
-            Mode::Container => ApiMode::Container,
-            Mode::Metal => ApiMode::Metal,
-            Mode::MetalAgent => ApiMode::MetalAgent,
-        }
-    }
-
     pub fn running_sequence(&self) -> Option<SequenceKind> {
         self.lock.running()
+    }
+}
+
+#[cfg(test)]
+impl Node {
+    /// A node for unit tests: settings from `cmdline`, the journal on stderr.
+    pub fn for_tests(cmdline: &str) -> (Arc<Self>, Receiver<Request>) {
+        let kmsg = slate_host::KmsgLogger::stderr("test");
+        Node::new(Arc::new(Journal::new(kmsg)), cmdline)
     }
 }
 

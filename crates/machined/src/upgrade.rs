@@ -1,24 +1,32 @@
-//! The online upgrade. A bundle arrives over the API as a tar stream of its OCI layout and is
-//! kept under `/var/lib/slate/bundles/<manifest hex>` once every digest checks out; nothing
-//! touches the boot disk then. The Upgrade sequence later runs *the bundle's own* slate binary
-//! (the target version's code, after its digest was checked) in installer mode against the
-//! system disk, and reboots into the result.
+//! The online upgrade. A bundle arrives over the API as a tar stream of its OCI layout
+//! ([`receive`]: signature first, every blob hashed once as it arrives) and is kept under
+//! `/var/lib/slate/bundles/<manifest hex>`; nothing touches the boot disk then. The Upgrade
+//! sequence later runs *the bundle's own* slate binary (the target version's code, after its
+//! digest was checked) in installer mode against the system disk, and reboots into the result.
+//!
+//! Each blob is hashed at most once per boot: what the upload verified is remembered and handed
+//! to `plan` and the Upgrade sequence, which check the signature again (documents only) and the
+//! sizes, not the bytes. A staged upgrade runs after a reboot, so it hashes each blob once more.
+
+mod receive;
 
 use std::fs;
 use std::io::{self, Read};
 use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
-use std::path::{Component, Path, PathBuf};
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use slate_api::{BackendError, Stage, UploadedBundle};
-use slate_bundle::{Bundle, INSTALLER_ROLE};
-use slate_sequencer::{PhaseListBuilder, RebootMode, Sequence, SequenceKind, TaskError};
+use slate_bundle::{Bundle, Digest, VerifiedBlobs, INSTALLER_ROLE};
+use slate_trust::PublicKey;
+use slate_sequencer::{
+    error_chain as chain, PhaseListBuilder, RebootMode, Sequence, SequenceKind, TaskError,
+};
 
 use super::node::Node;
 use super::sequences::task;
-use super::transaction::chain;
 
 pub const BUNDLES_DIR: &str = "/var/lib/slate/bundles";
 /// The keys this image trusts (baked in by the imager from the profile's `[trust] keys`).
@@ -30,7 +38,11 @@ const DEFAULT_TRIES: u32 = 3;
 /// What the Upgrade sequence installs, and how.
 #[derive(Debug, Clone)]
 pub struct UpgradePlan {
+    /// The received bundle: its image manifest digest, and where it is kept.
+    pub bundle_id: Digest,
     pub bundle_dir: PathBuf,
+    /// Its blobs this process has verified already (empty after a reboot).
+    pub verified: VerifiedBlobs,
     pub version: String,
     pub tries: u32,
     pub reboot: RebootMode,
@@ -57,94 +69,69 @@ pub struct Staged {
     pub options: StagedOptions,
 }
 
-fn invalid(message: impl std::fmt::Display) -> BackendError {
-    BackendError::InvalidArgument(message.to_string())
+use receive::invalid;
+
+/// Where the received bundle `id` is kept.
+fn bundle_dir(id: &Digest) -> PathBuf {
+    Path::new(BUNDLES_DIR).join(id.hex())
 }
 
-/// Only the files of an OCI layout, as plain relative paths: no links, devices, `..` or
-/// absolute names can come out of an upload.
-fn layout_path(path: &Path) -> Option<PathBuf> {
-    let parts: Vec<&str> = path
-        .components()
-        .filter(|c| *c != Component::CurDir)
-        .map(|c| match c {
-            Component::Normal(part) => part.to_str(),
-            _ => None,
-        })
-        .collect::<Option<_>>()?;
-    let ok = match parts.as_slice() {
-        ["oci-layout"] | ["index.json"] | ["blobs"] | ["blobs", "sha256"] => true,
-        ["blobs", "sha256", hex] => hex.len() == 64 && hex.bytes().all(|b| b.is_ascii_hexdigit()),
-        _ => false,
-    };
-    ok.then(|| parts.iter().collect())
+/// The bundle `bundle:sha256:<hex>` names (lower-case hex only, as its directory is named).
+fn bundle_id(image: &str) -> Result<Digest, String> {
+    let id = image
+        .strip_prefix(BUNDLE_SCHEME)
+        .ok_or_else(|| format!("{image:?} is not a received bundle ({BUNDLE_SCHEME}<id>)"))?;
+    Digest::parse(id).map_err(|e| format!("{id:?} is not a bundle id (sha256:<hex>): {e}"))
 }
 
-struct Counting<'a> {
-    inner: &'a mut dyn Read,
-    bytes: u64,
-}
-
-impl Read for Counting<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.bytes += n as u64;
-        Ok(n)
+/// Open the received bundle `id` in `dir`; blobs in `verified` are not hashed again. The
+/// directory's index must still name `id`.
+fn open_received(dir: &Path, id: &Digest, verified: VerifiedBlobs) -> Result<Bundle, String> {
+    let bundle = Bundle::open_with(dir, None, verified).map_err(|e| chain(&e))?;
+    if bundle.digest() != id {
+        return Err(format!(
+            "{} holds bundle {}, not {id}",
+            dir.display(),
+            bundle.digest()
+        ));
     }
+    Ok(bundle)
 }
 
-/// Unpack the tar stream into `dir`, refusing anything that is not a layout file.
-fn unpack(body: &mut Counting<'_>, dir: &Path) -> Result<(), BackendError> {
-    let mut archive = tar::Archive::new(body);
-    let entries = archive
-        .entries()
-        .map_err(|e| invalid(format!("the upload is not a tar stream: {e}")))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| invalid(format!("the upload broke: {e}")))?;
-        let name = entry
-            .path()
-            .map_err(|e| invalid(format!("a bad name in the upload: {e}")))?
-            .into_owned();
-        let relative = layout_path(&name).ok_or_else(|| {
-            invalid(format!(
-                "{} is not a file of an OCI layout; refusing the upload",
-                name.display()
-            ))
-        })?;
-        let target = dir.join(&relative);
-        match entry.header().entry_type() {
-            tar::EntryType::Directory => fs::create_dir_all(&target)
-                .map_err(|e| BackendError::Failed(format!("{}: {e}", target.display())))?,
-            tar::EntryType::Regular => {
-                if let Some(parent) = target.parent() {
-                    fs::create_dir_all(parent)
-                        .map_err(|e| BackendError::Failed(format!("{}: {e}", parent.display())))?;
-                }
-                let mut file = fs::File::create(&target)
-                    .map_err(|e| BackendError::Failed(format!("{}: {e}", target.display())))?;
-                io::copy(&mut entry, &mut file)
-                    .map_err(|e| invalid(format!("the upload broke in {}: {e}", name.display())))?;
-            }
-            other => {
-                return Err(invalid(format!(
-                    "{} is a {other:?} entry; a layout holds plain files only",
-                    name.display()
-                )))
-            }
-        }
-    }
-    Ok(())
-}
-
-/// Open the bundle in `dir`, check every blob against its digest and its signature against the
-/// keys this image trusts. Returns the bundle and who signed it.
-fn check(dir: &Path) -> Result<(Bundle, String), String> {
-    let bundle = Bundle::open(dir, None).map_err(|e| chain(&e))?;
-    slate_trust::verify_blobs(&bundle).map_err(|e| chain(&e))?;
+/// Open the received bundle `id` and check its signature against `keys` (documents only: no
+/// blob is read). Returns the bundle and who signed it.
+fn check_signed(
+    dir: &Path,
+    id: &Digest,
+    verified: VerifiedBlobs,
+    keys: &[PublicKey],
+) -> Result<(Bundle, String), String> {
+    let bundle = open_received(dir, id, verified)?;
+    let signed = slate_trust::verify(&bundle, keys).map_err(|e| chain(&e))?;
     bundle.blob_ref(INSTALLER_ROLE).map_err(|e| chain(&e))?;
-    let keys = slate_trust::load_trusted_keys(Path::new(TRUSTED_KEYS)).map_err(|e| chain(&e))?;
-    let verified = slate_trust::verify(&bundle, &keys).map_err(|e| chain(&e))?;
-    Ok((bundle, verified.key_id.short()))
+    Ok((bundle, signed.key_id.short()))
+}
+
+fn trusted_keys() -> Result<Vec<PublicKey>, String> {
+    slate_trust::load_trusted_keys(Path::new(TRUSTED_KEYS)).map_err(|e| chain(&e))
+}
+
+/// Copy the bundle's installer binary to `path`, executable. It is verified as it is copied
+/// unless the bundle verified it already; a copy that fails leaves nothing behind.
+fn write_installer(bundle: &Bundle, path: &Path) -> Result<u64, String> {
+    let result = (|| -> Result<u64, String> {
+        let mut blob = bundle.open_blob(INSTALLER_ROLE).map_err(|e| chain(&e))?;
+        let mut file = fs::File::create(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let bytes = io::copy(&mut blob, &mut file)
+            .map_err(|e| format!("copying the installer to {}: {e}", path.display()))?;
+        file.set_permissions(fs::Permissions::from_mode(0o755))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        Ok(bytes)
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(path);
+    }
+    result
 }
 
 /// META `VersionFloor` on the system disk, if one is kept.
@@ -174,9 +161,31 @@ fn check_policy(
     slate_trust::check_update(target, &facts, allow_downgrade).map_err(|e| chain(&e))
 }
 
-/// `POST /v1/bundles`: unpack beside the others, check, and keep only this one.
+/// Counts the bytes of the upload as they are read.
+struct Counting<'a> {
+    inner: &'a mut dyn Read,
+    bytes: u64,
+}
+
+impl Read for Counting<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.bytes += n as u64;
+        Ok(n)
+    }
+}
+
+/// `POST /v1/bundles`: unpack beside the others, check (signature first, each blob hashed once
+/// as it arrives), and keep only this one.
 pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, BackendError> {
     static UPLOADS: AtomicU64 = AtomicU64::new(0);
+    let refuse = |err: BackendError| {
+        node.journal
+            .info(format_args!("refused an uploaded bundle: {err}"));
+        err
+    };
+    // Before a byte of the body is read: a node without anchors takes nothing.
+    let keys = trusted_keys().map_err(|e| refuse(invalid(format!("the bundle is refused: {e}"))))?;
     let root = Path::new(BUNDLES_DIR);
     let staging = root.join(format!(
         ".incoming-{}",
@@ -189,20 +198,16 @@ pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, Backe
         inner: body,
         bytes: 0,
     };
-    let result = unpack(&mut counting, &staging)
-        .and_then(|()| check(&staging).map_err(|e| invalid(format!("the bundle is refused: {e}"))));
-    let (bundle, signer) = match result {
-        Ok(checked) => checked,
+    let received = match receive::receive_into(&staging, &keys, &mut counting) {
+        Ok(received) => received,
         Err(err) => {
             let _ = fs::remove_dir_all(&staging);
-            node.journal
-                .info(format_args!("refused an uploaded bundle: {err}"));
-            return Err(err);
+            return Err(refuse(err));
         }
     };
-    let id = bundle.manifest_digest().to_owned();
-    let manifest = bundle.manifest().clone();
-    let kept = root.join(id.trim_start_matches("sha256:"));
+    let id = received.bundle.digest().clone();
+    let manifest = received.bundle.manifest().clone();
+    let kept = bundle_dir(&id);
     // One bundle at a time: /var is not a cache of old versions.
     if let Ok(entries) = fs::read_dir(root) {
         for entry in entries.flatten() {
@@ -213,53 +218,47 @@ pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, Backe
     }
     fs::rename(&staging, &kept)
         .map_err(|e| BackendError::Failed(format!("keeping the bundle: {e}")))?;
+    receive::remember(&id, received.bundle.verified_blobs());
     node.journal.info(format_args!(
-        "received bundle {} {} ({id}, {} bytes, signed by key {signer})",
-        manifest.name, manifest.version, counting.bytes
+        "received bundle {} {} ({id}, {} bytes, signed by key {})",
+        manifest.name, manifest.version, counting.bytes, received.signer
     ));
     Ok(UploadedBundle {
-        id,
+        id: id.to_string(),
         name: manifest.name,
         version: manifest.version,
         size: counting.bytes,
     })
 }
 
-/// The directory and version of the received bundle `bundle:sha256:<hex>`.
-fn locate(image: &str) -> Result<(PathBuf, String), BackendError> {
-    let id = image.strip_prefix(BUNDLE_SCHEME).ok_or_else(|| {
-        invalid(format!(
+/// The received bundle `image` (`bundle:sha256:<hex>`) names, opened: blobs its upload
+/// verified in this boot are not hashed again.
+fn locate(image: &str) -> Result<(Digest, Bundle), BackendError> {
+    if !image.starts_with(BUNDLE_SCHEME) {
+        return Err(invalid(format!(
             "cannot upgrade to {image:?}: upload the bundle first (POST /v1/bundles, or \
              `slate upgrade --image …`) and name it as {BUNDLE_SCHEME}<id>"
-        ))
-    })?;
-    let hex = id
-        .strip_prefix("sha256:")
-        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| invalid(format!("{id:?} is not a bundle id (sha256:<hex>)")))?;
-    let bundle_dir = Path::new(BUNDLES_DIR).join(hex);
-    let bundle = Bundle::open(&bundle_dir, None)
-        .map_err(|e| invalid(format!("no received bundle {id}: {}", chain(&e))))?;
-    let version = bundle.manifest().version.clone();
-    Ok((bundle_dir, version))
+        )));
+    }
+    let id = bundle_id(image).map_err(invalid)?;
+    let bundle = open_received(&bundle_dir(&id), &id, receive::remembered(&id))
+        .map_err(|e| invalid(format!("no received bundle {id}: {e}")))?;
+    Ok((id, bundle))
 }
 
 /// The plan for `POST /v1/upgrade` with `image` = `bundle:<id>` of a received bundle, refused
 /// here (synchronously, before the lock) when the update policy says no.
 pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan, BackendError> {
-    let (bundle_dir, version) = locate(&req.image)?;
-    let bundle = Bundle::open(&bundle_dir, None)
-        .map_err(|e| invalid(format!("the received bundle: {}", chain(&e))))?;
+    let (id, bundle) = locate(&req.image)?;
     check_policy(node, bundle.manifest(), req.allow_downgrade)
         .map_err(|e| invalid(format!("the upgrade is refused: {e}")))?;
     Ok(UpgradePlan {
-        bundle_dir,
-        version,
+        bundle_dir: bundle_dir(&id),
+        bundle_id: id,
+        verified: bundle.verified_blobs(),
+        version: bundle.manifest().version.clone(),
         tries: req.tries.unwrap_or(DEFAULT_TRIES),
-        reboot: match req.reboot_mode {
-            slate_api::RebootMode::Default => RebootMode::Default,
-            slate_api::RebootMode::Powercycle => RebootMode::Powercycle,
-        },
+        reboot: req.reboot_mode,
         allow_downgrade: req.allow_downgrade,
         stage: req.stage,
     })
@@ -275,11 +274,6 @@ fn meta_store() -> Result<slate_meta::MetaStore<slate_disk::FileDisk>, String> {
 
 /// Write the staged upgrade into META (both tags in one flush).
 fn record_staged(plan: &UpgradePlan) -> Result<(), String> {
-    let hex = plan
-        .bundle_dir
-        .file_name()
-        .and_then(|n| n.to_str())
-        .ok_or("the bundle has no id")?;
     let options = serde_json::to_vec(&StagedOptions {
         version: plan.version.clone(),
         tries: plan.tries,
@@ -290,7 +284,7 @@ fn record_staged(plan: &UpgradePlan) -> Result<(), String> {
     store
         .set(
             slate_meta::tags::STAGED_UPGRADE_IMAGE_REF,
-            format!("{BUNDLE_SCHEME}sha256:{hex}").into_bytes(),
+            format!("{BUNDLE_SCHEME}{}", plan.bundle_id).into_bytes(),
         )
         .map_err(|e| chain(&e))?;
     store
@@ -333,14 +327,12 @@ pub fn consume_staged(
 /// The plan for a staged upgrade found at boot. /var is not mounted yet, so the bundle is only
 /// located here; the staged phases mount /var and check it (digests, signature, policy).
 pub fn staged_plan(staged: &Staged) -> Result<UpgradePlan, String> {
-    let hex = staged
-        .image
-        .strip_prefix(BUNDLE_SCHEME)
-        .and_then(|id| id.strip_prefix("sha256:"))
-        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-        .ok_or_else(|| format!("{:?} is not a received bundle", staged.image))?;
+    let id = bundle_id(&staged.image)?;
     Ok(UpgradePlan {
-        bundle_dir: Path::new(BUNDLES_DIR).join(hex),
+        bundle_dir: bundle_dir(&id),
+        bundle_id: id,
+        // A new boot: nothing was verified by this process yet.
+        verified: VerifiedBlobs::new(),
         version: staged.options.version.clone(),
         tries: staged.options.tries,
         reboot: RebootMode::Default,
@@ -418,6 +410,7 @@ fn upgrade_phases<'a>(
 ) -> PhaseListBuilder<'a> {
     let installer = plan.bundle_dir.join("installer");
     let (dir, run_installer) = (plan.bundle_dir.clone(), installer.clone());
+    let (id, verified) = (plan.bundle_id.clone(), plan.verified.clone());
     let reboot = plan.reboot;
     let plan_allow_downgrade = plan.allow_downgrade;
     builder
@@ -431,21 +424,19 @@ fn upgrade_phases<'a>(
         .append(
             "verify",
             [task(node, "verifyBundle", move |ctx| {
-                let (bundle, signer) = check(&dir).map_err(failed)?;
+                // Signature, then policy, then blobs: nothing large is read for a bundle that
+                // is refused. Blobs the upload verified in this boot are checked for size only.
+                let keys = trusted_keys().map_err(failed)?;
+                let (bundle, signer) =
+                    check_signed(&dir, &id, verified.clone(), &keys).map_err(failed)?;
                 check_policy(node, bundle.manifest(), plan_allow_downgrade).map_err(failed)?;
-                let binary = bundle
-                    .read_blob(INSTALLER_ROLE)
-                    .map_err(|e| failed(chain(&e)))?;
-                fs::write(&installer, &binary)
-                    .and_then(|()| {
-                        fs::set_permissions(&installer, fs::Permissions::from_mode(0o755))
-                    })
-                    .map_err(|e| failed(format!("{}: {e}", installer.display())))?;
+                bundle.verify_blobs().map_err(|e| failed(chain(&e)))?;
+                let bytes = write_installer(&bundle, &installer).map_err(failed)?;
                 ctx.log(&format!(
-                    "bundle {} {} verified (signed by key {signer}); its installer is {} bytes",
+                    "bundle {} {} verified (signed by key {signer}); its installer is {bytes} \
+                     bytes",
                     bundle.manifest().name,
                     bundle.manifest().version,
-                    binary.len()
                 ));
                 Ok(())
             })],
@@ -496,72 +487,30 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_layout_files_come_out_of_an_upload() {
+    fn bundle_ids_are_canonical_digests() {
         let hex = "ab".repeat(32);
-        for ok in [
-            "oci-layout".to_string(),
-            "./index.json".into(),
-            "blobs/sha256".into(),
-            format!("blobs/sha256/{hex}"),
-        ] {
-            assert!(layout_path(Path::new(&ok)).is_some(), "{ok}");
-        }
+        let id = bundle_id(&format!("bundle:sha256:{hex}")).unwrap();
+        assert_eq!(bundle_dir(&id), Path::new(BUNDLES_DIR).join(&hex));
+        // Upper case used to pass the filter and then name no directory.
         for bad in [
-            "../etc/passwd".to_string(),
-            "/etc/passwd".into(),
-            "blobs/sha256/../../x".into(),
-            "blobs/sha256/short".into(),
-            format!("blobs/sha512/{hex}"),
-            "installer".into(),
+            format!("bundle:sha256:{}", hex.to_uppercase()),
+            "bundle:sha256:00".into(),
+            format!("bundle:sha512:{hex}{hex}"),
+            format!("sha256:{hex}"),
+            format!("bundle:{hex}"),
         ] {
-            assert!(layout_path(Path::new(&bad)).is_none(), "{bad}");
+            assert!(bundle_id(&bad).is_err(), "{bad}");
+            let staged = Staged {
+                image: bad.clone(),
+                options: StagedOptions {
+                    version: "2.0.0".into(),
+                    tries: 3,
+                    allow_downgrade: false,
+                },
+            };
+            assert!(staged_plan(&staged).is_err(), "{bad}");
         }
-    }
-
-    fn tar_with(entries: &[(&str, tar::EntryType, &[u8])]) -> Vec<u8> {
-        let mut builder = tar::Builder::new(Vec::new());
-        for (name, kind, data) in entries {
-            let mut header = tar::Header::new_gnu();
-            header.set_entry_type(*kind);
-            header.set_size(data.len() as u64);
-            header.set_mode(0o644);
-            if *kind == tar::EntryType::Symlink {
-                header.set_link_name("/etc/shadow").unwrap();
-            }
-            header.set_cksum();
-            builder.append_data(&mut header, name, *data).unwrap();
-        }
-        builder.into_inner().unwrap()
-    }
-
-    #[test]
-    fn links_and_foreign_names_are_refused_and_nothing_is_left_outside() {
-        let dir = tempfile::tempdir().unwrap();
-        let link = tar_with(&[("index.json", tar::EntryType::Symlink, b"")]);
-        let mut body: &[u8] = &link;
-        let err = unpack(
-            &mut Counting {
-                inner: &mut body,
-                bytes: 0,
-            },
-            dir.path(),
-        )
-        .unwrap_err();
-        assert!(err.to_string().contains("plain files only"), "{err}");
-        let foreign = tar_with(&[("etc/cron.d/x", tar::EntryType::Regular, b"* * * * *")]);
-        let mut body: &[u8] = &foreign;
-        let err = unpack(
-            &mut Counting {
-                inner: &mut body,
-                bytes: 0,
-            },
-            dir.path(),
-        )
-        .unwrap_err();
-        assert!(
-            err.to_string().contains("not a file of an OCI layout"),
-            "{err}"
-        );
-        assert!(!dir.path().join("etc").exists());
+        let err = locate(&format!("bundle:sha256:{}", hex.to_uppercase())).unwrap_err();
+        assert!(err.to_string().contains("not a bundle id"), "{err}");
     }
 }

@@ -7,6 +7,7 @@
 //! The optional `[health]` and `[watchdog]` sections are the node's runtime configuration
 //! ([`NodeConfig`]): the imager writes them into the image for machined to read.
 
+pub mod image_contract;
 mod node;
 
 use std::path::PathBuf;

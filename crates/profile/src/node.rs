@@ -13,9 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::ProfileError;
 
-/// Where the imager writes the node configuration in the root filesystem, and where machined
-/// reads it (relative to `/`).
-pub const NODE_CONFIG_PATH: &str = "etc/slate/node.toml";
+pub use crate::image_contract::NODE_CONFIG_PATH;
 
 /// Bounds of `health.timeout_secs`.
 pub const HEALTH_TIMEOUT_RANGE: std::ops::RangeInclusive<u32> = 1..=3600;

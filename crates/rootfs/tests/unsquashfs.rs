@@ -26,8 +26,8 @@ fn write_mode(path: &Path, data: &[u8], mode: u32) {
     fs::set_permissions(path, fs::Permissions::from_mode(mode)).unwrap();
 }
 
-/// A tree with the shapes a root filesystem has. Returns true if device nodes were made
-/// (needs root).
+/// A tree with the shapes a root filesystem has. Returns true if device nodes were made: that
+/// needs root, without which the tree has none (saying so; failed under `CI=true`).
 fn make_tree(root: &Path) -> bool {
     fs::create_dir_all(root.join("usr/lib/deep/er")).unwrap();
     fs::create_dir_all(root.join("empty")).unwrap();
@@ -54,7 +54,11 @@ fn make_tree(root: &Path) -> bool {
         .args(["c", "1", "3"])
         .status();
     let made = null.is_ok_and(|s| s.success());
-    if made {
+    if slate_testkit::require(
+        made,
+        "mknod of device nodes (root)",
+        "run the tests as root",
+    ) {
         let status = Command::new("mknod")
             .arg(root.join("vda"))
             .args(["b", "254", "0"])
@@ -227,11 +231,16 @@ fn hard_links_are_copied_or_refused() {
 
 #[test]
 fn xattrs_are_refused_unless_ignored() {
-    let tmp = tempfile::tempdir().unwrap();
+    // Under the target directory rather than /tmp, which may be a tmpfs without user xattrs.
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
     let file = tmp.path().join("capable");
     fs::write(&file, b"x").unwrap();
-    if xattr::set(&file, "user.slate-test", b"1").is_err() {
-        eprintln!("skipping: filesystem of the temp dir has no user xattrs");
+    let set = xattr::set(&file, "user.slate-test", b"1");
+    if !slate_testkit::require(
+        set.is_ok(),
+        "user xattrs on the filesystem of CARGO_TARGET_TMPDIR",
+        &format!("setting one failed: {set:?}"),
+    ) {
         return;
     }
     let err = build_squashfs(tmp.path(), Cursor::new(Vec::new()), &opts()).unwrap_err();

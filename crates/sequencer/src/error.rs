@@ -9,10 +9,16 @@ use crate::lock::LockError;
 
 /// How the node goes down once a sequence asks for it.
 ///
-/// The API's `--reboot-mode default|powercycle` maps onto the first two; the shutdown sequence
-/// uses [`PowerOff`](Self::PowerOff). The sequencer only carries the value: acting on it is the
-/// top-level handler's job, after teardown.
+/// Also the node API's `RebootMode` (feature `serde`): the wire carries `default` and
+/// `powercycle` only; the shutdown sequence uses [`PowerOff`](Self::PowerOff), which the API
+/// neither accepts nor sends (a reboot request must not power a node off). The sequencer only
+/// carries the value: acting on it is the top-level handler's job, after teardown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "lowercase")
+)]
 pub enum RebootMode {
     /// Restart, through a prepared kexec kernel when there is one.
     #[default]
@@ -20,6 +26,7 @@ pub enum RebootMode {
     /// Restart through the firmware, never kexec (for a clean hardware reset).
     Powercycle,
     /// Power the machine off instead of restarting.
+    #[cfg_attr(feature = "serde", serde(skip))]
     PowerOff,
 }
 

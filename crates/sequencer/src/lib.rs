@@ -35,7 +35,7 @@ pub use cancel::CancelToken;
 pub use error::{Disposition, ParseRebootModeError, RebootMode, SequenceError};
 pub use kind::{can_take_over, ParseSequenceKindError, SequenceKind};
 pub use lock::{LockError, PriorityLock, SequenceGuard};
-pub use log::{Logger, MemoryLogger, NullLogger};
+pub use log::{error_chain, Logger, MemoryLogger, NullLogger};
 pub use mode::{Capabilities, Mode, ParseModeError};
 pub use phase::{Phase, PhaseCheck, PhaseListBuilder, Sequence};
 pub use task::{Progress, Task, TaskContext, TaskError, TaskFn};

@@ -70,8 +70,10 @@ impl Logger for MemoryLogger {
 }
 
 /// `error: cause: cause…` — the whole chain on one line, because a kmsg line is all an operator
-/// gets when a node fails at boot.
-pub(crate) fn error_chain(error: &(dyn Error + 'static)) -> String {
+/// gets when a node fails at boot. The one formatter for error chains in machined, the
+/// sequencer and the API client, so every chain in the console reads the same (the VM tests
+/// grep these lines).
+pub fn error_chain(error: &dyn Error) -> String {
     let mut text = error.to_string();
     let mut source = error.source();
     while let Some(cause) = source {
@@ -80,4 +82,50 @@ pub(crate) fn error_chain(error: &(dyn Error + 'static)) -> String {
         source = cause.source();
     }
     text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("{text}")]
+    struct Layer {
+        text: &'static str,
+        #[source]
+        source: Option<Box<Layer>>,
+    }
+
+    fn layers(texts: &[&'static str]) -> Layer {
+        texts
+            .iter()
+            .rev()
+            .fold(None, |source, &text| {
+                Some(Layer {
+                    text,
+                    source: source.map(Box::new),
+                })
+            })
+            .expect("at least one layer")
+    }
+
+    #[test]
+    fn a_lone_error_is_its_message() {
+        assert_eq!(error_chain(&layers(&["disk full"])), "disk full");
+    }
+
+    #[test]
+    fn causes_follow_outermost_first_separated_by_colons() {
+        let error = layers(&["reading META", "opening /dev/vda2", "permission denied"]);
+        assert_eq!(
+            error_chain(&error),
+            "reading META: opening /dev/vda2: permission denied"
+        );
+    }
+
+    #[test]
+    fn boxed_send_sync_errors_format_the_same() {
+        let boxed: Box<dyn Error + Send + Sync> = Box::new(layers(&["a", "b"]));
+        assert_eq!(error_chain(boxed.as_ref()), "a: b");
+    }
 }

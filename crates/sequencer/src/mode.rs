@@ -100,7 +100,15 @@ impl fmt::Debug for Capabilities {
 
 /// Where the node runs. The same sequences run everywhere; the mode decides which operations
 /// make sense (a container cannot reboot its host or rewrite a boot disk).
+///
+/// Also the node API's `Mode` (feature `serde`): on the wire it is the same lowercase name as
+/// on the kernel command line ([`Mode::as_str`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(rename_all = "kebab-case")
+)]
 pub enum Mode {
     /// A cloud VM: installed by the platform, so no install step.
     Cloud,

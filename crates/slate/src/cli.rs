@@ -4,12 +4,14 @@ use std::ffi::OsString;
 use std::io::Write as _;
 
 use anyhow::Result;
-use clap::{CommandFactory as _, Parser, Subcommand, ValueEnum};
+use clap::{CommandFactory as _, Parser, Subcommand};
 
+use crate::args::{NodeTarget, OutputFormat, RebootModeArg};
 use crate::imager_cmd::{self, ImagerCommand};
 use crate::installer_cmd::{self, InstallerCommand};
 use crate::meta_cmd::{self, MetaCommand};
-use crate::node_cmd::{self, GenCommand, NodeTarget, RebootModeArg};
+use crate::node_cmd::{self, GenCommand};
+use crate::{transport_cmd, trust_cmd, upgrade_cmd};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -49,16 +51,16 @@ pub enum Command {
     #[command(subcommand)]
     Gen(GenCommand),
     /// Make a key pair that signs installer bundles (slate.key 0600, slate.pub).
-    Keygen(crate::trust_cmd::KeygenArgs),
+    Keygen(trust_cmd::KeygenArgs),
     /// Sign an installer bundle (cosign's signature layout, kept in the bundle's OCI layout).
-    Sign(crate::trust_cmd::SignArgs),
+    Sign(trust_cmd::SignArgs),
     /// Verify an installer bundle's signature against trusted keys, and every blob's digest.
-    Verify(crate::trust_cmd::VerifyArgs),
+    Verify(trust_cmd::VerifyArgs),
     /// Push an installer bundle (every tag in it) to an OCI registry or another OCI layout.
-    Push(crate::transport_cmd::PushArgs),
+    Push(transport_cmd::PushArgs),
     /// Pull an installer bundle (and its signature) from an OCI registry or layout into a local
     /// layout cache; prints the layout and the manifest digest.
-    Pull(crate::transport_cmd::PullArgs),
+    Pull(transport_cmd::PullArgs),
     /// The node's booted version, stage and running sequence.
     Status {
         #[arg(long, value_enum, default_value_t)]
@@ -83,7 +85,7 @@ pub enum Command {
     },
     /// Upgrade the node to an installer bundle: upload it, then the node installs it with
     /// the bundle's own installer and reboots.
-    Upgrade(crate::upgrade_cmd::UpgradeArgs),
+    Upgrade(upgrade_cmd::UpgradeArgs),
     /// machined's log.
     Logs {
         #[arg(short, long)]
@@ -101,14 +103,6 @@ pub enum Command {
     },
 }
 
-/// How a status-like command prints its answer.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
-    #[default]
-    Text,
-    Json,
-}
-
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Meta(cmd) => meta_cmd::run(cmd),
@@ -117,16 +111,16 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Machined => slate_machined::run(),
         Command::Installer(cmd) => installer_cmd::run(cmd),
         Command::Gen(cmd) => node_cmd::gen(cmd),
-        Command::Keygen(args) => crate::trust_cmd::keygen(args),
-        Command::Sign(args) => crate::trust_cmd::sign(args),
-        Command::Verify(args) => crate::trust_cmd::verify(args),
-        Command::Push(args) => crate::transport_cmd::push(args),
-        Command::Pull(args) => crate::transport_cmd::pull(args),
+        Command::Keygen(args) => trust_cmd::keygen(args),
+        Command::Sign(args) => trust_cmd::sign(args),
+        Command::Verify(args) => trust_cmd::verify(args),
+        Command::Push(args) => transport_cmd::push(args),
+        Command::Pull(args) => transport_cmd::pull(args),
         Command::Status { output } => node_cmd::status(&cli.target, output),
         Command::Version { output } => node_cmd::version(&cli.target, output),
         Command::Reboot { mode, dry_run } => node_cmd::reboot(&cli.target, mode, dry_run),
         Command::Reset { dry_run } => node_cmd::reset(&cli.target, dry_run),
-        Command::Upgrade(args) => crate::upgrade_cmd::run(&cli.target, args),
+        Command::Upgrade(args) => upgrade_cmd::run(&cli.target, args),
         Command::Logs { follow } => node_cmd::logs(&cli.target, follow, false),
         Command::Dmesg { follow } => node_cmd::logs(&cli.target, follow, true),
         Command::Completions { shell } => {

@@ -1,23 +1,16 @@
-//! The installer role, one bundle reader for both modes:
-//! - `slate installer install`: lay a bundle's version onto a blank disk (or, with `--force`,
-//!   over whatever it holds): partition table, ESP with systemd-boot and the UKI, META.
-//! - `slate installer upgrade`: write a bundle's version into the free slot of a slate disk and
-//!   make it the next boot, with the running version recorded as the fallback. On a node the
-//!   target version's own slate runs this; offline it upgrades a disk image.
+//! `slate installer install|upgrade` (also the `installer` role): the arguments and the printing
+//! around `slate_installer::install` and `slate_installer::upgrade`.
 //!
-//! The image mode is `slate imager build --output image`, over the same `write_image`.
+//! machined runs a bundle's own slate as `slate installer upgrade …` and logs its stdout, and the
+//! tests read that output: flags and lines here are an interface between versions.
 
 use std::path::{Path, PathBuf};
 
-use anyhow::{bail, Context as _, Result};
+use anyhow::Result;
 use clap::{Args, Subcommand};
-use slate_bootloader::{MemEfiVars, UpgradeRequest};
-use slate_bundle::{Bundle, BundleManifest, NATIVE_ARCH};
-use slate_disk::{Disk as _, FileDisk, PartitionView};
-use slate_esp::{loader_conf, uki_file_name};
-use slate_installer::{write_image, ImagePlan};
-use slate_layout::LayoutParams;
-use slate_meta::MetaStore;
+use slate_installer::{
+    InstallEvent, InstallRequest, Provenance, Trust, UpgradeEvent, UpgradeRequest,
+};
 
 #[derive(Debug, Subcommand)]
 pub enum InstallerCommand {
@@ -53,6 +46,15 @@ pub struct TrustArgs {
     no_verify: bool,
 }
 
+impl From<TrustArgs> for Trust {
+    fn from(args: TrustArgs) -> Self {
+        match args.trusted_keys {
+            Some(dir) => Trust::KeysIn(dir),
+            None => Trust::NotVerified,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct UpgradeArgs {
     /// The disk (image file or block device) holding the installation.
@@ -79,43 +81,6 @@ pub struct UpgradeArgs {
     dry_run: bool,
 }
 
-/// Open the bundle and, unless told not to, check its signature. The blobs the installer uses are
-/// checked against their digests as they are read (`read_blob`), each hashed once: at 256 MiB
-/// the hash is most of an upgrade's time.
-fn open_trusted(dir: &Path, trust: &TrustArgs) -> Result<Bundle> {
-    let bundle =
-        Bundle::open(dir, None).with_context(|| format!("reading the bundle {}", dir.display()))?;
-    match &trust.trusted_keys {
-        Some(keys_dir) => {
-            let keys = slate_trust::load_trusted_keys(keys_dir)
-                .with_context(|| format!("loading trusted keys from {}", keys_dir.display()))?;
-            let verified = slate_trust::verify(&bundle, &keys)
-                .with_context(|| format!("verifying the bundle {}", dir.display()))?;
-            println!(
-                "verified {} {} ({}) signed by key {}",
-                bundle.manifest().name,
-                bundle.manifest().version,
-                verified.manifest_digest,
-                verified.key_id.short()
-            );
-        }
-        None => println!("not verifying the bundle's signature (--no-verify)"),
-    }
-    Ok(bundle)
-}
-
-/// META `VersionFloor` of the slate disk, if one is kept.
-fn version_floor(disk: &Path) -> Result<Option<String>> {
-    let mut file = FileDisk::open_read_only(disk)?;
-    let part = slate_layout::find_partition(&mut file, slate_layout::META_LABEL)
-        .with_context(|| format!("finding META on {}", disk.display()))?;
-    let store =
-        MetaStore::open(PartitionView::new(file, part.start, part.len)?).context("reading META")?;
-    Ok(store
-        .get(slate_meta::tags::VERSION_FLOOR)
-        .map(|v| String::from_utf8_lossy(v).trim().to_string()))
-}
-
 pub fn run(cmd: InstallerCommand) -> Result<()> {
     match cmd {
         InstallerCommand::Install {
@@ -124,212 +89,115 @@ pub fn run(cmd: InstallerCommand) -> Result<()> {
             trust,
             force,
             dry_run,
-        } => install(&disk, &bundle, &trust, force, dry_run),
+        } => {
+            let request = InstallRequest {
+                bundle,
+                trust: trust.into(),
+                force,
+                dry_run,
+            };
+            let report = slate_installer::install(&disk, &request, &mut |event| {
+                print_install_event(&disk, dry_run, event)
+            })?;
+            if report.written {
+                println!("installed {} {}", report.plan.name, report.plan.version);
+            }
+            Ok(())
+        }
         InstallerCommand::Upgrade(args) => upgrade(args),
     }
 }
 
-/// Where the disk first holds a non-zero byte, looking at its head and tail (where partition
-/// tables, filesystem superblocks and RAID/LVM labels live).
-fn first_data(disk: &FileDisk) -> Result<Option<u64>> {
-    const WINDOW: u64 = 1 << 20;
-    let len = disk.len();
-    let mut buf = vec![0u8; WINDOW.min(len) as usize];
-    for start in [0, len.saturating_sub(WINDOW)] {
-        disk.read_at(start, &mut buf)
-            .context("reading the disk to see whether it is blank")?;
-        if let Some(i) = buf.iter().position(|&b| b != 0) {
-            return Ok(Some(start + i as u64));
+fn print_provenance(provenance: &Provenance) {
+    match provenance {
+        Provenance::Signed {
+            name,
+            version,
+            manifest_digest,
+            key_id,
+        } => println!(
+            "verified {name} {version} ({manifest_digest}) signed by key {}",
+            key_id.short()
+        ),
+        Provenance::NotVerified => println!("not verifying the bundle's signature (--no-verify)"),
+    }
+}
+
+fn print_install_event(disk: &Path, dry_run: bool, event: InstallEvent<'_>) {
+    match event {
+        InstallEvent::Opened(provenance) => print_provenance(provenance),
+        InstallEvent::Wiping { .. } => {
+            println!("{} is not blank; --force: wiping it", disk.display())
         }
-    }
-    Ok(None)
-}
-
-/// A fresh identity for the disk's GUIDs: two machines installed from one bundle must not share
-/// partition GUIDs (images are reproducible instead, see the imager).
-fn install_id(manifest: &BundleManifest) -> Result<String> {
-    let mut seed = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
-        .context("reading /dev/urandom")?;
-    Ok(format!(
-        "{}-{}-{}",
-        manifest.name,
-        manifest.version,
-        hex::encode(seed)
-    ))
-}
-
-fn install(disk: &Path, dir: &Path, trust: &TrustArgs, force: bool, dry_run: bool) -> Result<()> {
-    let bundle = open_trusted(dir, trust)?;
-    let manifest = bundle.manifest().clone();
-    if manifest.arch != NATIVE_ARCH {
-        bail!(
-            "the bundle is for {}, this installer for {NATIVE_ARCH}",
-            manifest.arch
-        );
-    }
-    let defaults = manifest.install.with_context(|| {
-        format!(
-            "the bundle {} {} carries no install settings (it was built for upgrades only)",
-            manifest.name, manifest.version
-        )
-    })?;
-    let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
-    let systemd_boot = bundle.read_blob(slate_bundle::SYSTEMD_BOOT_ROLE)?;
-    let plan = ImagePlan {
-        image_id: install_id(&manifest)?,
-        layout: LayoutParams {
-            esp_size: defaults.esp_mib << 20,
-            state_size: defaults.state_mib << 20,
-            ..LayoutParams::default()
-        },
-        source_date_epoch: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        systemd_boot,
-        uki_name: uki_file_name(&manifest.name, &manifest.version, Some(defaults.tries))?,
-        uki,
-        loader_conf: loader_conf(&format!("{}-*", manifest.name), defaults.menu_timeout)?,
-    };
-    let mut file = if dry_run {
-        FileDisk::open_read_only(disk)
-    } else {
-        FileDisk::open(disk)
-    }
-    .with_context(|| format!("opening {}", disk.display()))?;
-    let placed = plan
-        .disk_layout()
-        .place(file.len())
-        .with_context(|| format!("laying out {}", disk.display()))?;
-    if let Some(offset) = first_data(&file)? {
-        if !force {
-            bail!(
-                "{} is not blank (data at byte {offset}); refusing to install over it — pass \
-                 --force to wipe it",
-                disk.display()
+        InstallEvent::Planned(plan) => {
+            let partitions: Vec<String> = plan
+                .layout
+                .partitions
+                .iter()
+                .map(|p| {
+                    format!(
+                        "  {} {:<9} {:>6} MiB at {} MiB",
+                        p.number,
+                        p.label,
+                        p.len() >> 20,
+                        p.start() >> 20
+                    )
+                })
+                .collect();
+            println!(
+                "{} {} {} onto {} ({} MiB): systemd-boot, EFI/Linux/{} ({} bytes), META\n{}",
+                if dry_run {
+                    "would install"
+                } else {
+                    "installing"
+                },
+                plan.name,
+                plan.version,
+                disk.display(),
+                plan.disk_len >> 20,
+                plan.uki_name,
+                plan.uki_len,
+                partitions.join("\n")
             );
         }
-        println!("{} is not blank; --force: wiping it", disk.display());
+        InstallEvent::Image(_) => {}
     }
-    let sector = placed.sector_size;
-    let plan_lines: Vec<String> = placed
-        .partitions
-        .iter()
-        .map(|p| {
-            format!(
-                "  {} {:<9} {:>6} MiB at {} MiB",
-                p.number,
-                p.label,
-                ((p.last_lba + 1 - p.first_lba) * sector) >> 20,
-                (p.first_lba * sector) >> 20
-            )
-        })
-        .collect();
-    println!(
-        "{} {} {} onto {} ({} MiB): systemd-boot, EFI/Linux/{} ({} bytes), META\n{}",
-        if dry_run {
-            "would install"
-        } else {
-            "installing"
-        },
-        manifest.name,
-        manifest.version,
-        disk.display(),
-        file.len() >> 20,
-        plan.uki_name,
-        plan.uki.len(),
-        plan_lines.join("\n")
-    );
-    if dry_run {
-        return Ok(());
-    }
-    write_image(&mut file, &plan, &mut |_| {})
-        .with_context(|| format!("installing onto {}", disk.display()))?;
-    println!("installed {} {}", manifest.name, manifest.version);
-    Ok(())
 }
 
 fn upgrade(args: UpgradeArgs) -> Result<()> {
-    let UpgradeArgs {
-        disk,
-        bundle: dir,
-        trust,
-        running_entry,
-        variant,
-        allow_downgrade,
-        tries,
-        dry_run,
-    } = args;
-    // Everything about the bundle is settled before the disk is opened for writing.
-    let bundle = open_trusted(&dir, &trust)?;
-    let manifest = bundle.manifest().clone();
-    let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
-    // The loader the disk was installed with (systemd-boot, or GRUB: grub/grubenv on the ESP).
-    let status = slate_bootloader::probe(
-        FileDisk::open_read_only(&disk).with_context(|| format!("opening {}", disk.display()))?,
-        MemEfiVars::new(),
-    )
-    .and_then(|loader| loader.status())
-    .with_context(|| format!("reading the boot entries on {}", disk.display()))?;
-    let running = match running_entry {
-        Some(entry) => entry,
-        None => status
-            .selected_file()
-            .context("systemd-boot would boot nothing on this disk")?
-            .to_string(),
+    let request = UpgradeRequest {
+        bundle: args.bundle,
+        trust: args.trust.into(),
+        running_entry: args.running_entry,
+        variant: args.variant,
+        allow_downgrade: args.allow_downgrade,
+        tries: args.tries,
+        dry_run: args.dry_run,
     };
-    let running_version = status
-        .entry(&running)
-        .and_then(|e| e.version.clone())
-        .with_context(|| format!("no entry on {} is {running:?}", disk.display()))?;
-    let facts = slate_trust::NodeFacts {
-        arch: NATIVE_ARCH.into(),
-        variant: variant.unwrap_or_else(|| manifest.variant.clone()),
-        running_version: running_version.clone(),
-        version_floor: version_floor(&disk)?,
-    };
-    let kind =
-        slate_trust::check_update(&manifest, &facts, allow_downgrade).with_context(|| {
-            format!(
-                "upgrading {} from {running_version} to {}",
-                disk.display(),
-                manifest.version
-            )
-        })?;
-    if dry_run {
-        println!(
-            "would upgrade {} from {running} to {} {} ({kind:?}, {} bytes of UKI, {tries} tries)",
-            disk.display(),
-            manifest.name,
-            manifest.version,
-            uki.len()
-        );
-        return Ok(());
+    let report = slate_installer::upgrade(&args.disk, &request, &mut |event| match event {
+        UpgradeEvent::Opened(provenance) => print_provenance(provenance),
+    })?;
+    match &report.outcome {
+        None => println!(
+            "would upgrade {} from {} to {} {} ({:?}, {} bytes of UKI, {} tries)",
+            args.disk.display(),
+            report.running_entry,
+            report.name,
+            report.version,
+            report.kind,
+            report.uki_len,
+            report.tries
+        ),
+        Some(outcome) => println!(
+            "installed {} (fallback {}{})",
+            outcome.file_name,
+            outcome.fallback,
+            if outcome.removed.is_empty() {
+                String::new()
+            } else {
+                format!(", pruned {}", outcome.removed.join(" "))
+            }
+        ),
     }
-    let file = FileDisk::open(&disk).with_context(|| format!("opening {}", disk.display()))?;
-    // Offline there are no firmware variables to consult.
-    let mut loader = slate_bootloader::probe(file, MemEfiVars::new())
-        .with_context(|| format!("reading the boot loader on {}", disk.display()))?;
-    let outcome = loader
-        .upgrade(&UpgradeRequest {
-            uki: &uki,
-            name: &manifest.name,
-            version: &manifest.version,
-            tries,
-            running_entry: &running,
-        })
-        .with_context(|| format!("upgrading {} to {}", disk.display(), manifest.version))?;
-    println!(
-        "installed {} (fallback {}{})",
-        outcome.file_name,
-        outcome.fallback,
-        if outcome.removed.is_empty() {
-            String::new()
-        } else {
-            format!(", pruned {}", outcome.removed.join(" "))
-        }
-    );
     Ok(())
 }

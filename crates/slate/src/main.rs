@@ -4,11 +4,13 @@
 //! if invoked as `slate <role> ...` — so one statically linked file serves as the initramfs init,
 //! PID 1, the installer carried in update bundles, and the operator's command line.
 
+mod args;
 mod cli;
 mod imager_cmd;
 mod installer_cmd;
 mod meta_cmd;
 mod node_cmd;
+mod progress;
 mod transport_cmd;
 mod trust_cmd;
 mod upgrade_cmd;

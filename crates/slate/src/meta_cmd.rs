@@ -11,7 +11,7 @@ use serde::Serialize;
 use slate_disk::{Disk, FileDisk, PartitionView};
 use slate_meta::{parse_tag, payload, tag_name, MetaStore};
 
-use crate::cli::OutputFormat;
+use crate::args::OutputFormat;
 
 #[derive(Debug, Subcommand)]
 pub enum MetaCommand {

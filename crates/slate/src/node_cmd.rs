@@ -3,53 +3,12 @@
 
 use std::io::Write as _;
 use std::ops::ControlFlow;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
-use clap::{Args, Subcommand, ValueEnum};
-use slate_api::{Client, RebootMode, Role};
+use clap::Subcommand;
 
-use crate::cli::OutputFormat;
-
-/// How to reach a node and as whom.
-#[derive(Debug, Args)]
-pub struct NodeTarget {
-    /// The node's API address (HOST or HOST:PORT; port 50000 by default).
-    #[arg(long, global = true, env = "SLATE_NODE")]
-    pub node: Option<String>,
-    /// Directory holding ca.crt and the client certificates (`slate gen certs`).
-    #[arg(long, global = true, env = "SLATE_CERTS", default_value = "pki")]
-    pub certs: PathBuf,
-    /// Which client certificate to use.
-    #[arg(long, global = true, value_enum, default_value_t = RoleArg::Admin)]
-    pub role: RoleArg,
-    /// Connect without a client certificate (the node refuses; useful to check it does).
-    #[arg(long, global = true, hide = true)]
-    pub no_certificate: bool,
-}
-
-#[derive(Debug, Clone, Copy, ValueEnum)]
-pub enum RoleArg {
-    Admin,
-    Operator,
-    Reader,
-}
-
-#[derive(Debug, Clone, Copy, Default, ValueEnum)]
-pub enum RebootModeArg {
-    #[default]
-    Default,
-    Powercycle,
-}
-
-impl From<RebootModeArg> for RebootMode {
-    fn from(mode: RebootModeArg) -> Self {
-        match mode {
-            RebootModeArg::Default => RebootMode::Default,
-            RebootModeArg::Powercycle => RebootMode::Powercycle,
-        }
-    }
-}
+use crate::args::{NodeTarget, OutputFormat, RebootModeArg};
 
 #[derive(Debug, Subcommand)]
 pub enum GenCommand {
@@ -83,27 +42,6 @@ pub fn gen(cmd: GenCommand) -> Result<()> {
     Ok(())
 }
 
-pub fn client(target: &NodeTarget) -> Result<Client> {
-    let node = target
-        .node
-        .as_deref()
-        .context("no node given: pass --node HOST[:PORT] or set SLATE_NODE")?;
-    let role = match target.role {
-        RoleArg::Admin => Role::Admin,
-        RoleArg::Operator => Role::Operator,
-        RoleArg::Reader => Role::Reader,
-    };
-    let dir: &Path = &target.certs;
-    let client = if target.no_certificate {
-        let ca = std::fs::read(dir.join(slate_api::CA_CERT))
-            .with_context(|| format!("reading {}", dir.join(slate_api::CA_CERT).display()))?;
-        Client::without_certificate(node, &ca)
-    } else {
-        Client::from_dir(node, dir, role)
-    };
-    client.with_context(|| format!("setting up the client for {node}"))
-}
-
 fn print_json(value: &impl serde::Serialize) -> Result<()> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, value)?;
@@ -120,7 +58,8 @@ fn print_line(line: &str) -> ControlFlow<()> {
 }
 
 pub fn status(target: &NodeTarget, output: OutputFormat) -> Result<()> {
-    let status = client(target)?
+    let status = target
+        .client()?
         .status()
         .context("asking the node for its status")?;
     match output {
@@ -145,7 +84,8 @@ pub fn status(target: &NodeTarget, output: OutputFormat) -> Result<()> {
 }
 
 pub fn version(target: &NodeTarget, output: OutputFormat) -> Result<()> {
-    let version = client(target)?
+    let version = target
+        .client()?
         .version()
         .context("asking the node for its version")?;
     match output {
@@ -164,7 +104,7 @@ pub fn version(target: &NodeTarget, output: OutputFormat) -> Result<()> {
 }
 
 pub fn reboot(target: &NodeTarget, mode: RebootModeArg, dry_run: bool) -> Result<()> {
-    let client = client(target)?;
+    let client = target.client()?;
     if dry_run {
         println!("would reboot {} ({mode:?})", client.addr());
         return Ok(());
@@ -175,7 +115,7 @@ pub fn reboot(target: &NodeTarget, mode: RebootModeArg, dry_run: bool) -> Result
 }
 
 pub fn reset(target: &NodeTarget, dry_run: bool) -> Result<()> {
-    let client = client(target)?;
+    let client = target.client()?;
     if dry_run {
         println!(
             "would reset {}: wipe STATE and EPHEMERAL, reboot",
@@ -189,7 +129,7 @@ pub fn reset(target: &NodeTarget, dry_run: bool) -> Result<()> {
 }
 
 pub fn logs(target: &NodeTarget, follow: bool, kernel: bool) -> Result<()> {
-    let client = client(target)?;
+    let client = target.client()?;
     if kernel {
         client
             .dmesg(follow, print_line)

@@ -6,22 +6,11 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use slate_bundle::Bundle;
-use slate_transport::{Credentials, Event, Options, Reference};
+use slate_transport::Reference;
 
-use crate::cli::OutputFormat;
-
-#[derive(Debug, Args)]
-pub struct RegistryArgs {
-    /// Plain HTTP to a registry that is not on this machine (127.0.0.1 and localhost always get
-    /// plain HTTP).
-    #[arg(long)]
-    pub insecure: bool,
-    /// Registry user; the password is read from SLATE_REGISTRY_PASSWORD.
-    #[arg(long, env = "SLATE_REGISTRY_USERNAME")]
-    pub username: Option<String>,
-}
+use crate::args::{OutputFormat, RegistryArgs};
+use crate::progress::{pull_to_cache, TransferBars};
 
 #[derive(Debug, Args)]
 pub struct PushArgs {
@@ -55,86 +44,6 @@ pub struct PullArgs {
     pub output: OutputFormat,
 }
 
-/// Pull `reference` from its registry into `cache` with progress bars; returns the layout
-/// directory and the tag the image has there.
-pub fn pull_to_cache(
-    reference: &Reference,
-    cache: &std::path::Path,
-    registry: &RegistryArgs,
-) -> Result<(PathBuf, String)> {
-    let options = options(registry)?;
-    let mut bars = Bars::default();
-    let pulled = slate_transport::pull_with(reference, cache, &options, &mut |e| bars.event(e))
-        .with_context(|| format!("pulling {reference} into {}", cache.display()))?;
-    drop(bars);
-    Ok((pulled.layout_dir, pulled.tag))
-}
-
-fn options(args: &RegistryArgs) -> Result<Options> {
-    let credentials = match &args.username {
-        Some(username) => Some(Credentials {
-            username: username.clone(),
-            password: std::env::var("SLATE_REGISTRY_PASSWORD")
-                .context("--username needs the password in SLATE_REGISTRY_PASSWORD")?,
-        }),
-        None => None,
-    };
-    Ok(Options {
-        insecure: args.insecure,
-        credentials,
-        chunk_size: None,
-    })
-}
-
-/// One bar per blob on stderr (hidden when stderr is not a terminal).
-#[derive(Debug, Default)]
-struct Bars {
-    bar: Option<ProgressBar>,
-}
-
-impl Bars {
-    fn event(&mut self, event: Event<'_>) {
-        match event {
-            Event::BlobStart { digest, size, from } => {
-                let bar = ProgressBar::new(size);
-                bar.set_style(
-                    ProgressStyle::with_template(
-                        "{msg} [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} {eta}",
-                    )
-                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
-                );
-                bar.set_message(short(digest));
-                bar.set_position(from);
-                self.bar = Some(bar);
-            }
-            Event::Bytes(n) => {
-                if let Some(bar) = &self.bar {
-                    bar.inc(n);
-                }
-            }
-            Event::BlobDone { .. } => {
-                if let Some(bar) = self.bar.take() {
-                    bar.finish_and_clear();
-                }
-            }
-            Event::BlobPresent { .. } | Event::Manifest { .. } => {}
-        }
-    }
-}
-
-impl Drop for Bars {
-    fn drop(&mut self) {
-        if let Some(bar) = self.bar.take() {
-            bar.abandon();
-        }
-    }
-}
-
-/// `sha256:0123456789ab`.
-fn short(digest: &str) -> String {
-    digest.chars().take("sha256:".len() + 12).collect()
-}
-
 fn parse(image: &str) -> Result<Reference> {
     Ok(Reference::parse(image)?)
 }
@@ -159,8 +68,8 @@ pub fn push(args: PushArgs) -> Result<()> {
         );
         return Ok(());
     }
-    let options = options(&args.registry)?;
-    let mut bars = Bars::default();
+    let options = args.registry.options()?;
+    let mut bars = TransferBars::default();
     let pushed =
         slate_transport::push_with(&args.bundle, &reference, &options, &mut |e| bars.event(e))
             .with_context(|| format!("pushing {} to {reference}", args.bundle.display()))?;
@@ -177,12 +86,7 @@ pub fn push(args: PushArgs) -> Result<()> {
 
 pub fn pull(args: PullArgs) -> Result<()> {
     let reference = parse(&args.image)?;
-    let options = options(&args.registry)?;
-    let mut bars = Bars::default();
-    let pulled =
-        slate_transport::pull_with(&reference, &args.cache, &options, &mut |e| bars.event(e))
-            .with_context(|| format!("pulling {reference} into {}", args.cache.display()))?;
-    drop(bars);
+    let pulled = pull_to_cache(&reference, &args.cache, &args.registry)?;
     let bundle = Bundle::open(&pulled.layout_dir, Some(&pulled.tag)).with_context(|| {
         format!(
             "{reference} was pulled into {}, but it is not a slate installer bundle",

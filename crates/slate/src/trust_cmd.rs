@@ -12,7 +12,7 @@ use serde::Serialize;
 use slate_bundle::Bundle;
 use slate_trust::PublicKey;
 
-use crate::cli::OutputFormat;
+use crate::args::OutputFormat;
 
 /// The private key file `slate keygen` writes (PKCS#8 PEM, mode 0600).
 pub const PRIVATE_KEY_FILE: &str = "slate.key";

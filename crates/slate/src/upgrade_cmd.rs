@@ -13,8 +13,8 @@ use slate_bundle::Bundle;
 
 use slate_transport::Reference;
 
-use crate::node_cmd::{client, NodeTarget, RebootModeArg};
-use crate::transport_cmd::{pull_to_cache, RegistryArgs};
+use crate::args::{NodeTarget, RebootModeArg, RegistryArgs};
+use crate::progress::pull_to_cache;
 
 #[derive(Debug, Args)]
 pub struct UpgradeArgs {
@@ -76,23 +76,19 @@ fn parse_image(args: &UpgradeArgs) -> Result<Source> {
     if args.dry_run {
         println!("would pull {reference} into {}", args.cache.display());
     }
-    let (dir, tag) = pull_to_cache(&reference, &args.cache, &args.registry)?;
-    Ok(Source::Layout(dir, Some(tag)))
+    let pulled = pull_to_cache(&reference, &args.cache, &args.registry)?;
+    Ok(Source::Layout(pulled.layout_dir, Some(pulled.tag)))
 }
 
 /// Open the layout and check every blob against its digest before a byte leaves this machine.
 fn open_checked(dir: &Path, tag: Option<&str>) -> Result<Bundle> {
     let bundle = Bundle::open(dir, tag).with_context(|| format!("opening {}", dir.display()))?;
-    for role in bundle.manifest().blobs.keys() {
-        bundle
-            .read_blob(role)
-            .with_context(|| format!("checking {}", dir.display()))?;
-    }
+    slate_trust::verify_blobs(&bundle).with_context(|| format!("checking {}", dir.display()))?;
     Ok(bundle)
 }
 
 pub fn run(target: &NodeTarget, args: UpgradeArgs) -> Result<()> {
-    let client = client(target)?;
+    let client = target.client()?;
     let mut request = UpgradeRequest {
         image: String::new(),
         stage: args.stage,

@@ -12,26 +12,17 @@ use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
 use oci_spec::image::{Descriptor, ImageIndex, ImageIndexBuilder, MediaType};
-use sha2::{Digest as _, Sha256};
-use slate_bundle::{MAX_DOCUMENT_BYTES, REF_NAME_ANNOTATION};
+use slate_bundle::{Digest, Hasher, MAX_DOCUMENT_BYTES, REF_NAME_ANNOTATION};
 
-use crate::reference::check_digest;
 use crate::{Event, TransportError};
 
 const OCI_LAYOUT: &[u8] = br#"{"imageLayoutVersion":"1.0.0"}"#;
 const INCOMING: &str = "incoming";
 const BUFFER: usize = 256 * 1024;
 
-/// The hex part of a checked `sha256:<hex>` digest.
-pub(crate) fn hex_of(digest: &str) -> Result<&str, TransportError> {
-    check_digest(digest)
-        .map_err(|reason| TransportError::malformed(format!("digest {digest:?}"), reason))?;
-    Ok(&digest["sha256:".len()..])
-}
-
-/// `sha256:<hex>` of what `hasher` saw.
-pub(crate) fn digest_of(hasher: Sha256) -> String {
-    format!("sha256:{}", hex::encode(hasher.finalize()))
+/// A digest from a document or a caller, held to the canonical rule before it names a file.
+pub(crate) fn parse_digest(digest: &str) -> Result<Digest, TransportError> {
+    Digest::parse(digest).map_err(|e| TransportError::malformed(format!("digest {digest:?}"), e))
 }
 
 /// The tag of an index entry.
@@ -79,12 +70,12 @@ pub(crate) fn verify(
             });
         }
     }
-    let actual = slate_bundle::sha256_digest(bytes);
+    let actual = Digest::of(bytes);
     if actual != digest {
         return Err(TransportError::DigestMismatch {
             what: what.to_owned(),
             expected: digest.to_owned(),
-            actual,
+            actual: actual.to_string(),
         });
     }
     Ok(())
@@ -151,7 +142,7 @@ impl Layout {
     }
 
     pub fn blob_path(&self, digest: &str) -> Result<PathBuf, TransportError> {
-        Ok(self.dir.join("blobs/sha256").join(hex_of(digest)?))
+        Ok(self.dir.join("blobs/sha256").join(parse_digest(digest)?.hex()))
     }
 
     /// Whether the blob is in place with the right size. A file of the wrong size under its
@@ -194,7 +185,7 @@ impl Layout {
         if self.has_blob(digest, bytes.len() as u64)? {
             return Ok(());
         }
-        let name = format!("blobs/sha256/{}", hex_of(digest)?);
+        let name = format!("blobs/sha256/{}", parse_digest(digest)?.hex());
         self.write_atomically(&name, bytes)
     }
 
@@ -329,7 +320,7 @@ pub(crate) struct Incoming {
     partial: PathBuf,
     blob: PathBuf,
     file: File,
-    hasher: Sha256,
+    hasher: Hasher,
     written: u64,
     /// Bytes received by this process (not the resumed prefix).
     pub received: u64,
@@ -344,7 +335,8 @@ impl Incoming {
         digest: &str,
         size: u64,
     ) -> Result<Self, TransportError> {
-        let hex = hex_of(digest)?;
+        let parsed = parse_digest(digest)?;
+        let hex = parsed.hex();
         let dir = layout.dir.join(INCOMING);
         fs::create_dir_all(&dir).map_err(TransportError::io(&dir))?;
         let partial = dir.join(format!("{hex}.partial"));
@@ -355,7 +347,7 @@ impl Incoming {
             .truncate(false)
             .open(&partial)
             .map_err(TransportError::io(&partial))?;
-        let mut hasher = Sha256::new();
+        let mut hasher = Hasher::new();
         let mut written = file.metadata().map_err(TransportError::io(&partial))?.len();
         if written > size {
             file.set_len(0).map_err(TransportError::io(&partial))?;
@@ -401,7 +393,7 @@ impl Incoming {
         self.file
             .seek(SeekFrom::Start(0))
             .map_err(TransportError::io(&self.partial))?;
-        self.hasher = Sha256::new();
+        self.hasher = Hasher::new();
         self.written = 0;
         Ok(())
     }
@@ -473,13 +465,13 @@ impl Incoming {
                 actual,
             });
         }
-        let actual = digest_of(std::mem::take(&mut self.hasher));
-        if actual != self.digest {
+        let actual = std::mem::take(&mut self.hasher).finish();
+        if actual != self.digest.as_str() {
             self.discard();
             return Err(TransportError::DigestMismatch {
                 what: self.what.clone(),
                 expected: self.digest.clone(),
-                actual,
+                actual: actual.to_string(),
             });
         }
         self.file

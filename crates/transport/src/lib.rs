@@ -7,7 +7,8 @@
 //!   never fetched twice; every byte is hashed on its way to `incoming/<hex>.partial` and renamed
 //!   into `blobs/sha256/` only when the digest matches; an interrupted pull resumes with an HTTP
 //!   `Range` request. The cosign signature tag of the image (`sha256-<hex>.sig`) comes along when
-//!   the source has one. The result opens with `slate_bundle::Bundle::open(dir, Some(tag))`.
+//!   the source has one. The result opens with `slate_bundle::Bundle::open(dir, Some(tag))`, or
+//!   with [`open_cached`] ([`Pulled::open`]) without hashing the blobs a second time.
 //! - [`push`]: every tag of a layout to a registry (blobs the registry has are skipped) or into
 //!   another layout.
 //!
@@ -30,9 +31,7 @@ mod registry;
 #[cfg(feature = "client")]
 mod source;
 
-#[cfg(feature = "client")]
-use std::path::Path;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 pub use error::TransportError;
 #[cfg(feature = "client")]
@@ -116,6 +115,45 @@ pub struct Pushed {
     pub uploaded_bytes: u64,
     /// Blob bytes the destination already had.
     pub skipped_bytes: u64,
+}
+
+impl Pulled {
+    /// Open the pulled image; see [`open_cached`].
+    pub fn open(&self) -> Result<slate_bundle::Bundle, slate_bundle::BundleError> {
+        open_cached(&self.layout_dir, &self.tag)
+    }
+}
+
+/// Open the image tagged `tag` in the pull cache at `cache_dir` without hashing anything again.
+/// A blob (manifests included) enters the cache only by being hashed as it is written and
+/// renamed into `blobs/sha256` once its digest matched, so every file there is a verified blob
+/// and reading it to check would be a second pass over the same bytes. The files are still
+/// checked for size when read, and the documents parsed and cross-checked as usual.
+pub fn open_cached(
+    cache_dir: &Path,
+    tag: &str,
+) -> Result<slate_bundle::Bundle, slate_bundle::BundleError> {
+    let blobs = cache_dir.join("blobs/sha256");
+    let io = |source| slate_bundle::BundleError::Io {
+        path: blobs.clone(),
+        source,
+    };
+    let mut verified = slate_bundle::VerifiedBlobs::new();
+    for entry in std::fs::read_dir(&blobs).map_err(io)? {
+        let entry = entry.map_err(io)?;
+        let name = entry.file_name();
+        let Some(digest) = name
+            .to_str()
+            .and_then(|hex| slate_bundle::Digest::parse(&format!("sha256:{hex}")).ok())
+        else {
+            continue;
+        };
+        let meta = entry.metadata().map_err(io)?;
+        if meta.is_file() {
+            verified.insert(digest, meta.len());
+        }
+    }
+    slate_bundle::Bundle::open_with(cache_dir, Some(tag), verified)
 }
 
 #[cfg(feature = "client")]

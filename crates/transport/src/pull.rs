@@ -5,7 +5,7 @@ use std::path::Path;
 use oci_spec::image::{Descriptor, DescriptorBuilder, MediaType};
 use slate_bundle::is_signature_tag;
 
-use crate::layout::{hex_of, set_entry, Incoming, Layout};
+use crate::layout::{parse_digest, set_entry, Incoming, Layout};
 use crate::reference::Location;
 use crate::registry::{Manifest, Registry, OCI_MANIFEST};
 use crate::source::{parse_manifest, LayoutSource, Source};
@@ -13,7 +13,9 @@ use crate::{Event, Options, Pulled, Reference, TransportError};
 
 /// cosign's tag for the signature of the manifest `digest`: `sha256-<hex>.sig`.
 pub fn signature_tag(manifest_digest: &str) -> Result<String, TransportError> {
-    Ok(format!("sha256-{}.sig", hex_of(manifest_digest)?))
+    Ok(slate_bundle::signature_tag_of(&parse_digest(
+        manifest_digest,
+    )?))
 }
 
 /// Byte counts of one transfer.

@@ -7,11 +7,14 @@
 //!
 //! The grammar is the OCI distribution one (distribution/reference), with two deliberate
 //! restrictions: the registry host is always explicit (no implied Docker Hub, no `library/`), and
-//! sha256 is the only digest algorithm. Nothing here touches the network or the disk.
+//! a digest is sha256 in canonical form ([`Digest::parse`]). Nothing here touches the network or
+//! the disk.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::str::FromStr;
+
+use slate_bundle::Digest;
 
 /// The prefix of a local layout reference.
 pub const LAYOUT_PREFIX: &str = "oci-layout:";
@@ -44,7 +47,7 @@ pub enum Location {
 pub struct Reference {
     location: Location,
     tag: Option<String>,
-    digest: Option<String>,
+    digest: Option<Digest>,
 }
 
 impl Reference {
@@ -76,7 +79,7 @@ impl Reference {
 
     /// `sha256:<hex>`, when the reference pins one.
     pub fn digest(&self) -> Option<&str> {
-        self.digest.as_deref()
+        self.digest.as_ref().map(Digest::as_str)
     }
 
     /// The registry host (with its port), for a registry reference.
@@ -142,7 +145,7 @@ impl fmt::Display for Reference {
 }
 
 /// Split off `@algorithm:encoded` when the text after the last `@` looks like a digest.
-fn split_digest(s: &str) -> Result<(&str, Option<String>), String> {
+fn split_digest(s: &str) -> Result<(&str, Option<Digest>), String> {
     let Some((rest, digest)) = s.rsplit_once('@') else {
         return Ok((s, None));
     };
@@ -156,30 +159,8 @@ fn split_digest(s: &str) -> Result<(&str, Option<String>), String> {
     if !algorithm_like {
         return Ok((s, None));
     }
-    check_digest(digest)?;
-    Ok((rest, Some(digest.to_owned())))
-}
-
-/// `sha256:` and 64 lowercase hex digits.
-pub(crate) fn check_digest(digest: &str) -> Result<(), String> {
-    let (algorithm, encoded) = digest
-        .split_once(':')
-        .ok_or_else(|| format!("{digest:?} is not a digest (algorithm:hex)"))?;
-    if algorithm != "sha256" {
-        return Err(format!(
-            "digest algorithm {algorithm:?} is not supported (sha256 only)"
-        ));
-    }
-    if encoded.len() != 64
-        || !encoded
-            .bytes()
-            .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-    {
-        return Err(format!(
-            "{digest:?} is not a sha256 digest (64 lowercase hex digits after `sha256:`)"
-        ));
-    }
-    Ok(())
+    let digest = Digest::parse(digest).map_err(|e| e.to_string())?;
+    Ok((rest, Some(digest)))
 }
 
 /// `[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}`.

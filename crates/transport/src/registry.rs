@@ -8,12 +8,10 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use base64::Engine as _;
-use sha2::{Digest as _, Sha256};
-use slate_bundle::MAX_DOCUMENT_BYTES;
+use slate_bundle::{Digest, Hasher, MAX_DOCUMENT_BYTES};
 use ureq::http::{self, Response};
 use ureq::SendBody;
 
-use crate::layout::digest_of;
 use crate::{Credentials, Event, Options, TransportError};
 
 /// What slate reads as a manifest, in order of preference. Indexes and Docker manifests are
@@ -210,7 +208,7 @@ pub(crate) fn parse_challenge(value: &str) -> (String, Vec<(String, String)>) {
 /// Progress and a running hash over what is sent.
 struct Sending<'a, 'p> {
     inner: &'a mut dyn Read,
-    hasher: &'a mut Sha256,
+    hasher: &'a mut Hasher,
     progress: &'a mut (dyn FnMut(Event<'_>) + 'p),
 }
 
@@ -501,7 +499,7 @@ impl Registry {
             }
         }
         let bytes = self.read_small(response, "GET", &url, &what, MAX_DOCUMENT_BYTES)?;
-        let digest = slate_bundle::sha256_digest(&bytes);
+        let digest = Digest::of(&bytes).to_string();
         let expected = if reference.starts_with("sha256:") {
             Some(reference.to_owned())
         } else {
@@ -623,16 +621,16 @@ impl Registry {
             return Err(Self::status_error("POST", &start_url, response));
         }
         let mut location = self.location(&response, "POST", &start_url)?;
-        let mut hasher = Sha256::new();
+        let mut hasher = Hasher::new();
         let chunk = chunk.max(1);
         let octets = ("Content-Type", "application/octet-stream");
-        let check_local = |hasher: Sha256| -> Result<(), TransportError> {
-            let actual = digest_of(hasher);
+        let check_local = |hasher: Hasher| -> Result<(), TransportError> {
+            let actual = hasher.finish();
             if actual != digest {
                 return Err(TransportError::DigestMismatch {
                     what: format!("{what} (the local copy)"),
                     expected: digest.to_owned(),
-                    actual,
+                    actual: actual.to_string(),
                 });
             }
             Ok(())

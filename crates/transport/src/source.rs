@@ -6,7 +6,7 @@ use std::path::Path;
 use oci_spec::image::{Descriptor, ImageIndex, ImageManifest};
 use slate_bundle::is_signature_tag;
 
-use crate::layout::{hex_of, tag_of, Layout};
+use crate::layout::{parse_digest, tag_of, Layout};
 use crate::registry::{Manifest, Registry, OCI_INDEX, OCI_MANIFEST};
 use crate::TransportError;
 
@@ -169,7 +169,7 @@ pub(crate) fn parse_manifest(
         TransportError::malformed(what, format!("it is not an OCI image manifest: {e}"))
     })?;
     for d in std::iter::once(parsed.config()).chain(parsed.layers()) {
-        hex_of(d.digest().as_ref()).map_err(|_| {
+        parse_digest(d.digest().as_ref()).map_err(|_| {
             TransportError::malformed(
                 what,
                 format!(

@@ -243,3 +243,63 @@ fn caches_and_sources_are_checked_before_use() {
     .unwrap_err();
     assert!(matches!(err, TransportError::NotFound { .. }), "{err}");
 }
+
+/// The bytes of every blob file in the layout at `dir`.
+fn blob_file_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir.join("blobs/sha256"))
+        .unwrap()
+        .map(|e| e.unwrap().metadata().unwrap().len())
+        .sum()
+}
+
+#[test]
+fn a_pulled_image_is_hashed_once_and_exported_without_hashing_it_again() {
+    let work = tempfile::tempdir().unwrap();
+    let bundle = work.path().join("bundle");
+    write_test_bundle(&bundle, "2.0.0", &noise(7, 300_000), &noise(8, 20_000));
+    add_fake_signature(&bundle, "2.0.0");
+    let cache = work.path().join("cache");
+    let start = slate_bundle::hashed_on_this_thread();
+    let pulled = pull(&layout_ref(&bundle, ""), &cache, &mut |_| {}).unwrap();
+    let after_pull = slate_bundle::hashed_on_this_thread();
+    assert_eq!(
+        after_pull - start,
+        blob_file_bytes(&cache),
+        "the pull hashes every byte it stores once"
+    );
+
+    let opened = pulled.open().unwrap();
+    let mut tar = Vec::new();
+    opened.export_tar(&mut tar).unwrap();
+    assert_eq!(
+        slate_bundle::hashed_on_this_thread(),
+        after_pull,
+        "opening and exporting the pulled image hash nothing again"
+    );
+
+    let out = work.path().join("exported");
+    tar::Archive::new(&tar[..]).unpack(&out).unwrap();
+    let exported = Bundle::open(&out, None).unwrap();
+    assert_eq!(exported.digest(), opened.digest());
+    exported.verify_blobs().unwrap();
+    assert!(exported.signatures().unwrap().is_some());
+}
+
+#[test]
+fn a_cached_blob_of_the_wrong_size_is_still_refused() {
+    let work = tempfile::tempdir().unwrap();
+    let bundle = work.path().join("bundle");
+    let uki = noise(9, 5_000);
+    write_test_bundle(&bundle, "2.0.0", &uki, &noise(10, 500));
+    let cache = work.path().join("cache");
+    let pulled = pull(&layout_ref(&bundle, ""), &cache, &mut |_| {}).unwrap();
+    let path = cache
+        .join("blobs/sha256")
+        .join(&support::sha256(&uki)["sha256:".len()..]);
+    std::fs::write(&path, &uki[..100]).unwrap();
+    let err = pulled.open().unwrap().export_tar(&mut Vec::new()).unwrap_err();
+    assert!(
+        matches!(err, slate_bundle::BundleError::SizeMismatch { .. }),
+        "{err}"
+    );
+}

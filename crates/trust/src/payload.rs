@@ -80,10 +80,7 @@ impl Payload {
             )));
         }
         let digest = &payload.critical.image.docker_manifest_digest;
-        let well_formed = digest.strip_prefix("sha256:").is_some_and(|h| {
-            h.len() == 64 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
-        });
-        if !well_formed {
+        if slate_bundle::Digest::parse(digest).is_err() {
             return Err(bad(format!(
                 "its docker-manifest-digest {digest:?} is not sha256:<64 lowercase hex digits>"
             )));

@@ -72,7 +72,7 @@ pub fn verify(bundle: &Bundle, trusted: &[PublicKey]) -> Result<Verified, TrustE
     let Some(layers) = bundle.signatures()? else {
         let others = bundle.signature_tags()?;
         return Err(TrustError::Unsigned {
-            tag: slate_bundle::signature_tag(digest)?,
+            tag: slate_bundle::signature_tag_of(bundle.digest()),
             others,
         });
     };
@@ -152,16 +152,14 @@ pub fn decode_signature(text: &str) -> Result<Signature, TrustError> {
     })
 }
 
-/// Read every blob the bundle manifest names and check its size and digest; returns them by
-/// role. Run after [`verify`]: the digests it checks against are the signed ones.
+/// Check every blob the bundle manifest names against its size and digest, streaming (a blob
+/// the bundle verified before is only checked for size: see [`Bundle::open_with`]); returns
+/// them by role. Run after [`verify`]: the digests it checks against are the signed ones.
 pub fn verify_blobs(bundle: &Bundle) -> Result<Vec<(String, BlobRef)>, TrustError> {
     bundle
         .manifest()
         .blobs
-        .iter()
-        .map(|(role, blob)| {
-            bundle.read_blob(role)?;
-            Ok((role.clone(), blob.clone()))
-        })
+        .keys()
+        .map(|role| Ok((role.clone(), bundle.verify_blob(role)?.clone())))
         .collect()
 }

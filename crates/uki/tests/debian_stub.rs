@@ -46,17 +46,20 @@ struct ObjdumpSection {
     file_offset: u64,
 }
 
+/// `objdump ARGS` of `image`, or `None` when there is no objdump (skipped, saying so; failed
+/// under `CI=true`).
 fn objdump(args: &[&str], image: &[u8]) -> Option<String> {
+    if !slate_testkit::require_tool("objdump") {
+        return None;
+    }
     let mut file = tempfile::NamedTempFile::new().unwrap();
     file.write_all(image).unwrap();
     file.flush().unwrap();
-    let out = match Command::new("objdump").args(args).arg(file.path()).output() {
-        Ok(out) => out,
-        Err(err) => {
-            println!("SKIPPED: objdump not runnable: {err}");
-            return None;
-        }
-    };
+    let out = Command::new("objdump")
+        .args(args)
+        .arg(file.path())
+        .output()
+        .unwrap_or_else(|err| panic!("objdump {args:?}: {err}"));
     assert!(
         out.status.success(),
         "objdump {args:?} failed: {}",

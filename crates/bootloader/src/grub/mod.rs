@@ -17,40 +17,24 @@ use config::{grub_entry_title, parse_slot_cmdline_cfg, slot_cmdline_cfg};
 
 use std::io::{self, Read, Seek, Write};
 
-use fatfs::{FileSystem, ReadWriteSeek};
+use fatfs::ReadWriteSeek;
 use slate_bootspec::{
     grub_entry_index, grub_select, GrubEnv, GrubMenuEntry, GrubReason, GrubSelection, Reason,
     Selection,
 };
-use slate_disk::{Disk, DiskIo, PartitionView, SectorBuffer};
+use slate_disk::{Disk, PartitionView};
 use slate_esp::fat;
 use slate_esp::{
     fat_space, FatSpace, ReadOnly, GRUBENV_PATH, GRUB_CFG_PATH, GRUB_SLOTS, SLOT_CMDLINE,
     SLOT_INITRAMFS, SLOT_KERNEL,
 };
-use slate_layout::{find_partition, EFI_LABEL, META_LABEL};
-use slate_meta::{tags, MetaStore};
 
+use crate::parts::{self, fat_err, invalid, EspFs, Result};
 use crate::{
     BootStatus, Bootloader, BootloaderError, CommitOutcome, EntryStatus, UpgradeOutcome,
     UpgradeRequest,
 };
 use slate_bootspec::BootState;
-
-type Result<T> = std::result::Result<T, BootloaderError>;
-
-fn fat_err(action: &'static str, path: &str) -> impl FnOnce(io::Error) -> BootloaderError {
-    let path = path.to_owned();
-    move |source| BootloaderError::Fat {
-        action,
-        path,
-        source,
-    }
-}
-
-fn invalid(e: impl std::fmt::Display) -> BootloaderError {
-    BootloaderError::Invalid(e.to_string())
-}
 
 /// What a slot boots: the pieces of a UKI, laid out for GRUB.
 #[derive(Clone, PartialEq, Eq)]
@@ -214,23 +198,12 @@ impl<D: Disk> Grub<D> {
     }
 
     fn esp_read_only(&self) -> Result<PartitionView<ReadOnly<'_, D>>> {
-        let info = find_partition(ReadOnly(&self.disk), EFI_LABEL)?;
-        Ok(PartitionView::new(
-            ReadOnly(&self.disk),
-            info.start,
-            info.len,
-        )?)
+        parts::esp_read_only(&self.disk)
     }
 
     /// The content of a file on the ESP (`/`-separated path).
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
-        let fs = fat::mount(self.esp_read_only()?, self.source_date_epoch)?;
-        let mut bytes = Vec::new();
-        fs.root_dir()
-            .open_file(path)
-            .and_then(|mut f| f.read_to_end(&mut bytes))
-            .map_err(fat_err("reading", path))?;
-        Ok(bytes)
+        parts::read_esp_file(&self.disk, self.source_date_epoch, path)
     }
 
     /// A slot's payload and version, if it is complete.
@@ -301,16 +274,8 @@ impl<D: Disk> Grub<D> {
         }
         drop(root);
         drop(fs);
-        let meta_info = find_partition(ReadOnly(&self.disk), META_LABEL)?;
-        let meta = MetaStore::open(PartitionView::new(
-            ReadOnly(&self.disk),
-            meta_info.start,
-            meta_info.len,
-        )?)?;
-        warnings.extend(meta.warnings().iter().cloned());
-        let upgrade_tag = meta
-            .get(tags::UPGRADE)
-            .map(|v| String::from_utf8_lossy(v).into_owned());
+        let (upgrade_tag, meta_warnings) = parts::read_upgrade_tag(&self.disk)?;
+        warnings.extend(meta_warnings);
         let selection = grub_select(Some(&env), &menu());
         Ok(GrubStatus {
             slots,
@@ -323,31 +288,14 @@ impl<D: Disk> Grub<D> {
         })
     }
 
-    /// Mount the ESP read-write over a [`SectorBuffer`], run `f`, unmount (FSInfo) and flush.
-    fn with_esp<R>(
-        &mut self,
-        f: impl FnOnce(&FileSystem<DiskIo<&mut SectorBuffer<PartitionView<&mut D>>>>) -> Result<R>,
-    ) -> Result<R> {
-        let info = find_partition(&mut self.disk, EFI_LABEL)?;
-        let mut esp = SectorBuffer::new(PartitionView::new(&mut self.disk, info.start, info.len)?);
-        let fs = fat::mount(&mut esp, self.source_date_epoch)?;
-        let out = f(&fs)?;
-        fat::unmount(fs)?;
-        esp.flush()?;
-        Ok(out)
+    /// Mount the ESP read-write, run `f`, unmount and flush ([`parts::with_esp`]).
+    fn with_esp<R>(&mut self, f: impl FnOnce(&EspFs<'_, '_, D>) -> Result<R>) -> Result<R> {
+        parts::with_esp(&mut self.disk, self.source_date_epoch, f)
     }
 
     /// META `Upgrade` set to `label` (`Some`) or deleted (`None`), flushed (both copies).
     fn set_tag(&mut self, label: Option<&str>) -> Result<()> {
-        let info = find_partition(&mut self.disk, META_LABEL)?;
-        let mut meta = MetaStore::open(PartitionView::new(&mut self.disk, info.start, info.len)?)?;
-        match label {
-            Some(l) => meta.set(tags::UPGRADE, l.as_bytes())?,
-            None => {
-                meta.delete(tags::UPGRADE);
-            }
-        }
-        Ok(meta.flush()?)
+        parts::set_upgrade_tag(&mut self.disk, label)
     }
 
     /// Rewrite `grub/grubenv` in place: the same 1024 bytes over the same clusters (flushed).

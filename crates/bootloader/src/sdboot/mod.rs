@@ -6,22 +6,22 @@ mod image;
 
 pub use image::image_files;
 
-use std::io::{self, Read, Write};
+use std::io::{Read, Write};
 
 use fatfs::{FileSystem, ReadWriteSeek};
 use slate_bootspec::{
     parse_loader_conf, prune_candidates, refers_to, select, BootState, Entry, EntryKind, EntryName,
     IdStyle, LoaderConf, Selection,
 };
-use slate_disk::{Disk, DiskIo, PartitionView, SectorBuffer};
+use slate_disk::{Disk, PartitionView};
 use slate_esp::fat::{self, temp_name, TEMP_NAME_EXTRA};
 use slate_esp::{
     fat_space, uki_file_name, FatSpace, ReadOnly, LOADER_CONF_PATH, MAX_FILE_NAME, UKI_DIR,
 };
-use slate_layout::{find_partition, EFI_LABEL, META_LABEL};
 use slate_meta::{tags, MetaStore};
 
 use crate::efivars::{loader_vars, EfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_ONESHOT};
+use crate::parts::{self, fat_err, invalid, EspFs, Result};
 use crate::{
     BootStatus, Bootloader, BootloaderError, CommitOutcome, EntryStatus, UpgradeOutcome,
     UpgradeRequest,
@@ -29,17 +29,6 @@ use crate::{
 
 /// The entry name slate's images use (`slate-<version>+3.efi`).
 pub const DEFAULT_ENTRY_NAME: &str = "slate";
-
-type Result<T> = std::result::Result<T, BootloaderError>;
-
-fn fat_err(action: &'static str, path: &str) -> impl FnOnce(io::Error) -> BootloaderError {
-    let path = path.to_owned();
-    move |source| BootloaderError::Fat {
-        action,
-        path,
-        source,
-    }
-}
 
 /// systemd-boot on a whole disk with the slate layout (partitions `EFI` and `META`), with EFI
 /// variables `V`.
@@ -108,24 +97,16 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
     }
 
     fn esp_read_only(&self) -> Result<PartitionView<ReadOnly<'_, D>>> {
-        let info = find_partition(ReadOnly(&self.disk), EFI_LABEL)?;
-        Ok(PartitionView::new(
-            ReadOnly(&self.disk),
-            info.start,
-            info.len,
-        )?)
+        parts::esp_read_only(&self.disk)
     }
 
     /// The content of `EFI/Linux/<file_name>`.
     pub fn read_entry(&self, file_name: &str) -> Result<Vec<u8>> {
-        let fs = fat::mount(self.esp_read_only()?, self.source_date_epoch)?;
-        let path = format!("{UKI_DIR}/{file_name}");
-        let mut bytes = Vec::new();
-        fs.root_dir()
-            .open_file(&path)
-            .and_then(|mut f| f.read_to_end(&mut bytes))
-            .map_err(fat_err("reading", &path))?;
-        Ok(bytes)
+        parts::read_esp_file(
+            &self.disk,
+            self.source_date_epoch,
+            &format!("{UKI_DIR}/{file_name}"),
+        )
     }
 
     fn scan(&self) -> Result<Scan> {
@@ -173,16 +154,8 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
         };
         drop(dir);
         drop(fs);
-        let meta_info = find_partition(ReadOnly(&self.disk), META_LABEL)?;
-        let meta = MetaStore::open(PartitionView::new(
-            ReadOnly(&self.disk),
-            meta_info.start,
-            meta_info.len,
-        )?)?;
-        warnings.extend(meta.warnings().iter().cloned());
-        let tag = meta
-            .get(tags::UPGRADE)
-            .map(|v| String::from_utf8_lossy(v).into_owned());
+        let (tag, meta_warnings) = parts::read_upgrade_tag(&self.disk)?;
+        warnings.extend(meta_warnings);
         Ok(Scan {
             entries,
             lens,
@@ -203,27 +176,16 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
         select(entries, conf, &loader_vars(vars), self.style)
     }
 
-    /// Mount the ESP read-write over a [`SectorBuffer`], run `f`, unmount (FSInfo) and flush.
-    fn with_esp<R>(
-        &mut self,
-        f: impl FnOnce(&FileSystem<DiskIo<&mut SectorBuffer<PartitionView<&mut D>>>>) -> Result<R>,
-    ) -> Result<R> {
-        let info = find_partition(&mut self.disk, EFI_LABEL)?;
-        let mut esp = SectorBuffer::new(PartitionView::new(&mut self.disk, info.start, info.len)?);
-        let fs = fat::mount(&mut esp, self.source_date_epoch)?;
-        let out = f(&fs)?;
-        fat::unmount(fs)?;
-        esp.flush()?;
-        Ok(out)
+    /// Mount the ESP read-write, run `f`, unmount and flush ([`parts::with_esp`]).
+    fn with_esp<R>(&mut self, f: impl FnOnce(&EspFs<'_, '_, D>) -> Result<R>) -> Result<R> {
+        parts::with_esp(&mut self.disk, self.source_date_epoch, f)
     }
 
     fn with_meta<R>(
         &mut self,
         f: impl FnOnce(&mut MetaStore<PartitionView<&mut D>>) -> Result<R>,
     ) -> Result<R> {
-        let info = find_partition(&mut self.disk, META_LABEL)?;
-        let mut meta = MetaStore::open(PartitionView::new(&mut self.disk, info.start, info.len)?)?;
-        f(&mut meta)
+        f(&mut parts::meta_mut(&mut self.disk)?)
     }
 
     /// Rename `EFI/Linux/<from>` to `<to>` and flush. `fatfs` frees the old name before writing
@@ -263,10 +225,6 @@ fn rename_in<T: ReadWriteSeek>(fs: &FileSystem<T>, from: &str, to: &str) -> Resu
     dir.open_file(to)
         .and_then(|mut f| f.flush())
         .map_err(fat_err("flushing", &format!("{UKI_DIR}/{to}")))
-}
-
-fn invalid(e: impl std::fmt::Display) -> BootloaderError {
-    BootloaderError::Invalid(e.to_string())
 }
 
 impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {

@@ -1,0 +1,100 @@
+//! The partitions every backend opens, opened one way: the ESP (read-only, or read-write over a
+//! [`SectorBuffer`] so a directory entry changes in one write) and META, both found by GPT
+//! label.
+
+use std::io;
+
+use fatfs::FileSystem;
+use slate_disk::{Disk, DiskIo, PartitionView, SectorBuffer};
+use slate_esp::{fat, ReadOnly};
+use slate_layout::{find_partition, EFI_LABEL, META_LABEL};
+use slate_meta::{tags, MetaStore};
+
+use crate::BootloaderError;
+
+pub(crate) type Result<T> = std::result::Result<T, BootloaderError>;
+
+/// The ESP file system as the backends mount it for writing.
+pub(crate) type EspFs<'fs, 'disk, D> =
+    FileSystem<DiskIo<&'fs mut SectorBuffer<PartitionView<&'disk mut D>>>>;
+
+pub(crate) fn fat_err(
+    action: &'static str,
+    path: &str,
+) -> impl FnOnce(io::Error) -> BootloaderError {
+    let path = path.to_owned();
+    move |source| BootloaderError::Fat {
+        action,
+        path,
+        source,
+    }
+}
+
+pub(crate) fn invalid(e: impl std::fmt::Display) -> BootloaderError {
+    BootloaderError::Invalid(e.to_string())
+}
+
+pub(crate) fn esp_read_only<D: Disk>(disk: &D) -> Result<PartitionView<ReadOnly<'_, D>>> {
+    let info = find_partition(ReadOnly(disk), EFI_LABEL)?;
+    Ok(PartitionView::new(ReadOnly(disk), info.start, info.len)?)
+}
+
+/// The content of a file on the ESP (`/`-separated path).
+pub(crate) fn read_esp_file<D: Disk>(
+    disk: &D,
+    source_date_epoch: u64,
+    path: &str,
+) -> Result<Vec<u8>> {
+    let fs = fat::mount(esp_read_only(disk)?, source_date_epoch)?;
+    let mut bytes = Vec::new();
+    fs.root_dir()
+        .open_file(path)
+        .and_then(|mut f| io::Read::read_to_end(&mut f, &mut bytes))
+        .map_err(fat_err("reading", path))?;
+    Ok(bytes)
+}
+
+/// Mount the ESP read-write over a [`SectorBuffer`], run `f`, unmount (FSInfo) and flush.
+pub(crate) fn with_esp<D: Disk, R>(
+    disk: &mut D,
+    source_date_epoch: u64,
+    f: impl FnOnce(&EspFs<'_, '_, D>) -> Result<R>,
+) -> Result<R> {
+    let info = find_partition(&mut *disk, EFI_LABEL)?;
+    let mut esp = SectorBuffer::new(PartitionView::new(disk, info.start, info.len)?);
+    let fs = fat::mount(&mut esp, source_date_epoch)?;
+    let out = f(&fs)?;
+    fat::unmount(fs)?;
+    esp.flush()?;
+    Ok(out)
+}
+
+/// META opened for writing.
+pub(crate) fn meta_mut<D: Disk>(disk: &mut D) -> Result<MetaStore<PartitionView<&mut D>>> {
+    let info = find_partition(&mut *disk, META_LABEL)?;
+    Ok(MetaStore::open(PartitionView::new(
+        disk, info.start, info.len,
+    )?)?)
+}
+
+/// META `Upgrade` (the entry or slot to fall back to) and META's read warnings.
+pub(crate) fn read_upgrade_tag<D: Disk>(disk: &D) -> Result<(Option<String>, Vec<String>)> {
+    let info = find_partition(ReadOnly(disk), META_LABEL)?;
+    let meta = MetaStore::open(PartitionView::new(ReadOnly(disk), info.start, info.len)?)?;
+    let tag = meta
+        .get(tags::UPGRADE)
+        .map(|v| String::from_utf8_lossy(v).into_owned());
+    Ok((tag, meta.warnings().to_vec()))
+}
+
+/// META `Upgrade` set to `label` (`Some`) or deleted (`None`), flushed (both copies).
+pub(crate) fn set_upgrade_tag<D: Disk>(disk: &mut D, label: Option<&str>) -> Result<()> {
+    let mut meta = meta_mut(disk)?;
+    match label {
+        Some(l) => meta.set(tags::UPGRADE, l.as_bytes())?,
+        None => {
+            meta.delete(tags::UPGRADE);
+        }
+    }
+    Ok(meta.flush()?)
+}

@@ -1,0 +1,229 @@
+//! Reading blobs by digest: the size is checked before a byte is read, the hash as the bytes go
+//! by, and a blob that matched once is remembered ([`VerifiedBlobs`]) so that the same process
+//! never hashes it again.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{self, Read};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::{BundleError, Digest, Hasher};
+
+/// Blobs known to match their digests, with their sizes: hashed in this process as they were
+/// received (machined's upload), or by an earlier read. A blob listed here is read with a size
+/// check only. Whoever fills the set vouches that the files have not changed since they were
+/// hashed (they live in directories only slate writes).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VerifiedBlobs(BTreeMap<Digest, u64>);
+
+impl VerifiedBlobs {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Record that the blob `digest` of `size` bytes was hashed and matched.
+    pub fn insert(&mut self, digest: Digest, size: u64) {
+        self.0.insert(digest, size);
+    }
+
+    /// Whether `digest` was verified with exactly `size` bytes.
+    pub fn contains(&self, digest: &Digest, size: u64) -> bool {
+        self.0.get(digest) == Some(&size)
+    }
+
+    /// The size `digest` was verified with.
+    pub fn size_of(&self, digest: &Digest) -> Option<u64> {
+        self.0.get(digest).copied()
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = (&Digest, u64)> {
+        self.0.iter().map(|(d, s)| (d, *s))
+    }
+
+    /// The sum of the sizes: how many bytes were hashed to fill the set.
+    pub fn total_bytes(&self) -> u64 {
+        self.0.values().sum()
+    }
+}
+
+/// `blobs/sha256/<hex>` under `dir`.
+pub(crate) fn blob_path(dir: &Path, digest: &Digest) -> PathBuf {
+    dir.join("blobs/sha256").join(digest.hex())
+}
+
+/// The digest a descriptor or a bundle manifest names, held to the canonical rule.
+pub(crate) fn parse_digest(text: &str) -> Result<Digest, BundleError> {
+    Digest::parse(text).map_err(|_| BundleError::UnsupportedDigest(text.to_owned()))
+}
+
+/// The [`BundleError`] inside an I/O error from a [`BlobReader`], or the I/O error itself.
+pub(crate) fn from_io(path: &Path, error: io::Error) -> BundleError {
+    let plain = |source| BundleError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    if !error
+        .get_ref()
+        .is_some_and(|inner| inner.is::<BundleError>())
+    {
+        return plain(error);
+    }
+    let kind = error.kind();
+    match error.into_inner().map(|inner| inner.downcast::<BundleError>()) {
+        Some(Ok(bundle_error)) => *bundle_error,
+        Some(Err(inner)) => plain(io::Error::new(kind, inner)),
+        None => plain(io::Error::from(kind)),
+    }
+}
+
+/// A blob's bytes, at most its descriptor's size. Unless the blob is already verified, the bytes
+/// are hashed as they are read and the end of the stream is an error if the size or the digest
+/// does not match (an `io::Error` holding the [`BundleError`]); only then is the blob recorded as
+/// verified. A caller that streams the bytes somewhere must therefore drop what it wrote when
+/// reading fails.
+#[derive(Debug)]
+pub struct BlobReader<'a> {
+    what: String,
+    digest: Digest,
+    size: u64,
+    file: io::Take<File>,
+    read: u64,
+    /// `None`: the blob was verified before, only its size is checked.
+    hasher: Option<Hasher>,
+    verified: &'a Mutex<VerifiedBlobs>,
+    done: bool,
+}
+
+impl<'a> BlobReader<'a> {
+    /// Open the blob `digest` in the layout at `dir`, refusing a file of another size at once.
+    pub(crate) fn open(
+        dir: &Path,
+        what: &str,
+        digest: &Digest,
+        size: u64,
+        verified: &'a Mutex<VerifiedBlobs>,
+    ) -> Result<Self, BundleError> {
+        let path = blob_path(dir, digest);
+        let file = File::open(&path).map_err(|source| BundleError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let actual = file
+            .metadata()
+            .map_err(|source| BundleError::Io {
+                path: path.clone(),
+                source,
+            })?
+            .len();
+        if actual != size {
+            return Err(BundleError::SizeMismatch {
+                what: what.to_owned(),
+                expected: size,
+                actual,
+            });
+        }
+        let known = lock(verified).contains(digest, size);
+        Ok(BlobReader {
+            what: what.to_owned(),
+            digest: digest.clone(),
+            size,
+            file: file.take(size),
+            read: 0,
+            hasher: (!known).then(Hasher::new),
+            verified,
+            done: false,
+        })
+    }
+
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+
+    /// Whether the bytes are hashed as they are read (the blob was not verified before).
+    pub fn hashes(&self) -> bool {
+        self.hasher.is_some()
+    }
+
+    fn end(&mut self) -> Result<(), BundleError> {
+        if self.read != self.size {
+            return Err(BundleError::SizeMismatch {
+                what: self.what.clone(),
+                expected: self.size,
+                actual: self.read,
+            });
+        }
+        if let Some(hasher) = self.hasher.take() {
+            let actual = hasher.finish();
+            if actual != self.digest {
+                return Err(BundleError::DigestMismatch {
+                    what: self.what.clone(),
+                    expected: self.digest.to_string(),
+                    actual: actual.to_string(),
+                });
+            }
+            lock(self.verified).insert(self.digest.clone(), self.size);
+        }
+        Ok(())
+    }
+}
+
+impl Read for BlobReader<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.done || buf.is_empty() {
+            return Ok(0);
+        }
+        let n = self.file.read(buf)?;
+        if n > 0 {
+            self.read += n as u64;
+            if let Some(hasher) = &mut self.hasher {
+                hasher.update(&buf[..n]);
+            }
+            return Ok(n);
+        }
+        self.done = true;
+        self.end()
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))?;
+        Ok(0)
+    }
+}
+
+/// The set, even if a thread panicked while holding it (it is only ever inserted into, so it
+/// is never half-updated).
+pub(crate) fn lock(verified: &Mutex<VerifiedBlobs>) -> std::sync::MutexGuard<'_, VerifiedBlobs> {
+    verified
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// The blob `digest` of `size` bytes, read whole and verified (size first, then hash unless it
+/// was verified before); at most `limit` bytes.
+pub(crate) fn read_blob(
+    dir: &Path,
+    what: &str,
+    digest: &Digest,
+    size: u64,
+    limit: u64,
+    verified: &Mutex<VerifiedBlobs>,
+) -> Result<Vec<u8>, BundleError> {
+    if size > limit {
+        return Err(BundleError::Oversize {
+            what: what.to_owned(),
+            limit,
+        });
+    }
+    let mut reader = BlobReader::open(dir, what, digest, size, verified)?;
+    let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
+    reader
+        .read_to_end(&mut bytes)
+        .map_err(|e| from_io(&blob_path(dir, digest), e))?;
+    Ok(bytes)
+}

@@ -1,0 +1,414 @@
+//! Install mode: a bundle's version laid onto a blank disk (or, forced, over whatever it holds):
+//! the image mode over a plan made from the bundle and its install settings.
+
+use std::path::{Path, PathBuf};
+
+use slate_bundle::{BundleError, BundleManifest, NATIVE_ARCH};
+use slate_disk::{Disk as _, DiskError, FileDisk};
+use slate_esp::{loader_conf, uki_file_name, EspError};
+use slate_layout::{LayoutError, LayoutParams, PlacedLayout};
+
+use crate::{open_trusted, write_image, ImagePlan, ImageStep, InstallError};
+use crate::{OpenBundleError, Provenance, Trust};
+
+/// What to install, and how far to go.
+#[derive(Debug, Clone)]
+pub struct InstallRequest {
+    /// An installer bundle (OCI image layout directory).
+    pub bundle: PathBuf,
+    pub trust: Trust,
+    /// Wipe a disk that is not blank.
+    pub force: bool,
+    /// Check and plan everything, open the disk read-only, write nothing.
+    pub dry_run: bool,
+}
+
+/// What [`install`] will write (or, with `dry_run`, would have written).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallPlan {
+    pub name: String,
+    pub version: String,
+    pub disk_len: u64,
+    /// The UKI's file name in `EFI/Linux`, boot counter included.
+    pub uki_name: String,
+    pub uki_len: u64,
+    /// The partitions as they will be on this disk.
+    pub layout: PlacedLayout,
+}
+
+/// What [`install`] is doing, in order.
+#[derive(Debug)]
+pub enum InstallEvent<'a> {
+    /// The bundle is open and, unless told not to, its signature verified.
+    Opened(&'a Provenance),
+    /// The disk holds data (its first non-zero byte at `offset`) and `force` lets it go.
+    Wiping {
+        offset: u64,
+    },
+    /// Every check passed; with `dry_run` nothing follows.
+    Planned(&'a InstallPlan),
+    Image(ImageStep),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallReport {
+    pub plan: InstallPlan,
+    /// False for a dry run.
+    pub written: bool,
+}
+
+/// Why an install was refused or failed. Every refusal comes before the first write.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallModeError {
+    #[error(transparent)]
+    Bundle(#[from] OpenBundleError),
+    #[error("the bundle is for {bundle}, this installer for {NATIVE_ARCH}")]
+    WrongArch { bundle: String },
+    #[error(
+        "the bundle {name} {version} carries no install settings (it was built for upgrades only)"
+    )]
+    NoInstallSettings { name: String, version: String },
+    /// A blob is missing or does not match its digest (the message names it).
+    #[error(transparent)]
+    Blob(#[from] BundleError),
+    #[error("reading /dev/urandom")]
+    Random(#[source] std::io::Error),
+    /// The bundle's name, version or settings make no valid boot file.
+    #[error(transparent)]
+    BootFile(#[from] EspError),
+    #[error("opening {}", disk.display())]
+    Open {
+        disk: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("laying out {}", disk.display())]
+    Layout {
+        disk: PathBuf,
+        #[source]
+        source: LayoutError,
+    },
+    #[error("reading the disk to see whether it is blank")]
+    Read(#[source] DiskError),
+    #[error(
+        "{} is not blank (data at byte {offset}); refusing to install over it — pass --force to \
+         wipe it",
+        disk.display()
+    )]
+    NotBlank { disk: PathBuf, offset: u64 },
+    #[error("installing onto {}", disk.display())]
+    Write {
+        disk: PathBuf,
+        #[source]
+        source: InstallError,
+    },
+}
+
+/// Install the bundle's version onto `disk` (block device or image file): partition table, ESP
+/// with systemd-boot and the UKI, META. The bundle, its settings and the disk's blankness are
+/// all checked before the disk is opened for writing.
+pub fn install(
+    disk: &Path,
+    request: &InstallRequest,
+    progress: &mut dyn FnMut(InstallEvent<'_>),
+) -> Result<InstallReport, InstallModeError> {
+    let (bundle, provenance) = open_trusted(&request.bundle, &request.trust)?;
+    progress(InstallEvent::Opened(&provenance));
+    let manifest = bundle.manifest().clone();
+    if manifest.arch != NATIVE_ARCH {
+        return Err(InstallModeError::WrongArch {
+            bundle: manifest.arch,
+        });
+    }
+    let Some(defaults) = manifest.install else {
+        return Err(InstallModeError::NoInstallSettings {
+            name: manifest.name,
+            version: manifest.version,
+        });
+    };
+    let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
+    let systemd_boot = bundle.read_blob(slate_bundle::SYSTEMD_BOOT_ROLE)?;
+    let image = ImagePlan {
+        image_id: install_id(&manifest)?,
+        layout: LayoutParams {
+            esp_size: defaults.esp_mib << 20,
+            state_size: defaults.state_mib << 20,
+            ..LayoutParams::default()
+        },
+        source_date_epoch: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        systemd_boot,
+        uki_name: uki_file_name(&manifest.name, &manifest.version, Some(defaults.tries))?,
+        uki,
+        loader_conf: loader_conf(&format!("{}-*", manifest.name), defaults.menu_timeout)?,
+    };
+    let mut file = if request.dry_run {
+        FileDisk::open_read_only(disk)
+    } else {
+        FileDisk::open(disk)
+    }
+    .map_err(|source| InstallModeError::Open {
+        disk: disk.to_owned(),
+        source,
+    })?;
+    let layout =
+        image
+            .disk_layout()
+            .place(file.len())
+            .map_err(|source| InstallModeError::Layout {
+                disk: disk.to_owned(),
+                source,
+            })?;
+    if let Some(offset) = first_data(&file)? {
+        if !request.force {
+            return Err(InstallModeError::NotBlank {
+                disk: disk.to_owned(),
+                offset,
+            });
+        }
+        progress(InstallEvent::Wiping { offset });
+    }
+    let plan = InstallPlan {
+        name: manifest.name,
+        version: manifest.version,
+        disk_len: file.len(),
+        uki_name: image.uki_name.clone(),
+        uki_len: image.uki.len() as u64,
+        layout,
+    };
+    progress(InstallEvent::Planned(&plan));
+    if request.dry_run {
+        return Ok(InstallReport {
+            plan,
+            written: false,
+        });
+    }
+    write_image(&mut file, &image, &mut |step| {
+        progress(InstallEvent::Image(step))
+    })
+    .map_err(|source| InstallModeError::Write {
+        disk: disk.to_owned(),
+        source,
+    })?;
+    Ok(InstallReport {
+        plan,
+        written: true,
+    })
+}
+
+/// Where the disk first holds a non-zero byte, looking at its head and tail (where partition
+/// tables, filesystem superblocks and RAID/LVM labels live).
+fn first_data(disk: &FileDisk) -> Result<Option<u64>, InstallModeError> {
+    const WINDOW: u64 = 1 << 20;
+    let len = disk.len();
+    let mut buf = vec![0u8; WINDOW.min(len) as usize];
+    for start in [0, len.saturating_sub(WINDOW)] {
+        disk.read_at(start, &mut buf)
+            .map_err(InstallModeError::Read)?;
+        if let Some(i) = buf.iter().position(|&b| b != 0) {
+            return Ok(Some(start + i as u64));
+        }
+    }
+    Ok(None)
+}
+
+/// A fresh identity for the disk's GUIDs: two machines installed from one bundle must not share
+/// partition GUIDs (images are reproducible instead, see the imager).
+fn install_id(manifest: &BundleManifest) -> Result<String, InstallModeError> {
+    let mut seed = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut seed))
+        .map_err(InstallModeError::Random)?;
+    Ok(format!(
+        "{}-{}-{}",
+        manifest.name,
+        manifest.version,
+        hex::encode(seed)
+    ))
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use slate_bundle::{BlobInput, BundleSpec, InstallDefaults};
+
+    pub(crate) const DISK_LEN: u64 = 128 << 20;
+
+    /// A bundle of `version` for `arch` in `dir` (stand-in UKI and systemd-boot bytes: nothing
+    /// here executes them).
+    pub(crate) fn bundle(dir: &Path, version: &str, arch: &str) -> PathBuf {
+        let out = dir.join(format!("bundle-{version}-{arch}"));
+        let uki = format!("MZ pretend UKI of {version}").repeat(1000);
+        let blob = |role, file_name, media_type, bytes| BlobInput {
+            role,
+            file_name,
+            media_type,
+            bytes,
+        };
+        slate_bundle::write_installable_bundle(
+            &out,
+            BundleSpec {
+                name: "slate",
+                version,
+                arch,
+                variant: "demo",
+            },
+            InstallDefaults {
+                esp_mib: 40,
+                state_mib: 16,
+                tries: 3,
+                menu_timeout: 1,
+            },
+            &[
+                blob(
+                    slate_bundle::UKI_ROLE,
+                    "slate.efi",
+                    slate_bundle::UKI_MEDIA_TYPE,
+                    uki.as_bytes(),
+                ),
+                blob(
+                    slate_bundle::SYSTEMD_BOOT_ROLE,
+                    "systemd-bootx64.efi",
+                    slate_bundle::EFI_MEDIA_TYPE,
+                    b"MZ pretend systemd-boot",
+                ),
+            ],
+        )
+        .unwrap();
+        out
+    }
+
+    pub(crate) fn blank_disk(dir: &Path) -> PathBuf {
+        let disk = dir.join("disk.raw");
+        std::fs::File::create(&disk)
+            .unwrap()
+            .set_len(DISK_LEN)
+            .unwrap();
+        disk
+    }
+
+    pub(crate) fn request(bundle: PathBuf) -> InstallRequest {
+        InstallRequest {
+            bundle,
+            trust: Trust::NotVerified,
+            force: false,
+            dry_run: false,
+        }
+    }
+
+    /// Event names in order, image steps left out.
+    fn run(disk: &Path, request: &InstallRequest) -> (Vec<String>, InstallReport) {
+        let mut seen = Vec::new();
+        let report = install(disk, request, &mut |event| match event {
+            InstallEvent::Opened(p) => seen.push(format!("opened {p:?}")),
+            InstallEvent::Wiping { offset } => seen.push(format!("wiping {offset}")),
+            InstallEvent::Planned(plan) => seen.push(format!("planned {}", plan.uki_name)),
+            InstallEvent::Image(_) => {}
+        })
+        .unwrap();
+        (seen, report)
+    }
+
+    #[test]
+    fn a_dry_run_plans_and_writes_nothing_then_the_install_writes_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (disk, v1) = (
+            blank_disk(dir.path()),
+            bundle(dir.path(), "1.0.0", NATIVE_ARCH),
+        );
+        let dry = InstallRequest {
+            dry_run: true,
+            ..request(v1.clone())
+        };
+        let (seen, report) = run(&disk, &dry);
+        assert_eq!(
+            seen,
+            ["opened NotVerified", "planned slate-1.0.0+3.efi"],
+            "{seen:?}"
+        );
+        assert!(!report.written);
+        assert_eq!(report.plan.disk_len, DISK_LEN);
+        let labels: Vec<_> = report
+            .plan
+            .layout
+            .partitions
+            .iter()
+            .map(|p| &p.label)
+            .collect();
+        assert_eq!(labels, ["EFI", "META", "STATE", "EPHEMERAL"]);
+        let file = FileDisk::open_read_only(&disk).unwrap();
+        assert_eq!(first_data(&file).unwrap(), None, "the dry run wrote");
+
+        let (_, report) = run(&disk, &request(v1.clone()));
+        assert!(report.written);
+        assert!(first_data(&FileDisk::open_read_only(&disk).unwrap())
+            .unwrap()
+            .is_some());
+
+        let err = install(&disk, &request(v1.clone()), &mut |_| {}).unwrap_err();
+        assert!(matches!(err, InstallModeError::NotBlank { .. }), "{err}");
+        assert!(err.to_string().contains("is not blank"), "{err}");
+        let forced = InstallRequest {
+            force: true,
+            ..request(v1)
+        };
+        let (seen, _) = run(&disk, &forced);
+        assert!(seen.iter().any(|e| e.starts_with("wiping ")), "{seen:?}");
+    }
+
+    #[test]
+    fn a_foreign_bundle_is_refused_before_the_disk_is_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let foreign = if NATIVE_ARCH == "arm64" {
+            "amd64"
+        } else {
+            "arm64"
+        };
+        let bundle = bundle(dir.path(), "1.0.0", foreign);
+        let missing = dir.path().join("no-such-disk");
+        let err = install(&missing, &request(bundle), &mut |_| {}).unwrap_err();
+        assert!(matches!(err, InstallModeError::WrongArch { .. }), "{err}");
+        assert!(err.to_string().contains(foreign), "{err}");
+    }
+
+    #[test]
+    fn a_signed_bundle_is_reported_with_its_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let (disk, v1) = (
+            blank_disk(dir.path()),
+            bundle(dir.path(), "1.0.0", NATIVE_ARCH),
+        );
+        let pair = slate_trust::generate_keypair();
+        let keys = dir.path().join("keys");
+        std::fs::create_dir(&keys).unwrap();
+        std::fs::write(keys.join("slate.pub"), &pair.public_pem).unwrap();
+        let key = slate_trust::PrivateKey::from_pem(&pair.private_pem).unwrap();
+        let request = InstallRequest {
+            trust: Trust::KeysIn(keys),
+            dry_run: true,
+            ..request(v1.clone())
+        };
+        let err = install(&disk, &request, &mut |_| {}).unwrap_err();
+        assert!(err.to_string().starts_with("verifying the bundle"), "{err}");
+
+        slate_trust::sign(&slate_bundle::Bundle::open(&v1, None).unwrap(), &key).unwrap();
+        let mut provenance = None;
+        install(&disk, &request, &mut |event| {
+            if let InstallEvent::Opened(p) = event {
+                provenance = Some(p.clone());
+            }
+        })
+        .unwrap();
+        match provenance {
+            Some(Provenance::Signed {
+                key_id, version, ..
+            }) => {
+                assert_eq!(key_id, pair.id);
+                assert_eq!(version, "1.0.0");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+}

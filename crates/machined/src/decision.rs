@@ -1,0 +1,562 @@
+//! The upgrade transaction's decision — commit the booted entry, revert to the recorded
+//! fallback, or leave the loader alone — as a pure function of what machined observed
+//! (Bottlerocket's signpost style). `transaction.rs` gathers the [`BootFacts`] (META's
+//! `Upgrade` marker and the loader's default through the bootloader backend, the booted entry
+//! from `LoaderEntrySelected` or GRUB's `slate.slot=`, the health checks' verdict) and executes
+//! the [`Decision`]; nothing here does I/O, so every case is a unit test.
+//!
+//! Entry names are those of both loaders: systemd-boot UKI file names or entry IDs
+//! (`slate-2.0.0+2-1.efi`, `slate-1.0.0.efi`), GRUB slot labels (`A`, `B`).
+
+use slate_bootspec::{EntryName, IdStyle};
+
+/// When machined decides.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Phase {
+    /// Stage Running: the boot sequences passed and the health checks ran.
+    Running { health: HealthOutcome },
+    /// A fatal error: the node is on its way down.
+    Fatal,
+}
+
+/// The health checks' verdict at stage Running.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthOutcome {
+    /// Every check passed, or the image configures none.
+    Passed,
+    /// A check failed; its report (``health check `file /x` failed: …``).
+    Failed(String),
+}
+
+/// What the system disk's boot loader says, or why it could not be asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LoaderFacts {
+    /// No backend to ask: no META partition, the disk does not open, the layout is unknown.
+    Unavailable(String),
+    /// The backend opened, but its state could not be read.
+    Unreadable(String),
+    Read {
+        /// META `Upgrade`: while an upgrade is uncommitted, the entry to fall back to
+        /// (systemd-boot: the UKI file name as it was when the upgrade ran; GRUB: the slot).
+        upgrade_marker: Option<String>,
+        /// The entry the loader boots by default (systemd-boot: the selection model's pick,
+        /// carrying its boot counter `+LEFT[-DONE]` while on trial; GRUB: the slot, never
+        /// counted). `None`: it would boot nothing.
+        default_entry: Option<String>,
+    },
+}
+
+/// Everything the decision depends on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BootFacts {
+    pub phase: Phase,
+    /// The entry that booted: `LoaderEntrySelected` (systemd-boot's entry ID), else the
+    /// `slate.slot=` GRUB's menu entry puts on the kernel command line. `None`: unknown.
+    pub booted_entry: Option<String>,
+    pub loader: LoaderFacts,
+}
+
+/// What to do.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// Bless `entry` — systemd-boot: drop its boot counter (left alone it would count down to
+    /// "bad" over later boots); GRUB: make it `saved_entry` — then delete the marker if set.
+    Commit { entry: String, upgrade: Upgrade },
+    /// The upgrade failed: mark `failed` bad (systemd-boot) or stop naming it (GRUB) so `to`
+    /// boots next, then delete the marker.
+    Revert { failed: String, to: String },
+    /// The entry that failed is the recorded fallback itself: there is nothing older to go
+    /// back to, so the backend's revert only keeps it the default and deletes the marker.
+    KeepFallback { entry: String },
+    /// The marker is set but empty (it names nothing to return to): the backend's revert
+    /// only deletes it.
+    DropEmptyMarker { failed: String },
+    /// Nothing to write.
+    Nothing(Idle),
+    /// No decision can be taken: at Running the boot fails (it is not committed), on the
+    /// fatal path the revert does.
+    Refuse(Refusal),
+}
+
+/// What a commit ends.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upgrade {
+    /// No marker: only a boot counter is dropped (the first boot after an install).
+    NonePending,
+    /// The booted entry is the new version and it is healthy: the upgrade from `fallback`
+    /// succeeded.
+    Succeeded { fallback: String },
+    /// The booted entry is the fallback: the upgrade already failed before this boot (boot
+    /// counting or GRUB's one-shot brought the old version back) and the commit closes it.
+    AlreadyFailed { fallback: String },
+    /// An empty marker, deleted with the commit.
+    EmptyMarker,
+}
+
+/// Why nothing is written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Idle {
+    /// At Running: no marker, and the default entry carries no boot counter.
+    AlreadyCommitted,
+    /// On the fatal path: no upgrade is pending, so there is no other version to return to.
+    NoUpgradePending,
+}
+
+/// Why no decision could be taken. Displayed as machined has always reported it.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Refusal {
+    /// A health check failed: this boot is not committed.
+    #[error("{0}")]
+    Unhealthy(String),
+    /// The loader could not be opened or read.
+    #[error("{0}")]
+    Loader(String),
+    /// Neither `LoaderEntrySelected` nor `slate.slot=` says which entry booted.
+    #[error("the firmware did not say which entry booted (LoaderEntrySelected)")]
+    BootedEntryUnknown,
+    /// The loader's model boots no entry at all.
+    #[error("systemd-boot would boot nothing on this disk")]
+    NothingBootable,
+}
+
+/// The decision for `facts`.
+pub fn decide(facts: &BootFacts) -> Decision {
+    match &facts.phase {
+        Phase::Running { health } => at_running(health, facts),
+        Phase::Fatal => at_fatal(facts),
+    }
+}
+
+/// Commit only a healthy boot; commit when an upgrade is pending or the default entry is still
+/// on trial, else there is nothing to write. When several facts are missing, the first
+/// reported is the one machined always reported first: health, loader, booted entry, default.
+fn at_running(health: &HealthOutcome, facts: &BootFacts) -> Decision {
+    if let HealthOutcome::Failed(report) = health {
+        return Decision::Refuse(Refusal::Unhealthy(report.clone()));
+    }
+    let (marker, default) = match &facts.loader {
+        LoaderFacts::Unavailable(reason) | LoaderFacts::Unreadable(reason) => {
+            return Decision::Refuse(Refusal::Loader(reason.clone()))
+        }
+        LoaderFacts::Read {
+            upgrade_marker,
+            default_entry,
+        } => (upgrade_marker.as_deref(), default_entry.as_deref()),
+    };
+    let Some(booted) = facts.booted_entry.as_deref() else {
+        return Decision::Refuse(Refusal::BootedEntryUnknown);
+    };
+    let Some(default) = default else {
+        return Decision::Refuse(Refusal::NothingBootable);
+    };
+    let upgrade = match marker {
+        None if !on_trial(default) => return Decision::Nothing(Idle::AlreadyCommitted),
+        None => Upgrade::NonePending,
+        Some("") => Upgrade::EmptyMarker,
+        Some(fallback) if same_entry(booted, fallback) => Upgrade::AlreadyFailed {
+            fallback: fallback.to_owned(),
+        },
+        Some(fallback) => Upgrade::Succeeded {
+            fallback: fallback.to_owned(),
+        },
+    };
+    Decision::Commit {
+        entry: booted.to_owned(),
+        upgrade,
+    }
+}
+
+/// Revert only a pending upgrade. The order of complaints follows the backend's own: it is
+/// opened before the booted entry is needed, and its state is read by the revert itself.
+fn at_fatal(facts: &BootFacts) -> Decision {
+    if let LoaderFacts::Unavailable(reason) = &facts.loader {
+        return Decision::Refuse(Refusal::Loader(reason.clone()));
+    }
+    let Some(booted) = facts.booted_entry.as_deref() else {
+        return Decision::Refuse(Refusal::BootedEntryUnknown);
+    };
+    let marker = match &facts.loader {
+        LoaderFacts::Read { upgrade_marker, .. } => upgrade_marker.as_deref(),
+        LoaderFacts::Unavailable(reason) | LoaderFacts::Unreadable(reason) => {
+            return Decision::Refuse(Refusal::Loader(reason.clone()))
+        }
+    };
+    match marker {
+        None => Decision::Nothing(Idle::NoUpgradePending),
+        Some("") => Decision::DropEmptyMarker {
+            failed: booted.to_owned(),
+        },
+        Some(fallback) if same_entry(booted, fallback) => Decision::KeepFallback {
+            entry: booted.to_owned(),
+        },
+        Some(fallback) => Decision::Revert {
+            failed: booted.to_owned(),
+            to: fallback.to_owned(),
+        },
+    }
+}
+
+/// Whether the entry carries a boot counter. A `+` in the name is the test machined has always
+/// used: systemd-boot names put the counter after the only `+`, GRUB labels never have one.
+fn on_trial(entry: &str) -> bool {
+    entry.contains('+')
+}
+
+/// Whether two references name the same entry: the same GRUB slot or name, or the same
+/// systemd-boot entry once boot counters are set aside. The counter moves as the entry is
+/// tried (`+3` → `+2-1`) and systemd-boot 252's `LoaderEntrySelected` keeps it, while META
+/// holds the file name from the time of the upgrade.
+fn same_entry(a: &str, b: &str) -> bool {
+    let id = |name: &str| EntryName::parse(name).ok().map(|n| n.id(IdStyle::Current));
+    a.eq_ignore_ascii_case(b) || id(a).is_some_and(|a| Some(a) == id(b))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const V1: &str = "slate-1.0.0.efi";
+    const V2_FIRST_TRY: &str = "slate-2.0.0+2-1.efi";
+    const V2_BLESSED: &str = "slate-2.0.0.efi";
+
+    fn running() -> Phase {
+        Phase::Running {
+            health: HealthOutcome::Passed,
+        }
+    }
+
+    fn facts(
+        phase: Phase,
+        booted: Option<&str>,
+        marker: Option<&str>,
+        default: Option<&str>,
+    ) -> BootFacts {
+        BootFacts {
+            phase,
+            booted_entry: booted.map(str::to_owned),
+            loader: LoaderFacts::Read {
+                upgrade_marker: marker.map(str::to_owned),
+                default_entry: default.map(str::to_owned),
+            },
+        }
+    }
+
+    fn commit(entry: &str, upgrade: Upgrade) -> Decision {
+        Decision::Commit {
+            entry: entry.to_owned(),
+            upgrade,
+        }
+    }
+
+    fn succeeded(fallback: &str) -> Upgrade {
+        Upgrade::Succeeded {
+            fallback: fallback.to_owned(),
+        }
+    }
+
+    // Stage Running, systemd-boot.
+
+    #[test]
+    fn a_healthy_upgraded_entry_on_its_first_try_is_committed() {
+        let f = facts(running(), Some(V2_FIRST_TRY), Some(V1), Some(V2_FIRST_TRY));
+        assert_eq!(decide(&f), commit(V2_FIRST_TRY, succeeded(V1)));
+    }
+
+    #[test]
+    fn the_upgrade_is_committed_whatever_tries_are_left() {
+        for default in ["slate-2.0.0+1-2.efi", "slate-2.0.0+0-3.efi", V2_BLESSED] {
+            let f = facts(running(), Some(default), Some(V1), Some(default));
+            assert_eq!(decide(&f), commit(default, succeeded(V1)), "{default}");
+        }
+    }
+
+    #[test]
+    fn a_counted_default_without_a_marker_is_committed_the_first_boot_after_install() {
+        let f = facts(running(), Some(V2_FIRST_TRY), None, Some(V2_FIRST_TRY));
+        assert_eq!(decide(&f), commit(V2_FIRST_TRY, Upgrade::NonePending));
+        // With no tries left the counter is still dropped.
+        let f = facts(running(), Some(V1), None, Some("slate-1.0.0+0-3.efi"));
+        assert_eq!(decide(&f), commit(V1, Upgrade::NonePending));
+    }
+
+    #[test]
+    fn a_blessed_default_without_a_marker_needs_nothing() {
+        let f = facts(running(), Some(V1), None, Some(V1));
+        assert_eq!(decide(&f), Decision::Nothing(Idle::AlreadyCommitted));
+        // Which entry booted does not matter when nothing is pending.
+        let f = facts(running(), Some(V2_FIRST_TRY), None, Some(V1));
+        assert_eq!(decide(&f), Decision::Nothing(Idle::AlreadyCommitted));
+    }
+
+    #[test]
+    fn the_fallback_booting_means_the_upgrade_already_failed_and_is_closed() {
+        // Boot counting spent v2's tries; the glob fell back to v1, which now boots.
+        let f = facts(running(), Some(V1), Some(V1), Some(V1));
+        assert_eq!(
+            decide(&f),
+            commit(
+                V1,
+                Upgrade::AlreadyFailed {
+                    fallback: V1.into()
+                }
+            )
+        );
+    }
+
+    #[test]
+    fn booted_and_marker_are_compared_without_boot_counters_or_case() {
+        // sd-boot 252's LoaderEntrySelected keeps the counter; META has the name at upgrade
+        // time; IDs are lower-cased.
+        for (booted, marker) in [
+            ("slate-1.0.0+1-2.efi", "slate-1.0.0+2-1.efi"),
+            ("slate-1.0.0.efi", "slate-1.0.0+2-1.efi"),
+            ("slate-1.0.0.efi", "Slate-1.0.0.EFI"),
+        ] {
+            let f = facts(running(), Some(booted), Some(marker), Some(booted));
+            assert_eq!(
+                decide(&f),
+                commit(
+                    booted,
+                    Upgrade::AlreadyFailed {
+                        fallback: marker.into()
+                    }
+                ),
+                "{booted} vs {marker}"
+            );
+        }
+        // Another version is another entry, counter or not.
+        let f = facts(running(), Some("slate-1.0.1.efi"), Some(V1), Some(V1));
+        assert_eq!(decide(&f), commit("slate-1.0.1.efi", succeeded(V1)));
+    }
+
+    #[test]
+    fn an_empty_marker_is_dropped_with_the_commit() {
+        let f = facts(running(), Some(V1), Some(""), Some(V1));
+        assert_eq!(decide(&f), commit(V1, Upgrade::EmptyMarker));
+    }
+
+    #[test]
+    fn an_unhealthy_boot_is_never_committed() {
+        let report = "health check `file /ready` failed: missing (3 attempts in 1.0s)";
+        let unhealthy = Phase::Running {
+            health: HealthOutcome::Failed(report.into()),
+        };
+        let expected = Decision::Refuse(Refusal::Unhealthy(report.into()));
+        for (booted, marker, default) in [
+            (Some(V2_FIRST_TRY), Some(V1), Some(V2_FIRST_TRY)),
+            (Some(V1), None, Some(V1)),
+            (None, None, None),
+        ] {
+            assert_eq!(
+                decide(&facts(unhealthy.clone(), booted, marker, default)),
+                expected
+            );
+        }
+        // Health is reported before an unreadable loader.
+        let f = BootFacts {
+            phase: unhealthy,
+            booted_entry: None,
+            loader: LoaderFacts::Unavailable("no META partition".into()),
+        };
+        assert_eq!(decide(&f), expected);
+        assert_eq!(Refusal::Unhealthy(report.into()).to_string(), report);
+    }
+
+    #[test]
+    fn an_unknown_booted_entry_refuses_the_commit() {
+        let f = facts(running(), None, Some(V1), Some(V2_FIRST_TRY));
+        assert_eq!(decide(&f), Decision::Refuse(Refusal::BootedEntryUnknown));
+        // Even when nothing would be written: machined cannot tell.
+        let f = facts(running(), None, None, Some(V1));
+        assert_eq!(decide(&f), Decision::Refuse(Refusal::BootedEntryUnknown));
+    }
+
+    #[test]
+    fn a_loader_that_boots_nothing_refuses_the_commit() {
+        let f = facts(running(), Some(V1), Some(V1), None);
+        assert_eq!(decide(&f), Decision::Refuse(Refusal::NothingBootable));
+        // The booted entry is checked first.
+        let f = facts(running(), None, None, None);
+        assert_eq!(decide(&f), Decision::Refuse(Refusal::BootedEntryUnknown));
+    }
+
+    #[test]
+    fn an_unreadable_loader_refuses_the_commit_before_anything_else() {
+        for loader in [
+            LoaderFacts::Unavailable("no partition labelled META".into()),
+            LoaderFacts::Unreadable("EFI partition: not FAT".into()),
+        ] {
+            let (LoaderFacts::Unavailable(reason) | LoaderFacts::Unreadable(reason)) = &loader
+            else {
+                unreachable!()
+            };
+            let f = BootFacts {
+                phase: running(),
+                booted_entry: None,
+                loader: loader.clone(),
+            };
+            assert_eq!(
+                decide(&f),
+                Decision::Refuse(Refusal::Loader(reason.clone()))
+            );
+        }
+    }
+
+    // Stage Running, GRUB (slots, no boot counters).
+
+    #[test]
+    fn grub_commits_the_new_slot_of_a_pending_upgrade() {
+        let f = facts(running(), Some("B"), Some("A"), Some("B"));
+        assert_eq!(decide(&f), commit("B", succeeded("A")));
+    }
+
+    #[test]
+    fn grub_closes_an_upgrade_whose_one_shot_fell_back() {
+        let f = facts(running(), Some("A"), Some("A"), Some("A"));
+        assert_eq!(
+            decide(&f),
+            commit(
+                "A",
+                Upgrade::AlreadyFailed {
+                    fallback: "A".into()
+                }
+            )
+        );
+    }
+
+    #[test]
+    fn grub_without_a_marker_needs_nothing() {
+        // Slot labels carry no counter: nothing is on trial.
+        let f = facts(running(), Some("B"), None, Some("B"));
+        assert_eq!(decide(&f), Decision::Nothing(Idle::AlreadyCommitted));
+    }
+
+    // The fatal path.
+
+    #[test]
+    fn a_failed_upgrade_is_reverted_to_the_marker() {
+        let f = facts(
+            Phase::Fatal,
+            Some(V2_FIRST_TRY),
+            Some(V1),
+            Some(V2_FIRST_TRY),
+        );
+        assert_eq!(
+            decide(&f),
+            Decision::Revert {
+                failed: V2_FIRST_TRY.into(),
+                to: V1.into()
+            }
+        );
+        let f = facts(Phase::Fatal, Some("B"), Some("A"), Some("B"));
+        assert_eq!(
+            decide(&f),
+            Decision::Revert {
+                failed: "B".into(),
+                to: "A".into()
+            }
+        );
+    }
+
+    #[test]
+    fn the_default_entry_does_not_matter_on_the_fatal_path() {
+        let f = facts(Phase::Fatal, Some("B"), Some("A"), None);
+        assert!(matches!(decide(&f), Decision::Revert { .. }));
+        let f = facts(Phase::Fatal, Some(V1), None, Some(V2_FIRST_TRY));
+        assert_eq!(decide(&f), Decision::Nothing(Idle::NoUpgradePending));
+    }
+
+    #[test]
+    fn without_a_marker_a_fatal_error_reverts_nothing() {
+        for booted in [V1, V2_FIRST_TRY, "A"] {
+            let f = facts(Phase::Fatal, Some(booted), None, Some(booted));
+            assert_eq!(decide(&f), Decision::Nothing(Idle::NoUpgradePending));
+        }
+    }
+
+    #[test]
+    fn a_failing_fallback_is_kept_the_upgrade_already_failed() {
+        for (booted, marker) in [(V1, V1), ("slate-1.0.0+1-2.efi", V1), ("A", "A")] {
+            let f = facts(Phase::Fatal, Some(booted), Some(marker), Some(booted));
+            assert_eq!(
+                decide(&f),
+                Decision::KeepFallback {
+                    entry: booted.into()
+                },
+                "{booted} vs {marker}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_empty_marker_is_only_dropped_on_the_fatal_path() {
+        let f = facts(Phase::Fatal, Some("B"), Some(""), Some("B"));
+        assert_eq!(decide(&f), Decision::DropEmptyMarker { failed: "B".into() });
+    }
+
+    #[test]
+    fn an_unknown_booted_entry_refuses_the_revert() {
+        let f = facts(Phase::Fatal, None, Some(V1), Some(V2_FIRST_TRY));
+        assert_eq!(decide(&f), Decision::Refuse(Refusal::BootedEntryUnknown));
+        // Even with no marker: machined used to learn that only from the revert itself.
+        let f = facts(Phase::Fatal, None, None, Some(V1));
+        assert_eq!(decide(&f), Decision::Refuse(Refusal::BootedEntryUnknown));
+    }
+
+    #[test]
+    fn on_the_fatal_path_an_unopened_loader_comes_first_an_unread_one_after_the_booted_entry() {
+        let f = BootFacts {
+            phase: Phase::Fatal,
+            booted_entry: None,
+            loader: LoaderFacts::Unavailable("no partition labelled META".into()),
+        };
+        assert_eq!(
+            decide(&f),
+            Decision::Refuse(Refusal::Loader("no partition labelled META".into()))
+        );
+        let unread = LoaderFacts::Unreadable("GRUB environment block".into());
+        let f = BootFacts {
+            phase: Phase::Fatal,
+            booted_entry: None,
+            loader: unread.clone(),
+        };
+        assert_eq!(decide(&f), Decision::Refuse(Refusal::BootedEntryUnknown));
+        let f = BootFacts {
+            phase: Phase::Fatal,
+            booted_entry: Some("B".into()),
+            loader: unread,
+        };
+        assert_eq!(
+            decide(&f),
+            Decision::Refuse(Refusal::Loader("GRUB environment block".into()))
+        );
+    }
+
+    #[test]
+    fn refusals_read_as_machined_has_always_reported_them() {
+        assert_eq!(
+            Refusal::BootedEntryUnknown.to_string(),
+            "the firmware did not say which entry booted (LoaderEntrySelected)"
+        );
+        assert_eq!(
+            Refusal::NothingBootable.to_string(),
+            "systemd-boot would boot nothing on this disk"
+        );
+        assert_eq!(
+            Refusal::Loader("opening /dev/vda: gone".into()).to_string(),
+            "opening /dev/vda: gone"
+        );
+    }
+
+    #[test]
+    fn entries_compare_by_slot_or_by_id_without_counter() {
+        assert!(same_entry("A", "A"));
+        assert!(!same_entry("A", "B"));
+        assert!(same_entry("slate-1.0.0+3.efi", "slate-1.0.0+0-3.efi"));
+        assert!(!same_entry("slate-1.0.0.efi", "slate-1.0.1.efi"));
+        assert!(!same_entry("slate-1.0.0.efi", "A"));
+        assert!(on_trial("slate-1.0.0+3.efi"));
+        assert!(!on_trial("slate-1.0.0.efi"));
+        assert!(!on_trial("A"));
+    }
+}

@@ -1,0 +1,53 @@
+//! The image contract: every path the imager writes into an image and the node reads from it,
+//! defined once. Each path exists twice: relative to the tree being built (what the imager and
+//! tests join onto a directory) and absolute (what init and machined open on a running node).
+
+macro_rules! image_paths {
+    ($($(#[$doc:meta])* $relative:ident, $absolute:ident = $path:literal;)*) => {
+        $(
+            $(#[$doc])*
+            pub const $relative: &str = $path;
+            $(#[$doc])*
+            pub const $absolute: &str = concat!("/", $path);
+        )*
+    };
+}
+
+image_paths! {
+    /// The node's runtime configuration (`[health]`, `[watchdog]`), in the root squashfs.
+    NODE_CONFIG_PATH, NODE_CONFIG = "etc/slate/node.toml";
+    /// The public keys the node trusts for bundles (`<key id>.pub`, SPKI PEM), in the root.
+    TRUSTED_KEYS_PATH, TRUSTED_KEYS = "etc/slate/trusted-keys";
+    /// The node API's identity (CA, node certificate and key), in the root.
+    PKI_PATH, PKI = "etc/slate/pki";
+    /// The kernel modules init loads, in order, one path per line below
+    /// `/lib/modules/<release>/`; in the initramfs.
+    MODULES_LOAD_PATH, MODULES_LOAD = "etc/slate/modules.load";
+    /// The root file system image, in the initramfs.
+    ROOTFS_IMAGE_PATH, ROOTFS_IMAGE = "rootfs.sqsh";
+    /// System extensions (squashfs images overlaid on the root), in a second initramfs archive.
+    EXTENSIONS_PATH, EXTENSIONS = "extensions";
+    /// The extensions' order, one file name per line, lowest layer first.
+    EXTENSIONS_MANIFEST_PATH, EXTENSIONS_MANIFEST = "extensions/manifest";
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn absolute_paths_are_the_relative_ones_under_root() {
+        for (relative, absolute) in [
+            (NODE_CONFIG_PATH, NODE_CONFIG),
+            (TRUSTED_KEYS_PATH, TRUSTED_KEYS),
+            (PKI_PATH, PKI),
+            (MODULES_LOAD_PATH, MODULES_LOAD),
+            (ROOTFS_IMAGE_PATH, ROOTFS_IMAGE),
+            (EXTENSIONS_PATH, EXTENSIONS),
+            (EXTENSIONS_MANIFEST_PATH, EXTENSIONS_MANIFEST),
+        ] {
+            assert!(!relative.starts_with('/'));
+            assert_eq!(absolute, format!("/{relative}"));
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Argument types more than one command takes. The `*_cmd` modules import these, never `cli.rs`,
+//! so the command modules and the top-level parser cannot depend on each other in a cycle.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, Result};
+use clap::{Args, ValueEnum};
+use slate_api::{Client, RebootMode, Role};
+use slate_transport::{Credentials, Options};
+
+/// How a status-like command prints its answer.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, ValueEnum)]
+pub enum OutputFormat {
+    #[default]
+    Text,
+    Json,
+}
+
+/// How to reach a node and as whom.
+#[derive(Debug, Args)]
+pub struct NodeTarget {
+    /// The node's API address (HOST or HOST:PORT; port 50000 by default).
+    #[arg(long, global = true, env = "SLATE_NODE")]
+    pub node: Option<String>,
+    /// Directory holding ca.crt and the client certificates (`slate gen certs`).
+    #[arg(long, global = true, env = "SLATE_CERTS", default_value = "pki")]
+    pub certs: PathBuf,
+    /// Which client certificate to use.
+    #[arg(long, global = true, value_enum, default_value_t = RoleArg::Admin)]
+    pub role: RoleArg,
+    /// Connect without a client certificate (the node refuses; useful to check it does).
+    #[arg(long, global = true, hide = true)]
+    pub no_certificate: bool,
+}
+
+impl NodeTarget {
+    /// The API client for the node and role given.
+    pub fn client(&self) -> Result<Client> {
+        let node = self
+            .node
+            .as_deref()
+            .context("no node given: pass --node HOST[:PORT] or set SLATE_NODE")?;
+        let dir: &Path = &self.certs;
+        let client = if self.no_certificate {
+            let ca = std::fs::read(dir.join(slate_api::CA_CERT))
+                .with_context(|| format!("reading {}", dir.join(slate_api::CA_CERT).display()))?;
+            Client::without_certificate(node, &ca)
+        } else {
+            Client::from_dir(node, dir, self.role.into())
+        };
+        client.with_context(|| format!("setting up the client for {node}"))
+    }
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RoleArg {
+    Admin,
+    Operator,
+    Reader,
+}
+
+impl From<RoleArg> for Role {
+    fn from(role: RoleArg) -> Self {
+        match role {
+            RoleArg::Admin => Role::Admin,
+            RoleArg::Operator => Role::Operator,
+            RoleArg::Reader => Role::Reader,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, ValueEnum)]
+pub enum RebootModeArg {
+    #[default]
+    Default,
+    Powercycle,
+}
+
+impl From<RebootModeArg> for RebootMode {
+    fn from(mode: RebootModeArg) -> Self {
+        match mode {
+            RebootModeArg::Default => RebootMode::Default,
+            RebootModeArg::Powercycle => RebootMode::Powercycle,
+        }
+    }
+}
+
+/// How to talk to an OCI registry.
+#[derive(Debug, Args)]
+pub struct RegistryArgs {
+    /// Plain HTTP to a registry that is not on this machine (127.0.0.1 and localhost always get
+    /// plain HTTP).
+    #[arg(long)]
+    pub insecure: bool,
+    /// Registry user; the password is read from SLATE_REGISTRY_PASSWORD.
+    #[arg(long, env = "SLATE_REGISTRY_USERNAME")]
+    pub username: Option<String>,
+}
+
+impl RegistryArgs {
+    /// The transport's options; the password comes from the environment so that it never shows
+    /// in a process listing.
+    pub fn options(&self) -> Result<Options> {
+        let credentials = match &self.username {
+            Some(username) => Some(Credentials {
+                username: username.clone(),
+                password: std::env::var("SLATE_REGISTRY_PASSWORD")
+                    .context("--username needs the password in SLATE_REGISTRY_PASSWORD")?,
+            }),
+            None => None,
+        };
+        Ok(Options {
+            insecure: self.insecure,
+            credentials,
+            chunk_size: None,
+        })
+    }
+}
