@@ -7,7 +7,7 @@ use std::io;
 use fatfs::FileSystem;
 use slate_disk::{Disk, DiskIo, PartitionView, SectorBuffer};
 use slate_esp::{fat, ReadOnly};
-use slate_layout::{find_partition, EFI_LABEL, META_LABEL};
+use slate_layout::{find_partition, open_partition, EFI_LABEL, META_LABEL};
 use slate_meta::{tags, MetaStore};
 
 use crate::BootloaderError;
@@ -35,8 +35,7 @@ pub(crate) fn invalid(e: impl std::fmt::Display) -> BootloaderError {
 }
 
 pub(crate) fn esp_read_only<D: Disk>(disk: &D) -> Result<PartitionView<ReadOnly<'_, D>>> {
-    let info = find_partition(ReadOnly(disk), EFI_LABEL)?;
-    Ok(PartitionView::new(ReadOnly(disk), info.start, info.len)?)
+    Ok(open_partition(ReadOnly(disk), EFI_LABEL)?)
 }
 
 /// The content of a file on the ESP (`/`-separated path).
@@ -71,16 +70,12 @@ pub(crate) fn with_esp<D: Disk, R>(
 
 /// META opened for writing.
 pub(crate) fn meta_mut<D: Disk>(disk: &mut D) -> Result<MetaStore<PartitionView<&mut D>>> {
-    let info = find_partition(&mut *disk, META_LABEL)?;
-    Ok(MetaStore::open(PartitionView::new(
-        disk, info.start, info.len,
-    )?)?)
+    Ok(MetaStore::open(open_partition(disk, META_LABEL)?)?)
 }
 
 /// META `Upgrade` (the entry or slot to fall back to) and META's read warnings.
 pub(crate) fn read_upgrade_tag<D: Disk>(disk: &D) -> Result<(Option<String>, Vec<String>)> {
-    let info = find_partition(ReadOnly(disk), META_LABEL)?;
-    let meta = MetaStore::open(PartitionView::new(ReadOnly(disk), info.start, info.len)?)?;
+    let meta = MetaStore::open(open_partition(ReadOnly(disk), META_LABEL)?)?;
     let tag = meta
         .get(tags::UPGRADE)
         .map(|v| String::from_utf8_lossy(v).into_owned());

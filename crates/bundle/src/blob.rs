@@ -78,7 +78,10 @@ pub(crate) fn from_io(path: &Path, error: io::Error) -> BundleError {
         return plain(error);
     }
     let kind = error.kind();
-    match error.into_inner().map(|inner| inner.downcast::<BundleError>()) {
+    match error
+        .into_inner()
+        .map(|inner| inner.downcast::<BundleError>())
+    {
         Some(Ok(bundle_error)) => *bundle_error,
         Some(Err(inner)) => plain(io::Error::new(kind, inner)),
         None => plain(io::Error::from(kind)),

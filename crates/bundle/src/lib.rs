@@ -23,15 +23,12 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use blob::{BlobReader, VerifiedBlobs};
-pub use digest::{
-    hashed_on_this_thread, Digest, DigestError, DigestWriter, Hasher, SHA256_PREFIX,
-};
+pub use digest::{hashed_on_this_thread, Digest, DigestError, DigestWriter, Hasher, SHA256_PREFIX};
 pub use read::{is_signature_tag, parse_documents, Bundle, MAX_DOCUMENT_BYTES};
 pub use signature::{
     add_signature, parse_signature_manifest, signature_tag, signature_tag_of, SignatureDescriptor,
-    SignatureLayer,
-    MAX_SIGNATURES, PUBLIC_KEY_ANNOTATION, SIGNATURE_ANNOTATION, SIGNATURE_CONFIG_MEDIA_TYPE,
-    SIMPLE_SIGNING_MEDIA_TYPE,
+    SignatureLayer, MAX_SIGNATURES, PUBLIC_KEY_ANNOTATION, SIGNATURE_ANNOTATION,
+    SIGNATURE_CONFIG_MEDIA_TYPE, SIMPLE_SIGNING_MEDIA_TYPE,
 };
 pub use write::{write_bundle, write_installable_bundle, BlobInput, BundleSpec};
 

@@ -6,8 +6,8 @@ use std::fs;
 use std::path::Path;
 
 use slate_bundle::{
-    add_signature, hashed_on_this_thread, write_bundle, BlobInput, Bundle, BundleError,
-    BundleSpec, Digest, SignatureLayer, VerifiedBlobs, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE,
+    add_signature, hashed_on_this_thread, write_bundle, BlobInput, Bundle, BundleError, BundleSpec,
+    Digest, SignatureLayer, VerifiedBlobs, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE,
 };
 
 const UKI: &[u8] = b"MZ pretend UKI, somewhat longer than the documents around it";
@@ -108,7 +108,12 @@ fn an_export_alone_hashes_each_byte_once_and_puts_documents_first() {
     assert_eq!(hashed_on_this_thread() - start, blob_bytes(dir.path()));
 
     let names = entries(&tar);
-    let layer = |bytes: &[u8]| (format!("blobs/sha256/{}", Digest::of(bytes).hex()), bytes.len() as u64);
+    let layer = |bytes: &[u8]| {
+        (
+            format!("blobs/sha256/{}", Digest::of(bytes).hex()),
+            bytes.len() as u64,
+        )
+    };
     assert_eq!(names[0].0, "oci-layout");
     assert_eq!(names[1].0, "index.json");
     assert_eq!(

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 
 use slate_bootloader::{BootloaderError, MemEfiVars, UpgradeOutcome};
 use slate_bundle::{BundleError, NATIVE_ARCH};
-use slate_disk::{DiskError, FileDisk, PartitionView};
+use slate_disk::{DiskError, FileDisk};
 use slate_layout::LayoutError;
 use slate_meta::{MetaError, MetaStore};
 use slate_trust::{PolicyError, UpdateKind};
@@ -207,19 +207,17 @@ pub fn upgrade(
 
 /// META `VersionFloor` of the slate disk, if one is kept.
 fn version_floor(disk: &Path) -> Result<Option<String>, UpgradeModeError> {
-    let mut file = FileDisk::open_read_only(disk).map_err(|source| UpgradeModeError::Open {
+    let file = FileDisk::open_read_only(disk).map_err(|source| UpgradeModeError::Open {
         disk: disk.to_owned(),
         source,
     })?;
-    let part =
-        slate_layout::find_partition(&mut file, slate_layout::META_LABEL).map_err(|source| {
-            UpgradeModeError::FindMeta {
-                disk: disk.to_owned(),
-                source,
-            }
-        })?;
-    let store = MetaStore::open(PartitionView::new(file, part.start, part.len)?)
-        .map_err(UpgradeModeError::ReadMeta)?;
+    let meta = slate_layout::open_partition(file, slate_layout::META_LABEL).map_err(|source| {
+        UpgradeModeError::FindMeta {
+            disk: disk.to_owned(),
+            source,
+        }
+    })?;
+    let store = MetaStore::open(meta).map_err(UpgradeModeError::ReadMeta)?;
     Ok(store
         .get(slate_meta::tags::VERSION_FLOOR)
         .map(|v| String::from_utf8_lossy(v).trim().to_string()))

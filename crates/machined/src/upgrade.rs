@@ -20,10 +20,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use slate_api::{BackendError, Stage, UploadedBundle};
 use slate_bundle::{Bundle, Digest, VerifiedBlobs, INSTALLER_ROLE};
-use slate_trust::PublicKey;
 use slate_sequencer::{
     error_chain as chain, PhaseListBuilder, RebootMode, Sequence, SequenceKind, TaskError,
 };
+use slate_trust::PublicKey;
 
 use super::node::Node;
 use super::sequences::task;
@@ -185,7 +185,8 @@ pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, Backe
         err
     };
     // Before a byte of the body is read: a node without anchors takes nothing.
-    let keys = trusted_keys().map_err(|e| refuse(invalid(format!("the bundle is refused: {e}"))))?;
+    let keys =
+        trusted_keys().map_err(|e| refuse(invalid(format!("the bundle is refused: {e}"))))?;
     let root = Path::new(BUNDLES_DIR);
     let staging = root.join(format!(
         ".incoming-{}",

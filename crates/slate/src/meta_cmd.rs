@@ -8,7 +8,7 @@ use anyhow::{bail, Context as _, Result};
 use base64::Engine as _;
 use clap::{Args, Subcommand};
 use serde::Serialize;
-use slate_disk::{Disk, FileDisk, PartitionView};
+use slate_disk::{Disk, FileDisk};
 use slate_meta::{parse_tag, payload, tag_name, MetaStore};
 
 use crate::args::OutputFormat;
@@ -100,10 +100,10 @@ fn open(target: &Target, writable: bool) -> Result<MetaStore<Box<dyn Disk>>> {
     let disk: Box<dyn Disk> = if target.raw {
         Box::new(file)
     } else {
-        let mut file = file;
-        let part = slate_layout::find_partition(&mut file, &target.partition)
-            .with_context(|| format!("finding META on {}", target.disk.display()))?;
-        Box::new(PartitionView::new(file, part.start, part.len)?)
+        Box::new(
+            slate_layout::open_partition(file, &target.partition)
+                .with_context(|| format!("finding META on {}", target.disk.display()))?,
+        )
     };
     let store = MetaStore::open(disk).with_context(|| "reading META".to_string())?;
     for warning in store.warnings() {

@@ -142,7 +142,10 @@ impl Layout {
     }
 
     pub fn blob_path(&self, digest: &str) -> Result<PathBuf, TransportError> {
-        Ok(self.dir.join("blobs/sha256").join(parse_digest(digest)?.hex()))
+        Ok(self
+            .dir
+            .join("blobs/sha256")
+            .join(parse_digest(digest)?.hex()))
     }
 
     /// Whether the blob is in place with the right size. A file of the wrong size under its

@@ -297,7 +297,11 @@ fn a_cached_blob_of_the_wrong_size_is_still_refused() {
         .join("blobs/sha256")
         .join(&support::sha256(&uki)["sha256:".len()..]);
     std::fs::write(&path, &uki[..100]).unwrap();
-    let err = pulled.open().unwrap().export_tar(&mut Vec::new()).unwrap_err();
+    let err = pulled
+        .open()
+        .unwrap()
+        .export_tar(&mut Vec::new())
+        .unwrap_err();
     assert!(
         matches!(err, slate_bundle::BundleError::SizeMismatch { .. }),
         "{err}"

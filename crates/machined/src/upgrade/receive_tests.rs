@@ -191,8 +191,7 @@ fn an_unsigned_upload_is_refused_before_any_blob_is_read() {
     let hashed = hashed_on_this_thread();
     let err = receive_into(staging.path(), &trusted(), &mut body).unwrap_err();
     assert!(
-        err.to_string().contains("the bundle is not signed")
-            && err.to_string().contains(".sig"),
+        err.to_string().contains("the bundle is not signed") && err.to_string().contains(".sig"),
         "{err}"
     );
     assert!(body.at <= first_blob, "{} > {first_blob}", body.at);
@@ -215,9 +214,10 @@ fn an_upload_signed_by_an_untrusted_key_is_refused_before_any_blob_is_read() {
     let staging = tempfile::tempdir().unwrap();
     let err = receive_into(staging.path(), &trusted(), &mut body).unwrap_err();
     assert!(
-        err.to_string()
-            .contains(&format!("signed by key {}", key(2).public_key().id().short()))
-            && err.to_string().contains("not trusted"),
+        err.to_string().contains(&format!(
+            "signed by key {}",
+            key(2).public_key().id().short()
+        )) && err.to_string().contains("not trusted"),
         "{err}"
     );
     assert!(body.at <= first_blob);
@@ -251,8 +251,7 @@ fn a_signed_upload_is_hashed_once_and_not_again_before_its_installer_runs() {
     let id = received.bundle.digest().clone();
     remember(&id, received.bundle.verified_blobs());
     let after_receive = hashed_on_this_thread();
-    let (bundle, signer) =
-        check_signed(staging.path(), &id, remembered(&id), &trusted()).unwrap();
+    let (bundle, signer) = check_signed(staging.path(), &id, remembered(&id), &trusted()).unwrap();
     assert_eq!(signer, key(1).public_key().id().short());
     bundle.verify_blobs().unwrap();
     let installer = staging.path().join("installer");
@@ -260,12 +259,11 @@ fn a_signed_upload_is_hashed_once_and_not_again_before_its_installer_runs() {
         write_installer(&bundle, &installer).unwrap(),
         INSTALLER.len() as u64
     );
-    assert_eq!(std::fs::read(&installer).unwrap(), INSTALLER);
+    assert_eq!(fs::read(&installer).unwrap(), INSTALLER);
     assert_eq!(hashed_on_this_thread(), after_receive);
 
     // After a reboot (a staged upgrade) nothing is remembered: each byte is hashed once more.
-    let (bundle, _) =
-        check_signed(staging.path(), &id, VerifiedBlobs::new(), &trusted()).unwrap();
+    let (bundle, _) = check_signed(staging.path(), &id, VerifiedBlobs::new(), &trusted()).unwrap();
     bundle.verify_blobs().unwrap();
     write_installer(&bundle, &installer).unwrap();
     assert_eq!(
@@ -280,7 +278,7 @@ fn index_last(dir: &Path) -> Vec<u8> {
     builder
         .append_path_with_name(dir.join("oci-layout"), "oci-layout")
         .unwrap();
-    for entry in std::fs::read_dir(dir.join("blobs/sha256")).unwrap() {
+    for entry in fs::read_dir(dir.join("blobs/sha256")).unwrap() {
         let entry = entry.unwrap();
         let name = format!(
             "blobs/sha256/{}",
@@ -300,7 +298,7 @@ fn an_upload_with_its_index_last_is_still_checked_and_hashed_once() {
         let src = tempfile::tempdir().unwrap();
         bundle(src.path(), signer);
         let tar = index_last(src.path());
-        let blob_bytes: u64 = std::fs::read_dir(src.path().join("blobs/sha256"))
+        let blob_bytes: u64 = fs::read_dir(src.path().join("blobs/sha256"))
             .unwrap()
             .map(|e| e.unwrap().metadata().unwrap().len())
             .sum();
@@ -332,8 +330,10 @@ fn a_blob_that_does_not_match_its_name_is_refused_as_it_arrives() {
     let staging = tempfile::tempdir().unwrap();
     let err = receive(&damaged, staging.path()).unwrap_err();
     assert!(
-        err.to_string()
-            .contains(&format!("the blob {} does not match its name", Digest::of(&uki))),
+        err.to_string().contains(&format!(
+            "the blob {} does not match its name",
+            Digest::of(&uki)
+        )),
         "{err}"
     );
 }
@@ -343,7 +343,7 @@ fn only_documents_may_come_between_the_index_and_the_signature() {
     let src = tempfile::tempdir().unwrap();
     bundle(src.path(), Some(1));
     let uki = uki();
-    let read = |name: &str| std::fs::read(src.path().join(name)).unwrap();
+    let read = |name: &str| fs::read(src.path().join(name)).unwrap();
     let big = tar_with(&[
         ("oci-layout", tar::EntryType::Regular, &read("oci-layout")),
         ("index.json", tar::EntryType::Regular, &read("index.json")),
