@@ -32,11 +32,6 @@ impl VerifiedBlobs {
         self.0.get(digest) == Some(&size)
     }
 
-    /// The size `digest` was verified with.
-    pub fn size_of(&self, digest: &Digest) -> Option<u64> {
-        self.0.get(digest).copied()
-    }
-
     pub fn len(&self) -> usize {
         self.0.len()
     }

@@ -125,7 +125,8 @@ pub enum BundleError {
     NoSuchTag(String),
     #[error("the bundle carries no {0} blob")]
     MissingBlob(String),
-    #[error("unsupported digest {0:?} (sha256 only)")]
+    /// Not a canonical digest ([`Digest::parse`]): another algorithm, or not 64 lower-case hex.
+    #[error("unsupported digest {0:?} (sha256 only, as `sha256:` and 64 lower-case hex digits)")]
     UnsupportedDigest(String),
 }
 

@@ -122,7 +122,6 @@ pub fn upgrade(
     let (bundle, provenance) = open_trusted(&request.bundle, &request.trust)?;
     progress(UpgradeEvent::Opened(&provenance));
     let manifest = bundle.manifest().clone();
-    let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
     let open_error = |source| UpgradeModeError::Open {
         disk: disk.to_owned(),
         source,
@@ -168,6 +167,8 @@ pub fn upgrade(
             source: Box::new(source),
         },
     )?;
+    // Only a bundle the policy accepts is worth reading: the UKI is the one large blob.
+    let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
     let mut report = UpgradeReport {
         name: manifest.name,
         version: manifest.version,

@@ -12,6 +12,7 @@ mod health;
 mod journal;
 mod node;
 mod sequences;
+mod system_disk;
 mod transaction;
 mod upgrade;
 mod watchdog;

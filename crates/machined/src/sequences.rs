@@ -148,7 +148,7 @@ fn wait_for_partition(
 }
 
 fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), TaskError> {
-    let part = match wait_for_partition(ctx, "META", None) {
+    let part = match wait_for_partition(ctx, crate::system_disk::META_LABEL, None) {
         Ok(part) => part,
         Err(err) => {
             ctx.log(&format!("no META partition: {err}"));
@@ -201,9 +201,7 @@ fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), Ta
 }
 
 fn open_meta(part: &BlockPartition) -> Result<MetaStore<FileDisk>, TaskError> {
-    let disk = FileDisk::open(&part.device)
-        .map_err(|e| failed(format!("opening {}: {e}", part.device.display())))?;
-    MetaStore::open(disk).map_err(|e| failed(format!("reading META: {e}")))
+    crate::system_disk::open_meta_on(part, true).map_err(|e| failed(format!("reading META: {e}")))
 }
 
 pub fn install<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {

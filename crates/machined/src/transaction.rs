@@ -40,7 +40,7 @@ impl EfiVars for FirmwareVars {
 
 /// The backend of the loader the system disk was installed with (systemd-boot or GRUB).
 fn system_loader() -> Result<Box<dyn Bootloader>, String> {
-    let meta = slate_host::find_partition_by_label("META", None).map_err(|e| e.to_string())?;
+    let meta = crate::system_disk::meta_partition()?;
     let disk =
         FileDisk::open(&meta.disk).map_err(|e| format!("opening {}: {e}", meta.disk.display()))?;
     slate_bootloader::probe(disk, FirmwareVars).map_err(|e| error_chain(&e))
@@ -197,10 +197,7 @@ fn revert(node: &Node, mut loader: Box<dyn Bootloader>, failed: &str) -> Result<
 
 /// Remember in META which version failed and why; the next boot reports it in its status.
 pub fn record_failure(node: &Node, reason: &str) -> Result<(), String> {
-    let meta = slate_host::find_partition_by_label("META", None).map_err(|e| e.to_string())?;
-    let disk = FileDisk::open(&meta.device)
-        .map_err(|e| format!("opening {}: {e}", meta.device.display()))?;
-    let mut store = slate_meta::MetaStore::open(disk).map_err(|e| error_chain(&e))?;
+    let mut store = crate::system_disk::open_meta(true)?;
     let json = failure_record(&node.version, reason).map_err(|e| e.to_string())?;
     store
         .set(slate_meta::tags::LAST_BOOT_FAILURE, json.into_bytes())

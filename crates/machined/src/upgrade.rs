@@ -27,6 +27,7 @@ use slate_trust::PublicKey;
 
 use super::node::Node;
 use super::sequences::task;
+use receive::invalid;
 
 pub const BUNDLES_DIR: &str = "/var/lib/slate/bundles";
 /// The keys this image trusts (baked in by the imager from the profile's `[trust] keys`).
@@ -68,8 +69,6 @@ pub struct Staged {
     pub image: String,
     pub options: StagedOptions,
 }
-
-use receive::invalid;
 
 /// Where the received bundle `id` is kept.
 fn bundle_dir(id: &Digest) -> PathBuf {
@@ -136,10 +135,7 @@ fn write_installer(bundle: &Bundle, path: &Path) -> Result<u64, String> {
 
 /// META `VersionFloor` on the system disk, if one is kept.
 fn version_floor() -> Result<Option<String>, String> {
-    let meta = slate_host::find_partition_by_label("META", None).map_err(|e| e.to_string())?;
-    let disk = slate_disk::FileDisk::open_read_only(&meta.device)
-        .map_err(|e| format!("{}: {e}", meta.device.display()))?;
-    let store = slate_meta::MetaStore::open(disk).map_err(|e| chain(&e))?;
+    let store = crate::system_disk::open_meta(false)?;
     Ok(store
         .get(slate_meta::tags::VERSION_FLOOR)
         .map(|v| String::from_utf8_lossy(v).trim().to_string()))
@@ -267,10 +263,7 @@ pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan,
 
 /// Open META on the system disk for writing.
 fn meta_store() -> Result<slate_meta::MetaStore<slate_disk::FileDisk>, String> {
-    let meta = slate_host::find_partition_by_label("META", None).map_err(|e| e.to_string())?;
-    let disk = slate_disk::FileDisk::open(&meta.device)
-        .map_err(|e| format!("{}: {e}", meta.device.display()))?;
-    slate_meta::MetaStore::open(disk).map_err(|e| chain(&e))
+    crate::system_disk::open_meta(true)
 }
 
 /// Write the staged upgrade into META (both tags in one flush).
@@ -445,7 +438,7 @@ fn upgrade_phases<'a>(
         .append(
             "install",
             [task(node, "runInstaller", move |ctx| {
-                let meta = slate_host::find_partition_by_label("META", None)
+                let meta = crate::system_disk::meta_partition()
                     .map_err(|e| failed(format!("finding the system disk: {e}")))?;
                 let running = super::transaction::booted_entry(node).ok_or_else(|| {
                     failed("neither the firmware nor the kernel command line says what booted")

@@ -50,6 +50,8 @@ enum Source {
     OnNode(String),
     /// A local OCI layout and the tag to take (`None`: its only image).
     Layout(PathBuf, Option<String>),
+    /// The pull cache and the pulled tag: every blob was verified as it was written there.
+    Pulled(PathBuf, String),
 }
 
 fn parse_image(args: &UpgradeArgs) -> Result<Source> {
@@ -77,7 +79,7 @@ fn parse_image(args: &UpgradeArgs) -> Result<Source> {
         println!("would pull {reference} into {}", args.cache.display());
     }
     let pulled = pull_to_cache(&reference, &args.cache, &args.registry)?;
-    Ok(Source::Layout(pulled.layout_dir, Some(pulled.tag)))
+    Ok(Source::Pulled(pulled.layout_dir, pulled.tag))
 }
 
 /// Open the layout and check every blob against its digest before a byte leaves this machine.
@@ -96,14 +98,17 @@ pub fn run(target: &NodeTarget, args: UpgradeArgs) -> Result<()> {
         allow_downgrade: args.allow_downgrade,
         tries: args.tries,
     };
-    let (dir, tag) = match parse_image(&args)? {
+    let bundle = match parse_image(&args)? {
         Source::OnNode(id) => {
             request.image = id;
             return send(&client, &request, args.dry_run);
         }
-        Source::Layout(dir, tag) => (dir, tag),
+        Source::Layout(dir, tag) => open_checked(&dir, tag.as_deref())?,
+        // Not read again to check: the pull hashed each blob on its way into the cache.
+        Source::Pulled(dir, tag) => slate_transport::open_cached(&dir, &tag)
+            .with_context(|| format!("opening {}", dir.display()))?,
     };
-    let bundle = Arc::new(open_checked(&dir, tag.as_deref())?);
+    let bundle = Arc::new(bundle);
     let manifest = bundle.manifest();
     let payload: u64 = manifest.blobs.values().map(|b| b.size).sum();
     if args.dry_run {
