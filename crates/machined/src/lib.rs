@@ -13,6 +13,7 @@ mod journal;
 mod node;
 mod sequences;
 mod system_disk;
+mod task;
 mod transaction;
 mod upgrade;
 mod watchdog;

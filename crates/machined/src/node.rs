@@ -5,6 +5,9 @@ use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
 use slate_api::{Event, EventKind, Failure, Stage};
+use std::path::PathBuf;
+
+use slate_bundle::{Digest, VerifiedBlobs};
 use slate_sequencer::{Mode, PriorityLock, RebootMode, SequenceGuard, SequenceKind};
 
 use super::journal::Journal;
@@ -14,7 +17,24 @@ use super::journal::Journal;
 pub enum Request {
     Reboot(RebootMode, SequenceGuard),
     Reset(SequenceGuard),
-    Upgrade(super::upgrade::UpgradePlan, SequenceGuard),
+    Upgrade(UpgradePlan, SequenceGuard),
+}
+
+/// What the Upgrade sequence installs, and how (made by `upgrade::plan` from an API request,
+/// or from META's staged tags).
+#[derive(Debug, Clone)]
+pub struct UpgradePlan {
+    /// The received bundle: its image manifest digest, and where it is kept.
+    pub bundle_id: Digest,
+    pub bundle_dir: PathBuf,
+    /// Its blobs this process has verified already (empty after a reboot).
+    pub verified: VerifiedBlobs,
+    pub version: String,
+    pub tries: u32,
+    pub reboot: RebootMode,
+    pub allow_downgrade: bool,
+    /// Record the upgrade in META and reboot; the next boot's Install sequence performs it.
+    pub stage: bool,
 }
 
 /// Settings read from the kernel command line (`slate.*`).

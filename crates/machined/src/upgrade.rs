@@ -25,8 +25,8 @@ use slate_sequencer::{
 };
 use slate_trust::PublicKey;
 
-use super::node::Node;
-use super::sequences::task;
+use crate::node::{Node, UpgradePlan};
+use crate::task::{failed, task};
 use receive::invalid;
 
 pub const BUNDLES_DIR: &str = "/var/lib/slate/bundles";
@@ -35,22 +35,6 @@ pub const TRUSTED_KEYS: &str = "/etc/slate/trusted-keys";
 /// The prefix of an upgrade image that names a received bundle: `bundle:sha256:<hex>`.
 pub const BUNDLE_SCHEME: &str = "bundle:";
 const DEFAULT_TRIES: u32 = 3;
-
-/// What the Upgrade sequence installs, and how.
-#[derive(Debug, Clone)]
-pub struct UpgradePlan {
-    /// The received bundle: its image manifest digest, and where it is kept.
-    pub bundle_id: Digest,
-    pub bundle_dir: PathBuf,
-    /// Its blobs this process has verified already (empty after a reboot).
-    pub verified: VerifiedBlobs,
-    pub version: String,
-    pub tries: u32,
-    pub reboot: RebootMode,
-    pub allow_downgrade: bool,
-    /// Record the upgrade in META and reboot; the next boot's Install sequence performs it.
-    pub stage: bool,
-}
 
 /// META `StagedUpgradeInstallOptions`: what the staged upgrade needs besides the image.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -333,10 +317,6 @@ pub fn staged_plan(staged: &Staged) -> Result<UpgradePlan, String> {
         allow_downgrade: staged.options.allow_downgrade,
         stage: false,
     })
-}
-
-fn failed(message: impl std::fmt::Display) -> TaskError {
-    TaskError::msg(message.to_string())
 }
 
 /// `--stage`: record the upgrade in META, then reboot into the Install sequence that runs it.

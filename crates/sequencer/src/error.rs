@@ -5,7 +5,24 @@ use std::fmt;
 use std::str::FromStr;
 
 use crate::kind::SequenceKind;
-use crate::lock::LockError;
+
+/// Why the lock was not granted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum LockError {
+    /// Another sequence runs and the requested one may not take it over.
+    #[error("locked: the {running} sequence is running")]
+    Locked {
+        /// The sequence holding (or about to hold) the lock.
+        running: SequenceKind,
+    },
+    /// The running sequence was cancelled but did not release the lock within the takeover
+    /// timeout.
+    #[error("takeover timed out: the {running} sequence did not stop")]
+    TakeoverTimeout {
+        /// The sequence still holding the lock.
+        running: SequenceKind,
+    },
+}
 
 /// How the node goes down once a sequence asks for it.
 ///

@@ -32,9 +32,9 @@ mod task;
 
 pub use boot::{run_boot, BootOutcome};
 pub use cancel::CancelToken;
-pub use error::{Disposition, ParseRebootModeError, RebootMode, SequenceError};
+pub use error::{Disposition, LockError, ParseRebootModeError, RebootMode, SequenceError};
 pub use kind::{can_take_over, ParseSequenceKindError, SequenceKind};
-pub use lock::{LockError, PriorityLock, SequenceGuard};
+pub use lock::{PriorityLock, SequenceGuard};
 pub use log::{error_chain, Logger, MemoryLogger, NullLogger};
 pub use mode::{Capabilities, Mode, ParseModeError};
 pub use phase::{Phase, PhaseCheck, PhaseListBuilder, Sequence};

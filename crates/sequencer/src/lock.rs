@@ -5,28 +5,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use crate::cancel::CancelToken;
-use crate::error::SequenceError;
+use crate::error::{LockError, SequenceError};
 use crate::kind::{can_take_over, SequenceKind};
 use crate::log::Logger;
 use crate::phase::Sequence;
-
-/// Why the lock was not granted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
-pub enum LockError {
-    /// Another sequence runs and the requested one may not take it over.
-    #[error("locked: the {running} sequence is running")]
-    Locked {
-        /// The sequence holding (or about to hold) the lock.
-        running: SequenceKind,
-    },
-    /// The running sequence was cancelled but did not release the lock within the takeover
-    /// timeout.
-    #[error("takeover timed out: the {running} sequence did not stop")]
-    TakeoverTimeout {
-        /// The sequence still holding the lock.
-        running: SequenceKind,
-    },
-}
 
 /// At most one sequence runs at a time; some may preempt others.
 ///
