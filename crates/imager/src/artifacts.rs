@@ -128,7 +128,7 @@ pub fn build_rootfs(
         )?;
     }
     // The image trusts exactly the profile's keys: whatever the base had there goes.
-    let trusted = tree.path().join(slate_trust::TRUSTED_KEYS_DIR);
+    let trusted = tree.path().join(image_contract::TRUSTED_KEYS_PATH);
     if let Ok(meta) = fs::symlink_metadata(&trusted) {
         let removed = if meta.is_dir() {
             fs::remove_dir_all(&trusted)
@@ -142,7 +142,7 @@ pub fn build_rootfs(
     }
     for key in &inputs.trusted_keys {
         write_generated(
-            &tree.path().join(slate_trust::trusted_key_path(key)),
+            &trusted.join(slate_trust::trusted_key_file_name(key)),
             key.to_pem().as_bytes(),
         )?;
     }

@@ -16,9 +16,6 @@ pub use build::{build, plan};
 pub use inputs::{Inputs, OutputKind};
 pub use output::{write_output, PendingOutput};
 pub use slate_bundle::BundleManifest;
-/// The profile crate, for the `slate` binary: machined reads the node configuration
-/// (`slate_profile::NodeConfig`) the imager wrote into the image.
-pub use slate_profile as profile;
 
 /// Errors of the imager, each naming the input or output concerned.
 #[derive(Debug, thiserror::Error)]

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::process::Command;
 
 use slate_imager::{build_rootfs, ImagerError, Inputs, OutputKind};
-use slate_trust::{load_trusted_keys, PrivateKey, TRUSTED_KEYS_DIR};
+use slate_profile::image_contract::TRUSTED_KEYS_PATH as TRUSTED_KEYS_DIR;
+use slate_trust::{load_trusted_keys, PrivateKey};
 
 const BASE: &str = r#"name = "slate"
 version = "1.0.0"

@@ -21,7 +21,7 @@ use slate_sequencer::error_chain;
 use super::node::Node;
 
 /// The node's runtime configuration (health checks, watchdog).
-pub const NODE_CONFIG: &str = "/etc/slate/node.toml";
+pub use slate_profile::image_contract::NODE_CONFIG;
 
 /// Pause between two attempts of a failing check.
 const RETRY_INTERVAL: Duration = Duration::from_millis(250);

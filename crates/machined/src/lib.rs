@@ -37,8 +37,8 @@ use node::{Node, Request};
 use sequences::Facts;
 use transaction::SettleError;
 
-/// Where the image carries the node's API identity.
-const PKI_DIR: &str = "/etc/slate/pki";
+// Where the image carries the node's API identity.
+use slate_profile::image_contract::PKI as PKI_DIR;
 
 pub fn run() -> Result<()> {
     if !slate_host::is_pid1() {

@@ -31,7 +31,7 @@ use receive::invalid;
 
 pub const BUNDLES_DIR: &str = "/var/lib/slate/bundles";
 /// The keys this image trusts (baked in by the imager from the profile's `[trust] keys`).
-pub const TRUSTED_KEYS: &str = "/etc/slate/trusted-keys";
+pub use slate_profile::image_contract::TRUSTED_KEYS;
 /// The prefix of an upgrade image that names a received bundle: `bundle:sha256:<hex>`.
 pub const BUNDLE_SCHEME: &str = "bundle:";
 const DEFAULT_TRIES: u32 = 3;

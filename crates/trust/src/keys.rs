@@ -194,11 +194,10 @@ pub fn generate_keypair() -> KeyPair {
 }
 
 /// The trusted keys in `dir`: every `*.pub` file (SPKI PEM), sorted by key id, duplicates
-/// dropped. A node keeps them in `/etc/slate/trusted-keys` (see [`TRUSTED_KEYS_DIR`]). A
+/// dropped. A node keeps them in `/etc/slate/trusted-keys` (the image contract's `TRUSTED_KEYS`). A
 /// missing directory, one without keys, or a file that does not parse is an error: a node must
 /// never fall back to trusting nothing, or anything.
 ///
-/// [`TRUSTED_KEYS_DIR`]: crate::TRUSTED_KEYS_DIR
 pub fn load_trusted_keys(dir: &Path) -> Result<Vec<PublicKey>, TrustError> {
     let io = |path: &Path| {
         let path = path.to_owned();

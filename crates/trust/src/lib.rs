@@ -16,7 +16,7 @@
 //!
 //! The public API the upgrade path uses:
 //! ```text
-//! let keys = slate_trust::load_trusted_keys(Path::new(slate_trust::TRUSTED_KEYS_DIR))?;
+//! let keys = slate_trust::load_trusted_keys(Path::new("/etc/slate/trusted-keys"))?;
 //! let verified = slate_trust::verify(&bundle, &keys)?;        // signature over the manifest
 //! slate_trust::check_update(bundle.manifest(), &facts, allow_downgrade)?;
 //! let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;          // digest checked on read
@@ -40,12 +40,10 @@ pub use verify::{
     Verified,
 };
 
-/// Where an image carries its trusted public keys (`<key id>.pub`, SPKI PEM), relative to `/`.
-pub const TRUSTED_KEYS_DIR: &str = "etc/slate/trusted-keys";
-
-/// The path of `key` in an image's root: `etc/slate/trusted-keys/<full key id>.pub`.
-pub fn trusted_key_path(key: &PublicKey) -> PathBuf {
-    Path::new(TRUSTED_KEYS_DIR).join(format!("{}.pub", key.id().to_hex()))
+/// The file name `key` has in a directory of trusted keys: `<full key id>.pub` (the directory
+/// an image carries is `slate_profile::image_contract::TRUSTED_KEYS`).
+pub fn trusted_key_file_name(key: &PublicKey) -> String {
+    format!("{}.pub", key.id().to_hex())
 }
 
 /// Why a key could not be used or a bundle's signature was refused. Every message names what

@@ -64,7 +64,7 @@ pub fn prepare() -> Result<Prepared> {
     }
     let rootfs = repo_root().join("target/demo/rootfs");
     base_rootfs::base_rootfs(&rootfs, "0", Some(&slate), true)?;
-    let node_pki = rootfs.join("etc/slate/pki");
+    let node_pki = rootfs.join(slate_profile::image_contract::PKI_PATH);
     fs::create_dir_all(&node_pki)?;
     for file in ["ca.crt", "node.crt", "node.key"] {
         fs::copy(pki.join(file), node_pki.join(file))
