@@ -9,10 +9,16 @@
 //! Reading never trusts a size or a digest it has not checked: every document and blob is read
 //! with a size cap and hashed before it is returned, once per [`Bundle`] (see [`VerifiedBlobs`]).
 //! Digests are [`Digest`]s, the one canonical `sha256:<64 lower-case hex>` form.
+//!
+//! The upload tar of one image (formats.md §7.4) lives here both ways: [`Bundle::export_tar`]
+//! writes it, signature documents first; [`import_tar`] unpacks it, refusing bad entries,
+//! hashing each blob once as it is written, and asking the caller's signature judge before any
+//! large blob is read.
 
 mod blob;
 mod digest;
 mod export;
+mod import;
 mod read;
 mod signature;
 mod write;
@@ -24,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 pub use blob::{BlobReader, VerifiedBlobs};
 pub use digest::{hashed_on_this_thread, Digest, DigestError, DigestWriter, Hasher, SHA256_PREFIX};
+pub use import::{import_tar, ImportError, Imported, JudgeError, Refusal};
 pub use read::{is_signature_tag, parse_documents, Bundle, MAX_DOCUMENT_BYTES};
 pub use signature::{
     add_signature, parse_signature_manifest, signature_tag, signature_tag_of, SignatureDescriptor,

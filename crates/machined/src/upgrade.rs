@@ -202,7 +202,7 @@ pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, Backe
     receive::remember(&id, received.bundle.verified_blobs());
     node.journal.info(format_args!(
         "received bundle {} {} ({id}, {} bytes, signed by key {})",
-        manifest.name, manifest.version, counting.bytes, received.signer
+        manifest.name, manifest.version, counting.bytes, received.signed
     ));
     Ok(UploadedBundle {
         id: id.to_string(),
