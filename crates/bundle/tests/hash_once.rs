@@ -5,39 +5,18 @@
 use std::fs;
 use std::path::Path;
 
+mod support;
+
 use slate_bundle::{
-    add_signature, hashed_on_this_thread, write_bundle, BlobInput, Bundle, BundleError, BundleSpec,
-    Digest, SignatureLayer, VerifiedBlobs, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE,
+    add_signature, hashed_on_this_thread, Bundle, BundleError, Digest, SignatureLayer,
+    VerifiedBlobs,
 };
 
 const UKI: &[u8] = b"MZ pretend UKI, somewhat longer than the documents around it";
 const INSTALLER: &[u8] = b"\x7fELF pretend slate";
 
 fn write(dir: &Path) {
-    write_bundle(
-        dir,
-        BundleSpec {
-            name: "slate",
-            version: "2.0.0",
-            arch: "amd64",
-            variant: "demo",
-        },
-        &[
-            BlobInput {
-                role: "uki",
-                file_name: "slate-2.0.0.efi",
-                media_type: UKI_MEDIA_TYPE,
-                bytes: UKI,
-            },
-            BlobInput {
-                role: "installer",
-                file_name: "slate",
-                media_type: BINARY_MEDIA_TYPE,
-                bytes: INSTALLER,
-            },
-        ],
-    )
-    .unwrap();
+    support::write_test_bundle(dir, UKI, Some(INSTALLER));
 }
 
 fn sign(dir: &Path) {

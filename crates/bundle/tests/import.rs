@@ -7,9 +7,11 @@ use std::fs;
 use std::io::{self, Read};
 use std::path::Path;
 
+mod support;
+
 use slate_bundle::{
-    hashed_on_this_thread, import_tar, write_bundle, BlobInput, Bundle, BundleSpec, Digest,
-    ImportError, Imported, JudgeError, Refusal, BINARY_MEDIA_TYPE, INSTALLER_ROLE, UKI_MEDIA_TYPE,
+    hashed_on_this_thread, import_tar, Bundle, Digest, ImportError, Imported, JudgeError, Refusal,
+    INSTALLER_ROLE,
 };
 use slate_trust::{PrivateKey, PublicKey, TrustError};
 
@@ -31,31 +33,7 @@ fn uki() -> Vec<u8> {
 
 /// A bundle in `dir` with a 4 MiB UKI, signed by `signer` when given.
 fn bundle(dir: &Path, signer: Option<u8>) -> Bundle {
-    let uki = uki();
-    write_bundle(
-        dir,
-        BundleSpec {
-            name: "slate",
-            version: "2.0.0",
-            arch: "amd64",
-            variant: "demo",
-        },
-        &[
-            BlobInput {
-                role: "uki",
-                file_name: "slate-2.0.0.efi",
-                media_type: UKI_MEDIA_TYPE,
-                bytes: &uki,
-            },
-            BlobInput {
-                role: INSTALLER_ROLE,
-                file_name: "slate",
-                media_type: BINARY_MEDIA_TYPE,
-                bytes: INSTALLER,
-            },
-        ],
-    )
-    .unwrap();
+    support::write_test_bundle(dir, &uki(), Some(INSTALLER));
     let bundle = Bundle::open(dir, None).unwrap();
     if let Some(seed) = signer {
         slate_trust::sign(&bundle, &key(seed)).unwrap();

@@ -5,28 +5,15 @@
 use std::fs;
 use std::path::Path;
 
+mod support;
+
 use slate_bundle::{
-    add_signature, parse_signature_manifest, signature_tag, write_bundle, BlobInput, Bundle,
-    BundleError, BundleSpec, SignatureLayer, MAX_SIGNATURES, UKI_MEDIA_TYPE,
+    add_signature, parse_signature_manifest, signature_tag, Bundle, BundleError, SignatureLayer,
+    MAX_SIGNATURES,
 };
 
 fn write(dir: &Path) -> String {
-    write_bundle(
-        dir,
-        BundleSpec {
-            name: "slate",
-            version: "2.0.0",
-            arch: "amd64",
-            variant: "demo",
-        },
-        &[BlobInput {
-            role: "uki",
-            file_name: "slate-2.0.0.efi",
-            media_type: UKI_MEDIA_TYPE,
-            bytes: b"MZ pretend UKI",
-        }],
-    )
-    .unwrap();
+    support::write_test_bundle(dir, b"MZ pretend UKI", None);
     Bundle::open(dir, None)
         .unwrap()
         .manifest_digest()

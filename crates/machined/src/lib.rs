@@ -167,12 +167,13 @@ fn not_committed(err: SettleError) -> SequenceError {
     }
 }
 
-/// Run a sequence whose lock the API already took.
-fn run_held(
+/// Run `sequence` under `guard`, announcing its start and its end (with the error, if any) on
+/// the node's event stream.
+fn run_published(
     node: &Node,
     sequence: Sequence<'_>,
     guard: &slate_sequencer::SequenceGuard,
-) -> Option<SequenceError> {
+) -> Result<(), SequenceError> {
     let name = sequence.kind().to_string();
     node.publish(EventKind::SequenceStarted {
         sequence: name.clone(),
@@ -182,7 +183,16 @@ fn run_held(
         sequence: name,
         error: result.as_ref().err().map(|e| e.to_string()),
     });
-    match result {
+    result
+}
+
+/// Run a sequence whose lock the API already took.
+fn run_held(
+    node: &Node,
+    sequence: Sequence<'_>,
+    guard: &slate_sequencer::SequenceGuard,
+) -> Option<SequenceError> {
+    match run_published(node, sequence, guard) {
         Ok(()) => None,
         Err(err) => dispose(node, err),
     }
@@ -192,16 +202,9 @@ fn run_held(
 /// installer's write order guarantees it), so the failure is reported and the node keeps
 /// running; only the reboot at its end, or a panic, leaves this function.
 fn run_upgrade(node: &Node, sequence: Sequence<'_>, guard: &slate_sequencer::SequenceGuard) {
-    let name = sequence.kind().to_string();
-    node.publish(EventKind::SequenceStarted {
-        sequence: name.clone(),
-    });
-    let result = sequence.run(guard.token(), node.journal.as_ref());
-    node.publish(EventKind::SequenceFinished {
-        sequence: name,
-        error: result.as_ref().err().map(|e| e.to_string()),
-    });
-    let Err(err) = result else { return };
+    let Err(err) = run_published(node, sequence, guard) else {
+        return;
+    };
     if let Disposition::Reboot(mode) = err.disposition() {
         handler::reboot(node, mode);
     }
