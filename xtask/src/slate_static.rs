@@ -23,7 +23,10 @@ pub fn slate_static() -> Result<PathBuf> {
         // Stripped: the binary is in every UKI twice (initramfs /init and the root's
         // /usr/bin/slate) and two UKIs must fit the demo's 64 MiB ESP; symbols were 2.5 MB of
         // 14.7 MB.
-        .env("RUSTFLAGS", "-C target-feature=+crt-static -C strip=symbols")
+        .env(
+            "RUSTFLAGS",
+            "-C target-feature=+crt-static -C strip=symbols",
+        )
         // Cargo prefers the encoded form when set (e.g. when run from a build script).
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .args(["build", "--release", "-p", "slate", "--target", TARGET])
