@@ -197,7 +197,15 @@ fn revert(node: &Node, mut loader: Box<dyn Bootloader>, failed: &str) -> Result<
 
 /// Remember in META which version failed and why; the next boot reports it in its status.
 pub fn record_failure(node: &Node, reason: &str) -> Result<(), String> {
-    let mut store = crate::system_disk::open_meta(true)?;
+    // Through the whole disk, as the boot loader backend reads and rewrites META: the two block
+    // devices (disk and partition) have separate page caches, and a revert that had read META
+    // through the disk earlier would write the stale copy back over this record.
+    let part = crate::system_disk::meta_partition()?;
+    let disk =
+        FileDisk::open(&part.disk).map_err(|e| format!("opening {}: {e}", part.disk.display()))?;
+    let view = slate_layout::open_partition(disk, crate::system_disk::META_LABEL)
+        .map_err(|e| error_chain(&e))?;
+    let mut store = slate_meta::MetaStore::open(view).map_err(|e| error_chain(&e))?;
     let json = failure_record(&node.version, reason).map_err(|e| e.to_string())?;
     store
         .set(slate_meta::tags::LAST_BOOT_FAILURE, json.into_bytes())
