@@ -398,7 +398,8 @@ fn online_upgrade_from(
     image: &str,
     version: &str,
 ) -> Result<String> {
-    let cache = repo_root().join("target/vm-test-cache");
+    // A blob cache per VM: scenarios run side by side, and the cache takes no lock.
+    let cache = repo_root().join(format!("target/vm-test-cache/{}", node.port));
     let answer = node.ok(&[
         "upgrade",
         "--image",
@@ -576,6 +577,9 @@ fn fatal_boot_task(prepared: &Prepared, work: &Path) -> Result<String> {
 /// A scenario gets the prepared artifacts and a work directory, and describes what it saw.
 type Scenario = fn(&Prepared, &Path) -> Result<String>;
 
+/// How many scenarios run at once: each VM is one TCG vCPU, and these machines have two cores.
+const PARALLEL_SCENARIOS: usize = 2;
+
 pub fn vm_test(only: &[String]) -> Result<()> {
     let prepared = prepare()?;
     // A run of some scenarios works apart, so it can run beside a full one.
@@ -585,38 +589,72 @@ pub fn vm_test(only: &[String]) -> Result<()> {
     };
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)?;
+    // Longest first, so the two lanes end close together.
     let scenarios: &[(&str, Scenario)] = &[
-        ("node_lifecycle", node_lifecycle),
-        ("fatal_boot_task", fatal_boot_task),
-        ("upgrade_commit_and_revert", upgrade_commit_and_revert),
-        (
-            "power_cuts_during_upgrade",
-            powercut::power_cuts_during_upgrade,
-        ),
         (
             "broken_upgrades_roll_back",
             rollback::broken_upgrades_roll_back,
         ),
-        ("staged_upgrades", staged::staged_upgrades),
         ("grub_upgrade_and_revert", grub::grub_upgrade_and_revert),
+        ("upgrade_commit_and_revert", upgrade_commit_and_revert),
+        ("staged_upgrades", staged::staged_upgrades),
+        (
+            "power_cuts_during_upgrade",
+            powercut::power_cuts_during_upgrade,
+        ),
+        ("node_lifecycle", node_lifecycle),
+        ("fatal_boot_task", fatal_boot_task),
     ];
-    let (mut passed, mut failed) = (0, 0);
-    for &(name, scenario) in scenarios {
-        if !only.is_empty() && !only.iter().any(|o| o == name) {
-            continue;
-        }
-        match scenario(&prepared, &work).with_context(|| format!("scenario {name}")) {
-            Ok(detail) => {
-                passed += 1;
-                println!("vm {name} ... ok: {detail}");
-            }
-            Err(err) => {
-                failed += 1;
-                println!("vm {name} ... FAILED: {err:#}");
-            }
-        }
+    if let Some(unknown) = only
+        .iter()
+        .find(|o| !scenarios.iter().any(|(name, _)| name == o))
+    {
+        anyhow::bail!("no VM scenario is called {unknown}");
     }
-    println!("vm: {passed} passed, {failed} failed");
+    let queue = std::sync::Mutex::new(
+        scenarios
+            .iter()
+            .filter(|(name, _)| only.is_empty() || only.iter().any(|o| o == name))
+            .collect::<std::collections::VecDeque<_>>(),
+    );
+    let started = std::time::Instant::now();
+    let failed = std::sync::atomic::AtomicUsize::new(0);
+    let passed = std::sync::atomic::AtomicUsize::new(0);
+    std::thread::scope(|scope| {
+        for _ in 0..PARALLEL_SCENARIOS {
+            scope.spawn(|| loop {
+                let Some(&(name, scenario)) =
+                    queue.lock().unwrap_or_else(|p| p.into_inner()).pop_front()
+                else {
+                    return;
+                };
+                // Each scenario in a directory of its own: they run side by side.
+                let dir = work.join(name);
+                let began = std::time::Instant::now();
+                println!("vm {name} ... started");
+                let result = fs::create_dir_all(&dir)
+                    .map_err(anyhow::Error::from)
+                    .and_then(|()| scenario(&prepared, &dir))
+                    .with_context(|| format!("scenario {name}"));
+                let took = began.elapsed().as_secs_f64();
+                match result {
+                    Ok(detail) => {
+                        passed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        println!("vm {name} ... ok in {took:.0} s: {detail}");
+                    }
+                    Err(err) => {
+                        failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        println!("vm {name} ... FAILED in {took:.0} s: {err:#}");
+                    }
+                }
+            });
+        }
+    });
+    let (passed, failed) = (passed.into_inner(), failed.into_inner());
+    println!(
+        "vm: {passed} passed, {failed} failed in {:.0} s ({PARALLEL_SCENARIOS} at a time)",
+        started.elapsed().as_secs_f64()
+    );
     ensure!(failed == 0, "{failed} VM scenario(s) failed");
     Ok(())
 }

@@ -1,0 +1,291 @@
+//! The machine configuration: one TOML document per node (`version = 1`) that gives the node
+//! its name, hostname, network, the CAs of its API identity, its update settings and the /etc
+//! files it keeps across versions. Images carry no per-node data; this document does.
+//!
+//! [`parse`] reads any supported version (older ones are migrated forward in memory, see
+//! [`v0`]), refuses unknown keys with their dotted path, and validates every field before a
+//! caller may write the document anywhere. No IO happens here.
+//!
+//! Architecture invariant: a [`MachineConfig`] value that exists has passed [`validate`]; the
+//! edges (installer, machined, CLI) never write a document this crate refused.
+
+mod update;
+pub mod v0;
+mod validate;
+
+use std::net::{IpAddr, SocketAddr};
+
+use serde::{Deserialize, Serialize};
+
+pub use update::{Strategy, UpdateSettings, Weekday, Window};
+pub use validate::{is_hostname, parse_cidr};
+
+/// The version this slate writes; [`parse`] also reads every older one.
+pub const CURRENT_VERSION: u32 = 1;
+/// Where machined keeps the document, on STATE (relative to its mount point).
+pub const STATE_PATH: &str = "config/machine.toml";
+/// The document it replaced, kept by `apply-config`.
+pub const PREVIOUS_STATE_PATH: &str = "config/machine.toml.previous";
+/// What a secret shows as in [`MachineConfig::redacted`].
+pub const REDACTED: &str = "<redacted>";
+/// A document larger than this is refused before it is parsed.
+pub const MAX_DOCUMENT_BYTES: usize = 256 * 1024;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MachineConfig {
+    pub version: u32,
+    pub node: Node,
+    #[serde(default)]
+    pub network: Network,
+    pub api: Api,
+    #[serde(default)]
+    pub update: UpdateSettings,
+    #[serde(default)]
+    pub etc: Etc,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Node {
+    /// The node's name: unique in its fleet, one DNS label; in its certificate's SANs.
+    pub name: String,
+    /// The kernel hostname; the name when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum NetworkMode {
+    #[default]
+    Dhcp,
+    Static,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Network {
+    #[serde(default)]
+    pub mode: NetworkMode,
+    /// The interface to configure; the first non-loopback one when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    /// `address/prefix` (static only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub address: Option<String>,
+    /// The default route (static only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<IpAddr>,
+    /// Name servers for /etc/resolv.conf (static only; DHCP brings its own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dns: Vec<IpAddr>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Api {
+    /// Where the node API listens (default `0.0.0.0:50000`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<SocketAddr>,
+    /// PEM: the CA that issues the node's serving certificate (clients trust it).
+    pub ca_cert: String,
+    /// PEM (PKCS#8, ECDSA P-256): its key. A secret: redacted by `config show`.
+    pub ca_key: String,
+    /// PEM: the CA(s) whose client certificates the API accepts.
+    pub client_ca: String,
+    /// More names (DNS or IP) for the serving certificate, beside the node's name, hostname
+    /// and addresses.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub extra_sans: Vec<String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Etc {
+    /// Paths under /etc (relative) kept when /etc is reset for a new version.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub keep: Vec<String>,
+    /// Files written into /etc at every boot (and so present in every version).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<EtcFile>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EtcFile {
+    /// Relative to /etc.
+    pub path: String,
+    pub content: String,
+    /// Permission bits (default 0644).
+    #[serde(default = "default_file_mode")]
+    pub mode: u32,
+}
+
+fn default_file_mode() -> u32 {
+    0o644
+}
+
+/// Why a document was refused. `field` is the dotted key path (`network.address`).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ConfigError {
+    #[error("the machine configuration is not valid TOML: {0}")]
+    Syntax(String),
+    #[error("{field}: {reason}")]
+    Invalid { field: String, reason: String },
+    #[error("the machine configuration is {len} bytes; at most {MAX_DOCUMENT_BYTES} are accepted")]
+    TooLarge { len: usize },
+}
+
+impl ConfigError {
+    pub(crate) fn invalid(field: impl Into<String>, reason: impl Into<String>) -> Self {
+        ConfigError::Invalid {
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The dotted path of the offending key, when one is known.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ConfigError::Invalid { field, .. } => Some(field),
+            _ => None,
+        }
+    }
+}
+
+/// A parsed, validated document and the version it was written in.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Parsed {
+    pub config: MachineConfig,
+    /// `Some(v)` when the text was version `v` < [`CURRENT_VERSION`] and was migrated.
+    pub migrated_from: Option<u32>,
+}
+
+/// Parse, migrate and validate a document.
+pub fn parse(text: &str) -> Result<Parsed, ConfigError> {
+    if text.len() > MAX_DOCUMENT_BYTES {
+        return Err(ConfigError::TooLarge { len: text.len() });
+    }
+    let table: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigError::Syntax(e.message().to_owned()))?;
+    let version = match table.get("version") {
+        None => {
+            return Err(ConfigError::invalid(
+                "version",
+                "missing (this slate writes 1)",
+            ))
+        }
+        Some(toml::Value::Integer(v)) => *v,
+        Some(other) => {
+            return Err(ConfigError::invalid(
+                "version",
+                format!("must be an integer, not {}", other.type_str()),
+            ))
+        }
+    };
+    let (config, migrated_from) = match version {
+        0 => (v0::migrate(deserialize::<v0::ConfigV0>(table)?), Some(0)),
+        1 => (deserialize::<MachineConfig>(table)?, None),
+        other => return Err(ConfigError::invalid(
+            "version",
+            format!(
+                "{other} is not a version this slate reads (0 and 1; it writes {CURRENT_VERSION})"
+            ),
+        )),
+    };
+    validate::validate(&config)?;
+    Ok(Parsed {
+        config,
+        migrated_from,
+    })
+}
+
+fn deserialize<T: serde::de::DeserializeOwned>(table: toml::Table) -> Result<T, ConfigError> {
+    serde_path_to_error::deserialize(toml::Value::Table(table)).map_err(|err| {
+        let path = err.path().to_string();
+        let inner = err.into_inner();
+        let message = inner.message().to_owned();
+        // The path ends with an unknown key already; only at the top it is ".".
+        let field = match unknown_key(&message) {
+            Some(key) if path == "." => key.to_owned(),
+            _ => path,
+        };
+        ConfigError::invalid(field, message)
+    })
+}
+
+/// The key in serde's "unknown field `x`, expected …".
+fn unknown_key(message: &str) -> Option<&str> {
+    let rest = message.strip_prefix("unknown field `")?;
+    rest.split('`').next()
+}
+
+/// Check a value built in code (e.g. by `slate gen config`) as [`parse`] checks a document.
+pub fn validate(config: &MachineConfig) -> Result<(), ConfigError> {
+    validate::validate(config)
+}
+
+impl MachineConfig {
+    /// The kernel hostname the node takes.
+    pub fn hostname(&self) -> &str {
+        self.node.hostname.as_deref().unwrap_or(&self.node.name)
+    }
+
+    /// The document as TOML (`version = 1`).
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("a machine configuration always serializes")
+    }
+
+    /// The same document with every secret replaced by [`REDACTED`].
+    pub fn redacted(&self) -> MachineConfig {
+        let mut copy = self.clone();
+        copy.api.ca_key = REDACTED.to_owned();
+        copy
+    }
+
+    /// Every /etc path kept across versions: the `keep` list and the configured files.
+    pub fn etc_keep(&self) -> Vec<String> {
+        let mut paths: Vec<String> = self.etc.keep.clone();
+        paths.extend(self.etc.files.iter().map(|f| f.path.clone()));
+        paths.sort();
+        paths.dedup();
+        paths
+    }
+}
+
+/// What a change from `old` to `new` asks of a running node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigChange {
+    /// The top-level sections that differ, in document order.
+    pub changed: Vec<String>,
+    /// Whether the running node must reboot for all of it to take effect (network, API
+    /// identity and listener, node name); the hostname, update settings and /etc files apply live.
+    pub reboot_required: bool,
+}
+
+/// Compare two documents section by section.
+pub fn change(old: &MachineConfig, new: &MachineConfig) -> ConfigChange {
+    let mut changed = Vec::new();
+    let mut reboot_required = false;
+    let mut note = |name: &str, differs: bool, needs_reboot: bool| {
+        if differs {
+            changed.push(name.to_owned());
+            reboot_required |= needs_reboot;
+        }
+    };
+    note("node.name", old.node.name != new.node.name, true);
+    note("node.hostname", old.hostname() != new.hostname(), false);
+    note("network", old.network != new.network, true);
+    note("api", old.api != new.api, true);
+    note("update", old.update != new.update, false);
+    note("etc", old.etc != new.etc, false);
+    ConfigChange {
+        changed,
+        reboot_required,
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,268 @@
+use super::*;
+
+const V1: &str = include_str!("../tests/fixtures/node-v1.toml");
+const V0: &str = include_str!("../tests/fixtures/node-v0.toml");
+const CA: &str = include_str!("../tests/fixtures/ca.crt");
+const OTHER_KEY: &str = include_str!("../tests/fixtures/other-ca.key");
+const LEAF: &str = include_str!("../tests/fixtures/leaf.crt");
+
+fn refused(text: &str) -> ConfigError {
+    parse(text).expect_err("the document should be refused")
+}
+
+/// The v1 fixture with `from` replaced by `to` (exactly once).
+fn edited(from: &str, to: &str) -> String {
+    assert_eq!(V1.matches(from).count(), 1, "{from:?} in the fixture");
+    V1.replacen(from, to, 1)
+}
+
+#[test]
+fn the_fixture_parses_with_every_section() {
+    let parsed = parse(V1).unwrap();
+    assert_eq!(parsed.migrated_from, None);
+    let c = parsed.config;
+    assert_eq!(c.node.name, "node1");
+    assert_eq!(c.hostname(), "node1.example.net");
+    assert_eq!(c.network.mode, NetworkMode::Static);
+    assert_eq!(c.network.gateway, Some("10.0.2.2".parse().unwrap()));
+    assert_eq!(c.update.strategy, Strategy::FleetLock);
+    assert_eq!(c.update.windows.len(), 1);
+    assert_eq!(c.etc.files[0].mode, 0o644);
+    assert_eq!(c.etc_keep(), ["motd", "ssh/ssh_host_ed25519_key"]);
+}
+
+#[test]
+fn a_document_round_trips_through_its_toml() {
+    let c = parse(V1).unwrap().config;
+    let again = parse(&c.to_toml()).unwrap().config;
+    assert_eq!(c, again);
+}
+
+#[test]
+fn version_0_is_migrated_forward_in_memory() {
+    let parsed = parse(V0).unwrap();
+    assert_eq!(parsed.migrated_from, Some(0));
+    let c = parsed.config;
+    assert_eq!(c.version, CURRENT_VERSION);
+    assert_eq!(c.node.name, "legacy-node");
+    assert_eq!(c.hostname(), "legacy-node");
+    assert_eq!(c.network.mode, NetworkMode::Static);
+    assert_eq!(c.network.address.as_deref(), Some("10.0.2.15/24"));
+    assert_eq!(c.update.channel, "beta");
+    // One CA for both directions in version 0.
+    assert_eq!(c.api.ca_cert, c.api.client_ca);
+    assert_eq!(c.api.ca_cert.trim(), CA.trim());
+    // Its migrated form is a valid version 1 document.
+    assert_eq!(parse(&c.to_toml()).unwrap().config, c);
+}
+
+#[test]
+fn unknown_keys_are_named_by_their_path() {
+    let err = refused(&edited("gateway = \"10.0.2.2\"", "gatewy = \"10.0.2.2\""));
+    assert_eq!(err.field(), Some("network.gatewy"), "{err}");
+    let err = refused(&edited("version = 1\n", "version = 1\nshoe_size = 44\n"));
+    assert_eq!(err.field(), Some("shoe_size"), "{err}");
+    // Appended at the end, the key belongs to the last table.
+    let err = refused(&format!("{V1}\nshoe_size = 44\n"));
+    assert_eq!(err.field(), Some("etc.files[0].shoe_size"), "{err}");
+    let err = refused(&edited(
+        "start = \"22:00\"",
+        "start = \"22:00\"\nstop = \"23:00\"",
+    ));
+    assert!(err.field().unwrap().starts_with("update.windows"), "{err}");
+    assert!(err.to_string().contains("stop"), "{err}");
+    let err = refused(&V0.replace("channel = \"beta\"", "chanel = \"beta\""));
+    assert_eq!(err.field(), Some("chanel"), "{err}");
+}
+
+#[test]
+fn wrong_versions_are_refused() {
+    let err = refused(&edited("version = 1", "version = 7"));
+    assert_eq!(err.field(), Some("version"));
+    assert!(
+        err.to_string()
+            .contains("7 is not a version this slate reads"),
+        "{err}"
+    );
+    let err = refused(&edited("version = 1", "version = \"1\""));
+    assert_eq!(err.field(), Some("version"));
+    let err = refused(&edited("version = 1\n", ""));
+    assert_eq!(err.to_string(), "version: missing (this slate writes 1)");
+}
+
+#[test]
+fn bad_fields_are_named() {
+    let cases: &[(&str, &str, &str)] = &[
+        (
+            "hostname = \"node1.example.net\"",
+            "hostname = \"node_1!\"",
+            "node.hostname",
+        ),
+        ("name = \"node1\"", "name = \"Node 1\"", "node.name"),
+        (
+            "address = \"10.0.2.15/24\"",
+            "address = \"10.0.2.15/33\"",
+            "network.address",
+        ),
+        ("mode = \"static\"", "mode = \"dhcp\"", "network.address"),
+        ("mode = \"static\"", "mode = \"ppp\"", "network.mode"),
+        (
+            "gateway = \"10.0.2.2\"",
+            "gateway = \"fe80::1\"",
+            "network.gateway",
+        ),
+        (
+            "start = \"22:00\"",
+            "start = \"25:00\"",
+            "update.windows[0].start",
+        ),
+        (
+            "length = \"4h\"",
+            "length = \"four hours\"",
+            "update.windows[0].length",
+        ),
+        (
+            "days = [\"sat\", \"sun\"]",
+            "days = [\"someday\"]",
+            "update.windows[0].days",
+        ),
+        (
+            "strategy = \"fleet-lock\"",
+            "strategy = \"yolo\"",
+            "update.strategy",
+        ),
+        (
+            "lock_server = \"http://127.0.0.1:8080\"",
+            "lock_server = \"ftp://x\"",
+            "update.lock_server",
+        ),
+        (
+            "poll_interval = \"15m\"",
+            "poll_interval = \"1s\"",
+            "update.poll_interval",
+        ),
+        (
+            "keep = [\"ssh/ssh_host_ed25519_key\"]",
+            "keep = [\"../shadow\"]",
+            "etc.keep[0]",
+        ),
+        (
+            "path = \"motd\"",
+            "path = \"/etc/motd\"",
+            "etc.files[0].path",
+        ),
+        ("mode = 0o644", "mode = 0o17777", "etc.files[0].mode"),
+        (
+            "extra_sans = [\"node1.lab\"]",
+            "extra_sans = [\"not a name\"]",
+            "api.extra_sans",
+        ),
+    ];
+    for (from, to, field) in cases {
+        let err = refused(&edited(from, to));
+        assert_eq!(err.field(), Some(*field), "{from} -> {to}: {err}");
+    }
+}
+
+#[test]
+fn a_bad_ca_is_refused() {
+    let key_start = V1.find("ca_key = \"\"\"").unwrap();
+    let (head, tail) = V1.split_at(key_start);
+    let key_end = tail[12..].find("\"\"\"").unwrap() + 12 + 3;
+    // A key that is not the certificate's.
+    let text = format!(
+        "{head}ca_key = \"\"\"\n{}\"\"\"{}",
+        OTHER_KEY,
+        &tail[key_end..]
+    );
+    let err = refused(&text);
+    assert_eq!(err.to_string(), "api.ca_key: is not the key of api.ca_cert");
+    // Garbage for a key.
+    let text = format!("{head}ca_key = \"junk\"{}", &tail[key_end..]);
+    assert_eq!(refused(&text).field(), Some("api.ca_key"));
+    // A leaf certificate for the issuing CA.
+    let text = V1.replacen(CA.trim(), LEAF.trim(), 1);
+    let err = refused(&text);
+    assert_eq!(err.field(), Some("api.ca_cert"), "{err}");
+    assert!(err.to_string().contains("not a CA"), "{err}");
+    // Not PEM at all.
+    let text = V1.replacen(CA.trim(), "hello", 1);
+    assert_eq!(refused(&text).field(), Some("api.ca_cert"));
+    // A client CA that is a leaf.
+    let text = V1.rsplitn(2, CA.trim()).collect::<Vec<_>>();
+    let text = format!("{}{}{}", text[1], LEAF.trim(), text[0]);
+    let err = refused(&text);
+    assert_eq!(err.field(), Some("api.client_ca"), "{err}");
+}
+
+#[test]
+fn syntax_errors_and_oversized_documents_are_refused() {
+    assert!(matches!(
+        refused("version = 1\n[node\n"),
+        ConfigError::Syntax(_)
+    ));
+    let big = "#".repeat(MAX_DOCUMENT_BYTES + 1);
+    assert!(matches!(refused(&big), ConfigError::TooLarge { .. }));
+}
+
+#[test]
+fn redaction_hides_the_ca_key_only() {
+    let c = parse(V1).unwrap().config;
+    let r = c.redacted();
+    assert_eq!(r.api.ca_key, REDACTED);
+    assert!(!r.to_toml().contains("PRIVATE KEY"));
+    assert_eq!(r.api.ca_cert, c.api.ca_cert);
+}
+
+#[test]
+fn changes_say_whether_a_reboot_is_needed() {
+    let a = parse(V1).unwrap().config;
+    let mut b = a.clone();
+    b.node.hostname = Some("renamed".into());
+    let change = change(&a, &b);
+    assert_eq!(change.changed, ["node.hostname"]);
+    assert!(!change.reboot_required);
+    b.network.dns.clear();
+    let change = super::change(&a, &b);
+    assert_eq!(change.changed, ["node.hostname", "network"]);
+    assert!(change.reboot_required);
+    assert!(super::change(&a, &a).changed.is_empty());
+}
+
+#[test]
+fn windows_wrap_midnight_and_the_week() {
+    let w = Window {
+        days: vec!["sun".into()],
+        start: "22:00".into(),
+        length: "4h".into(),
+    };
+    let at = |day: u32, h: u32, m: u32| day * 1440 + h * 60 + m;
+    assert!(w.contains(at(6, 22, 0)));
+    assert!(w.contains(at(6, 23, 59)));
+    assert!(w.contains(at(0, 1, 59))); // Monday, past midnight and past the week's end
+    assert!(!w.contains(at(0, 2, 0)));
+    assert!(!w.contains(at(6, 21, 59)));
+    let every = Window {
+        days: vec!["*".into()],
+        start: "00:00".into(),
+        length: "30m".into(),
+    };
+    assert!((0..7).all(|d| every.contains(at(d, 0, 29)) && !every.contains(at(d, 0, 30))));
+}
+
+#[test]
+fn hostnames_and_cidrs() {
+    assert!(is_hostname("node1"));
+    assert!(is_hostname("Node1.Example.net"));
+    assert!(!is_hostname("node_1"));
+    assert!(!is_hostname("-node"));
+    assert!(!is_hostname("a..b"));
+    assert!(!is_hostname(&"a".repeat(64)));
+    assert_eq!(
+        parse_cidr("10.0.0.1/8"),
+        Some(("10.0.0.1".parse().unwrap(), 8))
+    );
+    assert_eq!(parse_cidr("fd00::1/64").map(|(_, p)| p), Some(64));
+    assert_eq!(parse_cidr("10.0.0.1"), None);
+    assert_eq!(parse_cidr("fd00::1/129"), None);
+}

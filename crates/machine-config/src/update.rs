@@ -1,0 +1,212 @@
+//! Update settings: which channel the node follows, how it takes updates, and when. Parsed
+//! and validated here; the update agent acts on them.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+use crate::ConfigError;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSettings {
+    /// Whether the node updates itself at all.
+    #[serde(default)]
+    pub enabled: bool,
+    /// The release channel: `stable`, `beta`, `alpha` or a name of the fleet's own.
+    #[serde(default = "default_channel")]
+    pub channel: String,
+    #[serde(default)]
+    pub strategy: Strategy,
+    /// How often the registry is asked (`"1h"`, `"15m"`); a random jitter of up to a tenth is
+    /// added.
+    #[serde(default = "default_poll_interval")]
+    pub poll_interval: String,
+    /// When updates may be applied (periodic and fleet-lock strategies).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub windows: Vec<Window>,
+    /// The FleetLock server (`http://host:port`), fleet-lock strategy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_server: Option<String>,
+    /// The FleetLock group (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lock_group: Option<String>,
+    /// Stay on exactly this version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pin: Option<String>,
+    /// Never move past this version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_version: Option<String>,
+}
+
+impl Default for UpdateSettings {
+    fn default() -> Self {
+        UpdateSettings {
+            enabled: false,
+            channel: default_channel(),
+            strategy: Strategy::default(),
+            poll_interval: default_poll_interval(),
+            windows: Vec::new(),
+            lock_server: None,
+            lock_group: None,
+            pin: None,
+            max_version: None,
+        }
+    }
+}
+
+fn default_channel() -> String {
+    "stable".to_owned()
+}
+
+fn default_poll_interval() -> String {
+    "1h".to_owned()
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Strategy {
+    /// Apply a new release as soon as it is seen.
+    #[default]
+    Immediate,
+    /// Apply only inside a maintenance window.
+    Periodic,
+    /// Inside a window, and only holding a FleetLock slot.
+    FleetLock,
+    /// The rollout operator decides.
+    Operator,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Weekday {
+    Mon,
+    Tue,
+    Wed,
+    Thu,
+    Fri,
+    Sat,
+    Sun,
+}
+
+impl Weekday {
+    pub const ALL: [Weekday; 7] = [
+        Weekday::Mon,
+        Weekday::Tue,
+        Weekday::Wed,
+        Weekday::Thu,
+        Weekday::Fri,
+        Weekday::Sat,
+        Weekday::Sun,
+    ];
+
+    fn parse(text: &str) -> Option<Weekday> {
+        let lower = text.to_ascii_lowercase();
+        Weekday::ALL
+            .into_iter()
+            .find(|d| lower == d.name() || (lower.len() > 3 && d.long_name().starts_with(&lower)))
+    }
+
+    pub fn name(self) -> &'static str {
+        ["mon", "tue", "wed", "thu", "fri", "sat", "sun"][self as usize]
+    }
+
+    fn long_name(self) -> &'static str {
+        [
+            "monday",
+            "tuesday",
+            "wednesday",
+            "thursday",
+            "friday",
+            "saturday",
+            "sunday",
+        ][self as usize]
+    }
+}
+
+const MINUTES_PER_DAY: u32 = 24 * 60;
+const MINUTES_PER_WEEK: u32 = 7 * MINUTES_PER_DAY;
+
+/// A maintenance window: on each of `days`, from `start` (UTC, `HH:MM`) for `length`. It may
+/// run past midnight and past Sunday into Monday.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Window {
+    /// `["mon", "thu"]`, or `["*"]` for every day.
+    pub days: Vec<String>,
+    pub start: String,
+    pub length: String,
+}
+
+impl Window {
+    /// The window's days, start (minutes after midnight) and length, or why not.
+    pub fn parse(&self, field: &str) -> Result<(Vec<Weekday>, u32, Duration), ConfigError> {
+        let mut days = Vec::new();
+        if self.days.is_empty() {
+            return Err(ConfigError::invalid(
+                format!("{field}.days"),
+                "names no day (use [\"*\"] for every day)",
+            ));
+        }
+        for day in &self.days {
+            if day == "*" {
+                days.extend(Weekday::ALL);
+            } else {
+                days.push(Weekday::parse(day).ok_or_else(|| {
+                    ConfigError::invalid(
+                        format!("{field}.days"),
+                        format!("{day:?} is not a day (mon … sun, or \"*\")"),
+                    )
+                })?);
+            }
+        }
+        days.sort();
+        days.dedup();
+        let start = parse_clock(&self.start).ok_or_else(|| {
+            ConfigError::invalid(
+                format!("{field}.start"),
+                format!("{:?} is not a time of day HH:MM (UTC)", self.start),
+            )
+        })?;
+        let length = parse_duration(&self.length, &format!("{field}.length"))?;
+        if length.is_zero() || length > Duration::from_secs(u64::from(MINUTES_PER_WEEK) * 60) {
+            return Err(ConfigError::invalid(
+                format!("{field}.length"),
+                "must be more than 0 and at most 7 days",
+            ));
+        }
+        Ok((days, start, length))
+    }
+
+    /// Whether `minute_of_week` (0 = Monday 00:00 UTC) falls inside the window.
+    pub fn contains(&self, minute_of_week: u32) -> bool {
+        let Ok((days, start, length)) = self.parse("window") else {
+            return false;
+        };
+        let length = (length.as_secs() / 60) as u32;
+        days.iter().any(|day| {
+            let opens = *day as u32 * MINUTES_PER_DAY + start;
+            let since =
+                (minute_of_week % MINUTES_PER_WEEK + MINUTES_PER_WEEK - opens) % MINUTES_PER_WEEK;
+            since < length
+        })
+    }
+}
+
+fn parse_clock(text: &str) -> Option<u32> {
+    let (h, m) = text.split_once(':')?;
+    if h.len() != 2 || m.len() != 2 {
+        return None;
+    }
+    let (h, m): (u32, u32) = (h.parse().ok()?, m.parse().ok()?);
+    (h < 24 && m < 60).then_some(h * 60 + m)
+}
+
+/// A duration as `"90m"`, `"1h30m"`, `"45s"`.
+pub(crate) fn parse_duration(text: &str, field: &str) -> Result<Duration, ConfigError> {
+    humantime::parse_duration(text).map_err(|e| {
+        ConfigError::invalid(
+            field,
+            format!("{text:?} is not a duration like \"90m\" or \"1h30m\": {e}"),
+        )
+    })
+}

@@ -1,0 +1,325 @@
+//! Every field's rules. Each refusal names the field by its dotted path.
+
+use std::net::IpAddr;
+
+use p256::pkcs8::DecodePrivateKey;
+use x509_parser::pem::Pem;
+
+use crate::update::parse_duration;
+use crate::{ConfigError, MachineConfig, NetworkMode, Strategy, CURRENT_VERSION};
+
+/// Largest file the configuration may place into /etc.
+const MAX_ETC_FILE_BYTES: usize = 64 * 1024;
+
+pub(crate) fn validate(config: &MachineConfig) -> Result<(), ConfigError> {
+    if config.version != CURRENT_VERSION {
+        return Err(ConfigError::invalid(
+            "version",
+            format!("{} is not {CURRENT_VERSION}", config.version),
+        ));
+    }
+    if !is_label(&config.node.name) {
+        return Err(ConfigError::invalid(
+            "node.name",
+            format!(
+                "{:?} is not a node name (one DNS label: a-z, 0-9 and '-', 1 to 63 characters, \
+                 not starting or ending with '-')",
+                config.node.name
+            ),
+        ));
+    }
+    if let Some(hostname) = &config.node.hostname {
+        if !is_hostname(hostname) {
+            return Err(ConfigError::invalid(
+                "node.hostname",
+                format!("{hostname:?} is not a hostname (RFC 1123 labels joined by '.', at most 253 characters)"),
+            ));
+        }
+    }
+    network(config)?;
+    api(config)?;
+    update(config)?;
+    etc(config)
+}
+
+fn is_label(text: &str) -> bool {
+    !text.is_empty()
+        && text.len() <= 63
+        && text
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !text.starts_with('-')
+        && !text.ends_with('-')
+}
+
+/// RFC 1123: labels of letters, digits and '-', joined by '.', at most 253 characters.
+pub fn is_hostname(text: &str) -> bool {
+    text.len() <= 253
+        && text
+            .split('.')
+            .all(|label| is_label(&label.to_ascii_lowercase()))
+}
+
+/// `address/prefix`, the prefix within the family's width.
+pub fn parse_cidr(text: &str) -> Option<(IpAddr, u8)> {
+    let (addr, prefix) = text.split_once('/')?;
+    let addr: IpAddr = addr.parse().ok()?;
+    let prefix: u8 = prefix.parse().ok()?;
+    let width = if addr.is_ipv4() { 32 } else { 128 };
+    (prefix <= width).then_some((addr, prefix))
+}
+
+fn network(config: &MachineConfig) -> Result<(), ConfigError> {
+    let net = &config.network;
+    if let Some(name) = &net.interface {
+        if name.is_empty()
+            || name.len() > 15
+            || name.contains(['/', ':'])
+            || name.chars().any(|c| c.is_whitespace() || c.is_control())
+        {
+            return Err(ConfigError::invalid(
+                "network.interface",
+                format!(
+                    "{name:?} is not an interface name (1 to 15 characters, no '/', ':' or spaces)"
+                ),
+            ));
+        }
+    }
+    match net.mode {
+        NetworkMode::Dhcp => {
+            for (field, set) in [
+                ("network.address", net.address.is_some()),
+                ("network.gateway", net.gateway.is_some()),
+                ("network.dns", !net.dns.is_empty()),
+            ] {
+                if set {
+                    return Err(ConfigError::invalid(
+                        field,
+                        "only with mode = \"static\" (DHCP brings its own)",
+                    ));
+                }
+            }
+        }
+        NetworkMode::Static => {
+            let address = net.address.as_deref().ok_or_else(|| {
+                ConfigError::invalid("network.address", "required with mode = \"static\"")
+            })?;
+            let (addr, _) = parse_cidr(address).ok_or_else(|| {
+                ConfigError::invalid(
+                    "network.address",
+                    format!("{address:?} is not address/prefix (e.g. \"10.0.2.15/24\")"),
+                )
+            })?;
+            let gateway = net.gateway.ok_or_else(|| {
+                ConfigError::invalid("network.gateway", "required with mode = \"static\"")
+            })?;
+            if gateway.is_ipv4() != addr.is_ipv4() {
+                return Err(ConfigError::invalid(
+                    "network.gateway",
+                    "is not of the address's family",
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+fn api(config: &MachineConfig) -> Result<(), ConfigError> {
+    let api = &config.api;
+    let ca_key = ca_public_key(&api.ca_cert, "api.ca_cert")?;
+    let key = p256::SecretKey::from_pkcs8_pem(api.ca_key.trim()).map_err(|e| {
+        ConfigError::invalid(
+            "api.ca_key",
+            format!("not a PKCS#8 ECDSA P-256 private key in PEM: {e}"),
+        )
+    })?;
+    let public = key.public_key().to_sec1_bytes();
+    if ca_key.as_deref() != Some(&public[..]) {
+        return Err(ConfigError::invalid(
+            "api.ca_key",
+            "is not the key of api.ca_cert",
+        ));
+    }
+    let client_cas = pem_certificates(&api.client_ca, "api.client_ca")?;
+    for (i, der) in client_cas.iter().enumerate() {
+        let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| {
+            ConfigError::invalid("api.client_ca", format!("certificate {}: {e}", i + 1))
+        })?;
+        if !cert.is_ca() {
+            return Err(ConfigError::invalid(
+                "api.client_ca",
+                format!(
+                    "certificate {} is not a CA (basic constraints CA:FALSE)",
+                    i + 1
+                ),
+            ));
+        }
+    }
+    for name in &api.extra_sans {
+        if name.parse::<IpAddr>().is_err() && !is_hostname(name) {
+            return Err(ConfigError::invalid(
+                "api.extra_sans",
+                format!("{name:?} is neither an IP address nor a DNS name"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The DER of every CERTIFICATE block (at least one, nothing but certificates).
+fn pem_certificates(text: &str, field: &str) -> Result<Vec<Vec<u8>>, ConfigError> {
+    let mut out = Vec::new();
+    for pem in Pem::iter_from_buffer(text.as_bytes()) {
+        let pem = pem.map_err(|e| ConfigError::invalid(field, format!("not PEM: {e}")))?;
+        if pem.label != "CERTIFICATE" {
+            return Err(ConfigError::invalid(
+                field,
+                format!("holds a {} block; only certificates belong here", pem.label),
+            ));
+        }
+        out.push(pem.contents);
+    }
+    if out.is_empty() {
+        return Err(ConfigError::invalid(
+            field,
+            "holds no PEM CERTIFICATE block",
+        ));
+    }
+    Ok(out)
+}
+
+/// The CA certificate's public key (SEC1 point), checking it is one certificate of a CA.
+fn ca_public_key(text: &str, field: &str) -> Result<Option<Vec<u8>>, ConfigError> {
+    let ders = pem_certificates(text, field)?;
+    if ders.len() != 1 {
+        return Err(ConfigError::invalid(
+            field,
+            format!(
+                "holds {} certificates; exactly one (the issuing CA) belongs here",
+                ders.len()
+            ),
+        ));
+    }
+    let (_, cert) = x509_parser::parse_x509_certificate(&ders[0])
+        .map_err(|e| ConfigError::invalid(field, format!("not an X.509 certificate: {e}")))?;
+    if !cert.is_ca() {
+        return Err(ConfigError::invalid(
+            field,
+            "is not a CA certificate (basic constraints CA:FALSE)",
+        ));
+    }
+    Ok(Some(cert.public_key().subject_public_key.data.to_vec()))
+}
+
+fn update(config: &MachineConfig) -> Result<(), ConfigError> {
+    let update = &config.update;
+    if !is_label(&update.channel) {
+        return Err(ConfigError::invalid(
+            "update.channel",
+            format!("{:?} is not a channel name (a-z, 0-9, '-')", update.channel),
+        ));
+    }
+    let interval = parse_duration(&update.poll_interval, "update.poll_interval")?;
+    if interval.as_secs() < 10 {
+        return Err(ConfigError::invalid(
+            "update.poll_interval",
+            "must be at least 10s",
+        ));
+    }
+    for (i, window) in update.windows.iter().enumerate() {
+        window.parse(&format!("update.windows[{i}]"))?;
+    }
+    if matches!(update.strategy, Strategy::Periodic | Strategy::FleetLock)
+        && update.windows.is_empty()
+    {
+        return Err(ConfigError::invalid(
+            "update.windows",
+            "the periodic and fleet-lock strategies need at least one window",
+        ));
+    }
+    match (&update.lock_server, update.strategy) {
+        (None, Strategy::FleetLock) => {
+            return Err(ConfigError::invalid(
+                "update.lock_server",
+                "required with strategy = \"fleet-lock\"",
+            ))
+        }
+        (Some(url), _) if !(url.starts_with("http://") || url.starts_with("https://")) => {
+            return Err(ConfigError::invalid(
+                "update.lock_server",
+                format!("{url:?} is not an http:// or https:// URL"),
+            ))
+        }
+        _ => {}
+    }
+    if let Some(group) = &update.lock_group {
+        if !is_label(group) {
+            return Err(ConfigError::invalid(
+                "update.lock_group",
+                format!("{group:?} is not a group name (a-z, 0-9, '-')"),
+            ));
+        }
+    }
+    for (field, version) in [
+        ("update.pin", &update.pin),
+        ("update.max_version", &update.max_version),
+    ] {
+        if let Some(v) = version {
+            if v.is_empty()
+                || v.len() > 64
+                || !v
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || ".+~-_".contains(c))
+            {
+                return Err(ConfigError::invalid(
+                    field,
+                    format!("{v:?} is not a version"),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A path relative to /etc: no `..`, not absolute, not empty.
+fn etc_path(path: &str, field: &str) -> Result<(), ConfigError> {
+    let bad = path.is_empty()
+        || path.starts_with('/')
+        || path.len() > 255
+        || path.contains('\0')
+        || path
+            .split('/')
+            .any(|c| c.is_empty() || c == "." || c == "..");
+    if bad {
+        return Err(ConfigError::invalid(
+            field,
+            format!("{path:?} is not a path relative to /etc (no leading '/', no '.' or '..')"),
+        ));
+    }
+    Ok(())
+}
+
+fn etc(config: &MachineConfig) -> Result<(), ConfigError> {
+    for (i, path) in config.etc.keep.iter().enumerate() {
+        etc_path(path, &format!("etc.keep[{i}]"))?;
+    }
+    for (i, file) in config.etc.files.iter().enumerate() {
+        etc_path(&file.path, &format!("etc.files[{i}].path"))?;
+        if file.content.len() > MAX_ETC_FILE_BYTES {
+            return Err(ConfigError::invalid(
+                format!("etc.files[{i}].content"),
+                format!("{} bytes; at most {MAX_ETC_FILE_BYTES}", file.content.len()),
+            ));
+        }
+        if file.mode > 0o7777 {
+            return Err(ConfigError::invalid(
+                format!("etc.files[{i}].mode"),
+                format!(
+                    "{:o} is not a permission mode (at most 7777 octal)",
+                    file.mode
+                ),
+            ));
+        }
+    }
+    Ok(())
+}
