@@ -1,6 +1,9 @@
 //! What the server asks of the node: [`NodeBackend`], implemented by machined.
 
-use crate::types::{Event, RebootMode, Status, UpgradeRequest, UploadedBundle, VersionInfo};
+use crate::types::{
+    ApplyConfigRequest, ApplyConfigResult, ConfigView, Event, RebootMode, Status, UpgradeRequest,
+    UploadedBundle, VersionInfo,
+};
 
 /// Lines of a log, consumed on a dedicated thread (blocking in `next` is fine).
 ///
@@ -63,6 +66,20 @@ pub trait NodeBackend: Send + Sync {
         let _ = body;
         Err(BackendError::Unsupported(
             "this node does not take bundle uploads".into(),
+        ))
+    }
+    /// `GET /v1/config` (reader): the machine configuration in effect, secrets redacted.
+    fn show_config(&self) -> Result<ConfigView, BackendError> {
+        Err(BackendError::Unsupported(
+            "this node has no machine configuration".into(),
+        ))
+    }
+    /// `POST /v1/config` (admin; in maintenance mode, the token's holder): validate a machine
+    /// configuration, then (unless a dry run) write it and apply it as `mode` says.
+    fn apply_config(&self, req: ApplyConfigRequest) -> Result<ApplyConfigResult, BackendError> {
+        let _ = req;
+        Err(BackendError::Unsupported(
+            "this node does not take machine configurations".into(),
         ))
     }
     /// `GET /v1/events`: a new subscription; see [`EventStream`] for the contract.

@@ -34,9 +34,9 @@ pub fn client_key_file(role: Role) -> String {
     format!("{}.key", role.as_str())
 }
 
-const DAY: Duration = Duration::from_secs(24 * 60 * 60);
+pub(crate) const DAY: Duration = Duration::from_secs(24 * 60 * 60);
 /// CA and node certificates.
-const LONG_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 60);
+pub(crate) const LONG_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 60 * 60);
 /// Client certificates.
 const CLIENT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 
@@ -108,17 +108,7 @@ pub fn gen_certs(dir: &Path, node_names: &[String]) -> Result<GeneratedCerts, Ce
     files.push((CA_KEY.into(), ca_key.serialize_pem(), true));
 
     let mut node = params("slate node", None, now, LONG_VALIDITY);
-    node.subject_alt_names = names
-        .iter()
-        .map(|n| match n.parse::<IpAddr>() {
-            Ok(ip) => Ok(SanType::IpAddress(ip)),
-            Err(_) => n
-                .as_str()
-                .try_into()
-                .map(SanType::DnsName)
-                .map_err(|_| CertError::InvalidName(n.clone())),
-        })
-        .collect::<Result<_, _>>()?;
+    node.subject_alt_names = san_types(&names)?;
     node.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     let (cert, key) = leaf(node, &ca_cert, &ca_key)?;
     files.push((NODE_CERT.into(), cert, false));
@@ -174,7 +164,27 @@ pub fn gen_certs(dir: &Path, node_names: &[String]) -> Result<GeneratedCerts, Ce
     })
 }
 
-fn params(cn: &str, org: Option<&str>, now: SystemTime, validity: Duration) -> CertificateParams {
+/// Subject alternative names: IP addresses as such, anything else as a DNS name.
+pub(crate) fn san_types(names: &[String]) -> Result<Vec<SanType>, CertError> {
+    names
+        .iter()
+        .map(|n| match n.parse::<IpAddr>() {
+            Ok(ip) => Ok(SanType::IpAddress(ip)),
+            Err(_) => n
+                .as_str()
+                .try_into()
+                .map(SanType::DnsName)
+                .map_err(|_| CertError::InvalidName(n.clone())),
+        })
+        .collect()
+}
+
+pub(crate) fn params(
+    cn: &str,
+    org: Option<&str>,
+    now: SystemTime,
+    validity: Duration,
+) -> CertificateParams {
     let mut p = CertificateParams::default();
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, cn);

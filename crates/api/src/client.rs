@@ -23,8 +23,8 @@ use crate::routes::{route_of, Endpoint};
 use crate::server::DEFAULT_PORT;
 use crate::tls;
 use crate::types::{
-    ApiError, ErrorCode, Event, RebootMode, RebootRequest, Role, Status, UpgradeRequest,
-    UploadedBundle, VersionInfo,
+    ApiError, ApplyConfigRequest, ApplyConfigResult, ConfigView, ErrorCode, Event, RebootMode,
+    RebootRequest, Role, Status, UpgradeRequest, UploadedBundle, VersionInfo,
 };
 use crate::upload::{ChannelWriter, UPLOAD_CHANNEL};
 
@@ -83,6 +83,8 @@ pub struct Client {
     port: u16,
     server_name: ServerName<'static>,
     request_timeout: Duration,
+    /// Maintenance mode: sent with every request.
+    maintenance_token: Option<String>,
 }
 
 impl std::fmt::Debug for Client {
@@ -144,7 +146,21 @@ impl Client {
             port,
             server_name,
             request_timeout: REQUEST_TIMEOUT,
+            maintenance_token: None,
         })
+    }
+
+    /// A client of a node in maintenance mode: no client certificate, the token the node
+    /// printed on its console, and its self-signed certificate accepted when its SHA-256
+    /// fingerprint is `pin` (any certificate when `pin` is `None`: `--insecure`).
+    pub fn maintenance(
+        addr: &str,
+        token: &str,
+        pin: Option<[u8; 32]>,
+    ) -> Result<Self, ClientError> {
+        let mut client = Self::build(addr, tls::maintenance_client_config(pin)?)?;
+        client.maintenance_token = Some(token.to_owned());
+        Ok(client)
     }
 
     /// Verify the node's certificate against `name` instead of the host of the address (e.g.
@@ -195,6 +211,16 @@ impl Client {
     pub fn upgrade(&self, req: &UpgradeRequest) -> Result<(), ClientError> {
         self.unary::<serde_json::Value, _>(Endpoint::Upgrade, Some(req))
             .map(drop)
+    }
+
+    /// `GET /v1/config` (reader): the machine configuration in effect, secrets redacted.
+    pub fn show_config(&self) -> Result<ConfigView, ClientError> {
+        self.unary(Endpoint::ShowConfig, None::<&()>)
+    }
+
+    /// `POST /v1/config` (admin, or the maintenance token).
+    pub fn apply_config(&self, req: &ApplyConfigRequest) -> Result<ApplyConfigResult, ClientError> {
+        self.unary(Endpoint::ApplyConfig, Some(req))
     }
 
     /// `GET /v1/logs` (reader): `on_line` gets each line (without its newline) as it arrives,
@@ -416,6 +442,11 @@ impl Client {
         );
         if let Some(content_type) = content_type {
             headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+        }
+        if let Some(token) = &self.maintenance_token {
+            let value = HeaderValue::from_str(token)
+                .map_err(|_| self.protocol("the maintenance token is not a header value".into()))?;
+            headers.insert(crate::handlers::MAINTENANCE_TOKEN_HEADER, value);
         }
         let resp = match sender.send_request(req).await {
             Ok(resp) => resp,

@@ -16,11 +16,16 @@ use crate::backend::{BackendError, LineStream, NodeBackend};
 use crate::body::{collect, next_chunk, Body, CollectError};
 use crate::routes::{self, Endpoint, Match, Route};
 use crate::types::{
-    Accepted, ApiError, ErrorCode, Event, RebootRequest, Role, UpgradeRequest, UploadedBundle,
+    Accepted, ApiError, ApplyConfigRequest, ErrorCode, Event, RebootRequest, Role, UpgradeRequest,
+    UploadedBundle,
 };
 use crate::upload::{ChannelReader, MAX_UPLOAD_BYTES, UPLOAD_CHANNEL};
 
 const MAX_REQUEST_BODY: usize = 64 * 1024;
+/// A machine configuration (at most 256 KiB of TOML) as a JSON string, escapes included.
+const MAX_CONFIG_BODY: usize = 640 * 1024;
+/// The header that carries the maintenance token.
+pub const MAINTENANCE_TOKEN_HEADER: &str = "x-slate-maintenance-token";
 /// Chunks buffered per streaming response before the producer waits for the client.
 const STREAM_BUFFER: usize = 256;
 
@@ -30,6 +35,45 @@ pub(crate) struct Peer {
     /// From the verified client certificate; `None` when it names no role.
     pub(crate) role: Option<Role>,
     pub(crate) backend: Arc<dyn NodeBackend>,
+    /// Set in maintenance mode: the connection presented no certificate, and a request is
+    /// admitted (as admin, to [`routes::MAINTENANCE_ENDPOINTS`] only) when it carries this token.
+    pub(crate) maintenance_token: Option<Arc<str>>,
+}
+
+impl Peer {
+    /// The role this request acts with.
+    fn role_for(&self, req: &Request<Incoming>, route: &Route) -> Result<Option<Role>, Reject> {
+        let Some(token) = &self.maintenance_token else {
+            return Ok(self.role);
+        };
+        if !routes::MAINTENANCE_ENDPOINTS.contains(&route.endpoint) {
+            return Err(Reject::new(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied,
+                "the node is in maintenance mode (it has no machine configuration yet): it only \
+                 takes `slate apply-config --insecure --token TOKEN`",
+            ));
+        }
+        let given = req
+            .headers()
+            .get(MAINTENANCE_TOKEN_HEADER)
+            .map(HeaderValue::as_bytes)
+            .unwrap_or_default();
+        if constant_time_eq(given, token.as_bytes()) {
+            Ok(Some(Role::Admin))
+        } else {
+            Err(Reject::new(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied,
+                "the maintenance token is missing or wrong (the node prints it on its console)",
+            ))
+        }
+    }
+}
+
+/// Compares without an early exit, so the time taken says nothing about the token.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// An error answer not yet rendered.
@@ -80,9 +124,15 @@ pub(crate) async fn handle(
             }
             r
         }
-        Match::Found(route) => match peer.role {
-            Some(role) if role >= route.role => dispatch(route, req, &peer).await,
-            role => {
+        Match::Found(route) => match peer.role_for(&req, route) {
+            Err(reject) => {
+                if route.endpoint == Endpoint::UploadBundle {
+                    drain(req.into_body()).await;
+                }
+                reject.into_response()
+            }
+            Ok(Some(role)) if role >= route.role => dispatch(route, req, &peer).await,
+            Ok(role) => {
                 if route.endpoint == Endpoint::UploadBundle {
                     // The client is still sending: read it out, or it sees a broken pipe
                     // instead of this answer.
@@ -122,24 +172,33 @@ async fn dispatch(route: &Route, req: Request<Incoming>, peer: &Peer) -> Respons
     match route.endpoint {
         Endpoint::Version => reply(call(peer, |b| Ok(b.version())).await),
         Endpoint::Status => reply(call(peer, |b| Ok(b.status())).await),
-        Endpoint::Reboot => match read_json::<RebootRequest>(req, true).await {
+        Endpoint::Reboot => match read_json::<RebootRequest>(req, true, MAX_REQUEST_BODY).await {
             Ok(body) => accepted("reboot", call(peer, move |b| b.reboot(body.mode)).await),
             Err(reject) => reject.into_response(),
         },
         Endpoint::Reset => accepted("reset", call(peer, |b| b.reset()).await),
-        Endpoint::Upgrade => match read_json::<UpgradeRequest>(req, false).await {
-            Ok(body) if body.image.trim().is_empty() => error(
-                StatusCode::BAD_REQUEST,
-                ErrorCode::InvalidArgument,
-                "image must not be empty".into(),
-            ),
-            Ok(body) => accepted("upgrade", call(peer, move |b| b.upgrade(body)).await),
-            Err(reject) => reject.into_response(),
-        },
+        Endpoint::Upgrade => {
+            match read_json::<UpgradeRequest>(req, false, MAX_REQUEST_BODY).await {
+                Ok(body) if body.image.trim().is_empty() => error(
+                    StatusCode::BAD_REQUEST,
+                    ErrorCode::InvalidArgument,
+                    "image must not be empty".into(),
+                ),
+                Ok(body) => accepted("upgrade", call(peer, move |b| b.upgrade(body)).await),
+                Err(reject) => reject.into_response(),
+            }
+        }
         Endpoint::UploadBundle => reply(upload(req, peer).await),
         Endpoint::Events => events(peer, follow).await,
         Endpoint::Logs => lines(peer, follow, |b, f| b.logs(f)).await,
         Endpoint::Dmesg => lines(peer, follow, |b, f| b.dmesg(f)).await,
+        Endpoint::ShowConfig => reply(call(peer, |b| b.show_config()).await),
+        Endpoint::ApplyConfig => {
+            match read_json::<ApplyConfigRequest>(req, false, MAX_CONFIG_BODY).await {
+                Ok(body) => reply(call(peer, move |b| b.apply_config(body)).await),
+                Err(reject) => reject.into_response(),
+            }
+        }
     }
 }
 
@@ -233,15 +292,16 @@ fn follow_param(query: Option<&str>) -> Result<bool, Reject> {
 async fn read_json<T: DeserializeOwned>(
     req: Request<Incoming>,
     empty_ok: bool,
+    limit: usize,
 ) -> Result<T, Reject> {
     let mut body = req.into_body();
-    let data = match collect(&mut body, MAX_REQUEST_BODY).await {
+    let data = match collect(&mut body, limit).await {
         Ok(data) => data,
         Err(CollectError::TooLarge) => {
             return Err(Reject::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 ErrorCode::PayloadTooLarge,
-                format!("request body over {MAX_REQUEST_BODY} bytes"),
+                format!("request body over {limit} bytes"),
             ))
         }
         Err(CollectError::Body(e)) => {

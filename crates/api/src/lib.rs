@@ -29,6 +29,7 @@ mod body;
 mod certs;
 mod client;
 mod handlers;
+mod identity;
 mod routes;
 mod server;
 mod tls;
@@ -41,12 +42,17 @@ pub use certs::{
     NODE_CERT, NODE_KEY,
 };
 pub use client::{Client, ClientError};
-pub use routes::{route_of, Endpoint, Route, ROUTES};
+pub use handlers::MAINTENANCE_TOKEN_HEADER;
+pub use identity::{
+    fingerprint, generate_key_pem, issue_serving_cert, self_signed_cert, serving_names,
+};
+pub use routes::{route_of, Endpoint, Route, MAINTENANCE_ENDPOINTS, ROUTES};
 pub use server::{
     serve, serve_blocking, spawn, ServerConfig, ServerError, ServerHandle, Shutdown, DEFAULT_PORT,
 };
 pub use types::{
-    Accepted, ApiError, ErrorCode, Event, EventKind, Failure, Mode, RebootMode, RebootRequest,
-    Role, Stage, Status, UpgradeRequest, UploadedBundle, VersionInfo,
+    Accepted, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, ConfigView, ErrorCode,
+    Event, EventKind, Failure, Mode, RebootMode, RebootRequest, Role, Stage, Status,
+    UpgradeRequest, UploadedBundle, VersionInfo,
 };
 pub use upload::MAX_UPLOAD_BYTES;

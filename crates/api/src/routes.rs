@@ -15,6 +15,8 @@ pub enum Endpoint {
     Events,
     Logs,
     Dmesg,
+    ShowConfig,
+    ApplyConfig,
 }
 
 /// One route: method, path and the least role allowed to call it.
@@ -49,7 +51,13 @@ pub const ROUTES: &[Route] = &[
     route("GET", "/v1/events", Role::Reader, Endpoint::Events),
     route("GET", "/v1/logs", Role::Reader, Endpoint::Logs),
     route("GET", "/v1/dmesg", Role::Reader, Endpoint::Dmesg),
+    route("GET", "/v1/config", Role::Reader, Endpoint::ShowConfig),
+    route("POST", "/v1/config", Role::Admin, Endpoint::ApplyConfig),
 ];
+
+/// What a node in maintenance mode (no machine configuration yet) serves, to a client that
+/// presents the token it printed on its console.
+pub const MAINTENANCE_ENDPOINTS: &[Endpoint] = &[Endpoint::Version, Endpoint::ApplyConfig];
 
 /// The route for an endpoint.
 pub fn route_of(endpoint: Endpoint) -> &'static Route {

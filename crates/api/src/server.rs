@@ -38,6 +38,9 @@ pub struct ServerConfig {
     pub cert_pem: Vec<u8>,
     /// The node's private key (PEM).
     pub key_pem: Vec<u8>,
+    /// Maintenance mode: no client certificate is asked for (`ca_pem` is unused) and only
+    /// requests carrying this token reach the maintenance endpoints.
+    pub maintenance_token: Option<String>,
 }
 
 impl ServerConfig {
@@ -53,7 +56,31 @@ impl ServerConfig {
             ca_pem: read(certs::CA_CERT)?,
             cert_pem: read(certs::NODE_CERT)?,
             key_pem: read(certs::NODE_KEY)?,
+            maintenance_token: None,
         })
+    }
+
+    /// Mutual TLS: clients must present a certificate that chains to `client_ca_pem`.
+    pub fn new(listen: SocketAddr, client_ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8]) -> Self {
+        ServerConfig {
+            listen,
+            ca_pem: client_ca_pem.to_vec(),
+            cert_pem: cert_pem.to_vec(),
+            key_pem: key_pem.to_vec(),
+            maintenance_token: None,
+        }
+    }
+
+    /// Maintenance mode (a node without a machine configuration): a self-signed certificate,
+    /// no client certificates, and `token` required for the maintenance endpoints.
+    pub fn maintenance(listen: SocketAddr, cert_pem: &[u8], key_pem: &[u8], token: &str) -> Self {
+        ServerConfig {
+            listen,
+            ca_pem: Vec::new(),
+            cert_pem: cert_pem.to_vec(),
+            key_pem: key_pem.to_vec(),
+            maintenance_token: Some(token.to_owned()),
+        }
     }
 }
 
@@ -62,6 +89,7 @@ impl std::fmt::Debug for ServerConfig {
         f.debug_struct("ServerConfig")
             .field("listen", &self.listen)
             .field("key_pem", &"<redacted>")
+            .field("maintenance", &self.maintenance_token.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -159,14 +187,14 @@ pub async fn serve(
     backend: Arc<dyn NodeBackend>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let acceptor = acceptor(&config)?;
+    let listening = Listening::new(&config, backend)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServerError::Bind {
             addr: config.listen,
             source,
         })?;
-    run(listener, acceptor, backend, shutdown).await;
+    run(listener, listening, shutdown).await;
     Ok(())
 }
 
@@ -189,7 +217,7 @@ pub fn spawn(
     config: ServerConfig,
     backend: Arc<dyn NodeBackend>,
 ) -> Result<ServerHandle, ServerError> {
-    let acceptor = acceptor(&config)?;
+    let listening = Listening::new(&config, backend)?;
     let bind_err = |source| ServerError::Bind {
         addr: config.listen,
         source,
@@ -207,7 +235,7 @@ pub fn spawn(
     let thread = std::thread::Builder::new()
         .name("slate-api".into())
         .spawn(move || {
-            rt.block_on(run(listener, acceptor, backend, signal.wait()));
+            rt.block_on(run(listener, listening, signal.wait()));
             rt.shutdown_timeout(Duration::from_millis(100));
         })
         .map_err(ServerError::Runtime)?;
@@ -226,17 +254,30 @@ fn runtime() -> Result<tokio::runtime::Runtime, ServerError> {
         .map_err(ServerError::Runtime)
 }
 
-fn acceptor(config: &ServerConfig) -> Result<TlsAcceptor, CertError> {
-    let tls = tls::server_config(&config.ca_pem, &config.cert_pem, &config.key_pem)?;
-    Ok(TlsAcceptor::from(Arc::new(tls)))
-}
-
-async fn run(
-    listener: TcpListener,
+/// What every connection of one server shares.
+#[derive(Clone)]
+struct Listening {
     acceptor: TlsAcceptor,
     backend: Arc<dyn NodeBackend>,
-    shutdown: impl Future<Output = ()>,
-) {
+    maintenance_token: Option<Arc<str>>,
+}
+
+impl Listening {
+    fn new(config: &ServerConfig, backend: Arc<dyn NodeBackend>) -> Result<Self, CertError> {
+        let client_ca = match config.maintenance_token {
+            Some(_) => None,
+            None => Some(config.ca_pem.as_slice()),
+        };
+        let tls = tls::server_config(client_ca, &config.cert_pem, &config.key_pem)?;
+        Ok(Listening {
+            acceptor: TlsAcceptor::from(Arc::new(tls)),
+            backend,
+            maintenance_token: config.maintenance_token.as_deref().map(Arc::from),
+        })
+    }
+}
+
+async fn run(listener: TcpListener, listening: Listening, shutdown: impl Future<Output = ()>) {
     tokio::pin!(shutdown);
     let (drain_tx, drain_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
@@ -245,11 +286,10 @@ async fn run(
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
                 Ok((tcp, peer)) => {
-                    let (acceptor, backend) = (acceptor.clone(), backend.clone());
-                    conns.spawn(connection(tcp, peer, acceptor, backend, drain_rx.clone()));
+                    conns.spawn(connection(tcp, peer, listening.clone(), drain_rx.clone()));
                 }
                 Err(e) => {
-                    backend.log_api(&format!("api: accept failed: {e}"));
+                    listening.backend.log_api(&format!("api: accept failed: {e}"));
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
@@ -266,10 +306,14 @@ async fn run(
 async fn connection(
     tcp: TcpStream,
     addr: SocketAddr,
-    acceptor: TlsAcceptor,
-    backend: Arc<dyn NodeBackend>,
+    listening: Listening,
     mut drain: watch::Receiver<bool>,
 ) {
+    let Listening {
+        acceptor,
+        backend,
+        maintenance_token,
+    } = listening;
     let _ = tcp.set_nodelay(true);
     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp).into_fallible());
     let stream = match handshake.await {
@@ -289,6 +333,7 @@ async fn connection(
         addr,
         role,
         backend,
+        maintenance_token,
     });
     let service = service_fn(move |req| handle(req, peer.clone()));
     let conn = http1::Builder::new()

@@ -8,6 +8,7 @@ use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
+use sha2::Digest as _;
 
 use crate::certs::CertError;
 use crate::types::Role;
@@ -53,20 +54,28 @@ fn roots(ca_pem: &[u8]) -> Result<Arc<RootCertStore>, CertError> {
 }
 
 /// The server side: our chain and key, and a client certificate *required* and verified
-/// against `ca_pem` (no certificate, or one from another CA, fails the handshake).
+/// against `ca_pem` (no certificate, or one from another CA, fails the handshake). Without
+/// `ca_pem` (maintenance mode) no client certificate is asked for.
 pub(crate) fn server_config(
-    ca_pem: &[u8],
+    ca_pem: Option<&[u8]>,
     cert_pem: &[u8],
     key_pem: &[u8],
 ) -> Result<rustls::ServerConfig, CertError> {
     let provider = provider();
-    let verifier = WebPkiClientVerifier::builder_with_provider(roots(ca_pem)?, provider.clone())
-        .build()
-        .map_err(|e| invalid("CA certificate", e))?;
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
-        .map_err(|e| invalid("TLS configuration", e))?
-        .with_client_cert_verifier(verifier)
+        .map_err(|e| invalid("TLS configuration", e))?;
+    let builder = match ca_pem {
+        Some(ca_pem) => {
+            let verifier =
+                WebPkiClientVerifier::builder_with_provider(roots(ca_pem)?, provider.clone())
+                    .build()
+                    .map_err(|e| invalid("CA certificate", e))?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder
         .with_single_cert(
             parse_certs(cert_pem, "server certificate")?,
             parse_key(key_pem, "server key")?,
@@ -154,5 +163,76 @@ fn describe(err: &rustls::Error) -> String {
             format!("the node's certificate is not trusted: {e}")
         }
         e => format!("TLS error: {e}"),
+    }
+}
+
+/// The client side of maintenance mode: the node has no identity yet, only a self-signed
+/// certificate. With `pin` (the SHA-256 of its DER, which the node prints on its console) only
+/// that certificate is accepted; without, any (`--insecure`). Handshake signatures are still
+/// verified, so the peer holds the certificate's key.
+pub(crate) fn maintenance_client_config(
+    pin: Option<[u8; 32]>,
+) -> Result<rustls::ClientConfig, CertError> {
+    let provider = provider();
+    let verifier = Arc::new(MaintenanceServer {
+        algorithms: provider.signature_verification_algorithms,
+        pin,
+    });
+    let mut config = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| invalid("TLS configuration", e))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
+    config.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
+    Ok(config)
+}
+
+#[derive(Debug)]
+struct MaintenanceServer {
+    algorithms: rustls::crypto::WebPkiSupportedAlgorithms,
+    pin: Option<[u8; 32]>,
+}
+
+impl rustls::client::danger::ServerCertVerifier for MaintenanceServer {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        _intermediates: &[CertificateDer<'_>],
+        _server_name: &rustls_pki_types::ServerName<'_>,
+        _ocsp_response: &[u8],
+        _now: rustls_pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        match self.pin {
+            Some(pin) if sha2::Sha256::digest(end_entity.as_ref()).as_slice() != pin => {
+                Err(rustls::Error::General(
+                    "the node's maintenance certificate does not have the pinned fingerprint"
+                        .into(),
+                ))
+            }
+            _ => Ok(rustls::client::danger::ServerCertVerified::assertion()),
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.algorithms.supported_schemes()
     }
 }

@@ -128,6 +128,69 @@ pub struct Status {
     /// The last failure the node recorded (e.g. an upgrade that was reverted), if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<Failure>,
+    /// The node's name from its machine configuration (none in maintenance mode).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// The kernel hostname.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hostname: Option<String>,
+    /// /etc/machine-id: generated on the first boot, kept across versions.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub machine_id: Option<String>,
+}
+
+/// How `POST /v1/config` applies a new machine configuration.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ApplyMode {
+    /// Live when every change can be applied live, else write it and reboot.
+    #[default]
+    Auto,
+    /// Live only: refused (nothing written) when a change needs a reboot.
+    NoReboot,
+    /// Write it and reboot.
+    Reboot,
+    /// Write it for the next boot; change nothing now.
+    Staged,
+}
+
+/// `POST /v1/config` body.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApplyConfigRequest {
+    /// The machine configuration document (TOML).
+    pub config: String,
+    #[serde(default)]
+    pub mode: ApplyMode,
+    /// Validate and say what would change; write nothing.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+/// `POST /v1/config` answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyConfigResult {
+    /// The sections that differ from the running configuration (`node.hostname`, `network`, …).
+    pub changed: Vec<String>,
+    /// Whether all of it takes effect only after a reboot.
+    pub reboot_required: bool,
+    /// What the node did: `applied` (live), `staged` (next boot), `rebooting`, `unchanged`, or
+    /// `dry-run`.
+    pub outcome: String,
+}
+
+/// `GET /v1/config`: the machine configuration in effect, secrets redacted.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfigView {
+    /// The document as JSON (the TOML's tables), with every secret replaced by `<redacted>`.
+    pub config: serde_json::Value,
+    /// The version of the stored document when it was migrated forward in memory.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub migrated_from: Option<u32>,
+    /// Written by `apply-config` and waiting for the next boot (mode `staged`, or a change
+    /// that needs a reboot).
+    #[serde(default)]
+    pub pending_reboot: bool,
 }
 
 /// `POST /v1/reboot` body. An empty body means `{"mode":"default"}`.

@@ -7,8 +7,9 @@ use std::path::PathBuf;
 use serde::Serialize;
 use serde_yaml::Value;
 use slate_api::{
-    Accepted, ApiError, ErrorCode, Event, EventKind, Failure, Mode, RebootMode, RebootRequest,
-    Stage, Status, UpgradeRequest, UploadedBundle, VersionInfo, ROUTES,
+    Accepted, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, ConfigView, ErrorCode,
+    Event, EventKind, Failure, Mode, RebootMode, RebootRequest, Stage, Status, UpgradeRequest,
+    UploadedBundle, VersionInfo, ROUTES,
 };
 
 fn spec() -> Value {
@@ -121,12 +122,18 @@ fn schemas_match_the_types() {
         mode: Mode::Metal,
         staged_image: Some("i".into()),
         last_failure: Some(failure.clone()),
+        node_name: Some("node1".into()),
+        hostname: Some("node1".into()),
+        machine_id: Some("0123".into()),
     };
     let status_min = Status {
         booted_entry: None,
         running_sequence: None,
         staged_image: None,
         last_failure: None,
+        node_name: None,
+        hostname: None,
+        machine_id: None,
         ..status.clone()
     };
     check_object(&spec, "Status", &status, &status_min);
@@ -173,7 +180,44 @@ fn schemas_match_the_types() {
         RebootRequest::default()
     );
 
+    let apply = ApplyConfigRequest {
+        config: "version = 1".into(),
+        mode: ApplyMode::NoReboot,
+        dry_run: true,
+    };
+    let s = schema(&spec, "ApplyConfigRequest");
+    assert_eq!(property_names(s), json_keys(&apply));
+    assert_eq!(
+        strings(&s["required"]),
+        BTreeSet::from(["config".to_owned()])
+    );
+    let result = ApplyConfigResult {
+        changed: vec!["node.hostname".into()],
+        reboot_required: false,
+        outcome: "applied".into(),
+    };
+    check_object(&spec, "ApplyConfigResult", &result, &result);
+    let view = ConfigView {
+        config: serde_json::json!({}),
+        migrated_from: Some(0),
+        pending_reboot: false,
+    };
+    let view_min = ConfigView {
+        migrated_from: None,
+        ..view.clone()
+    };
+    check_object(&spec, "ConfigView", &view, &view_min);
+
     let enums = [
+        (
+            "ApplyMode",
+            json_strings([
+                ApplyMode::Auto,
+                ApplyMode::NoReboot,
+                ApplyMode::Reboot,
+                ApplyMode::Staged,
+            ]),
+        ),
         ("Stage", json_strings(Stage::ALL)),
         ("Mode", json_strings(Mode::ALL)),
         (
@@ -190,7 +234,7 @@ fn schemas_match_the_types() {
     // Every POST answers 202 Accepted, except the upload, which answers what it received.
     let mutating: BTreeSet<_> = ROUTES
         .iter()
-        .filter(|r| r.method == "POST" && r.path != "/v1/bundles")
+        .filter(|r| r.method == "POST" && !["/v1/bundles", "/v1/config"].contains(&r.path))
         .map(|r| r.path.trim_start_matches("/v1/").to_owned())
         .collect();
     assert_eq!(operations, mutating);

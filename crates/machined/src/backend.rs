@@ -60,6 +60,9 @@ impl NodeBackend for Backend {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+            node_name: None,
+            hostname: None,
+            machine_id: None,
         }
     }
 

@@ -8,9 +8,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use slate_api::{
-    BackendError, Client, Event, EventKind, EventStream, Failure, LineStream, Mode, NodeBackend,
-    RebootMode, Role, ServerConfig, ServerHandle, Stage, Status, UpgradeRequest, UploadedBundle,
-    VersionInfo,
+    ApplyConfigRequest, ApplyConfigResult, BackendError, Client, Event, EventKind, EventStream,
+    Failure, LineStream, Mode, NodeBackend, RebootMode, Role, ServerConfig, ServerHandle, Stage,
+    Status, UpgradeRequest, UploadedBundle, VersionInfo,
 };
 use tempfile::TempDir;
 
@@ -33,6 +33,8 @@ pub struct Fake {
     pub live_events: Vec<EventKind>,
     /// Lines given to `log_api`.
     pub api_log: Mutex<Vec<String>>,
+    /// Documents given to `apply_config`.
+    pub configs: Mutex<Vec<ApplyConfigRequest>>,
 }
 
 impl Fake {
@@ -69,6 +71,9 @@ pub fn status() -> Status {
             version: "1.3.0".into(),
             reason: "task mountState failed".into(),
         }),
+        node_name: Some("node1".into()),
+        hostname: Some("node1".into()),
+        machine_id: None,
     }
 }
 
@@ -167,6 +172,15 @@ impl NodeBackend for Fake {
             }
         });
         Ok(Box::new(rx.into_iter()))
+    }
+
+    fn apply_config(&self, req: ApplyConfigRequest) -> Result<ApplyConfigResult, BackendError> {
+        self.configs.lock().unwrap().push(req);
+        Ok(ApplyConfigResult {
+            changed: vec!["node.name".into()],
+            reboot_required: false,
+            outcome: "applied".into(),
+        })
     }
 
     fn dmesg(&self, _follow: bool) -> Result<LineStream, BackendError> {

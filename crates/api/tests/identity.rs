@@ -1,0 +1,105 @@
+//! A node's own identity (key made on the node, serving certificate issued from the
+//! configuration's CA) and maintenance mode (self-signed, token only), over the real server.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::Fake;
+use slate_api::{ApplyConfigRequest, ApplyMode, Client, ClientError, Role, ServerConfig};
+
+fn read(dir: &std::path::Path, name: &str) -> String {
+    std::fs::read_to_string(dir.join(name)).unwrap()
+}
+
+fn apply(config: &str) -> ApplyConfigRequest {
+    ApplyConfigRequest {
+        config: config.into(),
+        mode: ApplyMode::NoReboot,
+        dry_run: false,
+    }
+}
+
+#[test]
+fn two_nodes_issued_from_one_ca_answer_with_different_keys_and_clients_of_another_ca_are_refused() {
+    let pki = common::certs();
+    let mut fingerprints = Vec::new();
+    for name in ["node1", "node2"] {
+        let key = slate_api::generate_key_pem().unwrap();
+        let names = slate_api::serving_names(&[name.to_owned()]);
+        let cert = slate_api::issue_serving_cert(
+            &read(pki.path(), "ca.crt"),
+            &read(pki.path(), "ca.key"),
+            &key,
+            &names,
+        )
+        .unwrap();
+        fingerprints.push(slate_api::fingerprint(&cert).unwrap());
+        let config = ServerConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            read(pki.path(), "ca.crt").as_bytes(),
+            cert.as_bytes(),
+            key.as_bytes(),
+        );
+        let server = slate_api::spawn(config, Arc::new(Fake::default())).unwrap();
+        let addr = server.local_addr().to_string();
+        // A client of the configuration's CA reaches it, verifying the node's name.
+        let client = Client::from_dir(&addr, pki.path(), Role::Reader)
+            .unwrap()
+            .with_server_name(name)
+            .unwrap();
+        assert_eq!(client.status().unwrap().version, "1.2.3");
+        // A client whose certificates come from another CA trusts neither the node nor is
+        // trusted by it.
+        let other = common::certs();
+        let stranger = Client::from_dir(&addr, other.path(), Role::Admin).unwrap();
+        assert!(stranger.status().is_err());
+        server.shutdown().unwrap();
+    }
+    assert_ne!(fingerprints[0], fingerprints[1]);
+}
+
+#[test]
+fn maintenance_mode_serves_apply_config_to_the_token_only() {
+    let key = slate_api::generate_key_pem().unwrap();
+    let cert = slate_api::self_signed_cert(&key, &slate_api::serving_names(&[])).unwrap();
+    let fake = Arc::new(Fake::default());
+    let token = "k3x9-t0k3n";
+    let config = ServerConfig::maintenance(
+        "127.0.0.1:0".parse().unwrap(),
+        cert.as_bytes(),
+        key.as_bytes(),
+        token,
+    );
+    let server = slate_api::spawn(config, fake.clone()).unwrap();
+    let addr = server.local_addr().to_string();
+
+    // The right token, the certificate pinned by its fingerprint.
+    let mut pin = [0u8; 32];
+    hex::decode_to_slice(slate_api::fingerprint(&cert).unwrap(), &mut pin).unwrap();
+    let client = Client::maintenance(&addr, token, Some(pin)).unwrap();
+    let result = client.apply_config(&apply("version = 1")).unwrap();
+    assert_eq!(result.outcome, "applied");
+    assert_eq!(fake.configs.lock().unwrap().len(), 1);
+    // Nothing else is served, even with the token.
+    let err = client.status().unwrap_err();
+    assert!(
+        matches!(&err, ClientError::PermissionDenied(m) if m.contains("maintenance mode")),
+        "{err}"
+    );
+    // A wrong token or none.
+    for wrong in ["nope", ""] {
+        let client = Client::maintenance(&addr, wrong, None).unwrap();
+        let err = client.apply_config(&apply("version = 1")).unwrap_err();
+        assert!(
+            matches!(&err, ClientError::PermissionDenied(m) if m.contains("token")),
+            "{err}"
+        );
+    }
+    assert_eq!(fake.configs.lock().unwrap().len(), 1);
+    // A pinned fingerprint that is not the node's certificate: refused at the handshake.
+    let client = Client::maintenance(&addr, token, Some([7u8; 32])).unwrap();
+    assert!(client.apply_config(&apply("version = 1")).is_err());
+    assert_eq!(fake.configs.lock().unwrap().len(), 1);
+    server.shutdown().unwrap();
+}
