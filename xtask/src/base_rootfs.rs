@@ -95,6 +95,10 @@ const DIRS: &[(&str, u32)] = &[
     ("tmp", 0o1777),
     ("usr", 0o755),
     ("usr/bin", 0o755),
+    ("usr/lib", 0o755),
+    ("usr/lib/slate", 0o755),
+    // The image's setup hooks: machined runs them after each reset of /etc.
+    ("usr/lib/slate/setup.d", 0o755),
     ("var", 0o755),
 ];
 
@@ -161,6 +165,12 @@ pub fn base_rootfs(
     fs::write(udhcpc.join("default.script"), UDHCPC_SCRIPT).context("writing default.script")?;
     set_mode(&udhcpc.join("default.script"), 0o755)?;
 
+    for (name, script) in SETUP_HOOKS {
+        let hook = out.join("usr/lib/slate/setup.d").join(name);
+        fs::write(&hook, script).with_context(|| format!("writing setup hook {name}"))?;
+        set_mode(&hook, 0o755)?;
+    }
+
     if let Some(slate) = slate_bin {
         let target = out.join("usr/bin/slate");
         fs::copy(slate, &target)
@@ -187,6 +197,30 @@ done < /proc/mounts
 echo "SLATE-ROOT-OK name=$ID version=$IMAGE_VERSION rootfs=$root_fs"
 poweroff -f
 "#;
+
+/// The demo's setup hooks (`/usr/lib/slate/setup.d`): the VM tests read their lines on the
+/// console and the stamp in /etc; `slate.debug.fail-hook` on the kernel command line makes
+/// `20-check` fail (fault injection, as `slate.debug.fail-task`).
+const SETUP_HOOKS: &[(&str, &str)] = &[
+    (
+        "10-stamp",
+        r#"#!/bin/sh
+. /etc/os-release
+echo "$VERSION_ID" > /etc/slate-setup-stamp
+echo "setup: 10-stamp wrote /etc/slate-setup-stamp"
+"#,
+    ),
+    (
+        "20-check",
+        r#"#!/bin/sh
+echo "setup: 20-check ran"
+for arg in $(cat /proc/cmdline); do
+  [ "${arg%%=*}" = slate.debug.fail-hook ] && { echo "setup: 20-check fails (slate.debug.fail-hook)"; exit 1; }
+done
+exit 0
+"#,
+    ),
+];
 
 const UDHCPC_SCRIPT: &str = r#"#!/bin/sh
 case "$1" in

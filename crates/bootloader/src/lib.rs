@@ -24,6 +24,7 @@
 //! `saved_entry` to the tag's slot. [`probe`] picks the backend a disk was installed with.
 
 mod efivars;
+pub mod explain;
 pub mod grub;
 mod parts;
 pub mod sdboot;
@@ -32,6 +33,7 @@ pub use efivars::{
     loader_vars, EfiVars, EfiVarsError, MemEfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_LAST_BOOTED,
     LOADER_ENTRY_ONESHOT,
 };
+pub use explain::{BootExplanation, EntryState, ExplainedEntry, NextBootReason};
 pub use grub::{menu as grub_menu, Grub, GrubStatus, GrubWriteOrder, SlotPayload, SlotStatus};
 pub use sdboot::{SystemdBoot, DEFAULT_ENTRY_NAME};
 pub use slate_bootspec::IdStyle;
@@ -165,6 +167,9 @@ pub trait Bootloader {
     /// The running entry failed: return to the label in META `Upgrade` (returned), marking the
     /// failed entry bad, then drop the tag. `None` when there was nothing to revert to.
     fn revert(&mut self, failed_entry: &str) -> Result<Option<String>, BootloaderError>;
+    /// Every entry in menu order and which one boots next, and why (pure read; see
+    /// [`explain`]).
+    fn explain(&self) -> Result<BootExplanation, BootloaderError>;
 }
 
 /// Which boot loader a slate disk was installed with.

@@ -1,6 +1,7 @@
 //! The crash matrix: every operation of the systemd-boot backend replayed over a fault-injecting
 //! disk, power cut at every write and flush (unflushed writes dropped, kept, torn, scattered),
-//! and for each state the selection model must boot v1 or v2 with its UKI byte-identical.
+//! and for each state the selection model must boot the old or the new version with its UKI
+//! byte-identical (v1 or v2; v2 or v3 for an upgrade that first prunes v1).
 
 mod common;
 
@@ -11,6 +12,7 @@ use slate_esp::fat;
 
 const V1_LEN: usize = 20_000;
 const V2_LEN: usize = 24_000;
+const V3_LEN: usize = 22_000;
 
 /// Crash points of a recorded run, none sampled away: after every op, unflushed writes dropped
 /// and kept, the last unflushed write torn at up to 8 sector counts (evenly spaced), and 16
@@ -52,6 +54,15 @@ fn upgraded_and_booted(v1: &[u8], v2: &[u8]) -> MemDisk {
     boot.into_parts().0
 }
 
+/// v1 and v2 committed, v2 running, no tag: the next upgrade prunes v1 (keep_versions 2).
+fn two_committed(v1: &[u8], v2: &[u8]) -> MemDisk {
+    let mut boot = sdboot(running_v1(v1));
+    boot.upgrade(&request(v2, "2", "slate-1.efi")).unwrap();
+    let booted = boot.simulate_boot_attempt().unwrap().unwrap();
+    boot.commit(&booted).unwrap();
+    boot.into_parts().0
+}
+
 fn record(
     base: &MemDisk,
     op: impl FnOnce(&mut SystemdBoot<RecordingDisk, slate_bootloader::MemEfiVars>),
@@ -63,8 +74,9 @@ fn record(
 
 #[test]
 fn systemd_boot_crash_matrix() {
-    let (v1, v2) = (uki(1, V1_LEN), uki(2, V2_LEN));
+    let (v1, v2, v3) = (uki(1, V1_LEN), uki(2, V2_LEN), uki(3, V3_LEN));
     let versions: [(&str, &[u8]); 2] = [("1", &v1), ("2", &v2)];
+    let later: [(&str, &[u8]); 2] = [("2", &v2), ("3", &v3)];
     let mut total = 0;
     let mut report = Vec::new();
 
@@ -82,12 +94,18 @@ fn systemd_boot_crash_matrix() {
             Some("slate-1.efi")
         );
     });
-    for (what, rec, must_see) in [
-        ("upgrade", &upgrade, &["1", "2"][..]),
-        ("commit", &commit, &["2"][..]),
-        ("revert", &revert, &["1", "2"][..]),
+    // The upgrade after that prunes v1 first: every state boots v2 or v3.
+    let pruning = record(&two_committed(&v1, &v2), |b| {
+        let out = b.upgrade(&request(&v3, "3", "slate-2.efi")).unwrap();
+        assert_eq!(out.removed, ["slate-1.efi"]);
+    });
+    for (what, rec, must_see, versions) in [
+        ("upgrade", &upgrade, &["1", "2"][..], &versions),
+        ("commit", &commit, &["2"][..], &versions),
+        ("revert", &revert, &["1", "2"][..], &versions),
+        ("pruning upgrade", &pruning, &["2", "3"][..], &later),
     ] {
-        let (n, failures, seen) = run_matrix(rec, &points(rec), &versions);
+        let (n, failures, seen) = run_matrix(rec, &points(rec), versions);
         assert!(
             failures.is_empty(),
             "{what}: {} of {n} states fail, e.g. {:#?}",

@@ -161,9 +161,10 @@ fn a_stale_efi_default_is_cleared_because_the_model_needs_it() {
 
 const BIG: usize = 12 * MIB as usize;
 
-/// v1, v2, v3 of 12 MiB each on the 40 MiB ESP; v4 does not fit without pruning.
+/// v1, v2, v3 of 12 MiB each on the 40 MiB ESP; v4 does not fit without pruning. The loader
+/// keeps up to 16 versions, so only room prunes.
 fn three_big_versions(commit_v3: bool) -> SystemdBoot<MemDisk, MemEfiVars> {
-    let mut boot = sdboot(running_v1(&uki(1, BIG)));
+    let mut boot = sdboot(running_v1(&uki(1, BIG))).with_keep_versions(16);
     boot.upgrade(&request(&uki(2, BIG), "2", "slate-1.efi"))
         .unwrap();
     boot.commit("slate-2+3.efi").unwrap();
@@ -191,7 +192,9 @@ fn a_full_esp_prunes_the_oldest_but_never_running_or_fallback() {
     // Running the oldest (v1) with v2 the pending fallback: only v3 may go.
     let mut boot = three_big_versions(false);
     let (disk, vars) = boot_with_tag(&mut boot, b"slate-2.efi");
-    let mut boot = SystemdBoot::new(disk, vars).with_source_date_epoch(EPOCH);
+    let mut boot = SystemdBoot::new(disk, vars)
+        .with_source_date_epoch(EPOCH)
+        .with_keep_versions(16);
     let out = boot
         .upgrade(&request(&uki(4, BIG), "4", "slate-1.efi"))
         .unwrap();
@@ -228,9 +231,10 @@ fn refused_upgrades_write_nothing() {
             matches!(e, BootloaderError::Invalid(_))
         }),
         // Running v1 with fallback v2: pruning v3 frees 12 MiB, not 30.
-        (request(&huge, "5", "slate-1.efi"), |e| {
-            matches!(e, BootloaderError::NoRoom { .. })
-        }),
+        (
+            request(&huge, "5", "slate-1.efi"),
+            |e| matches!(e, BootloaderError::Invalid(m) if m.contains("does not fit")),
+        ),
     ];
     for (req, expected) in cases {
         let mut boot = sdboot(RecordingDisk::new(bytes.clone()));
@@ -244,4 +248,159 @@ fn refused_upgrades_write_nothing() {
     let mut boot = sdboot(RecordingDisk::new(bytes.clone()));
     assert!(boot.upgrade(&zero_tries).is_err());
     assert!(boot.disk().log().is_empty());
+}
+
+/// Committed upgrades v1 → v2 → … with small UKIs, keeping `keep` versions; the removals of
+/// each upgrade, and the entries left.
+fn upgrades(keep: u32, to: u32) -> (Vec<Vec<String>>, Vec<(String, BootState)>) {
+    let mut boot = sdboot(running_v1(&uki(1, 20_000))).with_keep_versions(keep);
+    let mut removed = Vec::new();
+    for v in 2..=to {
+        let out = boot
+            .upgrade(&request(
+                &uki(v, 20_000),
+                &v.to_string(),
+                &format!("slate-{}.efi", v - 1),
+            ))
+            .unwrap();
+        removed.push(out.removed);
+        let booted = boot.simulate_boot_attempt().unwrap().unwrap();
+        boot.commit(&booted).unwrap();
+    }
+    (removed, states(&boot))
+}
+
+#[test]
+fn upgrades_keep_at_most_keep_versions_versions() {
+    let good = |files: &[&str]| -> Vec<(String, BootState)> {
+        files
+            .iter()
+            .map(|f| (f.to_string(), BootState::Good))
+            .collect()
+    };
+    // The default, 2: every upgrade prunes the version before the running one.
+    let (removed, left) = upgrades(slate_bootloader::sdboot::DEFAULT_KEEP_VERSIONS, 4);
+    assert_eq!(removed, [vec![], vec!["slate-1.efi"], vec!["slate-2.efi"]]);
+    assert_eq!(left, good(&["slate-3.efi", "slate-4.efi"]));
+    // 3: the first two upgrades prune nothing, then the oldest goes.
+    let (removed, left) = upgrades(3, 5);
+    let none: Vec<String> = vec![];
+    assert_eq!(
+        removed,
+        [
+            none.clone(),
+            none,
+            vec!["slate-1.efi".into()],
+            vec!["slate-2.efi".into()]
+        ]
+    );
+    let mut left: Vec<_> = left.into_iter().map(|(f, _)| f).collect();
+    left.sort();
+    assert_eq!(left, ["slate-3.efi", "slate-4.efi", "slate-5.efi"]);
+}
+
+#[test]
+fn bad_entries_are_pruned_before_good_ones() {
+    // v1, v2 committed; v3 fails and is reverted (bad); running v2, keep 3, upgrade to v4: the
+    // one place besides v2 and v4 goes to the good v1, the bad v3 is pruned.
+    let mut boot = sdboot(running_v1(&uki(1, 20_000))).with_keep_versions(3);
+    boot.upgrade(&request(&uki(2, 20_000), "2", "slate-1.efi"))
+        .unwrap();
+    boot.commit("slate-2+3.efi").unwrap();
+    boot.upgrade(&request(&uki(3, 20_000), "3", "slate-2.efi"))
+        .unwrap();
+    let booted = boot.simulate_boot_attempt().unwrap().unwrap();
+    assert_eq!(
+        boot.revert(&booted).unwrap().as_deref(),
+        Some("slate-2.efi")
+    );
+    let out = boot
+        .upgrade(&request(&uki(4, 20_000), "4", "slate-2.efi"))
+        .unwrap();
+    assert_eq!(out.removed, ["slate-3+0-1.efi"]);
+    let mut left: Vec<_> = states(&boot).into_iter().map(|(f, _)| f).collect();
+    left.sort();
+    assert_eq!(left, ["slate-1.efi", "slate-2.efi", "slate-4+3.efi"]);
+}
+
+fn mib(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / MIB as f64)
+}
+
+#[test]
+fn a_refusal_for_room_names_the_numbers_and_writes_nothing() {
+    // v1 and v2 of 12 MiB, v2 committed and running; the default keep_versions would prune v1,
+    // but a 30 MiB v3 does not fit even then.
+    let mut boot = sdboot(running_v1(&uki(1, BIG)));
+    boot.upgrade(&request(&uki(2, BIG), "2", "slate-1.efi"))
+        .unwrap();
+    boot.commit("slate-2+3.efi").unwrap();
+    let free = boot.status().unwrap().free_bytes;
+    let bytes = boot.into_parts().0.into_bytes();
+    let huge = uki(3, 30 * MIB as usize);
+
+    let mut boot = sdboot(RecordingDisk::new(bytes.clone()));
+    let plan = boot.plan_upgrade(&request(&huge, "3", "slate-2.efi"));
+    let err = boot
+        .upgrade(&request(&huge, "3", "slate-2.efi"))
+        .unwrap_err()
+        .to_string();
+    assert_eq!(plan.unwrap_err().to_string(), err, "the plan refuses alike");
+    let reclaimable = BIG as u64; // v1's clusters: 12 MiB is a whole number of them
+    assert!(
+        err.contains(&format!(
+            "the new UKI slate-3+3.efi ({}) does not fit the EFI partition ({}): {} free, {} \
+             reclaimable by pruning slate-1.efi; the running entry slate-2.efi is kept",
+            mib(huge.len() as u64),
+            mib(40 * MIB),
+            mib(free),
+            mib(reclaimable)
+        )),
+        "{err}"
+    );
+    assert!(boot.disk().log().is_empty(), "the refusal wrote");
+    assert!(boot.disk().current() == &bytes[..]);
+}
+
+#[test]
+fn another_os_entries_are_never_pruned() {
+    let mut disk = running_v1(&uki(1, 20_000));
+    {
+        let esp = slate_layout::open_partition(&mut disk, slate_layout::EFI_LABEL).unwrap();
+        let fs = slate_esp::fat::mount(esp, EPOCH).unwrap();
+        let dir = fs.root_dir().open_dir("EFI/Linux").unwrap();
+        for name in ["debian-12.efi", "slate-rescue-1.efi"] {
+            let mut f = dir.create_file(name).unwrap();
+            std::io::Write::write_all(&mut f, b"MZ another OS").unwrap();
+        }
+        drop(dir);
+        slate_esp::fat::unmount(fs).unwrap();
+    }
+    let mut boot = sdboot(disk);
+    for v in 2..=3u32 {
+        let out = boot
+            .upgrade(&request(
+                &uki(v, 20_000),
+                &v.to_string(),
+                &format!("slate-{}.efi", v - 1),
+            ))
+            .unwrap();
+        let booted = boot.simulate_boot_attempt().unwrap().unwrap();
+        assert_eq!(booted, format!("slate-{v}+2-1.efi"));
+        boot.commit(&booted).unwrap();
+        if v == 3 {
+            assert_eq!(out.removed, ["slate-1.efi"]);
+        }
+    }
+    let mut left: Vec<_> = states(&boot).into_iter().map(|(f, _)| f).collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "debian-12.efi",
+            "slate-2.efi",
+            "slate-3.efi",
+            "slate-rescue-1.efi"
+        ]
+    );
 }

@@ -91,6 +91,36 @@ pub struct InstallDefaults {
     pub tries: u32,
     /// systemd-boot's menu timeout in seconds.
     pub menu_timeout: u32,
+    /// How many versions an upgrade to this bundle leaves on the ESP (profile `[image]
+    /// keep_versions`); applied by this bundle's own installer. Absent means
+    /// [`DEFAULT_KEEP_VERSIONS`], and the default is not written: such a bundle manifest is byte
+    /// for byte what slate wrote before the field existed, and older slate (which refuses
+    /// unknown fields) still reads it.
+    #[serde(
+        default = "default_keep_versions",
+        skip_serializing_if = "is_default_keep_versions"
+    )]
+    pub keep_versions: u32,
+}
+
+/// `keep_versions` of a bundle that names none (and of upgrade-only bundles): the new version
+/// and the running one.
+pub const DEFAULT_KEEP_VERSIONS: u32 = 2;
+
+fn default_keep_versions() -> u32 {
+    DEFAULT_KEEP_VERSIONS
+}
+
+fn is_default_keep_versions(n: &u32) -> bool {
+    *n == DEFAULT_KEEP_VERSIONS
+}
+
+impl BundleManifest {
+    /// How many versions an upgrade to this bundle leaves on the ESP.
+    pub fn keep_versions(&self) -> u32 {
+        self.install
+            .map_or(DEFAULT_KEEP_VERSIONS, |install| install.keep_versions)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -140,4 +170,44 @@ pub enum BundleError {
 /// `sha256:<hex>` of `bytes` as text ([`Digest::of`] for the typed value).
 pub fn sha256_digest(bytes: &[u8]) -> String {
     Digest::of(bytes).to_string()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const OLD: &str = r#"{"esp_mib":64,"menu_timeout":1,"state_mib":32,"tries":3}"#;
+
+    #[test]
+    fn keep_versions_defaults_to_2_and_the_default_is_not_written() {
+        // A bundle written before the field existed.
+        let old: InstallDefaults = serde_json::from_str(OLD).unwrap();
+        assert_eq!(old.keep_versions, DEFAULT_KEEP_VERSIONS);
+        // Written back as it was: older readers refuse unknown fields.
+        assert_eq!(
+            serde_json::to_value(old).unwrap(),
+            serde_json::from_str::<serde_json::Value>(OLD).unwrap()
+        );
+        let three = InstallDefaults {
+            keep_versions: 3,
+            ..old
+        };
+        let text = serde_json::to_string(&three).unwrap();
+        assert!(text.contains(r#""keep_versions":3"#), "{text}");
+        assert_eq!(
+            serde_json::from_str::<InstallDefaults>(&text).unwrap(),
+            three
+        );
+        let manifest = |install| BundleManifest {
+            name: "slate".into(),
+            version: "1".into(),
+            arch: "amd64".into(),
+            variant: "demo".into(),
+            blobs: BTreeMap::new(),
+            install,
+        };
+        assert_eq!(manifest(None).keep_versions(), 2);
+        assert_eq!(manifest(Some(old)).keep_versions(), 2);
+        assert_eq!(manifest(Some(three)).keep_versions(), 3);
+    }
 }

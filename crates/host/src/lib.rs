@@ -31,10 +31,10 @@ pub use kmsg::{disable_kmsg_ratelimit, KmsgLogger, Level};
 pub use kmsg_read::{format_kmsg_record, kernel_log, KernelLog};
 pub use loopdev::{attach_loop_read_only, detach_loop};
 pub use mount::{
-    is_mount_point, mount, mount_overlay_read_only, mount_pseudo_filesystems, move_mount,
-    overlay_lowerdir_option, switch_root, unmount, MsFlags,
+    is_mount_point, mount, mount_overlay, mount_overlay_read_only, mount_pseudo_filesystems,
+    move_mount, overlay_lowerdir_option, overlay_writable_options, switch_root, unmount, MsFlags,
 };
-pub use process::{reap_zombies, run_command, spawn_reaper};
+pub use process::{reap_zombies, run_command, run_command_logged, spawn_reaper, CommandEnd};
 pub use system::{
     ensure_console_stdio, exec, is_pid1, kernel_release, load_module, poweroff, reboot, ModuleLoad,
 };

@@ -61,18 +61,49 @@ pub fn overlay_lowerdir_option(lowers: &[&Path]) -> Result<String> {
             lowers.len()
         ));
     }
-    let mut dirs = Vec::with_capacity(lowers.len());
-    for dir in lowers {
-        let Some(text) = dir.to_str() else {
-            return invalid(format!("layer {} is not UTF-8", dir.display()));
-        };
-        // These separate layers and options in the option string; refuse rather than escape.
-        if text.contains([':', ',', '\\']) {
-            return invalid(format!("layer {text} contains ':', ',' or a backslash"));
-        }
-        dirs.push(text);
-    }
+    let dirs = lowers
+        .iter()
+        .map(|dir| overlay_dir("layer", dir))
+        .collect::<Result<Vec<_>>>()?;
     Ok(format!("lowerdir={}", dirs.join(":")))
+}
+
+/// `dir` as it may appear in an overlay option string.
+fn overlay_dir<'p>(role: &str, dir: &'p Path) -> Result<&'p str> {
+    let invalid = |reason: String| Err(HostError::InvalidOverlay { reason });
+    let Some(text) = dir.to_str() else {
+        return invalid(format!("{role} {} is not UTF-8", dir.display()));
+    };
+    // These separate layers and options in the option string; refuse rather than escape.
+    if text.contains([':', ',', '\\']) {
+        return invalid(format!("{role} {text} contains ':', ',' or a backslash"));
+    }
+    Ok(text)
+}
+
+/// The options of a writable overlay: `lower` below, changes in `upper`, overlayfs' scratch
+/// space in `work` (an empty directory on the same filesystem as `upper`).
+pub fn overlay_writable_options(lower: &Path, upper: &Path, work: &Path) -> Result<String> {
+    Ok(format!(
+        "lowerdir={},upperdir={},workdir={}",
+        overlay_dir("layer", lower)?,
+        overlay_dir("upper", upper)?,
+        overlay_dir("workdir", work)?,
+    ))
+}
+
+/// Mounts a writable overlay of `lower` with `upper` and `work` on `target`, without setuid
+/// programs or device nodes. `lower` may be `target` itself: the kernel resolves the layers
+/// before the overlay covers the path (how a read-only root gets a writable `/etc`).
+pub fn mount_overlay(lower: &Path, upper: &Path, work: &Path, target: &Path) -> Result<()> {
+    let options = overlay_writable_options(lower, upper, work)?;
+    mount(
+        "overlay",
+        target,
+        "overlay",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(&options),
+    )
 }
 
 /// Mounts a read-only overlay of `lowers` (topmost first, no upper layer) on `target`.
@@ -195,6 +226,64 @@ mod tests {
             err.starts_with("invalid overlay: layer /a,upperdir=/x contains"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_writable_overlay_names_its_three_directories() {
+        let (lower, upper, work) = (
+            Path::new("/etc"),
+            Path::new("/s/upper"),
+            Path::new("/s/work"),
+        );
+        assert_eq!(
+            overlay_writable_options(lower, upper, work).unwrap(),
+            "lowerdir=/etc,upperdir=/s/upper,workdir=/s/work"
+        );
+        let err = overlay_writable_options(lower, Path::new("/s/u,lowerdir=/x"), work)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("invalid overlay: upper /s/u,lowerdir=/x"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn an_overlay_over_its_own_lower_keeps_changes_in_the_upper() {
+        if !slate_testkit::require_root() {
+            return;
+        }
+        // On a tmpfs: the test directory may itself be an overlay, which cannot be an upper.
+        let dir = tempfile::tempdir().unwrap();
+        let state = dir.path().join("state");
+        let etc = dir.path().join("etc");
+        for d in [&state, &etc] {
+            std::fs::create_dir(d).unwrap();
+        }
+        mount("tmpfs", &state, "tmpfs", MsFlags::empty(), Some("size=1m")).unwrap();
+        let (upper, work) = (state.join("upper"), state.join("work"));
+        std::fs::create_dir(&upper).unwrap();
+        std::fs::create_dir(&work).unwrap();
+        std::fs::write(etc.join("image"), "from the image\n").unwrap();
+        let mounted = mount_overlay(&etc, &upper, &work, &etc);
+        let checked = mounted.as_ref().map(|()| {
+            std::fs::write(etc.join("added"), "at run time\n").unwrap();
+            (
+                std::fs::read_to_string(etc.join("image")).unwrap(),
+                std::fs::read_to_string(upper.join("added")).unwrap(),
+                is_mount_point(&etc).unwrap(),
+            )
+        });
+        if mounted.is_ok() {
+            unmount(&etc).unwrap();
+        }
+        unmount(&state).unwrap();
+        let (image, added, is_mount) = checked.unwrap();
+        assert_eq!(image, "from the image\n");
+        assert_eq!(added, "at run time\n");
+        assert!(is_mount);
+        // Unmounted, the lower shows what it always held.
+        assert!(!etc.join("added").exists());
     }
 
     #[test]

@@ -5,12 +5,16 @@
 //! therefore take one lock: a command is spawned and waited for under it, and the reaper sweeps
 //! only between commands.
 
-use std::process::{Command, Output};
+use std::io::Read;
+use std::os::unix::process::CommandExt as _;
+use std::process::{Command, ExitStatus, Output, Stdio};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::Mutex;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
 use crate::{HostError, Result};
@@ -40,6 +44,139 @@ pub fn run_command(cmd: &mut Command) -> Result<Output> {
         });
     }
     Ok(out)
+}
+
+/// How a command run by [`run_command_logged`] ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CommandEnd {
+    /// It exited by itself (or was killed by someone else).
+    Exited(ExitStatus),
+    /// It was still running at its deadline: it was killed, with its process group.
+    TimedOut,
+    /// `cancelled` said stop: it was killed, with its process group.
+    Cancelled,
+}
+
+/// Longest line handed to `on_line`; a longer one arrives in pieces.
+const MAX_LINE: usize = 4096;
+/// How long output is still collected once the command is gone (a process outside its group
+/// may hold the pipes open forever).
+const DRAIN: Duration = Duration::from_secs(1);
+
+/// Run `cmd` in a process group of its own, stdin empty, handing each line it prints (stdout
+/// and stderr, as they come) to `on_line`, until it exits, `timeout` passes or `cancelled`
+/// returns true. Whatever is left of its process group when it ends is killed (one-shot jobs
+/// do not leave daemons behind, as a systemd oneshot service does not). Like [`run_command`] it
+/// runs under the reaper's lock, so its exit status cannot be stolen.
+pub fn run_command_logged(
+    cmd: &mut Command,
+    timeout: Duration,
+    cancelled: &dyn Fn() -> bool,
+    on_line: &mut dyn FnMut(&str),
+) -> Result<CommandEnd> {
+    let program = cmd.get_program().to_string_lossy().into_owned();
+    let _guard = CHILDREN.lock().unwrap_or_else(|p| p.into_inner());
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .process_group(0);
+    let mut child = spawn_retrying_busy(cmd).map_err(|source| HostError::Spawn {
+        program: program.clone(),
+        source,
+    })?;
+    let started = Instant::now();
+    let (tx, lines) = mpsc::channel();
+    if let Some(out) = child.stdout.take() {
+        forward_lines(out, tx.clone());
+    }
+    if let Some(err) = child.stderr.take() {
+        forward_lines(err, tx);
+    }
+    let pid = Pid::from_raw(child.id() as i32);
+    let kill_group = || {
+        let _ = killpg(pid, Signal::SIGKILL);
+    };
+    let wait_error = |source| HostError::Spawn {
+        program: program.clone(),
+        source,
+    };
+    let end = loop {
+        match lines.recv_timeout(Duration::from_millis(20)) {
+            Ok(line) => on_line(&line),
+            Err(RecvTimeoutError::Timeout) => {}
+            Err(RecvTimeoutError::Disconnected) => std::thread::sleep(Duration::from_millis(20)),
+        }
+        // WNOWAIT: an exited child stays a zombie, so its pid (the group's id) cannot be reused
+        // before the group is killed below.
+        let flags = WaitPidFlag::WEXITED | WaitPidFlag::WNOHANG | WaitPidFlag::WNOWAIT;
+        match waitid(Id::Pid(pid), flags) {
+            Ok(WaitStatus::StillAlive) => {}
+            Ok(_) => break None,
+            Err(errno) => return Err(wait_error(errno.into())),
+        }
+        if cancelled() {
+            break Some(CommandEnd::Cancelled);
+        }
+        if started.elapsed() >= timeout {
+            break Some(CommandEnd::TimedOut);
+        }
+    };
+    kill_group();
+    let status = child.wait().map_err(wait_error)?;
+    let drain_until = Instant::now() + DRAIN;
+    while let Some(left) = drain_until.checked_duration_since(Instant::now()) {
+        match lines.recv_timeout(left) {
+            Ok(line) => on_line(&line),
+            Err(_) => break,
+        }
+    }
+    Ok(end.unwrap_or(CommandEnd::Exited(status)))
+}
+
+/// `spawn`, retried while the program is "text file busy": another thread's fork may briefly
+/// hold a copy of the descriptor a script was just written through.
+fn spawn_retrying_busy(cmd: &mut Command) -> std::io::Result<std::process::Child> {
+    let mut attempts = 0;
+    loop {
+        match cmd.spawn() {
+            Err(e) if e.raw_os_error() == Some(Errno::ETXTBSY as i32) && attempts < 50 => {
+                attempts += 1;
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            other => return other,
+        }
+    }
+}
+
+/// A thread sending `pipe`'s lines (lossy UTF-8, without the newline) to `tx` until EOF.
+fn forward_lines(mut pipe: impl Read + Send + 'static, tx: mpsc::Sender<String>) {
+    std::thread::spawn(move || {
+        let mut pending = Vec::new();
+        let mut buf = [0u8; 4096];
+        let send = |bytes: &[u8]| tx.send(String::from_utf8_lossy(bytes).into_owned()).is_ok();
+        loop {
+            let n = match pipe.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            pending.extend_from_slice(&buf[..n]);
+            while let Some(end) = pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=end).collect();
+                if !send(&line[..end]) {
+                    return;
+                }
+            }
+            while pending.len() >= MAX_LINE {
+                let piece: Vec<u8> = pending.drain(..MAX_LINE).collect();
+                if !send(&piece) {
+                    return;
+                }
+            }
+        }
+        if !pending.is_empty() {
+            send(&pending);
+        }
+    });
 }
 
 /// Reap every exited child that is not being waited for by [`run_command`], once.
@@ -79,6 +216,62 @@ mod tests {
         assert!(err.contains("oops"), "{err}");
         let out = run_command(Command::new("sh").args(["-c", "echo fine"])).unwrap();
         assert_eq!(out.stdout, b"fine\n");
+    }
+
+    fn logged(script: &str, timeout: Duration) -> (Result<CommandEnd>, Vec<String>) {
+        let mut lines = Vec::new();
+        let end = run_command_logged(
+            Command::new("sh").args(["-c", script]),
+            timeout,
+            &|| false,
+            &mut |l| lines.push(l.to_owned()),
+        );
+        (end, lines)
+    }
+
+    #[test]
+    fn a_logged_command_hands_over_its_lines_and_exit_status() {
+        let (end, lines) = logged(
+            "echo one; echo two >&2; printf three; exit 4",
+            Duration::from_secs(30),
+        );
+        let CommandEnd::Exited(status) = end.unwrap() else {
+            panic!("not exited");
+        };
+        assert_eq!(status.code(), Some(4));
+        let mut sorted = lines.clone();
+        sorted.sort();
+        assert_eq!(sorted, ["one", "three", "two"], "{lines:?}");
+    }
+
+    #[test]
+    fn a_logged_command_past_its_deadline_is_killed_with_its_group() {
+        let started = Instant::now();
+        // The background sleep holds the pipes: killing the group is what ends the wait.
+        let (end, lines) = logged(
+            "echo before; sleep 30 & sleep 30",
+            Duration::from_millis(300),
+        );
+        assert_eq!(end.unwrap(), CommandEnd::TimedOut);
+        assert_eq!(lines, ["before"]);
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "{:?}",
+            started.elapsed()
+        );
+    }
+
+    #[test]
+    fn a_logged_command_stops_when_cancelled() {
+        let started = Instant::now();
+        let end = run_command_logged(
+            Command::new("sleep").arg("30"),
+            Duration::from_secs(60),
+            &|| started.elapsed() > Duration::from_millis(100),
+            &mut |_| {},
+        );
+        assert_eq!(end.unwrap(), CommandEnd::Cancelled);
+        assert!(started.elapsed() < Duration::from_secs(10));
     }
 
     #[test]

@@ -201,6 +201,7 @@ pub fn build(
                     state_mib: p.image.state_mib,
                     tries: p.image.tries,
                     menu_timeout: p.image.menu_timeout,
+                    keep_versions: p.image.keep_versions,
                 },
                 &[
                     BlobInput {

@@ -21,6 +21,9 @@ pub struct InstallRequest {
     pub force: bool,
     /// Check and plan everything, open the disk read-only, write nothing.
     pub dry_run: bool,
+    /// A machine configuration (TOML) to put on STATE; without one the node boots into
+    /// maintenance mode and waits for `slate apply-config`.
+    pub config: Option<String>,
 }
 
 /// What [`install`] will write (or, with `dry_run`, would have written).
@@ -96,6 +99,8 @@ pub enum InstallModeError {
         disk.display()
     )]
     NotBlank { disk: PathBuf, offset: u64 },
+    #[error(transparent)]
+    State(#[from] crate::StateError),
     #[error("installing onto {}", disk.display())]
     Write {
         disk: PathBuf,
@@ -178,6 +183,22 @@ pub fn install(
         uki_len: image.uki.len() as u64,
         layout,
     };
+    // The configuration is checked and STATE's filesystem made before the first write.
+    let state = match &request.config {
+        Some(text) => {
+            let state_len = plan
+                .layout
+                .get(slate_layout::STATE_LABEL)
+                .map_or(0, |p| p.len());
+            Some(crate::StateFilesystem::build(
+                text,
+                state_len,
+                &image.image_id,
+                image.source_date_epoch,
+            )?)
+        }
+        None => None,
+    };
     progress(InstallEvent::Planned(&plan));
     if request.dry_run {
         return Ok(InstallReport {
@@ -192,6 +213,24 @@ pub fn install(
         disk: disk.to_owned(),
         source,
     })?;
+    if let Some(state) = state {
+        progress(InstallEvent::Image(ImageStep::ClearPartition {
+            label: format!(
+                "{} (machine configuration of {})",
+                slate_layout::STATE_LABEL,
+                state.node_name
+            ),
+        }));
+        let mut view = slate_layout::open_partition(&mut file, slate_layout::STATE_LABEL).map_err(
+            |source| crate::StateError::NoState {
+                disk: disk.to_owned(),
+                source,
+            },
+        )?;
+        state
+            .write_to(&mut view)
+            .map_err(crate::StateError::Write)?;
+    }
     Ok(InstallReport {
         plan,
         written: true,
@@ -232,15 +271,42 @@ fn install_id(manifest: &BundleManifest) -> Result<String, InstallModeError> {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use slate_bundle::{BlobInput, BundleSpec, InstallDefaults};
+    use slate_bundle::{BlobInput, BundleSpec, InstallDefaults, DEFAULT_KEEP_VERSIONS};
 
     pub(crate) const DISK_LEN: u64 = 128 << 20;
 
     /// A bundle of `version` for `arch` in `dir` (stand-in UKI and systemd-boot bytes: nothing
     /// here executes them).
     pub(crate) fn bundle(dir: &Path, version: &str, arch: &str) -> PathBuf {
-        let out = dir.join(format!("bundle-{version}-{arch}"));
         let uki = format!("MZ pretend UKI of {version}").repeat(1000);
+        let out = dir.join(format!("bundle-{version}-{arch}"));
+        write_bundle(&out, version, arch, uki.as_bytes(), DEFAULT_KEEP_VERSIONS)
+    }
+
+    /// A native bundle of `version` with a stand-in UKI of `uki_len` bytes whose install
+    /// settings keep `keep_versions` versions.
+    pub(crate) fn sized_bundle(
+        dir: &Path,
+        version: &str,
+        uki_len: usize,
+        keep_versions: u32,
+    ) -> PathBuf {
+        let uki: Vec<u8> = format!("MZ pretend UKI of {version} ")
+            .bytes()
+            .cycle()
+            .take(uki_len)
+            .collect();
+        let out = dir.join(format!("bundle-{version}-{uki_len}-keep{keep_versions}"));
+        write_bundle(&out, version, NATIVE_ARCH, &uki, keep_versions)
+    }
+
+    fn write_bundle(
+        out: &Path,
+        version: &str,
+        arch: &str,
+        uki: &[u8],
+        keep_versions: u32,
+    ) -> PathBuf {
         let blob = |role, file_name, media_type, bytes| BlobInput {
             role,
             file_name,
@@ -248,7 +314,7 @@ pub(crate) mod tests {
             bytes,
         };
         slate_bundle::write_installable_bundle(
-            &out,
+            out,
             BundleSpec {
                 name: "slate",
                 version,
@@ -260,13 +326,14 @@ pub(crate) mod tests {
                 state_mib: 16,
                 tries: 3,
                 menu_timeout: 1,
+                keep_versions,
             },
             &[
                 blob(
                     slate_bundle::UKI_ROLE,
                     "slate.efi",
                     slate_bundle::UKI_MEDIA_TYPE,
-                    uki.as_bytes(),
+                    uki,
                 ),
                 blob(
                     slate_bundle::SYSTEMD_BOOT_ROLE,
@@ -277,7 +344,7 @@ pub(crate) mod tests {
             ],
         )
         .unwrap();
-        out
+        out.to_owned()
     }
 
     pub(crate) fn blank_disk(dir: &Path) -> PathBuf {
@@ -295,6 +362,7 @@ pub(crate) mod tests {
             trust: Trust::NotVerified,
             force: false,
             dry_run: false,
+            config: None,
         }
     }
 

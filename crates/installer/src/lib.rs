@@ -25,6 +25,7 @@
 mod grub_image;
 mod image;
 mod install;
+mod state;
 mod upgrade;
 
 use std::path::{Path, PathBuf};
@@ -41,6 +42,7 @@ pub use image::{write_image, ImagePlan, ImageStep, CLEARED_HEAD};
 pub use install::{
     install, InstallEvent, InstallModeError, InstallPlan, InstallReport, InstallRequest,
 };
+pub use state::{seed_config, SeedReport, StateError, StateFilesystem};
 pub use upgrade::{upgrade, UpgradeEvent, UpgradeModeError, UpgradeReport, UpgradeRequest};
 
 /// Why an image could not be written. Each variant names the partition, file or rule involved.

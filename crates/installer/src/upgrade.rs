@@ -5,9 +5,11 @@
 
 use std::path::{Path, PathBuf};
 
-use slate_bootloader::{BootloaderError, MemEfiVars, UpgradeOutcome};
+use slate_bootloader::{
+    Bootloader, BootloaderError, Grub, LoaderKind, MemEfiVars, SystemdBoot, UpgradeOutcome,
+};
 use slate_bundle::{BundleError, NATIVE_ARCH};
-use slate_disk::{DiskError, FileDisk};
+use slate_disk::{Disk, DiskError, FileDisk};
 use slate_layout::LayoutError;
 use slate_meta::{MetaError, MetaStore};
 use slate_trust::{PolicyError, UpdateKind};
@@ -49,6 +51,11 @@ pub struct UpgradeReport {
     pub kind: UpdateKind,
     pub uki_len: u64,
     pub tries: u32,
+    /// Versions left on the ESP after the upgrade, at most (the bundle's install settings;
+    /// systemd-boot only: GRUB's two slots always hold two).
+    pub keep_versions: u32,
+    /// Entries the upgrade deletes from the ESP, in order (with `dry_run`: would delete).
+    pub prune: Vec<String>,
     /// What the boot loader did; `None` for a dry run.
     pub outcome: Option<UpgradeOutcome>,
 }
@@ -113,7 +120,10 @@ pub enum UpgradeModeError {
 
 /// Upgrade the slate installation on `disk` to the bundle's version. The bundle, the running
 /// entry and the update policy (arch, variant, downgrade, META `VersionFloor`) are settled with
-/// the disk open read-only; only then is it opened for writing.
+/// the disk open read-only; only then is it opened for writing. The bundle's install settings
+/// say how many versions the ESP keeps (`keep_versions`, 2 if absent): this, the new version's
+/// installer, applies them. A dry run also makes the boot loader's plan (systemd-boot: what it
+/// would prune, and that the new UKI then fits) without writing.
 pub fn upgrade(
     disk: &Path,
     request: &UpgradeRequest,
@@ -169,6 +179,7 @@ pub fn upgrade(
     )?;
     // Only a bundle the policy accepts is worth reading: the UKI is the one large blob.
     let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
+    let keep_versions = manifest.keep_versions();
     let mut report = UpgradeReport {
         name: manifest.name,
         version: manifest.version,
@@ -177,33 +188,59 @@ pub fn upgrade(
         kind,
         uki_len: uki.len() as u64,
         tries: request.tries,
+        keep_versions,
+        prune: Vec::new(),
         outcome: None,
     };
+    let loader_request = slate_bootloader::UpgradeRequest {
+        uki: &uki,
+        name: &report.name,
+        version: &report.version,
+        tries: request.tries,
+        running_entry: &report.running_entry,
+    };
+    let loader_error = |source| UpgradeModeError::Loader {
+        disk: disk.to_owned(),
+        source,
+    };
+    let write_error = |source| UpgradeModeError::Write {
+        disk: disk.to_owned(),
+        version: report.version.clone(),
+        source,
+    };
     if request.dry_run {
+        let file = FileDisk::open_read_only(disk).map_err(open_error)?;
+        if slate_bootloader::detect(&file).map_err(loader_error)? == LoaderKind::SystemdBoot {
+            let plan = SystemdBoot::new(file, MemEfiVars::new())
+                .with_keep_versions(keep_versions)
+                .plan_upgrade(&loader_request)
+                .map_err(write_error)?;
+            report.prune = plan.prune;
+        }
         return Ok(report);
     }
     let file = FileDisk::open(disk).map_err(open_error)?;
-    let mut loader = slate_bootloader::probe(file, MemEfiVars::new()).map_err(|source| {
-        UpgradeModeError::Loader {
-            disk: disk.to_owned(),
-            source,
-        }
-    })?;
-    let outcome = loader
-        .upgrade(&slate_bootloader::UpgradeRequest {
-            uki: &uki,
-            name: &report.name,
-            version: &report.version,
-            tries: request.tries,
-            running_entry: &report.running_entry,
-        })
-        .map_err(|source| UpgradeModeError::Write {
-            disk: disk.to_owned(),
-            version: report.version.clone(),
-            source,
-        })?;
+    let outcome = loader(file, keep_versions)
+        .map_err(loader_error)?
+        .upgrade(&loader_request)
+        .map_err(write_error)?;
+    report.prune = outcome.removed.clone();
     report.outcome = Some(outcome);
     Ok(report)
+}
+
+/// The backend of the loader `disk` was installed with ([`slate_bootloader::probe`]), offline
+/// (no firmware variables), systemd-boot keeping `keep_versions` versions.
+fn loader<D: Disk + 'static>(
+    disk: D,
+    keep_versions: u32,
+) -> Result<Box<dyn Bootloader>, BootloaderError> {
+    Ok(match slate_bootloader::detect(&disk)? {
+        LoaderKind::Grub => Box::new(Grub::new(disk)),
+        LoaderKind::SystemdBoot => {
+            Box::new(SystemdBoot::new(disk, MemEfiVars::new()).with_keep_versions(keep_versions))
+        }
+    })
 }
 
 /// META `VersionFloor` of the slate disk, if one is kept.
@@ -227,7 +264,7 @@ fn version_floor(disk: &Path) -> Result<Option<String>, UpgradeModeError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::install::tests::{blank_disk, bundle, request as install_request};
+    use crate::install::tests::{blank_disk, bundle, request as install_request, sized_bundle};
 
     fn request(bundle: PathBuf) -> UpgradeRequest {
         UpgradeRequest {
@@ -274,6 +311,8 @@ mod tests {
             ("slate-1.0.0+3.efi", "1.0.0")
         );
         assert_eq!(report.kind, UpdateKind::Upgrade);
+        assert_eq!(report.keep_versions, 2, "the bundle's default");
+        assert!(report.prune.is_empty(), "{:?}", report.prune);
         assert_eq!(report.outcome, None);
         assert_eq!(hash(&disk), before, "the dry run wrote");
 
@@ -305,6 +344,123 @@ mod tests {
         assert!(
             err.to_string().starts_with("reading the boot entries on"),
             "{err}"
+        );
+    }
+
+    /// systemd-boot's first boot attempt of the default entry, then its commit (what the node
+    /// does once the new version is up).
+    fn boot_and_commit(disk: &Path) {
+        let mut boot = SystemdBoot::new(FileDisk::open(disk).unwrap(), MemEfiVars::new());
+        let booted = boot.simulate_boot_attempt().unwrap().unwrap();
+        boot.commit(&booted).unwrap();
+    }
+
+    /// `EFI/Linux`, sorted.
+    fn listing(disk: &Path) -> Vec<String> {
+        let boot = SystemdBoot::new(FileDisk::open_read_only(disk).unwrap(), MemEfiVars::new());
+        let mut files: Vec<String> = boot
+            .status()
+            .unwrap()
+            .entries
+            .into_iter()
+            .map(|e| e.file_name)
+            .collect();
+        files.sort();
+        files
+    }
+
+    #[test]
+    fn keep_versions_from_the_bundle_limits_the_esp_to_three_versions() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = blank_disk(dir.path());
+        let len = 1 << 20;
+        let v1 = sized_bundle(dir.path(), "1.0.0", len, 3);
+        crate::install(&disk, &install_request(v1), &mut |_| {}).unwrap();
+        boot_and_commit(&disk);
+        for version in ["2.0.0", "3.0.0"] {
+            let report = upgrade(
+                &disk,
+                &request(sized_bundle(dir.path(), version, len, 3)),
+                &mut |_| {},
+            )
+            .unwrap();
+            assert_eq!(report.keep_versions, 3);
+            assert!(report.prune.is_empty(), "{version}: {:?}", report.prune);
+            boot_and_commit(&disk);
+        }
+        assert_eq!(
+            listing(&disk),
+            ["slate-1.0.0.efi", "slate-2.0.0.efi", "slate-3.0.0.efi"]
+        );
+
+        let v4 = sized_bundle(dir.path(), "4.0.0", len, 3);
+        let before = hash(&disk);
+        let dry = UpgradeRequest {
+            dry_run: true,
+            ..request(v4.clone())
+        };
+        let plan = upgrade(&disk, &dry, &mut |_| {}).unwrap();
+        assert_eq!(plan.prune, ["slate-1.0.0.efi"], "the dry run's plan");
+        assert_eq!(plan.outcome, None);
+        assert_eq!(hash(&disk), before, "the dry run wrote");
+
+        let report = upgrade(&disk, &request(v4), &mut |_| {}).unwrap();
+        assert_eq!(report.prune, ["slate-1.0.0.efi"]);
+        assert_eq!(report.outcome.unwrap().removed, ["slate-1.0.0.efi"]);
+        assert_eq!(
+            listing(&disk),
+            ["slate-2.0.0.efi", "slate-3.0.0.efi", "slate-4.0.0+3.efi"]
+        );
+    }
+
+    #[test]
+    fn a_uki_that_cannot_fit_is_refused_with_the_numbers_before_any_write() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = blank_disk(dir.path());
+        let big = 12 << 20;
+        let v1 = sized_bundle(dir.path(), "1.0.0", big, 2);
+        crate::install(&disk, &install_request(v1), &mut |_| {}).unwrap();
+        upgrade(
+            &disk,
+            &request(sized_bundle(dir.path(), "2.0.0", big, 2)),
+            &mut |_| {},
+        )
+        .unwrap();
+        boot_and_commit(&disk);
+        // v1 (installed, never booted) may go (keep_versions 2), but its 12 MiB do not make
+        // room for 30 on the 40 MiB ESP.
+        let v3 = sized_bundle(dir.path(), "3.0.0", 30 << 20, 2);
+        let free = SystemdBoot::new(FileDisk::open_read_only(&disk).unwrap(), MemEfiVars::new())
+            .status()
+            .unwrap()
+            .free_bytes;
+        let free = format!("{:.1} MiB", free as f64 / f64::from(1 << 20));
+        let before = hash(&disk);
+        let dry = UpgradeRequest {
+            dry_run: true,
+            ..request(v3.clone())
+        };
+        let dry_err = upgrade(&disk, &dry, &mut |_| {}).unwrap_err();
+        let err = upgrade(&disk, &request(v3), &mut |_| {}).unwrap_err();
+        assert_eq!(hash(&disk), before, "a refusal wrote");
+        let chain = |e: &UpgradeModeError| {
+            let source = std::error::Error::source(e).map(ToString::to_string);
+            format!("{e}: {}", source.unwrap_or_default())
+        };
+        assert_eq!(chain(&dry_err), chain(&err), "the dry run refuses alike");
+        let message = chain(&err);
+        assert!(message.starts_with("upgrading "), "{message}");
+        for part in [
+            "the new UKI slate-3.0.0+3.efi (30.0 MiB) does not fit the EFI partition (40.0 MiB)",
+            &format!("{free} free, 12.0 MiB reclaimable by pruning slate-1.0.0+3.efi;"),
+            "the running entry slate-2.0.0.efi is kept",
+        ] {
+            assert!(message.contains(part), "{part:?} in {message}");
+        }
+        assert_eq!(
+            listing(&disk),
+            ["slate-1.0.0+3.efi", "slate-2.0.0.efi"],
+            "nothing pruned"
         );
     }
 }

@@ -188,12 +188,14 @@ pub fn parse(text: &str) -> Result<Parsed, ConfigError> {
     let (config, migrated_from) = match version {
         0 => (v0::migrate(deserialize::<v0::ConfigV0>(table)?), Some(0)),
         1 => (deserialize::<MachineConfig>(table)?, None),
-        other => return Err(ConfigError::invalid(
-            "version",
-            format!(
+        other => {
+            return Err(ConfigError::invalid(
+                "version",
+                format!(
                 "{other} is not a version this slate reads (0 and 1; it writes {CURRENT_VERSION})"
             ),
-        )),
+            ))
+        }
     };
     validate::validate(&config)?;
     Ok(Parsed {

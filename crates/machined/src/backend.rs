@@ -60,10 +60,23 @@ impl NodeBackend for Backend {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
-            node_name: None,
-            hostname: None,
-            machine_id: None,
+            node_name: self.0.machine.current().map(|c| c.node.name),
+            hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned()),
+            machine_id: crate::machine::read_machine_id(),
         }
+    }
+
+    fn show_config(&self) -> Result<slate_api::ConfigView, BackendError> {
+        crate::machine::show(&self.0)
+    }
+
+    fn apply_config(
+        &self,
+        req: slate_api::ApplyConfigRequest,
+    ) -> Result<slate_api::ApplyConfigResult, BackendError> {
+        crate::machine::apply(&self.0, req)
     }
 
     fn reboot(&self, mode: RebootMode) -> Result<(), BackendError> {

@@ -7,9 +7,12 @@
 
 mod backend;
 mod decision;
+mod etc;
 mod handler;
 mod health;
 mod journal;
+mod machine;
+mod maintenance;
 mod node;
 mod sequences;
 mod system_disk;
@@ -36,9 +39,6 @@ use journal::Journal;
 use node::{Node, Request};
 use sequences::Facts;
 use transaction::SettleError;
-
-// Where the image carries the node's API identity.
-use slate_profile::image_contract::PKI as PKI_DIR;
 
 pub fn run() -> Result<()> {
     if !slate_host::is_pid1() {
@@ -81,7 +81,10 @@ fn boot_and_serve(
     config: &slate_profile::NodeConfig,
     watchdog: Option<&Arc<slate_host::Watchdog>>,
 ) -> SequenceError {
-    let facts = Facts::default();
+    let facts = Facts {
+        watchdog: watchdog.cloned(),
+        ..Facts::default()
+    };
     let api = Mutex::new(None);
     // Feeds the watchdog from the commit on, for as long as this main loop runs.
     let mut _feeder = None;
@@ -229,14 +232,42 @@ fn dispose(node: &Node, err: SequenceError) -> Option<SequenceError> {
     }
 }
 
+/// The node API with the node's own identity: its key and a serving certificate issued from
+/// the machine configuration's CA for its name, hostname and addresses; clients must present
+/// a certificate of the configuration's client CA.
 fn start_api(node: &Arc<Node>) -> Result<slate_api::ServerHandle, TaskError> {
-    let listen: SocketAddr = node
-        .config
-        .api_listen
-        .parse()
-        .map_err(|e| TaskError::msg(format!("slate.api.listen: {e}")))?;
-    let config = ServerConfig::from_dir(listen, Path::new(PKI_DIR))?;
-    Ok(slate_api::spawn(config, Arc::new(Backend(node.clone())))?)
+    let config = node
+        .machine
+        .current()
+        .ok_or_else(|| TaskError::msg("no machine configuration"))?;
+    let listen: SocketAddr = match config.api.listen {
+        Some(listen) => listen,
+        None => node
+            .config
+            .api_listen
+            .parse()
+            .map_err(|e| TaskError::msg(format!("slate.api.listen: {e}")))?,
+    };
+    let addresses = node
+        .machine
+        .addresses
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
+    let (cert, key, issued) =
+        machine::identity(&machine::state_dir(), &config, &addresses).map_err(TaskError::msg)?;
+    let fingerprint = slate_api::fingerprint(&cert).map_err(|e| TaskError::msg(e.to_string()))?;
+    node.journal.info(format_args!(
+        "API identity: serving certificate sha256 {fingerprint} ({})",
+        if issued { "issued now" } else { "kept" }
+    ));
+    let server = ServerConfig::new(
+        listen,
+        config.api.client_ca.as_bytes(),
+        cert.as_bytes(),
+        key.as_bytes(),
+    );
+    Ok(slate_api::spawn(server, Arc::new(Backend(node.clone())))?)
 }
 
 #[cfg(test)]

@@ -71,6 +71,8 @@ pub struct Node {
     pub config: BootConfig,
     stage: Mutex<Stage>,
     pub last_failure: Mutex<Option<Failure>>,
+    /// The machine configuration and what came of it.
+    pub machine: crate::machine::MachineState,
     subscribers: Mutex<Vec<Sender<Event>>>,
     requests: Mutex<Sender<Request>>,
 }
@@ -104,6 +106,7 @@ impl Node {
             config: BootConfig::from_cmdline(cmdline),
             stage: Mutex::new(Stage::Booting),
             last_failure: Mutex::new(None),
+            machine: crate::machine::MachineState::default(),
             subscribers: Mutex::new(Vec::new()),
             requests: Mutex::new(tx),
         });

@@ -28,6 +28,10 @@ pub struct Facts {
     pub system_disk: Mutex<Option<PathBuf>>,
     /// A staged upgrade taken out of META (consumed: the tags are already gone).
     pub staged: Mutex<Option<super::upgrade::Staged>>,
+    /// The armed watchdog: fed while the node waits in maintenance mode.
+    pub watchdog: Option<std::sync::Arc<slate_host::Watchdog>>,
+    /// The network was brought up with DHCP for maintenance mode already.
+    pub network_up: std::sync::atomic::AtomicBool,
 }
 
 impl Facts {
@@ -226,7 +230,32 @@ pub fn boot<'a>(
                 }),
             ],
         )
-        .append("network", [task(node, "network", network)])
+        .append(
+            "config",
+            [task(node, "machineConfig", move |ctx| {
+                machine_config(ctx, node, facts)
+            })],
+        )
+        .append(
+            "etc",
+            [task(node, "etcOverlay", move |ctx| {
+                crate::etc::overlay_task(ctx, node, &crate::etc::etc_keep_list(node))
+            })],
+        )
+        .append(
+            "configure",
+            [task(node, "applyConfig", move |ctx| configure(ctx, node))],
+        )
+        .append(
+            "setup",
+            [task(node, "setupHooks", move |ctx| {
+                crate::etc::setup_hooks_task(ctx, node)
+            })],
+        )
+        .append(
+            "network",
+            [task(node, "network", move |ctx| network(ctx, node, facts))],
+        )
         .append(
             "api",
             [task(node, "startApi", move |ctx| {
@@ -266,16 +295,95 @@ fn mount_volume(
     Ok(())
 }
 
-/// DHCP on the first Ethernet interface, with busybox's udhcpc.
-fn network(ctx: &TaskContext<'_>) -> Result<(), TaskError> {
-    slate_host::run_command(Command::new("ip").args(["link", "set", "lo", "up"]))?;
-    let interface = std::fs::read_dir("/sys/class/net")
+/// The machine configuration from STATE; without one, maintenance mode until an operator
+/// applies one.
+fn machine_config(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), TaskError> {
+    let path = crate::maintenance::config_path();
+    let parsed = match crate::machine::load(&crate::machine::state_dir()).map_err(failed)? {
+        Some(parsed) => parsed,
+        None => {
+            // The operator must be able to reach the node: DHCP first.
+            dhcp(ctx, node, None)?;
+            facts
+                .network_up
+                .store(true, std::sync::atomic::Ordering::SeqCst);
+            crate::maintenance::wait_for_config(ctx, node, facts.watchdog.as_ref())?
+        }
+    };
+    ctx.log(&format!(
+        "machine configuration {}: node {}, hostname {}{}",
+        path.display(),
+        parsed.config.node.name,
+        parsed.config.hostname(),
+        parsed.migrated_from.map_or(String::new(), |v| format!(
+            " (version {v}, migrated in memory to {})",
+            parsed.config.version
+        )),
+    ));
+    node.machine.set(parsed);
+    Ok(())
+}
+
+/// What the configuration sets in /etc and the kernel, once /etc is writable.
+fn configure(ctx: &TaskContext<'_>, node: &Node) -> Result<(), TaskError> {
+    let config = node
+        .machine
+        .current()
+        .ok_or_else(|| failed("no machine configuration"))?;
+    crate::machine::set_hostname(node, config.hostname()).map_err(failed)?;
+    let written = crate::machine::write_etc_files(Path::new("/etc"), &config).map_err(failed)?;
+    if !written.is_empty() {
+        ctx.log(&format!(
+            "/etc files from the configuration: {}",
+            written.join(" ")
+        ));
+    }
+    Ok(())
+}
+
+/// The first non-loopback interface.
+fn first_interface() -> Result<String, TaskError> {
+    std::fs::read_dir("/sys/class/net")
         .map_err(|e| failed(format!("listing network interfaces: {e}")))?
         .flatten()
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n != "lo")
         .min()
-        .ok_or_else(|| failed("no network interface"))?;
+        .ok_or_else(|| failed("no network interface"))
+}
+
+/// Record and log the IPv4 addresses `interface` has.
+fn record_addresses(ctx: &TaskContext<'_>, node: &Node, interface: &str) -> Result<(), TaskError> {
+    let addr =
+        slate_host::run_command(Command::new("ip").args(["-4", "-o", "addr", "show", interface]))?;
+    let text = String::from_utf8_lossy(&addr.stdout);
+    let cidrs: Vec<&str> = text
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(3))
+        .collect();
+    ctx.log(&format!(
+        "{interface}: {}",
+        cidrs.first().copied().unwrap_or("no address")
+    ));
+    *node
+        .machine
+        .addresses
+        .lock()
+        .unwrap_or_else(|p| p.into_inner()) = cidrs
+        .iter()
+        .filter_map(|c| c.split('/').next())
+        .map(str::to_owned)
+        .collect();
+    Ok(())
+}
+
+/// DHCP with busybox's udhcpc on `interface` (the first Ethernet interface by default).
+fn dhcp(ctx: &TaskContext<'_>, node: &Node, interface: Option<&str>) -> Result<(), TaskError> {
+    slate_host::run_command(Command::new("ip").args(["link", "set", "lo", "up"]))?;
+    let interface = match interface {
+        Some(name) => name.to_owned(),
+        None => first_interface()?,
+    };
     slate_host::run_command(Command::new("udhcpc").args([
         "-i",
         &interface,
@@ -286,16 +394,58 @@ fn network(ctx: &TaskContext<'_>) -> Result<(), TaskError> {
         "-s",
         "/usr/share/udhcpc/default.script",
     ]))?;
-    let addr =
-        slate_host::run_command(Command::new("ip").args(["-4", "-o", "addr", "show", &interface]))?;
-    ctx.log(&format!(
-        "{interface}: {}",
-        String::from_utf8_lossy(&addr.stdout)
-            .split_whitespace()
-            .nth(3)
-            .unwrap_or("no address")
-    ));
-    Ok(())
+    record_addresses(ctx, node, &interface)
+}
+
+/// The network as the machine configuration says: DHCP, or a static address, default route
+/// and name servers.
+fn network(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), TaskError> {
+    let config = node
+        .machine
+        .current()
+        .ok_or_else(|| failed("no machine configuration"))?;
+    let net = &config.network;
+    match net.mode {
+        slate_machine_config::NetworkMode::Dhcp => {
+            if facts.network_up.load(std::sync::atomic::Ordering::SeqCst) && net.interface.is_none()
+            {
+                ctx.log("network: DHCP, up since maintenance mode");
+                return Ok(());
+            }
+            dhcp(ctx, node, net.interface.as_deref())
+        }
+        slate_machine_config::NetworkMode::Static => {
+            let interface = match &net.interface {
+                Some(name) => name.clone(),
+                None => first_interface()?,
+            };
+            let address = net.address.as_deref().unwrap_or_default();
+            let ip =
+                |args: &[&str]| slate_host::run_command(Command::new("ip").args(args)).map(drop);
+            ip(&["link", "set", "lo", "up"])?;
+            ip(&["addr", "flush", "dev", &interface])?;
+            ip(&["addr", "add", address, "dev", &interface])?;
+            ip(&["link", "set", &interface, "up"])?;
+            if let Some(gateway) = net.gateway {
+                ip(&["route", "replace", "default", "via", &gateway.to_string()])?;
+            }
+            if !net.dns.is_empty() {
+                let text: String = net
+                    .dns
+                    .iter()
+                    .map(|d| format!("nameserver {d}\n"))
+                    .collect();
+                if let Err(e) = crate::machine::write_atomically(
+                    Path::new("/etc/resolv.conf"),
+                    text.as_bytes(),
+                    0o644,
+                ) {
+                    ctx.log(&format!("/etc/resolv.conf not written: {e}"));
+                }
+            }
+            record_addresses(ctx, node, &interface)
+        }
+    }
 }
 
 pub fn reboot(node: &Node, mode: RebootMode) -> Sequence<'_> {
@@ -324,7 +474,8 @@ pub fn reset(node: &Node) -> Sequence<'_> {
         .append(
             "unmountVolumes",
             [task(node, "unmount", |ctx| {
-                for target in [EPHEMERAL_MOUNT, STATE_MOUNT] {
+                // /etc first: its overlay keeps STATE busy.
+                for target in [crate::etc::ETC, EPHEMERAL_MOUNT, STATE_MOUNT] {
                     if slate_host::is_mount_point(Path::new(target))? {
                         slate_host::unmount(Path::new(target))?;
                         ctx.log(&format!("unmounted {target}"));
@@ -489,7 +640,7 @@ mod tests {
     }
 
     #[test]
-    fn boot_mounts_volumes_together_then_network_then_the_api() {
+    fn boot_mounts_volumes_reads_the_config_sets_up_etc_then_network_then_the_api() {
         let (node, _requests) = Node::for_tests("");
         let facts = installed();
         let sequence = boot(&node, &facts, |_| Ok("127.0.0.1:50000".parse().unwrap()));
@@ -498,6 +649,10 @@ mod tests {
             shape(&sequence),
             [
                 phase("volumes", &["mountState", "mountEphemeral"]),
+                phase("config", &["machineConfig"]),
+                phase("etc", &["etcOverlay"]),
+                phase("configure", &["applyConfig"]),
+                phase("setup", &["setupHooks"]),
                 phase("network", &["network"]),
                 phase("api", &["startApi"]),
             ]

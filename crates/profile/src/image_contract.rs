@@ -18,8 +18,6 @@ image_paths! {
     NODE_CONFIG_PATH, NODE_CONFIG = "etc/slate/node.toml";
     /// The public keys the node trusts for bundles (`<key id>.pub`, SPKI PEM), in the root.
     TRUSTED_KEYS_PATH, TRUSTED_KEYS = "etc/slate/trusted-keys";
-    /// The node API's identity (CA, node certificate and key), in the root.
-    PKI_PATH, PKI = "etc/slate/pki";
     /// The kernel modules init loads, in order, one path per line below
     /// `/lib/modules/<release>/`; in the initramfs.
     MODULES_LOAD_PATH, MODULES_LOAD = "etc/slate/modules.load";
@@ -40,7 +38,6 @@ mod tests {
         for (relative, absolute) in [
             (NODE_CONFIG_PATH, NODE_CONFIG),
             (TRUSTED_KEYS_PATH, TRUSTED_KEYS),
-            (PKI_PATH, PKI),
             (MODULES_LOAD_PATH, MODULES_LOAD),
             (ROOTFS_IMAGE_PATH, ROOTFS_IMAGE),
             (EXTENSIONS_PATH, EXTENSIONS),

@@ -155,6 +155,13 @@ pub struct Image {
     /// systemd-boot menu timeout in seconds; finite, so an unattended machine never waits.
     #[serde(default = "default_timeout")]
     pub menu_timeout: u32,
+    /// How many versions an upgrade leaves on the ESP ([`KEEP_VERSIONS_RANGE`], default 2): the
+    /// new one, the running one, the pending fallback, then the newest others up to this count;
+    /// older ones are pruned, bad ones first (docs/update-transaction.md, "Pruning"). Carried in
+    /// the installer bundle, so the new version's installer applies it. GRUB has two slots: only
+    /// 2 is valid with `bootloader = "grub"`.
+    #[serde(default = "default_keep_versions")]
+    pub keep_versions: u32,
 }
 
 impl Default for Image {
@@ -165,6 +172,7 @@ impl Default for Image {
             state_mib: default_state(),
             tries: default_tries(),
             menu_timeout: default_timeout(),
+            keep_versions: default_keep_versions(),
         }
     }
 }
@@ -190,6 +198,13 @@ fn default_tries() -> u32 {
 fn default_timeout() -> u32 {
     1
 }
+fn default_keep_versions() -> u32 {
+    2
+}
+
+/// The valid `[image] keep_versions`: at least the new version and the running one; at most
+/// what an ESP sensibly holds.
+pub const KEEP_VERSIONS_RANGE: std::ops::RangeInclusive<u32> = 2..=16;
 
 impl Profile {
     /// Parse and validate profile text.
@@ -251,6 +266,26 @@ impl Profile {
         }
         if !(1..=15).contains(&self.image.tries) {
             return Err(invalid("image.tries", "must be 1 to 15"));
+        }
+        if !KEEP_VERSIONS_RANGE.contains(&self.image.keep_versions) {
+            return Err(ProfileError::Invalid {
+                field: "image.keep_versions",
+                reason: format!(
+                    "{} is not {} to {} (the new version and the running one are always kept)",
+                    self.image.keep_versions,
+                    KEEP_VERSIONS_RANGE.start(),
+                    KEEP_VERSIONS_RANGE.end()
+                ),
+            });
+        }
+        if self.bootloader == Bootloader::Grub && self.image.keep_versions != 2 {
+            return Err(ProfileError::Invalid {
+                field: "image.keep_versions",
+                reason: format!(
+                    "{} with bootloader = \"grub\": GRUB keeps exactly 2 versions (slots A and B)",
+                    self.image.keep_versions
+                ),
+            });
         }
         let min = self.image.esp_mib + self.image.state_mib + 1 + 2 + 16;
         if self.image.size_mib < min {
@@ -341,6 +376,7 @@ slate = "slate"
     fn parses_with_defaults() {
         let p = Profile::parse(MINIMAL).unwrap();
         assert_eq!(p.image.tries, 3);
+        assert_eq!(p.image.keep_versions, 2);
         assert_eq!(p.variant, "default");
         assert_eq!(p.cmdline(), "console=ttyS0");
         assert!(p.os_release().contains("IMAGE_VERSION=1.0.0\n"));
@@ -403,6 +439,33 @@ slate = "slate"
         // Only a watchdog: still a node config (no checks).
         let dog = Profile::parse(&format!("{MINIMAL}[watchdog]\ntimeout_secs = 30\n")).unwrap();
         assert_eq!(dog.node_config().unwrap().health, None);
+    }
+
+    #[test]
+    fn keep_versions_is_2_to_16_and_2_with_grub() {
+        let with = |text: &str, n: &str| format!("{text}[image]\nkeep_versions = {n}\n");
+        let parse = |text: String| Profile::parse(&text).map_err(|e| e.to_string());
+        assert_eq!(parse(with(MINIMAL, "3")).unwrap().image.keep_versions, 3);
+        assert_eq!(parse(with(MINIMAL, "16")).unwrap().image.keep_versions, 16);
+        for bad in ["0", "1", "17"] {
+            let err = parse(with(MINIMAL, bad)).unwrap_err();
+            assert!(err.starts_with("image.keep_versions:"), "{bad}: {err}");
+            assert!(err.contains("2 to 16"), "{err}");
+        }
+        assert!(parse(with(MINIMAL, "-1"))
+            .unwrap_err()
+            .contains("keep_versions"));
+        let grub = MINIMAL
+            .replace(
+                "platform = \"qemu\"",
+                "platform = \"qemu\"\nbootloader = \"grub\"",
+            )
+            .replace("[boot]", "[boot]\ngrub_efi = \"grubx64.efi\"");
+        assert_eq!(parse(grub.clone()).unwrap().image.keep_versions, 2);
+        assert_eq!(parse(with(&grub, "2")).unwrap().image.keep_versions, 2);
+        let err = parse(with(&grub, "3")).unwrap_err();
+        assert!(err.starts_with("image.keep_versions:"), "{err}");
+        assert!(err.contains("GRUB keeps exactly 2"), "{err}");
     }
 
     #[test]

@@ -7,11 +7,12 @@ use anyhow::Result;
 use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::args::{NodeTarget, OutputFormat, RebootModeArg};
+use crate::boot_cmd::{self, BootCommand};
 use crate::imager_cmd::{self, ImagerCommand};
 use crate::installer_cmd::{self, InstallerCommand};
 use crate::meta_cmd::{self, MetaCommand};
 use crate::node_cmd::{self, GenCommand};
-use crate::{transport_cmd, trust_cmd, upgrade_cmd};
+use crate::{config_cmd, transport_cmd, trust_cmd, upgrade_cmd};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -47,6 +48,9 @@ pub enum Command {
     /// Run as machined, the node's real PID 1.
     #[command(hide = true)]
     Machined,
+    /// The boot loader's view of a disk: `boot explain` shows which entry boots next and why.
+    #[command(subcommand)]
+    Boot(BootCommand),
     /// Make identities: `gen certs` for the node API.
     #[command(subcommand)]
     Gen(GenCommand),
@@ -96,6 +100,12 @@ pub enum Command {
         #[arg(short, long)]
         follow: bool,
     },
+    /// Send a machine configuration to the node (admin; `--insecure --token` for a node in
+    /// maintenance mode). It is validated here and again on the node before it is written.
+    ApplyConfig(config_cmd::ApplyConfigArgs),
+    /// The node's machine configuration.
+    #[command(subcommand)]
+    Config(config_cmd::ConfigCommand),
     /// Print a shell completion script.
     Completions {
         #[arg(value_enum)]
@@ -106,6 +116,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Meta(cmd) => meta_cmd::run(cmd),
+        Command::Boot(cmd) => boot_cmd::run(cmd),
         Command::Init { args } => slate_init::run(args),
         Command::Imager(cmd) => imager_cmd::run(cmd),
         Command::Machined => slate_machined::run(),
@@ -121,6 +132,8 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Reboot { mode, dry_run } => node_cmd::reboot(&cli.target, mode, dry_run),
         Command::Reset { dry_run } => node_cmd::reset(&cli.target, dry_run),
         Command::Upgrade(args) => upgrade_cmd::run(&cli.target, args),
+        Command::ApplyConfig(args) => config_cmd::apply_config(&cli.target, args),
+        Command::Config(cmd) => config_cmd::run(&cli.target, cmd),
         Command::Logs { follow } => node_cmd::logs(&cli.target, follow, false),
         Command::Dmesg { follow } => node_cmd::logs(&cli.target, follow, true),
         Command::Completions { shell } => {

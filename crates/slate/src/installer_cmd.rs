@@ -27,11 +27,32 @@ pub enum InstallerCommand {
         /// Wipe a disk that is not blank.
         #[arg(long)]
         force: bool,
+        /// The node's machine configuration (`slate gen config`), written to STATE; without
+        /// one the node boots into maintenance mode.
+        #[arg(long)]
+        config: Option<PathBuf>,
         #[arg(long)]
         dry_run: bool,
     },
     /// Upgrade the slate installation on DISK to the bundle's version.
     Upgrade(UpgradeArgs),
+    /// Put a machine configuration onto the STATE partition of an installed slate disk
+    /// (formatting STATE: refused when it holds data, unless --force).
+    Configure {
+        #[arg(long)]
+        disk: PathBuf,
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        force: bool,
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
+fn read_config(path: &Path) -> Result<String> {
+    use anyhow::Context as _;
+    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
 }
 
 /// How the bundle is trusted: its signature checked against keys, or (explicitly) not at all.
@@ -88,6 +109,7 @@ pub fn run(cmd: InstallerCommand) -> Result<()> {
             bundle,
             trust,
             force,
+            config,
             dry_run,
         } => {
             let request = InstallRequest {
@@ -95,6 +117,7 @@ pub fn run(cmd: InstallerCommand) -> Result<()> {
                 trust: trust.into(),
                 force,
                 dry_run,
+                config: config.as_deref().map(read_config).transpose()?,
             };
             let report = slate_installer::install(&disk, &request, &mut |event| {
                 print_install_event(&disk, dry_run, event)
@@ -105,6 +128,27 @@ pub fn run(cmd: InstallerCommand) -> Result<()> {
             Ok(())
         }
         InstallerCommand::Upgrade(args) => upgrade(args),
+        InstallerCommand::Configure {
+            disk,
+            config,
+            force,
+            dry_run,
+        } => {
+            let text = read_config(&config)?;
+            let report = slate_installer::seed_config(&disk, &text, force, dry_run)?;
+            println!(
+                "{} the machine configuration of node {} onto STATE ({} bytes) of {}",
+                if report.written {
+                    "wrote"
+                } else {
+                    "would write"
+                },
+                report.node_name,
+                report.state_len,
+                disk.display()
+            );
+            Ok(())
+        }
     }
 }
 
@@ -179,14 +223,21 @@ fn upgrade(args: UpgradeArgs) -> Result<()> {
     })?;
     match &report.outcome {
         None => println!(
-            "would upgrade {} from {} to {} {} ({:?}, {} bytes of UKI, {} tries)",
+            "would upgrade {} from {} to {} {} ({:?}, {} bytes of UKI, {} tries, keeping at most \
+             {} versions){}",
             args.disk.display(),
             report.running_entry,
             report.name,
             report.version,
             report.kind,
             report.uki_len,
-            report.tries
+            report.tries,
+            report.keep_versions,
+            if report.prune.is_empty() {
+                String::new()
+            } else {
+                format!(", pruning {}", report.prune.join(" "))
+            }
         ),
         Some(outcome) => println!(
             "installed {} (fallback {}{})",

@@ -5,7 +5,9 @@
 //! PID 1, the installer carried in update bundles, and the operator's command line.
 
 mod args;
+mod boot_cmd;
 mod cli;
+mod config_cmd;
 mod imager_cmd;
 mod installer_cmd;
 mod meta_cmd;

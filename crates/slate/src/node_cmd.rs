@@ -22,10 +22,15 @@ pub enum GenCommand {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Print a machine configuration for one node (`--name`, the CA from `--pki`).
+    Config(crate::config_cmd::GenConfigArgs),
 }
 
 pub fn gen(cmd: GenCommand) -> Result<()> {
-    let GenCommand::Certs { out, sans, dry_run } = cmd;
+    let (out, sans, dry_run) = match cmd {
+        GenCommand::Certs { out, sans, dry_run } => (out, sans, dry_run),
+        GenCommand::Config(args) => return crate::config_cmd::gen_config(args),
+    };
     if dry_run {
         println!(
             "would write ca, node ({}) and admin/operator/reader certificates to {}",
@@ -74,6 +79,15 @@ pub fn status(target: &NodeTarget, output: OutputFormat) -> Result<()> {
             println!("mode:     {:?}", status.mode);
             if let Some(seq) = &status.running_sequence {
                 println!("running:  {seq}");
+            }
+            if let Some(name) = &status.node_name {
+                println!("node:     {name}");
+            }
+            if let Some(hostname) = &status.hostname {
+                println!("hostname: {hostname}");
+            }
+            if let Some(id) = &status.machine_id {
+                println!("machine:  {id}");
             }
             if let Some(failure) = &status.last_failure {
                 println!("failed:   {} ({})", failure.version, failure.reason);

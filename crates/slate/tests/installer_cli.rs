@@ -58,6 +58,7 @@ fn bundle(dir: &Path, version: &str, arch: &str, variant: &str) -> PathBuf {
             state_mib: 16,
             tries: 3,
             menu_timeout: 1,
+            keep_versions: slate_bundle::DEFAULT_KEEP_VERSIONS,
         },
         &[
             BlobInput {
@@ -161,7 +162,9 @@ fn a_blank_disk_is_installed_then_upgraded() {
     let plan = fx.upgrade(&v2, &["--dry-run"]);
     let plan = String::from_utf8_lossy(&plan.stdout);
     assert!(
-        plan.contains("would upgrade") && plan.contains("slate-1.0.0+3.efi to slate 2.0.0"),
+        plan.contains("would upgrade")
+            && plan.contains("slate-1.0.0+3.efi to slate 2.0.0")
+            && plan.contains("keeping at most 2 versions)\n"),
         "{plan}"
     );
     assert_eq!(disk_hash(&fx.disk), before, "--dry-run wrote");

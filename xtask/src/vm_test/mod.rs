@@ -45,8 +45,44 @@ pub fn sign_bundle(slate: &Path, bundle: &Path) -> Result<()> {
     .map(drop)
 }
 
+/// The demo CA and the client certificates of every role (`slate gen certs`): the CA goes into
+/// each node's machine configuration, the clients use the rest.
+pub fn demo_pki() -> PathBuf {
+    repo_root().join("target/demo/pki")
+}
+
+/// A machine configuration for the node `name` (`slate gen config` with the demo CA), written
+/// to `dir/<name>.toml`. Node names are DNS labels: anything else in `name` becomes '-'.
+pub fn node_config(slate: &Path, dir: &Path, name: &str) -> Result<PathBuf> {
+    let name: String = name
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect();
+    let text = output(
+        Command::new(slate)
+            .args(["gen", "config", "--name", &name, "--pki"])
+            .arg(demo_pki()),
+    )?;
+    let path = dir.join(format!("{name}.toml"));
+    fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+    Ok(path)
+}
+
+/// Put `config` onto the STATE partition of the disk image `disk`.
+pub fn configure_disk(slate: &Path, disk: &Path, config: &Path) -> Result<()> {
+    output(
+        Command::new(slate)
+            .args(["installer", "configure", "--disk"])
+            .arg(disk)
+            .arg("--config")
+            .arg(config),
+    )
+    .map(drop)
+}
+
 /// Kernel cache, static slate, API certificates, the demo signing key, and the base root with
-/// slate and the node's API identity in it.
+/// slate in it. Images carry no node identity: each node gets its configuration on STATE.
 pub fn prepare() -> Result<Prepared> {
     kernel::kernel(false)?;
     let slate = slate_static::slate_static()?;
@@ -55,7 +91,7 @@ pub fn prepare() -> Result<Prepared> {
         let _ = fs::remove_dir_all(&keys);
         run(Command::new(&slate).args(["keygen", "--out"]).arg(&keys))?;
     }
-    let pki = repo_root().join("target/demo/pki");
+    let pki = demo_pki();
     if !pki.join("ca.crt").exists() {
         let _ = fs::remove_dir_all(&pki);
         run(Command::new(&slate)
@@ -64,12 +100,6 @@ pub fn prepare() -> Result<Prepared> {
     }
     let rootfs = repo_root().join("target/demo/rootfs");
     base_rootfs::base_rootfs(&rootfs, "0", Some(&slate), true)?;
-    let node_pki = rootfs.join(slate_profile::image_contract::PKI_PATH);
-    fs::create_dir_all(&node_pki)?;
-    for file in ["ca.crt", "node.crt", "node.key"] {
-        fs::copy(pki.join(file), node_pki.join(file))
-            .with_context(|| format!("installing {file} into the image"))?;
-    }
     Ok(Prepared { slate, pki })
 }
 
@@ -83,16 +113,14 @@ fn build_demo(
     out: &Path,
 ) -> Result<()> {
     fs::create_dir_all(out.parent().unwrap_or(Path::new(".")))?;
-    let mut cmd = Command::new(slate);
-    cmd.args(["imager", "build", "--profile"])
-        .arg(repo_root().join("profiles/demo.toml"))
-        .args(["--version", version, "--output", kind, "--out"])
-        .arg(out)
-        .env("SOURCE_DATE_EPOCH", "1700000000");
-    for arg in extra_args {
-        cmd.args(["--kernel-arg", arg]);
-    }
-    run(&mut cmd)
+    rollback::build(
+        slate,
+        &repo_root().join("profiles/demo.toml"),
+        kind,
+        version,
+        extra_args,
+        out,
+    )
 }
 
 /// A disk image of the demo profile.
@@ -218,6 +246,11 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
     let status = node.status()?;
     ensure!(status["version"] == "1.0.0", "status: {status}");
     ensure!(status["stage"] == "Running", "status: {status}");
+    ensure!(
+        status["node_name"] == "node",
+        "the configured name: {status}"
+    );
+    ensure_logged(&boot, "API identity: serving certificate sha256 ")?;
     let entry = status["booted_entry"].as_str().unwrap_or("");
     ensure!(entry.starts_with("slate-1.0.0"), "booted entry: {status}");
     let version = node.ok(&["version"])?;
@@ -278,24 +311,75 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
     boot.wait_exit(Duration::from_secs(90))?;
     ensure_logged(&boot, "STATE (/dev/vda3) wiped")?;
 
-    // Boot 3: the reset wiped the volumes, so they are formatted again.
-    let mut boot = running(&mut vm)?;
+    // Boot 3: the reset wiped the volumes, so they are formatted again, and without a machine
+    // configuration the node waits in maintenance mode for one, applied with its token.
+    let mut boot = vm.start()?;
+    let token = boot.expect(&["maintenance token: "], BOOT_TIMEOUT, "maintenance mode")?;
+    let token = token
+        .rsplit("maintenance token: ")
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    let pin = boot.expect(
+        &["maintenance certificate sha256: "],
+        Duration::from_secs(10),
+        "the maintenance certificate's fingerprint",
+    )?;
+    let pin = pin
+        .rsplit("sha256: ")
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_owned();
     ensure_logged(
         &boot,
         "STATE (/dev/vda3) is blank: formatting it (first boot)",
     )?;
+    let mtls = node.refused(&["status"])?;
+    ensure!(
+        mtls.contains("certificate"),
+        "a node in maintenance mode has no identity the CA vouches for: {mtls}"
+    );
+    let config = node_config(&prepared.slate, work, "reconfigured")?;
+    let config_arg = config.to_str().unwrap_or_default();
+    let wrong = node.refused(&[
+        "apply-config",
+        config_arg,
+        "--insecure",
+        "--token",
+        "not-it",
+    ])?;
+    ensure!(wrong.contains("token"), "a wrong token: {wrong}");
+    let applied = node.ok(&[
+        "apply-config",
+        config_arg,
+        "--insecure",
+        "--token",
+        &token,
+        "--fingerprint",
+        &pin,
+    ])?;
+    ensure!(applied.starts_with("applied"), "apply-config: {applied}");
+    boot.expect(&[RUNNING], BOOT_TIMEOUT, "Running once configured")?;
+    let status = node.status()?;
+    ensure!(
+        status["node_name"] == "reconfigured" && status["hostname"] == "reconfigured",
+        "configured out of maintenance mode: {status}"
+    );
     boot.kill();
     Ok(format!(
         "first boot to Running in {first_boot:.1?}; +3 -> +2-1 counted by systemd-boot and blessed; \
          API roles enforced; reboot, STATE kept; concurrent resets: 1 accepted, 1 locked; \
-         volumes reformatted after reset"
+         volumes reformatted after reset; maintenance mode (no configuration): mTLS refused, a \
+         wrong token refused, configured with the console's token and pinned certificate \
+         ({pin:.16}…), Running as node `reconfigured`"
     ))
 }
 
 /// An installer bundle of the demo profile, signed with the demo key.
 fn build_bundle(slate: &Path, version: &str, extra_args: &[&str], out: &Path) -> Result<()> {
-    build_demo(slate, "installer", version, extra_args, out)?;
-    sign_bundle(slate, out)
+    build_demo(slate, "installer", version, extra_args, out)
 }
 
 /// The upgrade story's artifacts: v1, v2 and a broken v3 (a Boot task fails) as installer
@@ -316,6 +400,7 @@ fn build_upgrade_story(
     build_bundle(slate, "3.0.0", &["slate.debug.fail-task=network"], &v3)?;
     let _ = fs::remove_file(image);
     fs::File::create(image)?.set_len(256 << 20)?;
+    let config = node_config(slate, work, "node1")?;
     let install = |extra: &[&str]| {
         output(
             Command::new(slate)
@@ -325,6 +410,8 @@ fn build_upgrade_story(
                 .arg(&v1)
                 .arg("--trusted-keys")
                 .arg(demo_keys())
+                .arg("--config")
+                .arg(&config)
                 .args(extra),
         )
     };

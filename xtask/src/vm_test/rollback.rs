@@ -70,7 +70,8 @@ fn variant_profile(work: &Path, name: &str, sections: &str) -> Result<PathBuf> {
 }
 
 /// `slate imager build` of any profile (quiet: it may run while a VM boots); installer bundles
-/// are signed with the demo key.
+/// are signed with the demo key, disk images get a machine configuration on STATE (the node is
+/// named after the image file).
 pub(super) fn build(
     slate: &Path,
     profile: &Path,
@@ -89,8 +90,14 @@ pub(super) fn build(
         cmd.args(["--kernel-arg", arg]);
     }
     output(&mut cmd)?;
-    if kind == "installer" {
-        super::sign_bundle(slate, out)?;
+    match kind {
+        "installer" => super::sign_bundle(slate, out)?,
+        "image" => {
+            let stem = out.file_stem().and_then(|s| s.to_str()).unwrap_or("node");
+            let config = super::node_config(slate, out.parent().unwrap_or(Path::new(".")), stem)?;
+            super::configure_disk(slate, out, &config)?;
+        }
+        _ => {}
     }
     Ok(())
 }

@@ -507,6 +507,10 @@ impl<D: Disk> Bootloader for Grub<D> {
         })
     }
 
+    fn explain(&self) -> Result<crate::BootExplanation> {
+        Ok(crate::explain::grub(&self.grub_status()?))
+    }
+
     /// Every check first — the UKI splits into kernel, initramfs and command line; grubenv
     /// parses (a corrupted, oversized or unsigned block is refused here, before any write) and
     /// `next_entry` fits; the running slot is complete; the inactive slot is not GRUB's saved

@@ -3,21 +3,22 @@
 //! selection model shows they are needed. A fresh image's ESP files: [`image_files`].
 
 mod image;
+mod plan;
+mod prune;
 
 pub use image::image_files;
+pub use plan::UpgradePlan;
 
 use std::io::{Read, Write};
 
 use fatfs::{FileSystem, ReadWriteSeek};
 use slate_bootspec::{
-    parse_loader_conf, prune_candidates, refers_to, select, BootState, Entry, EntryKind, EntryName,
-    IdStyle, LoaderConf, Selection,
+    parse_loader_conf, refers_to, select, BootState, Entry, EntryKind, EntryName, IdStyle,
+    LoaderConf, Selection,
 };
 use slate_disk::{Disk, PartitionView};
-use slate_esp::fat::{self, temp_name, TEMP_NAME_EXTRA};
-use slate_esp::{
-    fat_space, uki_file_name, FatSpace, ReadOnly, LOADER_CONF_PATH, MAX_FILE_NAME, UKI_DIR,
-};
+use slate_esp::fat::{self, temp_name};
+use slate_esp::{fat_space, FatSpace, ReadOnly, LOADER_CONF_PATH, UKI_DIR};
 use slate_meta::{tags, MetaStore};
 
 use crate::efivars::{loader_vars, EfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_ONESHOT};
@@ -30,6 +31,11 @@ use crate::{
 /// The entry name slate's images use (`slate-<version>+3.efi`).
 pub const DEFAULT_ENTRY_NAME: &str = "slate";
 
+/// Versions an upgrade leaves on the ESP unless told otherwise
+/// ([`SystemdBoot::with_keep_versions`]): the new one and the running one (plus a pending
+/// fallback, which is never pruned).
+pub const DEFAULT_KEEP_VERSIONS: u32 = 2;
+
 /// systemd-boot on a whole disk with the slate layout (partitions `EFI` and `META`), with EFI
 /// variables `V`.
 #[derive(Debug)]
@@ -39,6 +45,7 @@ pub struct SystemdBoot<D, V> {
     name: String,
     source_date_epoch: u64,
     style: IdStyle,
+    keep_versions: u32,
 }
 
 /// What is on the ESP and in META, read in one pass.
@@ -49,6 +56,7 @@ struct Scan {
     conf: Option<LoaderConf>,
     tag: Option<String>,
     space: FatSpace,
+    esp_len: u64,
     warnings: Vec<String>,
 }
 
@@ -71,7 +79,16 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
             name: DEFAULT_ENTRY_NAME.to_owned(),
             source_date_epoch: 0,
             style: IdStyle::Sd252,
+            keep_versions: DEFAULT_KEEP_VERSIONS,
         }
+    }
+
+    /// How many versions an upgrade leaves on the ESP (at least 2; profile `[image]
+    /// keep_versions`): the new one, the running one and a pending fallback always stay, then
+    /// the newest others up to this count.
+    pub fn with_keep_versions(mut self, keep_versions: u32) -> Self {
+        self.keep_versions = keep_versions;
+        self
     }
 
     pub fn with_source_date_epoch(mut self, epoch: u64) -> Self {
@@ -111,6 +128,7 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
 
     fn scan(&self) -> Result<Scan> {
         let esp = self.esp_read_only()?;
+        let esp_len = esp.len();
         let space = fat_space(&esp).map_err(fat_err("counting free clusters of", "/"))?;
         let fs = fat::mount(esp, self.source_date_epoch)?;
         let (mut entries, mut lens, mut temps, mut warnings) = (vec![], vec![], vec![], vec![]);
@@ -163,6 +181,7 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
             conf,
             tag,
             space,
+            esp_len,
             warnings,
         })
     }
@@ -253,11 +272,22 @@ impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
         })
     }
 
-    /// Every check first — names, the running entry exists and is not the target, room (after
-    /// pruning what [`prune_candidates`] allows: never the running entry, never the pending
-    /// fallback), and that the selection model boots the new entry afterwards — then:
+    fn explain(&self) -> Result<crate::BootExplanation> {
+        let vars = loader_vars(&self.vars);
+        Ok(crate::explain::systemd_boot(
+            &self.status()?,
+            &vars,
+            self.style,
+        ))
+    }
+
+    /// Every check first ([`SystemdBoot::plan_upgrade`]: names, the running entry exists and is
+    /// not the target, what to prune and that the new UKI then fits, that the selection model
+    /// boots the new entry afterwards), then:
     ///
-    /// 1. prune (flush): only entries that are neither booted by default nor the fallback;
+    /// 1. prune (flush): older copies of the target version, then down to `keep_versions`
+    ///    versions, then more if room demands it — never the running entry, never the pending
+    ///    fallback;
     /// 2. write the UKI under the hidden temp name `.<file>.tmp` (flush) — systemd-boot skips
     ///    dot-names, so a torn UKI is never offered;
     /// 3. META `Upgrade` = the running entry's file name (copy 1, flush, copy 2, flush) —
@@ -272,116 +302,18 @@ impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
     /// 5. the flip: rename the temp file to `<name>-<version>+<tries>.efi` (flush). A cut inside
     ///    the rename leaves no name (old boots) or the new name over complete, flushed data.
     fn upgrade(&mut self, req: &UpgradeRequest<'_>) -> Result<UpgradeOutcome> {
-        let file = uki_file_name(req.name, req.version, Some(req.tries))?;
-        if file.len() + TEMP_NAME_EXTRA > MAX_FILE_NAME {
-            return Err(invalid(format!("{file}: too long for its temporary name")));
-        }
-        if req.uki.is_empty() {
-            return Err(invalid("the UKI is empty"));
-        }
-        let new_name = EntryName::parse(&file).map_err(invalid)?;
-        let scan = self.scan()?;
-        let running = scan
-            .find(req.running_entry)
-            .ok_or_else(|| BootloaderError::EntryNotFound(req.running_entry.to_owned()))?;
-        let new_id = new_name.id(IdStyle::Current);
-        if scan.entries[running].id(IdStyle::Current) == new_id {
-            return Err(invalid(format!("{file}: this version is the running one")));
-        }
-        let fallback = scan.tag.clone().filter(|t| !t.is_empty());
-        let fallback_idx = fallback.as_deref().and_then(|f| scan.find(f));
-        // An older copy of the target version (e.g. marked bad by an earlier attempt) goes.
-        let mut removed: Vec<usize> = (0..scan.entries.len())
-            .filter(|&i| scan.entries[i].id(IdStyle::Current) == new_id)
-            .collect();
-        if removed.iter().any(|&i| Some(i) == fallback_idx) {
-            return Err(invalid(format!(
-                "{file}: this version is the pending fallback"
-            )));
-        }
-        let clusters = |i: &usize| scan.space.clusters_for(scan.lens[*i]);
+        let plan = self.plan_upgrade(req)?;
+        let file = plan.file_name;
         let tmp = temp_name(&file);
-        let stale: u64 = scan
-            .temps
-            .iter()
-            .filter(|(n, _)| *n == tmp)
-            .map(|(_, l)| scan.space.clusters_for(*l))
-            .sum();
-        // One spare cluster: the directory may grow by the new long-name entries.
-        let needed = scan.space.clusters_for(req.uki.len() as u64) + 1;
-        let have = scan.space.free_clusters + stale + removed.iter().map(clusters).sum::<u64>();
-        if have < needed {
-            let running_file = scan.entries[running].file_name().to_owned();
-            let mut best = have;
-            let found = (0..scan.entries.len()).rev().find_map(|keep| {
-                let extra: Vec<usize> =
-                    prune_candidates(&scan.entries, &running_file, fallback.as_deref(), keep)
-                        .iter()
-                        .filter_map(|f| scan.entries.iter().position(|e| e.file_name() == f))
-                        .filter(|i| !removed.contains(i))
-                        .collect();
-                let total = have + extra.iter().map(clusters).sum::<u64>();
-                best = best.max(total);
-                (total >= needed).then_some(extra)
-            });
-            match found {
-                Some(extra) => removed.extend(extra),
-                None => {
-                    return Err(BootloaderError::NoRoom {
-                        needed: needed * scan.space.cluster_size,
-                        available: best * scan.space.cluster_size,
-                    })
-                }
-            }
-        }
-        // The state after the flip, as the loader will see it.
-        let mut after: Vec<Entry> = (0..scan.entries.len())
-            .filter(|i| !removed.contains(i))
-            .map(|i| scan.entries[i].clone())
-            .collect();
-        let mut new_entry = Entry::new(new_name);
-        new_entry.version = Some(req.version.to_owned());
-        after.push(new_entry);
-        let conf = scan.conf();
-        let mut vars = crate::MemEfiVars::new();
-        for name in [
-            LOADER_ENTRY_ONESHOT,
-            LOADER_ENTRY_DEFAULT,
-            crate::LOADER_ENTRY_LAST_BOOTED,
-        ] {
-            if let Some(v) = self.vars.get(name) {
-                vars.set(name, &v)?;
-            }
-        }
-        let picks_new =
-            |vars: &crate::MemEfiVars| self.selection(&after, &conf, vars).map(|s| s.file_name);
-        let mut cleared = Vec::new();
-        for name in [LOADER_ENTRY_ONESHOT, LOADER_ENTRY_DEFAULT] {
-            if picks_new(&vars).as_deref() != Some(file.as_str()) && vars.get(name).is_some() {
-                vars.remove(name)?;
-                cleared.push(name);
-            }
-        }
-        if let Some(selected) = picks_new(&vars).filter(|s| *s != file) {
-            return Err(BootloaderError::WouldNotBoot {
-                wanted: file,
-                selected,
-            });
-        }
-        let removed: Vec<String> = removed
-            .iter()
-            .map(|&i| scan.entries[i].file_name().to_owned())
-            .collect();
-        let fallback_label = scan.entries[running].file_name().to_owned();
 
         // Writes start here.
-        if !removed.is_empty() {
+        if !plan.prune.is_empty() {
             self.with_esp(|fs| {
                 let dir = fs
                     .root_dir()
                     .open_dir(UKI_DIR)
                     .map_err(fat_err("opening", UKI_DIR))?;
-                for name in &removed {
+                for name in &plan.prune {
                     dir.remove(name).map_err(fat_err("removing", name))?;
                 }
                 Ok(())
@@ -405,18 +337,18 @@ impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
             f.flush().map_err(fat_err("flushing", &tmp))
         })?;
         self.with_meta(|meta| {
-            meta.set(tags::UPGRADE, fallback_label.as_bytes())?;
+            meta.set(tags::UPGRADE, plan.fallback.as_bytes())?;
             Ok(meta.flush()?)
         })?;
-        for name in &cleared {
+        for name in &plan.clear_vars {
             self.vars.remove(name)?;
         }
         self.rename_entry(&tmp, &file)?;
         Ok(UpgradeOutcome {
             file_name: file,
-            fallback: fallback_label,
-            removed,
-            cleared_vars: cleared,
+            fallback: plan.fallback,
+            removed: plan.prune,
+            cleared_vars: plan.clear_vars,
         })
     }
 

@@ -1,0 +1,177 @@
+//! STATE seeded with a machine configuration: an ext4 filesystem holding
+//! `config/machine.toml` (0600), built by `mke2fs -d` into a temporary file and written onto the
+//! STATE partition through the [`Disk`] trait, like every other byte slate writes.
+//!
+//! Why mke2fs and not a crate: no maintained Rust crate writes ext4, and the node formats STATE
+//! with mke2fs too. The temporary file is never a disk: it is read back and written through the
+//! partition view, so a refused or failed build writes nothing.
+
+use std::io::Read as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use slate_disk::{Disk, DiskError, FileDisk};
+use slate_layout::{LayoutError, STATE_LABEL};
+use slate_machine_config::{ConfigError, STATE_PATH};
+
+/// Why a STATE filesystem was not made or written. Refusals come before any write.
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("the machine configuration is refused")]
+    Config(#[from] ConfigError),
+    #[error("making the STATE filesystem with mke2fs (Debian package e2fsprogs): {0}")]
+    Mkfs(String),
+    #[error("opening {}", disk.display())]
+    Open {
+        disk: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("finding the STATE partition on {}", disk.display())]
+    NoState {
+        disk: PathBuf,
+        #[source]
+        source: LayoutError,
+    },
+    #[error(
+        "STATE on {} already holds a filesystem (data at byte {offset} of the partition): the \
+         node's key and /etc live there; pass --force to replace them",
+        disk.display()
+    )]
+    NotBlank { disk: PathBuf, offset: u64 },
+    #[error("writing STATE")]
+    Write(#[source] DiskError),
+}
+
+/// An ext4 image the size of STATE holding the configuration.
+#[derive(Debug)]
+pub struct StateFilesystem {
+    image: Vec<u8>,
+    /// The node's name, from the configuration.
+    pub node_name: String,
+}
+
+impl StateFilesystem {
+    /// Check `config_text` as the node will, then make the filesystem (`size` bytes). `seed`
+    /// and `epoch` fix its UUID and timestamps: the same inputs give the same bytes.
+    pub fn build(config_text: &str, size: u64, seed: &str, epoch: u64) -> Result<Self, StateError> {
+        let parsed = slate_machine_config::parse(config_text)?;
+        let work = tempfile::tempdir().map_err(|e| StateError::Mkfs(e.to_string()))?;
+        let root = work.path().join("root");
+        let config_path = root.join(STATE_PATH);
+        let write = || -> std::io::Result<()> {
+            use std::os::unix::fs::PermissionsExt as _;
+            let dir = config_path.parent().unwrap_or(&root);
+            std::fs::create_dir_all(dir)?;
+            std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+            std::fs::write(&config_path, config_text)?;
+            std::fs::set_permissions(&config_path, std::fs::Permissions::from_mode(0o600))
+        };
+        write().map_err(|e| StateError::Mkfs(format!("staging the configuration: {e}")))?;
+        let image_path = work.path().join("state.ext4");
+        let uuid = slate_layout::partition_guid(seed, "STATE-filesystem").to_string();
+        let output = Command::new("mke2fs")
+            .args(["-q", "-F", "-t", "ext4", "-L", STATE_LABEL, "-U", &uuid])
+            .arg("-E")
+            .arg(format!(
+                "root_owner=0:0,hash_seed={uuid},lazy_itable_init=0"
+            ))
+            .arg("-d")
+            .arg(&root)
+            .arg(&image_path)
+            .arg(format!("{}k", size / 1024))
+            .env("E2FSPROGS_FAKE_TIME", epoch.max(1).to_string())
+            .output()
+            .map_err(|e| StateError::Mkfs(e.to_string()))?;
+        if !output.status.success() {
+            return Err(StateError::Mkfs(
+                String::from_utf8_lossy(&output.stderr).trim().to_owned(),
+            ));
+        }
+        let mut image = Vec::with_capacity(size as usize);
+        std::fs::File::open(&image_path)
+            .and_then(|mut f| f.read_to_end(&mut image))
+            .map_err(|e| StateError::Mkfs(format!("reading the image back: {e}")))?;
+        image.resize(size as usize, 0);
+        Ok(StateFilesystem {
+            image,
+            node_name: parsed.config.node.name,
+        })
+    }
+
+    pub fn len(&self) -> u64 {
+        self.image.len() as u64
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.image.is_empty()
+    }
+
+    /// Write it over the whole partition `view`, then flush.
+    pub fn write_to(&self, view: &mut impl Disk) -> Result<(), DiskError> {
+        const CHUNK: usize = 1 << 20;
+        for (i, chunk) in self.image.chunks(CHUNK).enumerate() {
+            view.write_at((i * CHUNK) as u64, chunk)?;
+        }
+        view.flush()
+    }
+}
+
+/// What [`seed_config`] did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SeedReport {
+    pub node_name: String,
+    pub state_len: u64,
+    /// False for a dry run.
+    pub written: bool,
+}
+
+/// Put a machine configuration onto the STATE partition of the slate disk `disk` (formatting
+/// STATE). Refused, before anything is written, when the configuration is invalid or STATE
+/// already holds data and `force` is not given.
+pub fn seed_config(
+    disk: &Path,
+    config_text: &str,
+    force: bool,
+    dry_run: bool,
+) -> Result<SeedReport, StateError> {
+    let open = if dry_run {
+        FileDisk::open_read_only(disk)
+    } else {
+        FileDisk::open(disk)
+    };
+    let mut file = open.map_err(|source| StateError::Open {
+        disk: disk.to_owned(),
+        source,
+    })?;
+    let mut view = slate_layout::open_partition(&mut file, STATE_LABEL).map_err(|source| {
+        StateError::NoState {
+            disk: disk.to_owned(),
+            source,
+        }
+    })?;
+    let mut head = vec![0u8; view.len().min(crate::CLEARED_HEAD) as usize];
+    view.read_at(0, &mut head).map_err(StateError::Write)?;
+    if let Some(offset) = head.iter().position(|&b| b != 0) {
+        if !force {
+            return Err(StateError::NotBlank {
+                disk: disk.to_owned(),
+                offset: offset as u64,
+            });
+        }
+    }
+    let epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let fs = StateFilesystem::build(config_text, view.len(), &disk.display().to_string(), epoch)?;
+    let report = SeedReport {
+        node_name: fs.node_name.clone(),
+        state_len: fs.len(),
+        written: !dry_run,
+    };
+    if !dry_run {
+        fs.write_to(&mut view).map_err(StateError::Write)?;
+    }
+    Ok(report)
+}

@@ -1,0 +1,310 @@
+//! The node's machine configuration on STATE, its identity, and what applying a new
+//! configuration does to the running node.
+//!
+//! STATE layout (under [`STATE_MOUNT`]):
+//! - `config/machine.toml` (0600): the document as written by the installer or `apply-config`;
+//!   `config/machine.toml.previous`: the one it replaced.
+//! - `pki/node.key` (0600): made here on the first boot, never sent anywhere; `pki/node.crt`:
+//!   issued from the configuration's CA; `pki/identity`: the CA fingerprint and names it was
+//!   issued for, so a change of either re-issues it.
+
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use slate_api::{ApplyConfigRequest, ApplyConfigResult, ApplyMode, BackendError, ConfigView};
+use slate_machine_config::{MachineConfig, Parsed, PREVIOUS_STATE_PATH, STATE_PATH};
+
+use crate::node::Node;
+use crate::sequences::STATE_MOUNT;
+
+/// What machined knows of its configuration.
+#[derive(Debug, Default)]
+pub struct MachineState {
+    /// The configuration in effect (`None` before it is loaded, and in maintenance mode).
+    pub config: Mutex<Option<Parsed>>,
+    /// A configuration was written that takes effect at the next boot.
+    pub pending_reboot: AtomicBool,
+    /// The addresses the network task found, for the serving certificate's names.
+    pub addresses: Mutex<Vec<String>>,
+}
+
+impl MachineState {
+    pub fn current(&self) -> Option<MachineConfig> {
+        self.config
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|p| p.config.clone())
+    }
+
+    pub fn set(&self, parsed: Parsed) {
+        *self.config.lock().unwrap_or_else(|p| p.into_inner()) = Some(parsed);
+    }
+}
+
+pub fn state_dir() -> PathBuf {
+    PathBuf::from(STATE_MOUNT)
+}
+
+/// The stored configuration, parsed (and migrated); `None` when there is none.
+pub fn load(state: &Path) -> Result<Option<Parsed>, String> {
+    let path = state.join(STATE_PATH);
+    let text = match std::fs::read_to_string(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("reading {}: {e}", path.display())),
+    };
+    slate_machine_config::parse(&text)
+        .map(Some)
+        .map_err(|e| format!("{}: {e}", path.display()))
+}
+
+/// Write `contents` to `path` so that a crash leaves either the old file or the new one:
+/// a temp file beside it, fsync, rename, fsync of the directory.
+pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    std::fs::create_dir_all(dir)?;
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
+    let tmp = dir.join(format!(".{}.tmp", name.unwrap_or_default()));
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(&tmp)?;
+    file.write_all(contents)?;
+    file.sync_all()?;
+    drop(file);
+    std::fs::rename(&tmp, path)?;
+    std::fs::File::open(dir)?.sync_all()
+}
+
+/// Store a validated document, keeping the one it replaces as `.previous`.
+pub fn store(state: &Path, text: &str) -> std::io::Result<()> {
+    let path = state.join(STATE_PATH);
+    if let Ok(old) = std::fs::read(&path) {
+        write_atomically(&state.join(PREVIOUS_STATE_PATH), &old, 0o600)?;
+    }
+    write_atomically(&path, text.as_bytes(), 0o600)
+}
+
+/// The serving certificate and key for `config`, made or re-issued as needed. Returns
+/// (certificate PEM, key PEM, whether it was issued now).
+pub fn identity(
+    state: &Path,
+    config: &MachineConfig,
+    addresses: &[String],
+) -> Result<(String, String, bool), String> {
+    let pki = state.join("pki");
+    let key_path = pki.join("node.key");
+    let key = match std::fs::read_to_string(&key_path) {
+        Ok(key) => key,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key = slate_api::generate_key_pem().map_err(|e| e.to_string())?;
+            write_atomically(&key_path, key.as_bytes(), 0o600)
+                .map_err(|e| format!("writing {}: {e}", key_path.display()))?;
+            key
+        }
+        Err(e) => return Err(format!("reading {}: {e}", key_path.display())),
+    };
+    let mut names = vec![config.node.name.clone(), config.hostname().to_owned()];
+    names.extend(addresses.iter().cloned());
+    names.extend(config.api.extra_sans.iter().cloned());
+    let names = slate_api::serving_names(&names);
+    let ca = slate_api::fingerprint(&config.api.ca_cert).map_err(|e| e.to_string())?;
+    let wanted = format!("ca {ca}\nnames {}\n", names.join(" "));
+    let (cert_path, record_path) = (pki.join("node.crt"), pki.join("identity"));
+    let issued_for = std::fs::read_to_string(&record_path).unwrap_or_default();
+    if issued_for == wanted {
+        if let Ok(cert) = std::fs::read_to_string(&cert_path) {
+            return Ok((cert, key, false));
+        }
+    }
+    let cert = slate_api::issue_serving_cert(&config.api.ca_cert, &config.api.ca_key, &key, &names)
+        .map_err(|e| format!("issuing the serving certificate: {e}"))?;
+    write_atomically(&cert_path, cert.as_bytes(), 0o644)
+        .and_then(|()| write_atomically(&record_path, wanted.as_bytes(), 0o644))
+        .map_err(|e| format!("writing {}: {e}", cert_path.display()))?;
+    Ok((cert, key, true))
+}
+
+/// Set the kernel hostname (and /etc/hostname, when /etc is writable).
+pub fn set_hostname(node: &Node, hostname: &str) -> Result<(), String> {
+    std::fs::write("/proc/sys/kernel/hostname", hostname)
+        .map_err(|e| format!("setting the hostname: {e}"))?;
+    if let Err(e) = write_atomically(
+        Path::new("/etc/hostname"),
+        format!("{hostname}\n").as_bytes(),
+        0o644,
+    ) {
+        node.journal
+            .info(format_args!("/etc/hostname not written: {e}"));
+    }
+    node.journal.info(format_args!("hostname {hostname}"));
+    Ok(())
+}
+
+/// Write the files the configuration places into /etc.
+pub fn write_etc_files(etc: &Path, config: &MachineConfig) -> Result<Vec<String>, String> {
+    let mut written = Vec::new();
+    for file in &config.etc.files {
+        let path = etc.join(&file.path);
+        write_atomically(&path, file.content.as_bytes(), file.mode)
+            .map_err(|e| format!("writing {}: {e}", path.display()))?;
+        written.push(file.path.clone());
+    }
+    Ok(written)
+}
+
+/// Everything in effect right now, for status.
+pub fn read_machine_id() -> Option<String> {
+    std::fs::read_to_string("/etc/machine-id")
+        .ok()
+        .map(|s| s.trim().to_owned())
+        .filter(|s| !s.is_empty())
+}
+
+/// `GET /v1/config`.
+pub fn show(node: &Node) -> Result<ConfigView, BackendError> {
+    let parsed = node
+        .machine
+        .config
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone()
+        .ok_or_else(|| BackendError::Unsupported("the node has no machine configuration".into()))?;
+    let config = serde_json::to_value(parsed.config.redacted())
+        .map_err(|e| BackendError::Failed(e.to_string()))?;
+    Ok(ConfigView {
+        config,
+        migrated_from: parsed.migrated_from,
+        pending_reboot: node.machine.pending_reboot.load(Ordering::SeqCst),
+    })
+}
+
+/// Validate a document as `apply-config` must before writing it: the crate's rules, and a
+/// serving certificate actually issued from its CA.
+pub fn check(text: &str) -> Result<Parsed, BackendError> {
+    let parsed = slate_machine_config::parse(text).map_err(|e| {
+        BackendError::InvalidArgument(format!("the machine configuration is refused: {e}"))
+    })?;
+    let key = slate_api::generate_key_pem().map_err(|e| BackendError::Failed(e.to_string()))?;
+    let api = &parsed.config.api;
+    slate_api::issue_serving_cert(
+        &api.ca_cert,
+        &api.ca_key,
+        &key,
+        std::slice::from_ref(&parsed.config.node.name),
+    )
+    .map_err(|e| {
+        BackendError::InvalidArgument(format!(
+            "api.ca_cert/api.ca_key cannot issue a certificate: {e}"
+        ))
+    })?;
+    Ok(parsed)
+}
+
+/// `POST /v1/config` on a configured node.
+pub fn apply(node: &Node, req: ApplyConfigRequest) -> Result<ApplyConfigResult, BackendError> {
+    let parsed = check(&req.config)?;
+    let Some(current) = node.machine.current() else {
+        return Err(BackendError::Unsupported(
+            "the node has no machine configuration loaded yet".into(),
+        ));
+    };
+    let change = slate_machine_config::change(&current, &parsed.config);
+    let result = |outcome: &str| ApplyConfigResult {
+        changed: change.changed.clone(),
+        reboot_required: change.reboot_required,
+        outcome: outcome.to_owned(),
+    };
+    if req.dry_run {
+        return Ok(result("dry-run"));
+    }
+    if change.changed.is_empty() {
+        return Ok(result("unchanged"));
+    }
+    if req.mode == ApplyMode::NoReboot && change.reboot_required {
+        return Err(BackendError::InvalidArgument(format!(
+            "{} cannot change without a reboot; nothing was written (use --mode reboot, staged or auto)",
+            change.changed.join(", ")
+        )));
+    }
+    let reboot =
+        req.mode == ApplyMode::Reboot || (req.mode == ApplyMode::Auto && change.reboot_required);
+    // Taken before writing, so a reboot that cannot start (another sequence runs) writes nothing.
+    let guard = if reboot {
+        Some(
+            node.lock
+                .try_lock(slate_sequencer::SequenceKind::Reboot)
+                .map_err(|e| BackendError::Locked(e.to_string()))?,
+        )
+    } else {
+        None
+    };
+    store(&state_dir(), &req.config)
+        .map_err(|e| BackendError::Failed(format!("writing the machine configuration: {e}")))?;
+    node.journal.info(format_args!(
+        "machine configuration written ({}); mode {:?}",
+        change.changed.join(", "),
+        req.mode
+    ));
+    if let Some(guard) = guard {
+        node.machine.pending_reboot.store(true, Ordering::SeqCst);
+        node.request(crate::node::Request::Reboot(
+            slate_sequencer::RebootMode::Default,
+            guard,
+        ))
+        .map_err(BackendError::Failed)?;
+        return Ok(result("rebooting"));
+    }
+    if req.mode == ApplyMode::Staged || change.reboot_required {
+        node.machine.pending_reboot.store(true, Ordering::SeqCst);
+        return Ok(result("staged"));
+    }
+    apply_live(node, &current, &parsed.config).map_err(BackendError::Failed)?;
+    node.machine.set(parsed);
+    Ok(result("applied"))
+}
+
+/// The changes that take effect without a reboot.
+fn apply_live(node: &Node, old: &MachineConfig, new: &MachineConfig) -> Result<(), String> {
+    if old.hostname() != new.hostname() {
+        set_hostname(node, new.hostname())?;
+    }
+    if old.etc != new.etc {
+        let written = write_etc_files(Path::new("/etc"), new)?;
+        node.journal.info(format_args!(
+            "/etc files from the configuration: {}",
+            written.join(" ")
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn store_keeps_the_previous_document() {
+        let dir = tempfile::tempdir().unwrap();
+        store(dir.path(), "one").unwrap();
+        store(dir.path(), "two").unwrap();
+        let read = |p: &str| std::fs::read_to_string(dir.path().join(p)).unwrap();
+        assert_eq!(read(STATE_PATH), "two");
+        assert_eq!(read(PREVIOUS_STATE_PATH), "one");
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(dir.path().join(STATE_PATH))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        assert!(load(dir.path()).unwrap_err().contains("machine.toml"));
+        let empty = tempfile::tempdir().unwrap();
+        assert_eq!(load(empty.path()).unwrap(), None);
+    }
+}

@@ -1,0 +1,262 @@
+//! The machine configuration from the command line: `slate gen config` writes one,
+//! `slate apply-config` sends one to a node (also to a node in maintenance mode), `slate config
+//! show` prints the one in effect.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context as _, Result};
+use clap::{Args, Subcommand, ValueEnum};
+use slate_api::{ApplyConfigRequest, ApplyMode, Client};
+use slate_machine_config::{
+    Api, Etc, MachineConfig, Network, NetworkMode, Node, Strategy, UpdateSettings, CURRENT_VERSION,
+};
+
+use crate::args::{NodeTarget, OutputFormat};
+
+/// `slate gen config`.
+#[derive(Debug, Args)]
+pub struct GenConfigArgs {
+    /// The node's name (one DNS label).
+    #[arg(long)]
+    pub name: String,
+    /// The directory `slate gen certs` wrote: its CA issues the node's serving certificate and
+    /// signs the clients' certificates.
+    #[arg(long)]
+    pub pki: PathBuf,
+    /// The kernel hostname (the name by default).
+    #[arg(long)]
+    pub hostname: Option<String>,
+    /// A static address/prefix instead of DHCP (with --gateway).
+    #[arg(long, requires = "gateway")]
+    pub address: Option<String>,
+    #[arg(long)]
+    pub gateway: Option<std::net::IpAddr>,
+    #[arg(long)]
+    pub dns: Vec<std::net::IpAddr>,
+    /// The release channel the node follows.
+    #[arg(long, default_value = "stable")]
+    pub channel: String,
+    #[arg(long, value_enum, default_value_t = StrategyArg::Immediate)]
+    pub strategy: StrategyArg,
+    /// Paths under /etc kept when /etc is reset for a new version.
+    #[arg(long = "keep-etc")]
+    pub keep_etc: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum StrategyArg {
+    Immediate,
+    Periodic,
+    FleetLock,
+    Operator,
+}
+
+impl From<StrategyArg> for Strategy {
+    fn from(s: StrategyArg) -> Self {
+        match s {
+            StrategyArg::Immediate => Strategy::Immediate,
+            StrategyArg::Periodic => Strategy::Periodic,
+            StrategyArg::FleetLock => Strategy::FleetLock,
+            StrategyArg::Operator => Strategy::Operator,
+        }
+    }
+}
+
+/// Print a machine configuration for one node; it is checked as a node would check it.
+pub fn gen_config(args: GenConfigArgs) -> Result<()> {
+    let read = |name: &str| -> Result<String> {
+        let path = args.pki.join(name);
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+    };
+    let ca_cert = read(slate_api::CA_CERT)?;
+    let config = MachineConfig {
+        version: CURRENT_VERSION,
+        node: Node {
+            name: args.name,
+            hostname: args.hostname,
+        },
+        network: match args.address {
+            Some(address) => Network {
+                mode: NetworkMode::Static,
+                interface: None,
+                address: Some(address),
+                gateway: args.gateway,
+                dns: args.dns,
+            },
+            None => Network::default(),
+        },
+        api: Api {
+            listen: None,
+            ca_key: read(slate_api::CA_KEY)?,
+            client_ca: ca_cert.clone(),
+            ca_cert,
+            extra_sans: Vec::new(),
+        },
+        update: UpdateSettings {
+            channel: args.channel,
+            strategy: args.strategy.into(),
+            ..UpdateSettings::default()
+        },
+        etc: Etc {
+            keep: args.keep_etc,
+            files: Vec::new(),
+        },
+    };
+    slate_machine_config::validate(&config).context("the configuration would be refused")?;
+    print!("{}", config.to_toml());
+    Ok(())
+}
+
+#[derive(Debug, Clone, Copy, Default, ValueEnum)]
+pub enum ApplyModeArg {
+    /// Live when possible, else write and reboot.
+    #[default]
+    Auto,
+    /// Live only; refused when a change needs a reboot.
+    NoReboot,
+    Reboot,
+    /// For the next boot.
+    Staged,
+}
+
+impl From<ApplyModeArg> for ApplyMode {
+    fn from(m: ApplyModeArg) -> Self {
+        match m {
+            ApplyModeArg::Auto => ApplyMode::Auto,
+            ApplyModeArg::NoReboot => ApplyMode::NoReboot,
+            ApplyModeArg::Reboot => ApplyMode::Reboot,
+            ApplyModeArg::Staged => ApplyMode::Staged,
+        }
+    }
+}
+
+/// `slate apply-config`.
+#[derive(Debug, Args)]
+pub struct ApplyConfigArgs {
+    pub file: PathBuf,
+    #[arg(long, value_enum, default_value_t)]
+    pub mode: ApplyModeArg,
+    /// Check it and say what would change; write nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// A node in maintenance mode: no certificates; the token it printed on its console.
+    #[arg(long, requires = "token")]
+    pub insecure: bool,
+    #[arg(long)]
+    pub token: Option<String>,
+    /// With --insecure: accept only the maintenance certificate with this SHA-256 (printed on
+    /// the node's console).
+    #[arg(long, requires = "insecure")]
+    pub fingerprint: Option<String>,
+}
+
+pub fn apply_config(target: &NodeTarget, args: ApplyConfigArgs) -> Result<()> {
+    let text = read_document(&args.file)?;
+    let client = match (&args.token, args.insecure) {
+        (Some(token), true) => {
+            let node = target
+                .node
+                .as_deref()
+                .context("no node given: pass --node HOST[:PORT] or set SLATE_NODE")?;
+            let pin = match &args.fingerprint {
+                Some(hex_text) => {
+                    let mut pin = [0u8; 32];
+                    hex::decode_to_slice(hex_text.trim(), &mut pin)
+                        .context("--fingerprint is not 64 hex digits")?;
+                    Some(pin)
+                }
+                None => None,
+            };
+            Client::maintenance(node, token, pin)?
+        }
+        (Some(_), false) => bail!("--token goes with --insecure (a node in maintenance mode)"),
+        (None, _) => target.client()?,
+    };
+    let result = client
+        .apply_config(&ApplyConfigRequest {
+            config: text,
+            mode: args.mode.into(),
+            dry_run: args.dry_run,
+        })
+        .with_context(|| format!("applying {} to {}", args.file.display(), client.addr()))?;
+    let changed = if result.changed.is_empty() {
+        "nothing".to_owned()
+    } else {
+        result.changed.join(", ")
+    };
+    println!(
+        "{}: {changed} changed; {}{}",
+        result.outcome,
+        if result.reboot_required {
+            "a reboot is needed"
+        } else {
+            "no reboot needed"
+        },
+        if args.dry_run {
+            " (dry run: nothing written)"
+        } else {
+            ""
+        }
+    );
+    Ok(())
+}
+
+/// The document, refused here with the node's own rules before anything is sent.
+fn read_document(path: &Path) -> Result<String> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let parsed = slate_machine_config::parse(&text)
+        .with_context(|| format!("{} is not a valid machine configuration", path.display()))?;
+    if let Some(version) = parsed.migrated_from {
+        eprintln!(
+            "note: {} is version {version}; the node migrates it to version {}",
+            path.display(),
+            parsed.config.version
+        );
+    }
+    Ok(text)
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// The machine configuration in effect on the node, secrets redacted.
+    Show {
+        #[arg(long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// Check a machine configuration file as a node would, offline.
+    Validate { file: PathBuf },
+}
+
+pub fn run(target: &NodeTarget, cmd: ConfigCommand) -> Result<()> {
+    match cmd {
+        ConfigCommand::Show { output } => {
+            let view = target
+                .client()?
+                .show_config()
+                .context("asking the node for its machine configuration")?;
+            match output {
+                OutputFormat::Json => {
+                    println!("{}", serde_json::to_string_pretty(&view)?);
+                }
+                OutputFormat::Text => {
+                    let config: MachineConfig = serde_json::from_value(view.config)
+                        .context("the node answered a configuration this slate cannot read")?;
+                    if let Some(v) = view.migrated_from {
+                        println!("# stored as version {v}, migrated in memory");
+                    }
+                    if view.pending_reboot {
+                        println!("# a newer configuration is written and waits for a reboot");
+                    }
+                    print!("{}", config.to_toml());
+                }
+            }
+            Ok(())
+        }
+        ConfigCommand::Validate { file } => {
+            read_document(&file)?;
+            println!("{}: valid", file.display());
+            Ok(())
+        }
+    }
+}
