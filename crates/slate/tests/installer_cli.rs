@@ -283,3 +283,171 @@ fn bad_bundles_and_foreign_disks_are_refused_before_any_write() {
     );
     assert_eq!(disk_hash(&not_slate), before);
 }
+
+/// `slate gen config`'s document with `from` replaced by `to`.
+fn edited_config(config: &str, from: &str, to: &str) -> String {
+    assert!(
+        config.contains(from),
+        "{from:?} not in the generated config"
+    );
+    config.replacen(from, to, 1)
+}
+
+/// The bytes of the file `path` inside the ext4 filesystem of STATE on `disk` (`debugfs`).
+fn state_file(dir: &Path, disk: &Path, path: &str) -> String {
+    let mut file = slate_disk::FileDisk::open_read_only(disk).unwrap();
+    let state = slate_layout::find_partition(&mut file, "STATE").unwrap();
+    let image = dir.join("state.ext4");
+    let bytes = fs::read(disk).unwrap();
+    fs::write(
+        &image,
+        &bytes[state.start as usize..(state.start + state.len) as usize],
+    )
+    .unwrap();
+    let out = Command::new("debugfs")
+        .args(["-R", &format!("cat {path}")])
+        .arg(&image)
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_machine_configuration_goes_to_state_and_bad_ones_are_refused_before_any_write() {
+    // mke2fs makes STATE's filesystem; debugfs reads it back.
+    if !slate_testkit::require_tool("mke2fs") || !slate_testkit::require_tool("debugfs") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pki = dir.path().join("pki");
+    ok(&["gen", "certs", "--out", s(&pki)]);
+    let config = ok(&["gen", "config", "--name", "node1", "--pki", s(&pki)]);
+    let other = dir.path().join("other");
+    ok(&["gen", "certs", "--out", s(&other)]);
+    let other_key = fs::read_to_string(other.join("ca.key")).unwrap();
+    let own_key = fs::read_to_string(pki.join("ca.key")).unwrap();
+    let keys = dir.path().join("keys");
+    ok(&["keygen", "--out", s(&keys)]);
+    let v1 = bundle(dir.path(), "1.0.0", "amd64", "demo");
+    ok(&[
+        "sign",
+        "--bundle",
+        s(&v1),
+        "--key",
+        s(&keys.join("slate.key")),
+    ]);
+    let disk = dir.path().join("disk.raw");
+    fs::File::create(&disk)
+        .unwrap()
+        .set_len(DISK_MIB << 20)
+        .unwrap();
+
+    let bad: &[(&str, String, &str)] = &[
+        (
+            "an unknown key",
+            edited_config(&config, "[node]\n", "[node]\nnmae = \"x\"\n"),
+            "node.nmae",
+        ),
+        (
+            "a CA key that is not the CA's",
+            edited_config(&config, own_key.trim(), other_key.trim()),
+            "api.ca_key: is not the key of api.ca_cert",
+        ),
+        (
+            "a wrong version",
+            edited_config(&config, "version = 1", "version = 2"),
+            "version: 2 is not a version this slate reads",
+        ),
+        (
+            "a hostname that is not one",
+            edited_config(
+                &config,
+                "name = \"node1\"",
+                "name = \"node1\"\nhostname = \"no_way!\"",
+            ),
+            "node.hostname",
+        ),
+        (
+            "a window that does not parse",
+            format!(
+                "{}\n[[update.windows]]\ndays = [\"mon\"]\nstart = \"7pm\"\nlength = \"1h\"\n",
+                config
+            ),
+            "update.windows[0].start",
+        ),
+    ];
+    let blank = disk_hash(&disk);
+    let bad_file = dir.path().join("bad.toml");
+    for (what, text, field) in bad {
+        fs::write(&bad_file, text).unwrap();
+        let out = slate(&[
+            "installer",
+            "install",
+            "--disk",
+            s(&disk),
+            "--bundle",
+            s(&v1),
+            "--trusted-keys",
+            s(&keys),
+            "--config",
+            s(&bad_file),
+        ]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{what}: installed");
+        assert!(
+            err.contains(field),
+            "{what}: the error names {field:?}: {err}"
+        );
+        assert_eq!(disk_hash(&disk), blank, "{what}: the disk changed");
+        let out = slate(&["config", "validate", s(&bad_file)]);
+        assert!(!out.status.success() && String::from_utf8_lossy(&out.stderr).contains(field));
+    }
+
+    // A good one lands on STATE, readable by e2fsprogs.
+    let good = dir.path().join("node1.toml");
+    fs::write(&good, &config).unwrap();
+    ok(&[
+        "installer",
+        "install",
+        "--disk",
+        s(&disk),
+        "--bundle",
+        s(&v1),
+        "--trusted-keys",
+        s(&keys),
+        "--config",
+        s(&good),
+    ]);
+    assert_eq!(
+        state_file(dir.path(), &disk, "/config/machine.toml"),
+        config
+    );
+    // Configuring again would destroy the node's key and /etc: refused without --force.
+    let installed = disk_hash(&disk);
+    let out = slate(&[
+        "installer",
+        "configure",
+        "--disk",
+        s(&disk),
+        "--config",
+        s(&good),
+    ]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--force"));
+    assert_eq!(disk_hash(&disk), installed);
+    let renamed = dir.path().join("node2.toml");
+    fs::write(
+        &renamed,
+        config.replace("name = \"node1\"", "name = \"node2\""),
+    )
+    .unwrap();
+    ok(&[
+        "installer",
+        "configure",
+        "--disk",
+        s(&disk),
+        "--config",
+        s(&renamed),
+        "--force",
+    ]);
+    assert!(state_file(dir.path(), &disk, "/config/machine.toml").contains("name = \"node2\""));
+}

@@ -397,7 +397,7 @@ fn build_upgrade_story(
     );
     build_bundle(slate, "1.0.0", &[], &v1)?;
     build_bundle(slate, "2.0.0", &[], &v2)?;
-    build_bundle(slate, "3.0.0", &["slate.debug.fail-task=network"], &v3)?;
+    build_bundle(slate, "3.0.0", &["slate.debug.fail-hook"], &v3)?;
     let _ = fs::remove_file(image);
     fs::File::create(image)?.set_len(256 << 20)?;
     let config = node_config(slate, work, "node1")?;
@@ -535,6 +535,8 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
         Duration::from_secs(30),
         "v1 blessed",
     )?;
+    let identity = node_identity(prepared, &boot, &node, work)?;
+    let machine_id = identity.machine_id.clone();
     // The node refuses what its image's keys did not sign, and keeps running.
     let unsigned = strip_signatures(&v2, &work.join("bundle-v2-unsigned"))?;
     let refused = node.refused(&[
@@ -577,6 +579,18 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
         "commit line: {committed}"
     );
     ensure!(node.status()?["version"] == "2.0.0");
+    // A new version: /etc reset to v2's, keeping machine-id; v2's hooks ran once, in order.
+    let reset = said_line(&boot, "/etc reset from 1.0.0 to 2.0.0: kept machine-id")?;
+    let hooks = hook_order(&boot)?;
+    ensure!(
+        hooks == ["10-stamp", "20-check"],
+        "v2's setup hooks: {hooks:?}"
+    );
+    let status = node.status()?;
+    ensure!(
+        status["machine_id"] == machine_id.as_str() && status["hostname"] == "node1-renamed",
+        "machine-id and the configured hostname survive the upgrade: {status}"
+    );
     node.ok(&["reboot"])?;
     boot.wait_exit(Duration::from_secs(90))?;
     ensure!(
@@ -584,13 +598,25 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
         "after the commit META holds no Upgrade marker"
     );
 
-    // Still v2 after another reboot.
+    // Still v2 after another reboot, and /etc with it: the hooks do not run again, and the
+    // file 10-stamp wrote is there for the health check.
     let mut boot = running(&mut vm)?;
     let status = node.status()?;
     ensure!(
         status["version"] == "2.0.0" && status["booted_entry"] == "slate-2.0.0.efi",
         "the second boot of v2: {status}"
     );
+    said_line(&boot, "/etc unchanged at 2.0.0")?;
+    said_line(&boot, "setup hooks already ran for 2.0.0")?;
+    ensure!(
+        hook_order(&boot)?.is_empty(),
+        "hooks ran twice for one version"
+    );
+    boot.expect(
+        &["health: 3/3 checks passed"],
+        Duration::from_secs(60),
+        "/etc/slate-setup-stamp kept across the reboot",
+    )?;
     let installed = online_upgrade(&node, &mut boot, &v3, "3.0.0")?;
     ensure!(
         installed.contains("installed slate-3.0.0+3.efi (fallback slate-2.0.0.efi"),
@@ -622,16 +648,27 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
         status["last_failure"]["version"] == "3.0.0"
             && status["last_failure"]["reason"]
                 .as_str()
-                .is_some_and(|r| r.contains("fault injected by slate.debug.fail-task=network")),
+                .is_some_and(|r| r.contains("setup hook 20-check failed: exit status 1")),
         "status says which version failed and why: {status}"
+    );
+    // The revert gave /etc back to v2: reset from v3's, v2's hooks again.
+    let back = said_line(&boot, "/etc reset from 3.0.0 to 2.0.0: kept machine-id")?;
+    ensure!(
+        hook_order(&boot)? == ["10-stamp", "20-check"],
+        "v2's hooks after the revert"
+    );
+    ensure!(
+        status["machine_id"] == machine_id.as_str(),
+        "machine-id after the revert: {status}"
     );
     boot.kill();
     Ok(format!(
-        "unsigned bundle refused by the node; v1 -> v2 by `slate upgrade --image \
+        "{}; unsigned bundle refused by the node; v1 -> v2 by `slate upgrade --image \
          127.0.0.1:PORT/slate/installer:2.0.0` (real registry; signed; the bundle's own \
          installer), committed \
-         (blessed, marker dropped), still v2 after a reboot; broken v3 reverted to v2 \
-         unattended ({reverted})"
+         (blessed, marker dropped), still v2 after a reboot; `{reset}`, hooks 10-stamp then \
+         20-check; v3 with a failing setup hook reverted to v2 unattended ({reverted}); `{back}`",
+        identity.summary
     ))
 }
 
@@ -659,6 +696,222 @@ fn fatal_boot_task(prepared: &Prepared, work: &Path) -> Result<String> {
     boot.wait_exit(Duration::from_secs(90))?;
     ensure_logged(&boot, "[slate] [machined] rebooting in 10s")?;
     Ok(fatal)
+}
+
+/// What [`node_identity`] saw.
+struct Identity {
+    machine_id: String,
+    summary: String,
+}
+
+/// The console line (without its prefixes) that contains `text`.
+fn said_line(boot: &Running, text: &str) -> Result<String> {
+    let serial = boot.serial();
+    let line = serial.lines().find(|l| l.contains(text)).with_context(|| {
+        format!(
+            "expected {text:?} on the console; it ended with:\n{}",
+            crate::vm::tail(&serial, 40)
+        )
+    })?;
+    Ok(line
+        .split_once("): ")
+        .map_or(line, |(_, rest)| rest)
+        .trim()
+        .to_owned())
+}
+
+/// The setup hooks this boot ran, in order (`setup hook NAME ok`).
+fn hook_order(boot: &Running) -> Result<Vec<String>> {
+    Ok(boot
+        .serial()
+        .lines()
+        .filter_map(|l| l.split_once("setup hook ").map(|(_, rest)| rest))
+        .filter_map(|rest| rest.strip_suffix(')').and(rest.split_once(" ok (")))
+        .map(|(name, _)| name.to_owned())
+        .collect())
+}
+
+/// The serving certificate's fingerprint this boot logged.
+fn fingerprint(boot: &Running) -> Result<String> {
+    let line = said_line(boot, "API identity: serving certificate sha256 ")?;
+    Ok(line
+        .split("sha256 ")
+        .nth(1)
+        .and_then(|r| r.split_whitespace().next())
+        .unwrap_or_default()
+        .to_owned())
+}
+
+/// Issue 12 on a freshly installed, configured v1: its own identity (a second node installed
+/// from the same bundle answers with another certificate; a client of another CA is refused),
+/// the first boot's /etc and setup hooks, `apply-config` (live hostname change; a change that
+/// needs a reboot and a malformed document refused, nothing written), and /etc surviving a
+/// reboot.
+fn node_identity(
+    prepared: &Prepared,
+    boot: &Running,
+    node: &Node,
+    work: &Path,
+) -> Result<Identity> {
+    let slate = &prepared.slate;
+    let first = said_line(boot, "/etc first boot at 1.0.0: machine-id ")?;
+    let machine_id = first
+        .rsplit("machine-id ")
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    ensure!(
+        hook_order(boot)? == ["10-stamp", "20-check"],
+        "v1's setup hooks in order"
+    );
+    let status = node.status()?;
+    ensure!(
+        status["machine_id"] == machine_id.as_str() && status["node_name"] == "node1",
+        "status: {status}"
+    );
+    let fp1 = fingerprint(boot)?;
+
+    // A second node from the same bundle: its own key, its own certificate.
+    let disk2 = work.join("node2.raw");
+    fs::File::create(&disk2)?.set_len(256 << 20)?;
+    let config2 = node_config(slate, work, "node2")?;
+    output(
+        Command::new(slate)
+            .args(["installer", "install", "--disk"])
+            .arg(&disk2)
+            .arg("--bundle")
+            .arg(work.join("bundle-v1"))
+            .arg("--trusted-keys")
+            .arg(demo_keys())
+            .arg("--config")
+            .arg(&config2),
+    )?;
+    let mut vm2 = Vm::new(&disk2, &work.join("vm-node2"))?;
+    let mut boot2 = running(&mut vm2)?;
+    let fp2 = fingerprint(&boot2)?;
+    let node2 = Node {
+        prepared,
+        port: vm2.api_port,
+    };
+    let status2 = node2.status()?;
+    boot2.kill();
+    ensure!(
+        fp1 != fp2,
+        "two nodes from one bundle share a certificate ({fp1})"
+    );
+    ensure!(
+        status2["node_name"] == "node2" && status2["machine_id"] != machine_id.as_str(),
+        "the second node: {status2}"
+    );
+
+    // A client whose CA is another: the node is not trusted by it, nor it by the node.
+    let other = work.join("other-pki");
+    let _ = fs::remove_dir_all(&other);
+    run(Command::new(slate)
+        .args(["gen", "certs", "--out"])
+        .arg(&other))?;
+    let stranger = Command::new(slate)
+        .arg("--node")
+        .arg(format!("127.0.0.1:{}", node.port))
+        .arg("--certs")
+        .arg(&other)
+        .arg("status")
+        .output()?;
+    ensure!(
+        !stranger.status.success(),
+        "a client of another CA was answered"
+    );
+
+    // apply-config: the hostname changes live; what needs a reboot, or is malformed, is
+    // refused with nothing written.
+    let shown = node.ok(&["config", "show", "--output", "json"])?;
+    let renamed = work.join("node1-renamed.toml");
+    let text = output(
+        Command::new(slate)
+            .args([
+                "gen",
+                "config",
+                "--name",
+                "node1",
+                "--hostname",
+                "node1-renamed",
+                "--pki",
+            ])
+            .arg(demo_pki()),
+    )?;
+    fs::write(&renamed, &text)?;
+    let static_net = work.join("node1-static.toml");
+    fs::write(
+        &static_net,
+        output(
+            Command::new(slate)
+                .args([
+                    "gen",
+                    "config",
+                    "--name",
+                    "node1",
+                    "--address",
+                    "10.0.2.15/24",
+                ])
+                .args(["--gateway", "10.0.2.2", "--pki"])
+                .arg(demo_pki()),
+        )?,
+    )?;
+    let needs_reboot = node.refused(&[
+        "apply-config",
+        static_net.to_str().unwrap_or(""),
+        "--mode",
+        "no-reboot",
+    ])?;
+    ensure!(
+        needs_reboot.contains("network cannot change without a reboot"),
+        "{needs_reboot}"
+    );
+    let unknown = work.join("node1-typo.toml");
+    fs::write(
+        &unknown,
+        text.replace("[node]\n", "[node]\nhostnme = \"x\"\n"),
+    )?;
+    let typo = node.refused(&[
+        "apply-config",
+        unknown.to_str().unwrap_or(""),
+        "--mode",
+        "no-reboot",
+    ])?;
+    ensure!(
+        typo.contains("node.hostnme"),
+        "an unknown key is named: {typo}"
+    );
+    ensure!(
+        node.ok(&["config", "show", "--output", "json"])? == shown,
+        "a refused configuration changed what the node holds"
+    );
+    let applied = node.ok(&[
+        "apply-config",
+        renamed.to_str().unwrap_or(""),
+        "--mode",
+        "no-reboot",
+    ])?;
+    ensure!(
+        applied.starts_with("applied: node.hostname changed; no reboot needed"),
+        "apply-config: {applied}"
+    );
+    ensure!(
+        node.status()?["hostname"] == "node1-renamed",
+        "the hostname changed live"
+    );
+    Ok(Identity {
+        summary: format!(
+            "node1 sha256 {fp1:.16}…, node2 (same bundle) {fp2:.16}…; a client of another CA \
+             refused; machine-id {machine_id} from the first boot; apply-config: hostname live, \
+             a network change with --mode no-reboot and an unknown key (node.hostnme) refused \
+             with the configuration unchanged"
+        ),
+        machine_id,
+    })
 }
 
 /// A scenario gets the prepared artifacts and a work directory, and describes what it saw.
