@@ -82,6 +82,13 @@ pub trait NodeBackend: Send + Sync {
             "this node does not take machine configurations".into(),
         ))
     }
+    /// `GET /v1/boot` (reader): the boot entries on the system disk and which one boots next,
+    /// and why (`slate_bootloader::BootExplanation` as JSON; the API does not depend on it).
+    fn boot_explain(&self) -> Result<serde_json::Value, BackendError> {
+        Err(BackendError::Unsupported(
+            "this node cannot explain its boot".into(),
+        ))
+    }
     /// `GET /v1/events`: a new subscription; see [`EventStream`] for the contract.
     fn events(&self) -> EventStream;
     /// `GET /v1/logs`: machined's own log lines (without trailing newlines). With `follow`,

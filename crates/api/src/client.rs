@@ -213,6 +213,11 @@ impl Client {
             .map(drop)
     }
 
+    /// `GET /v1/boot` (reader): the node's boot entries and its next boot, as JSON.
+    pub fn boot_explain(&self) -> Result<serde_json::Value, ClientError> {
+        self.unary(Endpoint::BootExplain, None::<&()>)
+    }
+
     /// `GET /v1/config` (reader): the machine configuration in effect, secrets redacted.
     pub fn show_config(&self) -> Result<ConfigView, ClientError> {
         self.unary(Endpoint::ShowConfig, None::<&()>)

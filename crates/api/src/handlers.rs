@@ -193,6 +193,7 @@ async fn dispatch(route: &Route, req: Request<Incoming>, peer: &Peer) -> Respons
         Endpoint::Logs => lines(peer, follow, |b, f| b.logs(f)).await,
         Endpoint::Dmesg => lines(peer, follow, |b, f| b.dmesg(f)).await,
         Endpoint::ShowConfig => reply(call(peer, |b| b.show_config()).await),
+        Endpoint::BootExplain => reply(call(peer, |b| b.boot_explain()).await),
         Endpoint::ApplyConfig => {
             match read_json::<ApplyConfigRequest>(req, false, MAX_CONFIG_BODY).await {
                 Ok(body) => reply(call(peer, move |b| b.apply_config(body)).await),

@@ -17,6 +17,7 @@ pub enum Endpoint {
     Dmesg,
     ShowConfig,
     ApplyConfig,
+    BootExplain,
 }
 
 /// One route: method, path and the least role allowed to call it.
@@ -53,6 +54,7 @@ pub const ROUTES: &[Route] = &[
     route("GET", "/v1/dmesg", Role::Reader, Endpoint::Dmesg),
     route("GET", "/v1/config", Role::Reader, Endpoint::ShowConfig),
     route("POST", "/v1/config", Role::Admin, Endpoint::ApplyConfig),
+    route("GET", "/v1/boot", Role::Reader, Endpoint::BootExplain),
 ];
 
 /// What a node in maintenance mode (no machine configuration yet) serves, to a client that

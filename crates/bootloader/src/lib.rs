@@ -9,7 +9,7 @@
 //! model, for each power-cut state, which version boots.
 //!
 //! Write orders (each step durable — disk flushed — before the next starts):
-//! - **upgrade**: prune (if the ESP lacks room) → new UKI under a hidden temp name → META
+//! - **upgrade**: prune to `keep_versions` (and more if the ESP lacks room) → new UKI under a hidden temp name → META
 //!   `Upgrade` = the running entry's file name → drop stale `LoaderEntryDefault`/`OneShot` if the
 //!   model says they would hide the new entry → rename the temp file to `<name>-<version>+<tries>.efi`
 //!   (the flip: loader.conf's `default <name>-*` glob picks the highest version not bad).

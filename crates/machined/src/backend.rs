@@ -68,6 +68,10 @@ impl NodeBackend for Backend {
         }
     }
 
+    fn boot_explain(&self) -> Result<serde_json::Value, BackendError> {
+        crate::transaction::explain().map_err(BackendError::Failed)
+    }
+
     fn show_config(&self) -> Result<slate_api::ConfigView, BackendError> {
         crate::machine::show(&self.0)
     }

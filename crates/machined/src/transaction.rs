@@ -46,6 +46,12 @@ fn system_loader() -> Result<Box<dyn Bootloader>, String> {
     slate_bootloader::probe(disk, FirmwareVars).map_err(|e| error_chain(&e))
 }
 
+/// `GET /v1/boot`: the system disk's boot entries, with the firmware's variables.
+pub fn explain() -> Result<serde_json::Value, String> {
+    let explanation = system_loader()?.explain().map_err(|e| error_chain(&e))?;
+    serde_json::to_value(explanation).map_err(|e| e.to_string())
+}
+
 /// The entry that booted: `LoaderEntrySelected` (systemd-boot), else the slot GRUB's menu entry
 /// names on the kernel command line (`slate.slot=A`).
 pub fn booted_entry(node: &Node) -> Option<String> {

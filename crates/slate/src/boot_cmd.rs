@@ -9,7 +9,7 @@ use clap::Subcommand;
 use slate_bootloader::{BootExplanation, ExplainedEntry, LoaderKind, MemEfiVars};
 use slate_disk::FileDisk;
 
-use crate::args::OutputFormat;
+use crate::args::{NodeTarget, OutputFormat};
 
 #[derive(Debug, Subcommand)]
 pub enum BootCommand {
@@ -17,15 +17,25 @@ pub enum BootCommand {
     /// next, and why.
     Explain {
         /// The disk (image file or block device) holding a slate installation; read only.
+        /// Without it, the node (`--node`) answers, with its firmware's variables.
         #[arg(long)]
-        disk: PathBuf,
+        disk: Option<PathBuf>,
         #[arg(long, value_enum, default_value_t)]
         output: OutputFormat,
     },
 }
 
-pub fn run(cmd: BootCommand) -> Result<()> {
+pub fn run(target: &NodeTarget, cmd: BootCommand) -> Result<()> {
     let BootCommand::Explain { disk, output } = cmd;
+    let Some(disk) = disk else {
+        let value = target
+            .client()?
+            .boot_explain()
+            .context("asking the node to explain its next boot")?;
+        let explanation: BootExplanation = serde_json::from_value(value)
+            .context("the node answered an explanation this slate cannot read")?;
+        return print(&explanation, output);
+    };
     let file =
         FileDisk::open_read_only(&disk).with_context(|| format!("opening {}", disk.display()))?;
     // Offline there are no firmware variables to read; the disk alone decides.
@@ -44,13 +54,17 @@ pub fn run(cmd: BootCommand) -> Result<()> {
                 .to_owned(),
         );
     }
+    print(&explanation, output)
+}
+
+fn print(explanation: &BootExplanation, output: OutputFormat) -> Result<()> {
     match output {
         OutputFormat::Json => {
             let mut out = std::io::stdout().lock();
-            serde_json::to_writer_pretty(&mut out, &explanation)?;
+            serde_json::to_writer_pretty(&mut out, explanation)?;
             writeln!(out)?;
         }
-        OutputFormat::Text => print_text(&explanation),
+        OutputFormat::Text => print_text(explanation),
     }
     Ok(())
 }

@@ -116,7 +116,7 @@ pub enum Command {
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Meta(cmd) => meta_cmd::run(cmd),
-        Command::Boot(cmd) => boot_cmd::run(cmd),
+        Command::Boot(cmd) => boot_cmd::run(&cli.target, cmd),
         Command::Init { args } => slate_init::run(args),
         Command::Imager(cmd) => imager_cmd::run(cmd),
         Command::Machined => slate_machined::run(),

@@ -227,7 +227,9 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
         "[slate] [initramfs] switched root; executing /usr/bin/machined",
         "[slate] [machined] starting slate",
         "root squashfs",
-        "STATE (/dev/vda3) is blank: formatting it (first boot)",
+        // STATE holds the machine configuration the image was given; /var starts blank.
+        "STATE mounted on /system/state",
+        "machine configuration /system/state/config/machine.toml: node node, hostname node",
         "EPHEMERAL (/dev/vda4) is blank: formatting it (first boot)",
         "API listening on 0.0.0.0:50000",
     ] {
@@ -281,6 +283,7 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
         !boot.serial().contains("is blank: formatting"),
         "the second boot must find STATE and EPHEMERAL formatted"
     );
+    ensure_logged(&boot, "(kept)")?;
     ensure!(node.status()?["stage"] == "Running");
 
     // Two resets at once: the lock admits one.
@@ -622,6 +625,12 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
         installed.contains("installed slate-3.0.0+3.efi (fallback slate-2.0.0.efi"),
         "{installed}"
     );
+    // Mid-upgrade, powered off: v3 boots next, on trial, with v2 the fallback.
+    let mid = explain_disk(&prepared.slate, &image)?;
+    ensure!(
+        mid["next_boot"] == "slate-3.0.0+3.efi" && mid["upgrade_tag"] == "slate-2.0.0.efi",
+        "boot explain mid-upgrade: {mid}"
+    );
     let mut boot = vm.start()?;
     boot.expect(
         &["[slate] [machined] fatal:"],
@@ -640,10 +649,29 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
         listing.contains("slate-3.0.0+0-1.efi"),
         "v3 marked bad: {listing}"
     );
+    let after = explain_disk(&prepared.slate, &image)?;
+    ensure!(
+        after["next_boot"] == "slate-2.0.0.efi",
+        "boot explain after the revert: {after}"
+    );
 
     let mut boot = running(&mut vm)?;
     let status = node.status()?;
     ensure!(status["version"] == "2.0.0", "after the revert: {status}");
+    // The VM's real choice is the one explained; the node explains the same online.
+    ensure!(
+        status["booted_entry"] == after["next_boot"],
+        "explained {after}, booted {status}"
+    );
+    let online: serde_json::Value =
+        serde_json::from_str(&node.ok(&["boot", "explain", "--output", "json"])?)?;
+    ensure!(
+        online["next_boot"] == "slate-2.0.0.efi"
+            && online["entries"].as_array().is_some_and(|e| e
+                .iter()
+                .any(|e| e["name"] == "slate-3.0.0+0-1.efi" && e["state"] == "bad")),
+        "boot explain --node: {online}"
+    );
     ensure!(
         status["last_failure"]["version"] == "3.0.0"
             && status["last_failure"]["reason"]
@@ -667,8 +695,10 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
          127.0.0.1:PORT/slate/installer:2.0.0` (real registry; signed; the bundle's own \
          installer), committed \
          (blessed, marker dropped), still v2 after a reboot; `{reset}`, hooks 10-stamp then \
-         20-check; v3 with a failing setup hook reverted to v2 unattended ({reverted}); `{back}`",
-        identity.summary
+         20-check; boot explain mid-upgrade: next {} (fallback {}); v3 with a failing setup hook \
+         reverted to v2 unattended ({reverted}); boot explain after the revert: next {} = what \
+         booted; `{back}`",
+        identity.summary, mid["next_boot"], mid["upgrade_tag"], after["next_boot"]
     ))
 }
 
@@ -696,6 +726,16 @@ fn fatal_boot_task(prepared: &Prepared, work: &Path) -> Result<String> {
     boot.wait_exit(Duration::from_secs(90))?;
     ensure_logged(&boot, "[slate] [machined] rebooting in 10s")?;
     Ok(fatal)
+}
+
+/// `slate boot explain --disk` as JSON.
+fn explain_disk(slate: &Path, disk: &Path) -> Result<serde_json::Value> {
+    let text = output(
+        Command::new(slate)
+            .args(["boot", "explain", "--output", "json", "--disk"])
+            .arg(disk),
+    )?;
+    Ok(serde_json::from_str(&text)?)
 }
 
 /// What [`node_identity`] saw.

@@ -1,4 +1,4 @@
-//! The upgrade's plan: every check and every decision of [`SystemdBoot::upgrade`] (what to
+//! The upgrade's plan: every check and every decision of the systemd-boot upgrade (what to
 //! prune, which EFI variables to clear), made with the disk only read. A dry run shows it.
 
 use slate_bootspec::{Entry, EntryName, IdStyle};
@@ -11,7 +11,7 @@ use crate::efivars::{EfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_ONESHOT};
 use crate::parts::{invalid, Result};
 use crate::{BootloaderError, UpgradeRequest};
 
-/// What [`SystemdBoot::upgrade`] writes, decided with the disk only read
+/// What the upgrade ([`crate::Bootloader::upgrade`]) writes, decided with the disk only read
 /// ([`SystemdBoot::plan_upgrade`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UpgradePlan {
@@ -30,7 +30,7 @@ pub struct UpgradePlan {
 }
 
 impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
-    /// Every check of [`Bootloader::upgrade`], with the disk only read: the new entry's name,
+    /// Every check of [`crate::Bootloader::upgrade`], with the disk only read: the new entry's name,
     /// the running entry (found, not the target), the fallback (not the target), what to prune
     /// and that the new UKI then fits, and that the selection model boots the new entry. A
     /// dry run shows this plan; the upgrade executes it.
