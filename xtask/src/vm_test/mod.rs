@@ -385,7 +385,7 @@ fn build_bundle(slate: &Path, version: &str, extra_args: &[&str], out: &Path) ->
     build_demo(slate, "installer", version, extra_args, out)
 }
 
-/// The upgrade story's artifacts: v1, v2 and a broken v3 (a Boot task fails) as installer
+/// The upgrade story's artifacts: v1, v2 and a broken v3 (a setup hook fails) as installer
 /// bundles in `work`, and v1 installed from its bundle onto the blank disk `image` by
 /// `slate installer install` (the install mode). Returns (v2, v3) and the installer's output.
 fn build_upgrade_story(
@@ -514,7 +514,7 @@ fn online_upgrade_from(
 
 /// v1 → v2 with `slate upgrade` over the API (the v2 bundle's own installer writes v2 beside
 /// v1): v2 boots on its first try, machined commits it (entry blessed, META marker gone), and
-/// v2 is still what boots after another reboot. Then a broken v3 (a Boot task fails) goes the
+/// v2 is still what boots after another reboot. Then a broken v3 (a setup hook fails) goes the
 /// same way, takes the fatal path, machined reverts to v2 (v3 marked bad), and after the reboot
 /// v2 is up again with no human action, its status naming v3's failure.
 fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String> {
@@ -1089,16 +1089,30 @@ pub fn demo() -> Result<()> {
     boot.expect(&["committed:"], Duration::from_secs(30), "v2 committed")?;
     show(&boot, &["committed", "stage Running"]);
     print!("{}", node.ok(&["status"])?);
-    println!("== upgrading to the broken v3 (a Boot task fails)");
+    println!("== upgrading to the broken v3 (its setup hook 20-check fails)");
     online_upgrade(&node, &mut boot, &v3, "3.0.0")?;
     show(&boot, &["installer: installed"]);
+    println!("== slate boot explain --disk (the machine is off, mid-upgrade)");
+    print!(
+        "{}",
+        output(
+            Command::new(&prepared.slate)
+                .args(["boot", "explain", "--disk"])
+                .arg(&image)
+        )?
+    );
     let mut boot = vm.start()?;
     boot.expect(&["upgrade reverted"], BOOT_TIMEOUT, "the revert")?;
     boot.wait_exit(Duration::from_secs(90))?;
-    show(&boot, &["fatal:", "upgrade reverted", "rebooting"]);
+    show(
+        &boot,
+        &["setup hook", "fatal:", "upgrade reverted", "rebooting"],
+    );
     println!("{}", esp_listing(&image)?);
     println!("== the node came back on v2 by itself");
     let _boot = running(&mut vm)?;
     print!("{}", node.ok(&["status"])?);
+    println!("== slate boot explain (asked of the node)");
+    print!("{}", node.ok(&["boot", "explain"])?);
     Ok(())
 }
