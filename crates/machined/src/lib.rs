@@ -242,18 +242,9 @@ fn start_api(node: &Arc<Node>) -> Result<slate_api::ServerHandle, TaskError> {
         .ok_or_else(|| TaskError::msg("no machine configuration"))?;
     let listen: SocketAddr = match config.api.listen {
         Some(listen) => listen,
-        None => node
-            .config
-            .api_listen
-            .parse()
-            .map_err(|e| TaskError::msg(format!("slate.api.listen: {e}")))?,
+        None => node.config.listen().map_err(TaskError::msg)?,
     };
-    let addresses = node
-        .machine
-        .addresses
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let addresses = node.machine.addresses();
     let (cert, key, issued) =
         machine::identity(&machine::state_dir(), &config, &addresses).map_err(TaskError::msg)?;
     let fingerprint = slate_api::fingerprint(&cert).map_err(|e| TaskError::msg(e.to_string()))?;

@@ -40,6 +40,13 @@ impl MachineState {
             .map(|p| p.config.clone())
     }
 
+    pub fn addresses(&self) -> Vec<String> {
+        self.addresses
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
     pub fn set(&self, parsed: Parsed) {
         *self.config.lock().unwrap_or_else(|p| p.into_inner()) = Some(parsed);
     }

@@ -135,21 +135,12 @@ pub fn wait_for_config(
         Some(token) if !token.is_empty() => token.to_owned(),
         _ => random_token()?,
     };
-    let addresses = node
-        .machine
-        .addresses
-        .lock()
-        .unwrap_or_else(|p| p.into_inner())
-        .clone();
+    let addresses = node.machine.addresses();
     let key = slate_api::generate_key_pem().map_err(|e| failed(e.to_string()))?;
     let cert = slate_api::self_signed_cert(&key, &slate_api::serving_names(&addresses))
         .map_err(|e| failed(e.to_string()))?;
     let fingerprint = slate_api::fingerprint(&cert).map_err(|e| failed(e.to_string()))?;
-    let listen: SocketAddr = node
-        .config
-        .api_listen
-        .parse()
-        .map_err(|e| failed(format!("slate.api.listen: {e}")))?;
+    let listen: SocketAddr = node.config.listen().map_err(failed)?;
     let (tx, rx): (Sender<Parsed>, Receiver<Parsed>) = mpsc::channel();
     let backend = MaintenanceBackend {
         version: node.version.clone(),

@@ -48,6 +48,13 @@ pub struct BootConfig {
 }
 
 impl BootConfig {
+    /// `slate.api.listen` (default `0.0.0.0:50000`) as an address.
+    pub fn listen(&self) -> Result<std::net::SocketAddr, String> {
+        self.api_listen
+            .parse()
+            .map_err(|e| format!("slate.api.listen: {e}"))
+    }
+
     pub fn from_cmdline(cmdline: &str) -> Self {
         let value = |key| slate_host::cmdline_value(cmdline, key).map(str::to_string);
         Self {

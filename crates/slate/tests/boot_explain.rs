@@ -20,31 +20,13 @@ use slate_disk::FileDisk;
 use slate_installer::{write_grub_image, GrubImagePlan};
 use slate_layout::{LayoutParams, MIB};
 
+mod common;
+use common::{ok, s, slate};
+
 const STUB: &str = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub";
 const SYSTEMD_BOOT: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
 const DISK_MIB: u64 = 128;
 const PACKAGE: &str = "Debian's systemd-boot-efi; scripts/install-deps installs it";
-
-fn slate(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_slate"))
-        .args(args)
-        .output()
-        .expect("run slate")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = slate(args);
-    assert!(
-        out.status.success(),
-        "slate {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn s(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
 
 fn run(program: &str, args: &[&str]) -> Output {
     Command::new(program)

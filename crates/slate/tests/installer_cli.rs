@@ -13,28 +13,10 @@ use slate_bundle::{
     EFI_MEDIA_TYPE, UKI_MEDIA_TYPE,
 };
 
+mod common;
+use common::{ok, s, slate};
+
 const DISK_MIB: u64 = 128;
-
-fn slate(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_slate"))
-        .args(args)
-        .output()
-        .expect("run slate")
-}
-
-fn ok(args: &[&str]) -> String {
-    let out = slate(args);
-    assert!(
-        out.status.success(),
-        "slate {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
-}
-
-fn s(path: &Path) -> &str {
-    path.to_str().unwrap()
-}
 
 fn disk_hash(path: &Path) -> Vec<u8> {
     Sha256::digest(fs::read(path).unwrap()).to_vec()
