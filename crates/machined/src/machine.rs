@@ -296,6 +296,54 @@ fn apply_live(node: &Node, old: &MachineConfig, new: &MachineConfig) -> Result<(
 mod tests {
     use super::*;
 
+    const FIXTURE: &str = include_str!("../../machine-config/tests/fixtures/node-v1.toml");
+
+    #[test]
+    fn the_identity_is_made_once_and_reissued_when_its_names_change() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = slate_machine_config::parse(FIXTURE).unwrap().config;
+        let addresses = vec!["10.0.2.15".to_owned()];
+        let (cert, key, issued) = identity(dir.path(), &config, &addresses).unwrap();
+        assert!(issued);
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(dir.path().join("pki/node.key"))
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o600);
+        // Same names, same CA: kept as it is.
+        let again = identity(dir.path(), &config, &addresses).unwrap();
+        assert_eq!(again, (cert.clone(), key.clone(), false));
+        // A new address: re-issued for the same key.
+        let moved = identity(dir.path(), &config, &["10.0.2.16".to_owned()]).unwrap();
+        assert!(moved.2);
+        assert_ne!(moved.0, cert);
+        assert_eq!(moved.1, key);
+        let record = std::fs::read_to_string(dir.path().join("pki/identity")).unwrap();
+        assert!(
+            record.contains("names node1 node1.example.net 10.0.2.16 node1.lab localhost"),
+            "{record}"
+        );
+        // A new hostname too.
+        let mut renamed = config.clone();
+        renamed.node.hostname = Some("other".into());
+        assert!(
+            identity(dir.path(), &renamed, &["10.0.2.16".to_owned()])
+                .unwrap()
+                .2
+        );
+    }
+
+    #[test]
+    fn check_refuses_what_the_crate_refuses_and_names_the_field() {
+        let err = check(&FIXTURE.replace("[node]\n", "[node]\nnmae = 1\n")).unwrap_err();
+        assert!(
+            matches!(&err, BackendError::InvalidArgument(m) if m.contains("node.nmae")),
+            "{err}"
+        );
+        assert!(check(FIXTURE).is_ok());
+    }
+
     #[test]
     fn store_keeps_the_previous_document() {
         let dir = tempfile::tempdir().unwrap();
