@@ -17,7 +17,9 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
-pub use update::{Strategy, UpdateSettings, Weekday, Window};
+pub use update::{
+    describe_minute_of_week, minutes_until_open, Strategy, UpdateSettings, Weekday, Window,
+};
 pub use validate::{is_hostname, parse_cidr};
 
 /// The version this slate writes; [`parse`] also reads every older one.

@@ -266,3 +266,31 @@ fn hostnames_and_cidrs() {
     assert_eq!(parse_cidr("10.0.0.1"), None);
     assert_eq!(parse_cidr("fd00::1/129"), None);
 }
+
+#[test]
+fn the_next_window_opening_is_found_across_the_week() {
+    let at = |day: u32, h: u32, m: u32| day * 1440 + h * 60 + m;
+    let windows = [
+        Window {
+            days: vec!["tue".into()],
+            start: "02:00".into(),
+            length: "1h".into(),
+        },
+        Window {
+            days: vec!["sun".into()],
+            start: "23:00".into(),
+            length: "2h".into(),
+        },
+    ];
+    // Monday 01:30 is inside Sunday's window, which runs past the week's end.
+    assert_eq!(minutes_until_open(&windows, at(0, 0, 30)), Some(0));
+    // Monday 03:00: Tuesday 02:00 is 23 hours away.
+    assert_eq!(minutes_until_open(&windows, at(0, 3, 0)), Some(23 * 60));
+    assert_eq!(describe_minute_of_week(at(0, 3, 0) + 23 * 60), "Tue 02:00");
+    // Tuesday 03:00: the next is Sunday 23:00.
+    assert_eq!(
+        minutes_until_open(&windows, at(1, 3, 0)),
+        Some(5 * 1440 + 20 * 60)
+    );
+    assert_eq!(minutes_until_open(&[], 0), None);
+}

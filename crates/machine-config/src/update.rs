@@ -192,6 +192,40 @@ impl Window {
     }
 }
 
+/// Minutes from `minute_of_week` (0 = Monday 00:00 UTC) until one of `windows` is open: 0 when
+/// one is open now; `None` without a (valid) window.
+pub fn minutes_until_open(windows: &[Window], minute_of_week: u32) -> Option<u32> {
+    windows
+        .iter()
+        .filter_map(|w| {
+            let (days, start, length) = w.parse("window").ok()?;
+            let length = (length.as_secs() / 60) as u32;
+            days.iter()
+                .map(|day| {
+                    let opens = *day as u32 * MINUTES_PER_DAY + start;
+                    let since = (minute_of_week % MINUTES_PER_WEEK + MINUTES_PER_WEEK - opens)
+                        % MINUTES_PER_WEEK;
+                    if since < length {
+                        0
+                    } else {
+                        MINUTES_PER_WEEK - since
+                    }
+                })
+                .min()
+        })
+        .min()
+}
+
+/// `Tue 02:00` for a minute of the week.
+pub fn describe_minute_of_week(minute_of_week: u32) -> String {
+    let minute = minute_of_week % MINUTES_PER_WEEK;
+    let day = Weekday::ALL[(minute / MINUTES_PER_DAY) as usize].name();
+    let mut name = day.to_owned();
+    name[..1].make_ascii_uppercase();
+    let in_day = minute % MINUTES_PER_DAY;
+    format!("{name} {:02}:{:02}", in_day / 60, in_day % 60)
+}
+
 fn parse_clock(text: &str) -> Option<u32> {
     let (h, m) = text.split_once(':')?;
     if h.len() != 2 || m.len() != 2 {

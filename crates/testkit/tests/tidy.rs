@@ -21,6 +21,8 @@ const PURE: &[&str] = &[
     "crates/profile/src",
     "crates/layout/src",
     "crates/esp/src",
+    "crates/machine-config/src",
+    "crates/release/src",
     // Only the policy of trust: keys.rs reads key files and key directories (std::fs).
     "crates/trust/src/policy.rs",
 ];
