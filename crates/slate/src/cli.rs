@@ -8,6 +8,7 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::args::{NodeTarget, OutputFormat, RebootModeArg};
 use crate::boot_cmd::{self, BootCommand};
+use crate::fleetlock_cmd::{self, FleetlockCommand};
 use crate::imager_cmd::{self, ImagerCommand};
 use crate::installer_cmd::{self, InstallerCommand};
 use crate::meta_cmd::{self, MetaCommand};
@@ -106,6 +107,9 @@ pub enum Command {
     /// The node's machine configuration.
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
+    /// A FleetLock v1 lock server (zincati's reboot-slot protocol) and its admin commands.
+    #[command(subcommand)]
+    Fleetlock(FleetlockCommand),
     /// Print a shell completion script.
     Completions {
         #[arg(value_enum)]
@@ -136,6 +140,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Config(cmd) => config_cmd::run(&cli.target, cmd),
         Command::Logs { follow } => node_cmd::logs(&cli.target, follow, false),
         Command::Dmesg { follow } => node_cmd::logs(&cli.target, follow, true),
+        Command::Fleetlock(cmd) => fleetlock_cmd::run(cmd),
         Command::Completions { shell } => {
             let mut out = std::io::stdout().lock();
             clap_complete::generate(shell, &mut Cli::command(), "slate", &mut out);

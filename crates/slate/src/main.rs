@@ -8,6 +8,7 @@ mod args;
 mod boot_cmd;
 mod cli;
 mod config_cmd;
+mod fleetlock_cmd;
 mod imager_cmd;
 mod installer_cmd;
 mod meta_cmd;

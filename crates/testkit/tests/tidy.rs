@@ -23,6 +23,7 @@ const PURE: &[&str] = &[
     "crates/esp/src",
     "crates/machine-config/src",
     "crates/release/src",
+    "crates/fleetlock/src",
     // Only the policy of trust: keys.rs reads key files and key directories (std::fs).
     "crates/trust/src/policy.rs",
 ];

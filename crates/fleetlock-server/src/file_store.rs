@@ -1,0 +1,253 @@
+//! The local file store (`docs/formats.md §8`): one record per group, `<dir>/<group>.json`
+//! (`slate_fleetlock::record`), and `<dir>/.lock`, the file whose exclusive `flock` every
+//! compare-and-swap holds. Several servers and `slate fleetlock release` on one machine may
+//! share a directory.
+//!
+//! Write order of a swap, under the lock: read the record and compare its version; write the
+//! new record to `.<group>.json.tmp`, fsync it, rename it over `<group>.json`, fsync the
+//! directory. A reader (which takes no lock) sees the old record or the new one, whole; a
+//! crash leaves the old or the new one, and at worst a stray temporary file that the next swap
+//! overwrites.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read as _, Write as _};
+use std::path::{Path, PathBuf};
+
+use nix::errno::Errno;
+use nix::fcntl::{Flock, FlockArg};
+use slate_fleetlock::record::MAX_RECORD_LEN;
+use slate_fleetlock::{
+    encode_record, parse_record, GroupName, Semaphore, SemaphoreStore, StoreError, Version,
+};
+
+/// The lock file's name: a leading dot and no `.json`, so it is never taken for a group.
+pub const LOCK_FILE: &str = ".lock";
+const RECORD_SUFFIX: &str = ".json";
+
+/// Semaphores in a directory.
+#[derive(Debug, Clone)]
+pub struct FileStore {
+    dir: PathBuf,
+}
+
+impl FileStore {
+    /// The store in `dir`, created (with its parents) if missing: what a server does.
+    pub fn create(dir: &Path) -> Result<Self, StoreError> {
+        std::fs::create_dir_all(dir)
+            .map_err(|e| io_error(format!("creating {}", dir.display()), e))?;
+        Self::open(dir)
+    }
+
+    /// An existing store: what the admin commands do, so that a mistyped path is an error
+    /// rather than an empty store.
+    pub fn open(dir: &Path) -> Result<Self, StoreError> {
+        let meta = std::fs::metadata(dir)
+            .map_err(|e| io_error(format!("opening the store {}", dir.display()), e))?;
+        if !meta.is_dir() {
+            return Err(io_error(
+                format!("opening the store {}", dir.display()),
+                io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
+            ));
+        }
+        Ok(FileStore {
+            dir: dir.to_path_buf(),
+        })
+    }
+
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// `<dir>/<group>.json`. Group names match `^[a-zA-Z0-9.-]+$`: never a path separator.
+    pub fn record_path(&self, group: &GroupName) -> PathBuf {
+        self.dir.join(format!("{group}{RECORD_SUFFIX}"))
+    }
+
+    fn temp_path(&self, group: &GroupName) -> PathBuf {
+        self.dir.join(format!(".{group}{RECORD_SUFFIX}.tmp"))
+    }
+
+    fn lock(&self) -> Result<Flock<File>, StoreError> {
+        let path = self.dir.join(LOCK_FILE);
+        let mut file = OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .read(true)
+            .write(true)
+            .open(&path)
+            .map_err(|e| io_error(format!("opening {}", path.display()), e))?;
+        loop {
+            match Flock::lock(file, FlockArg::LockExclusive) {
+                Ok(guard) => return Ok(guard),
+                // A signal interrupted the wait: wait again.
+                Err((f, Errno::EINTR)) => file = f,
+                Err((_, errno)) => {
+                    return Err(io_error(
+                        format!("locking {}", path.display()),
+                        io::Error::from(errno),
+                    ))
+                }
+            }
+        }
+    }
+
+    fn write_record(&self, group: &GroupName, bytes: &[u8]) -> Result<(), StoreError> {
+        let temp = self.temp_path(group);
+        let target = self.record_path(group);
+        let mut file =
+            File::create(&temp).map_err(|e| io_error(format!("creating {}", temp.display()), e))?;
+        file.write_all(bytes)
+            .and_then(|()| file.sync_all())
+            .map_err(|e| io_error(format!("writing {}", temp.display()), e))?;
+        drop(file);
+        std::fs::rename(&temp, &target).map_err(|e| {
+            io_error(
+                format!("renaming {} to {}", temp.display(), target.display()),
+                e,
+            )
+        })?;
+        // The rename is durable only once the directory is.
+        File::open(&self.dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|e| io_error(format!("syncing {}", self.dir.display()), e))
+    }
+}
+
+fn io_error(what: String, e: io::Error) -> StoreError {
+    StoreError::backend(what, e)
+}
+
+impl SemaphoreStore for FileStore {
+    fn groups(&self) -> Result<Vec<GroupName>, StoreError> {
+        let what = || format!("listing {}", self.dir.display());
+        let mut groups = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(|e| io_error(what(), e))? {
+            let entry = entry.map_err(|e| io_error(what(), e))?;
+            let name = entry.file_name();
+            // Anything that is not `<valid group>.json` (the lock, temporaries, strays) is
+            // not a group.
+            let group = name
+                .to_str()
+                .and_then(|n| n.strip_suffix(RECORD_SUFFIX))
+                .and_then(|g| GroupName::new(g).ok());
+            if let Some(group) = group {
+                groups.push(group);
+            }
+        }
+        groups.sort();
+        Ok(groups)
+    }
+
+    fn load(&self, group: &GroupName) -> Result<Option<(Version, Semaphore)>, StoreError> {
+        let path = self.record_path(group);
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_error(format!("opening {}", path.display()), e)),
+        };
+        let mut bytes = Vec::new();
+        // One byte over the cap is enough for the parser to refuse it.
+        file.take(MAX_RECORD_LEN as u64 + 1)
+            .read_to_end(&mut bytes)
+            .map_err(|e| io_error(format!("reading {}", path.display()), e))?;
+        let record = parse_record(&bytes).map_err(|e| StoreError::Corrupt {
+            group: group.to_string(),
+            reason: format!("{}: {e}", path.display()),
+        })?;
+        Ok(Some(record))
+    }
+
+    fn compare_and_swap(
+        &self,
+        group: &GroupName,
+        expected: Option<Version>,
+        new: &Semaphore,
+    ) -> Result<bool, StoreError> {
+        let guard = self.lock()?;
+        let current = self.load(group)?.map(|(v, _)| v);
+        let swapped = if current == expected {
+            let next = match current {
+                None => Version(1),
+                Some(Version(v)) => Version(v.checked_add(1).ok_or_else(|| {
+                    io_error(
+                        format!("{}", self.record_path(group).display()),
+                        io::Error::other("version counter exhausted"),
+                    )
+                })?),
+            };
+            self.write_record(group, &encode_record(next, new))?;
+            true
+        } else {
+            false
+        };
+        guard.unlock().map_err(|(_, errno)| {
+            io_error(
+                format!("unlocking {}", self.dir.join(LOCK_FILE).display()),
+                errno.into(),
+            )
+        })?;
+        Ok(swapped)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use slate_fleetlock::{ClientId, Transition};
+
+    use super::*;
+
+    fn locked(s: &Semaphore, id: &str) -> Semaphore {
+        match s.lock(&ClientId::new(id).unwrap(), 2).unwrap() {
+            Transition::Changed(s) => s,
+            Transition::Unchanged => panic!("unchanged"),
+        }
+    }
+
+    #[test]
+    fn swaps_compare_versions_and_persist() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::create(&dir.path().join("a/b")).unwrap();
+        let g = GroupName::new("workers").unwrap();
+        assert_eq!(store.load(&g).unwrap(), None);
+        let one = locked(&Semaphore::new(2), "n1");
+        assert!(!store.compare_and_swap(&g, Some(Version(1)), &one).unwrap());
+        assert!(store.compare_and_swap(&g, None, &one).unwrap());
+        assert!(
+            !store.compare_and_swap(&g, None, &one).unwrap(),
+            "no longer absent"
+        );
+        let two = locked(&one, "n2");
+        assert!(store.compare_and_swap(&g, Some(Version(1)), &two).unwrap());
+        assert!(
+            !store.compare_and_swap(&g, Some(Version(1)), &one).unwrap(),
+            "stale"
+        );
+        let again = FileStore::open(store.dir()).unwrap();
+        assert_eq!(again.load(&g).unwrap(), Some((Version(2), two)));
+        assert_eq!(
+            std::fs::read_to_string(store.record_path(&g)).unwrap(),
+            "{\"version\":2,\"semaphore\":{\"total_slots\":2,\"holders\":[\"n1\",\"n2\"]}}\n"
+        );
+        assert_eq!(again.groups().unwrap(), [g]);
+    }
+
+    #[test]
+    fn strays_are_not_groups_and_corruption_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::create(dir.path()).unwrap();
+        for name in [".lock", ".x.json.tmp", "a b.json", "notes.txt"] {
+            std::fs::write(dir.path().join(name), "x").unwrap();
+        }
+        std::fs::write(dir.path().join("bad.json"), "{\"version\":1}").unwrap();
+        let bad = GroupName::new("bad").unwrap();
+        assert_eq!(store.groups().unwrap(), std::slice::from_ref(&bad));
+        let err = store.load(&bad).unwrap_err().to_string();
+        assert!(err.contains("group bad is corrupt"), "{err}");
+        // A swap never writes over a record it cannot read.
+        assert!(store
+            .compare_and_swap(&bad, Some(Version(1)), &Semaphore::new(1))
+            .is_err());
+        assert!(FileStore::open(&dir.path().join("missing")).is_err());
+        assert!(FileStore::open(&dir.path().join("notes.txt")).is_err());
+    }
+}

@@ -1,0 +1,361 @@
+//! FleetLock over plain HTTP/1.1 (hyper on a current-thread tokio runtime, as the node API
+//! runs). The path and method are judged before the body is read; the body is read up to the
+//! cap; the store is called on tokio's blocking pool (a swap waits on `flock` and fsync).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use hyper::body::{Body as HttpBody, Bytes, Frame, Incoming, SizeHint};
+use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::server::conn::http1;
+use hyper::service::service_fn;
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use slate_fleetlock::request::{MAX_BODY_LEN, PROTOCOL_HEADER};
+use slate_fleetlock::{route, Answer, ErrorKind, Refusal, RequestError, SemaphoreStore, Service};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// A body of at most 8 KiB that has not arrived in this time is not coming.
+const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// How much of a refused request's body is read and dropped before the connection closes.
+const DISCARD_LIMIT: usize = 1 << 20;
+const DISCARD_TIME: Duration = Duration::from_secs(2);
+/// How long open connections get to finish after shutdown before they are cut.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
+
+/// Where the server's one-line-per-request log goes.
+pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// Why the server could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("cannot start the FleetLock server: {0}")]
+    Runtime(std::io::Error),
+    #[error("the FleetLock server thread panicked")]
+    Panicked,
+}
+
+/// A bound listening socket; nothing is served until [`Server::run`] or [`Server::spawn`].
+#[derive(Debug)]
+pub struct Server {
+    listener: std::net::TcpListener,
+    local_addr: SocketAddr,
+}
+
+/// A server on its own thread (tests, embedding). Dropping it detaches the thread.
+#[derive(Debug)]
+pub struct ServerHandle {
+    local_addr: SocketAddr,
+    shutdown: watch::Sender<bool>,
+    thread: std::thread::JoinHandle<()>,
+}
+
+impl ServerHandle {
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Stops accepting, lets open requests finish for up to 2 s, waits for the thread.
+    pub fn shutdown(self) -> Result<(), ServerError> {
+        self.shutdown.send_replace(true);
+        self.thread.join().map_err(|_| ServerError::Panicked)
+    }
+}
+
+impl Server {
+    /// Binds `addr` (port 0: any free port; see [`Server::local_addr`]).
+    pub fn bind(addr: SocketAddr) -> Result<Self, ServerError> {
+        let bind_err = |source| ServerError::Bind { addr, source };
+        let listener = std::net::TcpListener::bind(addr).map_err(bind_err)?;
+        listener.set_nonblocking(true).map_err(bind_err)?;
+        let local_addr = listener.local_addr().map_err(bind_err)?;
+        Ok(Server {
+            listener,
+            local_addr,
+        })
+    }
+
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local_addr
+    }
+
+    /// Serves on the calling thread, until the process ends.
+    pub fn run<S: SemaphoreStore + 'static>(
+        self,
+        service: Arc<Service<S>>,
+        log: Log,
+    ) -> Result<(), ServerError> {
+        let rt = runtime()?;
+        let listener = self.into_tokio(&rt)?;
+        let (_never, shutdown) = watch::channel(false);
+        rt.block_on(accept_loop(listener, service, log, shutdown));
+        Ok(())
+    }
+
+    /// Serves on a new thread until [`ServerHandle::shutdown`].
+    pub fn spawn<S: SemaphoreStore + 'static>(
+        self,
+        service: Arc<Service<S>>,
+        log: Log,
+    ) -> Result<ServerHandle, ServerError> {
+        let local_addr = self.local_addr;
+        let rt = runtime()?;
+        let listener = self.into_tokio(&rt)?;
+        let (shutdown, signal) = watch::channel(false);
+        let thread = std::thread::Builder::new()
+            .name("slate-fleetlock".into())
+            .spawn(move || {
+                rt.block_on(accept_loop(listener, service, log, signal));
+                rt.shutdown_timeout(Duration::from_millis(100));
+            })
+            .map_err(ServerError::Runtime)?;
+        Ok(ServerHandle {
+            local_addr,
+            shutdown,
+            thread,
+        })
+    }
+
+    fn into_tokio(self, rt: &tokio::runtime::Runtime) -> Result<TcpListener, ServerError> {
+        let _guard = rt.enter();
+        TcpListener::from_std(self.listener).map_err(|source| ServerError::Bind {
+            addr: self.local_addr,
+            source,
+        })
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ServerError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .thread_name("slate-fleetlock-worker")
+        .build()
+        .map_err(ServerError::Runtime)
+}
+
+async fn accept_loop<S: SemaphoreStore + 'static>(
+    listener: TcpListener,
+    service: Arc<Service<S>>,
+    log: Log,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    let (drain_tx, drain_rx) = watch::channel(false);
+    let mut conns = JoinSet::new();
+    loop {
+        tokio::select! {
+            _ = shutdown.wait_for(|s| *s) => break,
+            accepted = listener.accept() => match accepted {
+                Ok((tcp, peer)) => {
+                    conns.spawn(connection(tcp, peer, service.clone(), log.clone(), drain_rx.clone()));
+                }
+                Err(e) => {
+                    log(&format!("fleetlock: accept failed: {e}"));
+                    // Out of file descriptors and the like: do not spin.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            },
+            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+        }
+    }
+    drop(listener);
+    drain_tx.send_replace(true);
+    let drained = async { while conns.join_next().await.is_some() {} };
+    let _ = tokio::time::timeout(SHUTDOWN_GRACE, drained).await;
+    conns.abort_all();
+}
+
+async fn connection<S: SemaphoreStore + 'static>(
+    tcp: TcpStream,
+    peer: SocketAddr,
+    service: Arc<Service<S>>,
+    log: Log,
+    mut drain: watch::Receiver<bool>,
+) {
+    let _ = tcp.set_nodelay(true);
+    let svc = service_fn(move |req| {
+        let (service, log) = (service.clone(), log.clone());
+        async move { Ok::<_, Infallible>(handle(req, peer, service, log).await) }
+    });
+    let conn = http1::Builder::new()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT)
+        .serve_connection(TokioIo::new(tcp), svc);
+    tokio::pin!(conn);
+    tokio::select! {
+        _ = conn.as_mut() => return,
+        _ = drain.wait_for(|d| *d) => {}
+    }
+    conn.as_mut().graceful_shutdown();
+    let _ = conn.await;
+}
+
+async fn handle<S: SemaphoreStore + 'static>(
+    req: Request<Incoming>,
+    peer: SocketAddr,
+    service: Arc<Service<S>>,
+    log: Log,
+) -> Response<Body> {
+    let method = req.method().as_str().to_owned();
+    let path = req.uri().path().to_owned();
+    let header = req
+        .headers()
+        .get(PROTOCOL_HEADER)
+        .map(|v| v.as_bytes().to_vec());
+    let declared = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    let mut body = req.into_body();
+    let (answer, refused_early) = match route(&method, &path) {
+        Err(e) => {
+            let shown: String = path.chars().take(100).collect();
+            let summary = format!("{method} {shown}: refused");
+            (Answer::refused(&e.into(), summary), true)
+        }
+        Ok(op) => match read_body(&mut body, declared).await {
+            Err(refusal) => {
+                let summary = format!("{}: refused: {}", op.name(), refusal.value);
+                (Answer::refused(&refusal, summary), true)
+            }
+            Ok(bytes) => {
+                let blocking = tokio::task::spawn_blocking(move || {
+                    service.serve(op, header.as_deref(), &bytes)
+                });
+                match blocking.await {
+                    Ok(answer) => (answer, false),
+                    Err(e) => {
+                        // A bug (a panic in a store): this request failed, the server goes on.
+                        let refusal = Refusal::new(ErrorKind::FailedLock, "internal error");
+                        let summary = format!("{}: internal error: {e}", op.name());
+                        (Answer::refused(&refusal, summary), false)
+                    }
+                }
+            }
+        },
+    };
+    log(&format!(
+        "fleetlock: {peer}: {} -> {}",
+        answer.summary, answer.status
+    ));
+    let mut resp = respond(&answer);
+    if refused_early {
+        // The rest of the body was not wanted. Read and drop a bounded amount of it, so that
+        // closing the socket with unread data does not make the kernel answer with a reset
+        // that can destroy this answer before the client reads it; then close.
+        discard(&mut body).await;
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// The next data chunk of a body; `Ok(None)` at its end (trailers are skipped).
+async fn next_chunk(body: &mut Incoming) -> Result<Option<Bytes>, hyper::Error> {
+    loop {
+        match std::future::poll_fn(|cx| Pin::new(&mut *body).poll_frame(cx)).await {
+            None => return Ok(None),
+            Some(Err(e)) => return Err(e),
+            Some(Ok(frame)) => {
+                if let Ok(data) = frame.into_data() {
+                    return Ok(Some(data));
+                }
+            }
+        }
+    }
+}
+
+/// The body, at most [`MAX_BODY_LEN`] bytes of it (`declared`: its `Content-Length`).
+async fn read_body(body: &mut Incoming, declared: Option<u64>) -> Result<Vec<u8>, Refusal> {
+    if let Some(len) = declared.filter(|len| *len > MAX_BODY_LEN as u64) {
+        let len = usize::try_from(len).unwrap_or(usize::MAX);
+        return Err(RequestError::TooLarge { len }.into());
+    }
+    let unreadable = || {
+        Refusal::new(
+            ErrorKind::InvalidClientIdentity,
+            "failed to validate client identity: the request body could not be read in time",
+        )
+    };
+    let collect = async {
+        let mut buf = Vec::new();
+        while let Some(data) = next_chunk(body).await.map_err(|_| unreadable())? {
+            if buf.len() + data.len() > MAX_BODY_LEN {
+                let len = buf.len() + data.len();
+                return Err(RequestError::TooLarge { len }.into());
+            }
+            buf.extend_from_slice(&data);
+        }
+        Ok(buf)
+    };
+    tokio::time::timeout(BODY_TIMEOUT, collect)
+        .await
+        .map_err(|_| unreadable())?
+}
+
+/// Reads and drops up to [`DISCARD_LIMIT`] bytes of an unwanted body, for at most
+/// [`DISCARD_TIME`].
+async fn discard(body: &mut Incoming) {
+    let drain = async {
+        let mut total = 0usize;
+        while let Ok(Some(data)) = next_chunk(body).await {
+            total += data.len();
+            if total > DISCARD_LIMIT {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DISCARD_TIME, drain).await;
+}
+
+fn respond(answer: &Answer) -> Response<Body> {
+    let mut resp = Response::new(Body(Some(Bytes::from(answer.body.clone()))));
+    *resp.status_mut() =
+        StatusCode::from_u16(answer.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    if let Some(ct) = answer.content_type() {
+        resp.headers_mut()
+            .insert(CONTENT_TYPE, HeaderValue::from_static(ct));
+    }
+    if let Some(allow) = answer.allow {
+        resp.headers_mut()
+            .insert(ALLOW, HeaderValue::from_static(allow));
+    }
+    resp
+}
+
+/// A whole response body (empty on success).
+#[derive(Debug)]
+struct Body(Option<Bytes>);
+
+impl HttpBody for Body {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        let data = self.get_mut().0.take().filter(|d| !d.is_empty());
+        Poll::Ready(data.map(|d| Ok(Frame::data(d))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.0.as_ref().is_none_or(|d| d.is_empty())
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        SizeHint::with_exact(self.0.as_ref().map_or(0, |d| d.len() as u64))
+    }
+}
