@@ -52,7 +52,8 @@ pub fn demo_pki() -> PathBuf {
 }
 
 /// A machine configuration for the node `name` (`slate gen config` with the demo CA), written
-/// to `dir/<name>.toml`. Node names are DNS labels: anything else in `name` becomes '-'.
+/// to `dir/<name>.machine.toml` (beside profiles named `<something>.toml`, which it must not
+/// replace). Node names are DNS labels: anything else in `name` becomes '-'.
 pub fn node_config(slate: &Path, dir: &Path, name: &str) -> Result<PathBuf> {
     let name: String = name
         .to_ascii_lowercase()
@@ -64,7 +65,7 @@ pub fn node_config(slate: &Path, dir: &Path, name: &str) -> Result<PathBuf> {
             .args(["gen", "config", "--name", &name, "--pki"])
             .arg(demo_pki()),
     )?;
-    let path = dir.join(format!("{name}.toml"));
+    let path = dir.join(format!("{name}.machine.toml"));
     fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
 }
