@@ -6,6 +6,7 @@
 //! goes to [`handler::fatal`]; Locked and Cancelled are swallowed and the node keeps running.
 
 mod backend;
+mod boot_config;
 mod decision;
 mod etc;
 mod handler;
@@ -13,6 +14,7 @@ mod health;
 mod journal;
 mod machine;
 mod maintenance;
+mod network;
 mod node;
 mod sequences;
 mod system_disk;

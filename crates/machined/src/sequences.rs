@@ -3,7 +3,6 @@
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -233,7 +232,7 @@ pub fn boot<'a>(
         .append(
             "config",
             [task(node, "machineConfig", move |ctx| {
-                machine_config(ctx, node, facts)
+                crate::boot_config::machine_config(ctx, node, facts)
             })],
         )
         .append(
@@ -244,7 +243,9 @@ pub fn boot<'a>(
         )
         .append(
             "configure",
-            [task(node, "applyConfig", move |ctx| configure(ctx, node))],
+            [task(node, "applyConfig", move |ctx| {
+                crate::boot_config::configure(ctx, node)
+            })],
         )
         .append(
             "setup",
@@ -254,7 +255,9 @@ pub fn boot<'a>(
         )
         .append(
             "network",
-            [task(node, "network", move |ctx| network(ctx, node, facts))],
+            [task(node, "network", move |ctx| {
+                crate::network::network(ctx, node, facts)
+            })],
         )
         .append(
             "api",
@@ -293,159 +296,6 @@ fn mount_volume(
     )?;
     ctx.log(&format!("{label} mounted on {}", target.display()));
     Ok(())
-}
-
-/// The machine configuration from STATE; without one, maintenance mode until an operator
-/// applies one.
-fn machine_config(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), TaskError> {
-    let path = crate::maintenance::config_path();
-    let parsed = match crate::machine::load(&crate::machine::state_dir()).map_err(failed)? {
-        Some(parsed) => parsed,
-        None => {
-            // The operator must be able to reach the node: DHCP first.
-            dhcp(ctx, node, None)?;
-            facts
-                .network_up
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            crate::maintenance::wait_for_config(ctx, node, facts.watchdog.as_ref())?
-        }
-    };
-    ctx.log(&format!(
-        "machine configuration {}: node {}, hostname {}{}",
-        path.display(),
-        parsed.config.node.name,
-        parsed.config.hostname(),
-        parsed.migrated_from.map_or(String::new(), |v| format!(
-            " (version {v}, migrated in memory to {})",
-            parsed.config.version
-        )),
-    ));
-    node.machine.set(parsed);
-    Ok(())
-}
-
-/// What the configuration sets in /etc and the kernel, once /etc is writable.
-fn configure(ctx: &TaskContext<'_>, node: &Node) -> Result<(), TaskError> {
-    let config = node
-        .machine
-        .current()
-        .ok_or_else(|| failed("no machine configuration"))?;
-    crate::machine::set_hostname(node, config.hostname()).map_err(failed)?;
-    let written = crate::machine::write_etc_files(Path::new("/etc"), &config).map_err(failed)?;
-    if !written.is_empty() {
-        ctx.log(&format!(
-            "/etc files from the configuration: {}",
-            written.join(" ")
-        ));
-    }
-    Ok(())
-}
-
-/// The first non-loopback interface.
-fn first_interface() -> Result<String, TaskError> {
-    std::fs::read_dir("/sys/class/net")
-        .map_err(|e| failed(format!("listing network interfaces: {e}")))?
-        .flatten()
-        .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| n != "lo")
-        .min()
-        .ok_or_else(|| failed("no network interface"))
-}
-
-/// Record and log the IPv4 addresses `interface` has.
-fn record_addresses(ctx: &TaskContext<'_>, node: &Node, interface: &str) -> Result<(), TaskError> {
-    let addr =
-        slate_host::run_command(Command::new("ip").args(["-4", "-o", "addr", "show", interface]))?;
-    let text = String::from_utf8_lossy(&addr.stdout);
-    let cidrs: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(3))
-        .collect();
-    ctx.log(&format!(
-        "{interface}: {}",
-        cidrs.first().copied().unwrap_or("no address")
-    ));
-    *node
-        .machine
-        .addresses
-        .lock()
-        .unwrap_or_else(|p| p.into_inner()) = cidrs
-        .iter()
-        .filter_map(|c| c.split('/').next())
-        .map(str::to_owned)
-        .collect();
-    Ok(())
-}
-
-/// DHCP with busybox's udhcpc on `interface` (the first Ethernet interface by default).
-fn dhcp(ctx: &TaskContext<'_>, node: &Node, interface: Option<&str>) -> Result<(), TaskError> {
-    slate_host::run_command(Command::new("ip").args(["link", "set", "lo", "up"]))?;
-    let interface = match interface {
-        Some(name) => name.to_owned(),
-        None => first_interface()?,
-    };
-    slate_host::run_command(Command::new("udhcpc").args([
-        "-i",
-        &interface,
-        "-n",
-        "-q",
-        "-t",
-        "10",
-        "-s",
-        "/usr/share/udhcpc/default.script",
-    ]))?;
-    record_addresses(ctx, node, &interface)
-}
-
-/// The network as the machine configuration says: DHCP, or a static address, default route
-/// and name servers.
-fn network(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), TaskError> {
-    let config = node
-        .machine
-        .current()
-        .ok_or_else(|| failed("no machine configuration"))?;
-    let net = &config.network;
-    match net.mode {
-        slate_machine_config::NetworkMode::Dhcp => {
-            if facts.network_up.load(std::sync::atomic::Ordering::SeqCst) && net.interface.is_none()
-            {
-                ctx.log("network: DHCP, up since maintenance mode");
-                return Ok(());
-            }
-            dhcp(ctx, node, net.interface.as_deref())
-        }
-        slate_machine_config::NetworkMode::Static => {
-            let interface = match &net.interface {
-                Some(name) => name.clone(),
-                None => first_interface()?,
-            };
-            let address = net.address.as_deref().unwrap_or_default();
-            let ip =
-                |args: &[&str]| slate_host::run_command(Command::new("ip").args(args)).map(drop);
-            ip(&["link", "set", "lo", "up"])?;
-            ip(&["addr", "flush", "dev", &interface])?;
-            ip(&["addr", "add", address, "dev", &interface])?;
-            ip(&["link", "set", &interface, "up"])?;
-            if let Some(gateway) = net.gateway {
-                ip(&["route", "replace", "default", "via", &gateway.to_string()])?;
-            }
-            if !net.dns.is_empty() {
-                let text: String = net
-                    .dns
-                    .iter()
-                    .map(|d| format!("nameserver {d}\n"))
-                    .collect();
-                if let Err(e) = crate::machine::write_atomically(
-                    Path::new("/etc/resolv.conf"),
-                    text.as_bytes(),
-                    0o644,
-                ) {
-                    ctx.log(&format!("/etc/resolv.conf not written: {e}"));
-                }
-            }
-            record_addresses(ctx, node, &interface)
-        }
-    }
 }
 
 pub fn reboot(node: &Node, mode: RebootMode) -> Sequence<'_> {
