@@ -12,10 +12,7 @@ use std::time::Duration;
 
 use slate_bootloader::{BootExplanation, EntryState};
 use slate_bootloader::{Grub, LoaderKind, MemEfiVars, NextBootReason, SlotPayload, SystemdBoot};
-use slate_bundle::{
-    write_installable_bundle, BlobInput, BundleSpec, InstallDefaults, BINARY_MEDIA_TYPE,
-    EFI_MEDIA_TYPE, UKI_MEDIA_TYPE,
-};
+use slate_bundle::BundleSpec;
 use slate_disk::FileDisk;
 use slate_installer::{write_grub_image, GrubImagePlan};
 use slate_layout::{LayoutParams, MIB};
@@ -72,7 +69,7 @@ fn bundle(dir: &Path, version: &str) -> PathBuf {
     let out = dir.join(format!("bundle-{version}"));
     let uki = uki(version);
     let loader = fs::read(SYSTEMD_BOOT).unwrap();
-    write_installable_bundle(
+    common::write_bundle(
         &out,
         BundleSpec {
             name: "slate",
@@ -80,36 +77,9 @@ fn bundle(dir: &Path, version: &str) -> PathBuf {
             arch: slate_bundle::NATIVE_ARCH,
             variant: "demo",
         },
-        InstallDefaults {
-            esp_mib: 40,
-            state_mib: 16,
-            tries: 3,
-            menu_timeout: 1,
-            keep_versions: slate_bundle::DEFAULT_KEEP_VERSIONS,
-        },
-        &[
-            BlobInput {
-                role: "uki",
-                file_name: "slate.efi",
-                media_type: UKI_MEDIA_TYPE,
-                bytes: &uki,
-            },
-            BlobInput {
-                role: "installer",
-                file_name: "slate",
-                media_type: BINARY_MEDIA_TYPE,
-                bytes: b"\x7fELF pretend slate",
-            },
-            BlobInput {
-                role: "systemd-boot",
-                file_name: "systemd-bootx64.efi",
-                media_type: EFI_MEDIA_TYPE,
-                bytes: &loader,
-            },
-        ],
+        &uki,
+        &loader,
     )
-    .unwrap();
-    out
 }
 
 fn blank_disk(dir: &Path) -> PathBuf {

@@ -8,10 +8,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use sha2::{Digest, Sha256};
-use slate_bundle::{
-    write_installable_bundle, BlobInput, BundleSpec, InstallDefaults, BINARY_MEDIA_TYPE,
-    EFI_MEDIA_TYPE, UKI_MEDIA_TYPE,
-};
+use slate_bundle::BundleSpec;
 
 mod common;
 use common::{ok, s, slate};
@@ -27,7 +24,7 @@ fn disk_hash(path: &Path) -> Vec<u8> {
 fn bundle(dir: &Path, version: &str, arch: &str, variant: &str) -> PathBuf {
     let out = dir.join(format!("bundle-{version}-{arch}-{variant}"));
     let uki = format!("MZ pretend UKI of {version}").repeat(1000);
-    write_installable_bundle(
+    common::write_bundle(
         &out,
         BundleSpec {
             name: "slate",
@@ -35,36 +32,9 @@ fn bundle(dir: &Path, version: &str, arch: &str, variant: &str) -> PathBuf {
             arch,
             variant,
         },
-        InstallDefaults {
-            esp_mib: 40,
-            state_mib: 16,
-            tries: 3,
-            menu_timeout: 1,
-            keep_versions: slate_bundle::DEFAULT_KEEP_VERSIONS,
-        },
-        &[
-            BlobInput {
-                role: "uki",
-                file_name: "slate.efi",
-                media_type: UKI_MEDIA_TYPE,
-                bytes: uki.as_bytes(),
-            },
-            BlobInput {
-                role: "installer",
-                file_name: "slate",
-                media_type: BINARY_MEDIA_TYPE,
-                bytes: b"\x7fELF pretend slate",
-            },
-            BlobInput {
-                role: "systemd-boot",
-                file_name: "systemd-bootx64.efi",
-                media_type: EFI_MEDIA_TYPE,
-                bytes: b"MZ pretend systemd-boot",
-            },
-        ],
+        uki.as_bytes(),
+        b"MZ pretend systemd-boot",
     )
-    .unwrap();
-    out
 }
 
 struct Fixture {

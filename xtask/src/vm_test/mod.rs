@@ -869,44 +869,33 @@ fn node_identity(
     // apply-config: the hostname changes live; what needs a reboot, or is malformed, is
     // refused with nothing written.
     let shown = node.ok(&["config", "show", "--output", "json"])?;
-    let renamed = work.join("node1-renamed.toml");
-    let text = output(
-        Command::new(slate)
-            .args([
-                "gen",
-                "config",
-                "--name",
-                "node1",
-                "--hostname",
-                "node1-renamed",
-                "--pki",
-            ])
-            .arg(demo_pki()),
-    )?;
-    fs::write(&renamed, &text)?;
-    let static_net = work.join("node1-static.toml");
-    fs::write(
-        &static_net,
-        output(
+    // node1's configuration with `extra` arguments to `slate gen config`, in `work/FILE`.
+    let node1_config = |file: &str, extra: &[&str]| -> Result<(PathBuf, String)> {
+        let text = output(
             Command::new(slate)
-                .args([
-                    "gen",
-                    "config",
-                    "--name",
-                    "node1",
-                    "--address",
-                    "10.0.2.15/24",
-                ])
-                .args(["--gateway", "10.0.2.2", "--pki"])
+                .args(["gen", "config", "--name", "node1"])
+                .args(extra)
+                .arg("--pki")
                 .arg(demo_pki()),
-        )?,
+        )?;
+        let path = work.join(file);
+        fs::write(&path, &text)?;
+        Ok((path, text))
+    };
+    let no_reboot = |path: &Path| {
+        node.refused(&[
+            "apply-config",
+            path.to_str().unwrap_or(""),
+            "--mode",
+            "no-reboot",
+        ])
+    };
+    let (renamed, text) = node1_config("node1-renamed.toml", &["--hostname", "node1-renamed"])?;
+    let (static_net, _) = node1_config(
+        "node1-static.toml",
+        &["--address", "10.0.2.15/24", "--gateway", "10.0.2.2"],
     )?;
-    let needs_reboot = node.refused(&[
-        "apply-config",
-        static_net.to_str().unwrap_or(""),
-        "--mode",
-        "no-reboot",
-    ])?;
+    let needs_reboot = no_reboot(&static_net)?;
     ensure!(
         needs_reboot.contains("network cannot change without a reboot"),
         "{needs_reboot}"
@@ -916,12 +905,7 @@ fn node_identity(
         &unknown,
         text.replace("[node]\n", "[node]\nhostnme = \"x\"\n"),
     )?;
-    let typo = node.refused(&[
-        "apply-config",
-        unknown.to_str().unwrap_or(""),
-        "--mode",
-        "no-reboot",
-    ])?;
+    let typo = no_reboot(&unknown)?;
     ensure!(
         typo.contains("node.hostnme"),
         "an unknown key is named: {typo}"

@@ -1,8 +1,13 @@
-//! What the CLI tests share: running the built `slate` binary.
+//! What the CLI tests share: running the built `slate` binary, and installer bundles.
 
 #![allow(dead_code)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+use slate_bundle::{
+    write_installable_bundle, BlobInput, BundleSpec, InstallDefaults, BINARY_MEDIA_TYPE,
+    EFI_MEDIA_TYPE, UKI_MEDIA_TYPE,
+};
 use std::process::{Command, Output};
 
 /// Run the built `slate` with `args`.
@@ -27,4 +32,42 @@ pub fn ok(args: &[&str]) -> String {
 /// A path as an argument.
 pub fn s(path: &Path) -> &str {
     path.to_str().unwrap()
+}
+
+/// An installer bundle at `out` of `spec` with the given UKI and systemd-boot bytes (a pretend
+/// slate binary: nothing here runs it), 40 MiB ESP, 16 MiB STATE, 3 tries.
+pub fn write_bundle(out: &Path, spec: BundleSpec<'_>, uki: &[u8], systemd_boot: &[u8]) -> PathBuf {
+    write_installable_bundle(
+        out,
+        spec,
+        InstallDefaults {
+            esp_mib: 40,
+            state_mib: 16,
+            tries: 3,
+            menu_timeout: 1,
+            keep_versions: slate_bundle::DEFAULT_KEEP_VERSIONS,
+        },
+        &[
+            BlobInput {
+                role: "uki",
+                file_name: "slate.efi",
+                media_type: UKI_MEDIA_TYPE,
+                bytes: uki,
+            },
+            BlobInput {
+                role: "installer",
+                file_name: "slate",
+                media_type: BINARY_MEDIA_TYPE,
+                bytes: b"\x7fELF pretend slate",
+            },
+            BlobInput {
+                role: "systemd-boot",
+                file_name: "systemd-bootx64.efi",
+                media_type: EFI_MEDIA_TYPE,
+                bytes: systemd_boot,
+            },
+        ],
+    )
+    .unwrap();
+    out.to_owned()
 }
