@@ -8,6 +8,7 @@ mod base_rootfs;
 mod bench;
 mod bench_apply;
 mod bench_boot;
+mod bench_fleetlock;
 mod bench_pull;
 mod kernel;
 mod registry;
@@ -69,6 +70,13 @@ enum Task {
     BenchPull,
     /// Benchmark: applying a 256 MiB upgrade payload vs cp + sync of the same bytes.
     BenchApply,
+    /// Benchmark: FleetLock lock + unlock over HTTP with the etcd store (3-member cluster on
+    /// loopback) vs a raw etcd compare-and-swap transaction.
+    BenchFleetlock {
+        /// 1,000 ids only (without: 1,000 and 10,000).
+        #[arg(long)]
+        quick: bool,
+    },
 }
 
 fn main() -> Result<()> {
@@ -87,5 +95,6 @@ fn main() -> Result<()> {
         Task::BenchBoot => bench_boot::bench_boot(),
         Task::BenchPull => bench_pull::bench_pull(),
         Task::BenchApply => bench_apply::bench_apply(),
+        Task::BenchFleetlock { quick } => bench_fleetlock::bench_fleetlock(quick),
     }
 }

@@ -30,6 +30,8 @@ pub fn slate_static() -> Result<PathBuf> {
         // Cargo prefers the encoded form when set (e.g. when run from a build script).
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
         .args(["build", "--release", "-p", "slate", "--target", TARGET])
+        // Without the etcd store: a node is a FleetLock client, never the server.
+        .arg("--no-default-features")
         .arg("--target-dir")
         .arg(&target_dir))?;
     let binary = target_dir.join(TARGET).join("release/slate");

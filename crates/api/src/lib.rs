@@ -51,8 +51,8 @@ pub use server::{
     serve, serve_blocking, spawn, ServerConfig, ServerError, ServerHandle, Shutdown, DEFAULT_PORT,
 };
 pub use types::{
-    Accepted, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, ConfigView, ErrorCode,
-    Event, EventKind, Failure, Mode, RebootMode, RebootRequest, Role, Stage, Status,
+    Accepted, AgentStatus, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, ConfigView,
+    ErrorCode, Event, EventKind, Failure, Mode, RebootMode, RebootRequest, Role, Stage, Status,
     UpgradeRequest, UploadedBundle, VersionInfo,
 };
 pub use upload::MAX_UPLOAD_BYTES;

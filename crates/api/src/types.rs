@@ -137,6 +137,35 @@ pub struct Status {
     /// /etc/machine-id: generated on the first boot, kept across versions.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub machine_id: Option<String>,
+    /// The update agent (absent until the boot is committed, or without a configuration).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<AgentStatus>,
+}
+
+/// What the node's update agent is doing and why.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AgentStatus {
+    /// `immediate`, `periodic`, `fleet-lock`, `operator`, or `disabled`.
+    pub strategy: String,
+    pub channel: String,
+    /// The release repository it follows.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// The newest release the channel offers (not yanked), as last read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub newest_available: Option<String>,
+    /// The release it is moving to, once chosen.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// `idle`, `checking`, `downloading`, `waiting`, `locking`, `upgrading`.
+    pub state: String,
+    /// Why it is waiting: "up to date", "window opens Tue 02:00", "lock held by node-3 (1/1
+    /// slots)", "2.1.0 reverted 3 times: skipped", or the last error.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Versions it gave up on (reverted too often).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub skipped: Vec<String>,
 }
 
 /// How `POST /v1/config` applies a new machine configuration.

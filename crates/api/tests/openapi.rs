@@ -125,6 +125,16 @@ fn schemas_match_the_types() {
         node_name: Some("node1".into()),
         hostname: Some("node1".into()),
         machine_id: Some("0123".into()),
+        agent: Some(slate_api::AgentStatus {
+            strategy: "fleet-lock".into(),
+            channel: "stable".into(),
+            image: Some("10.0.2.2:5000/slate/os".into()),
+            newest_available: Some("2.0.0".into()),
+            target: Some("2.0.0".into()),
+            state: "waiting".into(),
+            reason: Some("window opens Tue 02:00".into()),
+            skipped: vec!["1.9.0".into()],
+        }),
     };
     let status_min = Status {
         booted_entry: None,
@@ -134,6 +144,7 @@ fn schemas_match_the_types() {
         node_name: None,
         hostname: None,
         machine_id: None,
+        agent: None,
         ..status.clone()
     };
     check_object(&spec, "Status", &status, &status_min);

@@ -137,6 +137,17 @@ fn bad_fields_are_named() {
             "update.lock_server",
         ),
         (
+            "image = \"registry.lab:5000/slate/os\"",
+            "image = \"registry.lab:5000/slate/os:2.0.0\"",
+            "update.image",
+        ),
+        ("image = \"registry.lab:5000/slate/os\"", "", "update.image"),
+        (
+            "channel = \"stable\"",
+            "channel = \"nightly\"",
+            "update.channel",
+        ),
+        (
             "poll_interval = \"15m\"",
             "poll_interval = \"1s\"",
             "update.poll_interval",

@@ -13,7 +13,16 @@ pub struct UpdateSettings {
     /// Whether the node updates itself at all.
     #[serde(default)]
     pub enabled: bool,
-    /// The release channel: `stable`, `beta`, `alpha` or a name of the fleet's own.
+    /// The release repository the agent follows (`host[:port]/path`, no tag): its release
+    /// index (tag `releases`) and the bundles, pulled by digest. Required when the node
+    /// updates itself (`enabled`, any strategy but `operator`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
+    /// Plain HTTP to that registry (a registry on a private network without TLS); the
+    /// bundles are verified against the image's trusted keys either way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure: bool,
+    /// The release channel: `stable`, `beta` or `alpha`.
     #[serde(default = "default_channel")]
     pub channel: String,
     #[serde(default)]
@@ -43,6 +52,8 @@ impl Default for UpdateSettings {
     fn default() -> Self {
         UpdateSettings {
             enabled: false,
+            image: None,
+            insecure: false,
             channel: default_channel(),
             strategy: Strategy::default(),
             poll_interval: default_poll_interval(),
@@ -52,6 +63,13 @@ impl Default for UpdateSettings {
             pin: None,
             max_version: None,
         }
+    }
+}
+
+impl UpdateSettings {
+    /// The poll interval (validated; an unparsable one reads as the default hour).
+    pub fn poll_interval(&self) -> Duration {
+        humantime::parse_duration(&self.poll_interval).unwrap_or(Duration::from_secs(3600))
     }
 }
 

@@ -213,11 +213,29 @@ fn ca_public_key(text: &str, field: &str) -> Result<Option<Vec<u8>>, ConfigError
 
 fn update(config: &MachineConfig) -> Result<(), ConfigError> {
     let update = &config.update;
-    if !is_label(&update.channel) {
+    if !["alpha", "beta", "stable"].contains(&update.channel.as_str()) {
         return Err(ConfigError::invalid(
             "update.channel",
-            format!("{:?} is not a channel name (a-z, 0-9, '-')", update.channel),
+            format!(
+                "{:?} is not a channel (alpha, beta, stable)",
+                update.channel
+            ),
         ));
+    }
+    match &update.image {
+        Some(image) if !is_repository(image) => {
+            return Err(ConfigError::invalid(
+                "update.image",
+                format!("{image:?} is not a repository (host[:port]/path, no tag or digest)"),
+            ))
+        }
+        None if update.enabled && update.strategy != Strategy::Operator => {
+            return Err(ConfigError::invalid(
+                "update.image",
+                "required when the node updates itself (enabled, strategy other than operator)",
+            ))
+        }
+        _ => {}
     }
     let interval = parse_duration(&update.poll_interval, "update.poll_interval")?;
     if interval.as_secs() < 10 {
@@ -279,6 +297,27 @@ fn update(config: &MachineConfig) -> Result<(), ConfigError> {
         }
     }
     Ok(())
+}
+
+/// `host[:port]/path`: a registry host and a repository path of lower-case components, without
+/// a tag or digest (the agent picks the version).
+fn is_repository(image: &str) -> bool {
+    let Some((host, path)) = image.split_once('/') else {
+        return false;
+    };
+    let host_ok = !host.is_empty()
+        && host
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || ".-:[]".contains(c));
+    let path_ok = !path.is_empty()
+        && image.len() <= 255
+        && path.split('/').all(|part| {
+            !part.is_empty()
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-".contains(c))
+        });
+    host_ok && path_ok
 }
 
 /// A path relative to /etc: no `..`, not absolute, not empty.

@@ -65,6 +65,12 @@ impl NodeBackend for Backend {
                 .ok()
                 .map(|h| h.trim().to_owned()),
             machine_id: crate::machine::read_machine_id(),
+            agent: self
+                .0
+                .agent
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
         }
     }
 

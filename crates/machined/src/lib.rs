@@ -5,6 +5,7 @@
 //! that asks for a reboot unwinds as a typed error to [`handler::reboot`]; any other fatal error
 //! goes to [`handler::fatal`]; Locked and Cancelled are swallowed and the node keeps running.
 
+mod agent;
 mod backend;
 mod boot_config;
 mod decision;
@@ -115,6 +116,7 @@ fn boot_and_serve(
                 return not_committed(err);
             }
             _feeder = watchdog.map(|dog| watchdog::feed(node, dog));
+            agent::start(node.clone());
         }
         Ok(other) => node
             .journal

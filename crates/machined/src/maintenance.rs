@@ -50,6 +50,7 @@ impl NodeBackend for MaintenanceBackend {
             node_name: None,
             hostname: None,
             machine_id: None,
+            agent: None,
         }
     }
 

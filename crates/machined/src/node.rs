@@ -80,6 +80,8 @@ pub struct Node {
     pub last_failure: Mutex<Option<Failure>>,
     /// The machine configuration and what came of it.
     pub machine: crate::machine::MachineState,
+    /// What the update agent reports (none until it starts).
+    pub agent: Mutex<Option<slate_api::AgentStatus>>,
     subscribers: Mutex<Vec<Sender<Event>>>,
     requests: Mutex<Sender<Request>>,
 }
@@ -114,6 +116,7 @@ impl Node {
             stage: Mutex::new(Stage::Booting),
             last_failure: Mutex::new(None),
             machine: crate::machine::MachineState::default(),
+            agent: Mutex::new(None),
             subscribers: Mutex::new(Vec::new()),
             requests: Mutex::new(tx),
         });

@@ -54,9 +54,57 @@ pub struct Staged {
     pub options: StagedOptions,
 }
 
-/// Where the received bundle `id` is kept.
-fn bundle_dir(id: &Digest) -> PathBuf {
+/// Where the received (or pulled) bundle `id` is kept.
+pub fn bundle_dir(id: &Digest) -> PathBuf {
     Path::new(BUNDLES_DIR).join(id.hex())
+}
+
+/// Remove every kept bundle but `dir` (one bundle at a time: /var is not a cache of old
+/// versions; `dir` itself may hold an interrupted pull to resume).
+pub fn keep_only(dir: &Path) {
+    if let Ok(entries) = fs::read_dir(BUNDLES_DIR) {
+        for entry in entries.flatten() {
+            if entry.path() != dir {
+                let _ = fs::remove_dir_all(entry.path());
+            }
+        }
+    }
+}
+
+/// The plan for a bundle the update agent pulled into `dir` by its digest `id`: the checks of
+/// an upload (signature against the image's keys, the update policy), and the version the
+/// release index promised.
+pub fn plan_pulled(
+    node: &Node,
+    dir: &Path,
+    id: &Digest,
+    verified: VerifiedBlobs,
+    version: &str,
+) -> Result<UpgradePlan, String> {
+    let keys = trusted_keys()?;
+    let (bundle, signer) = check_signed(dir, id, verified, &keys)?;
+    let manifest = bundle.manifest();
+    if manifest.version != version {
+        return Err(format!(
+            "the release index says {version}, but bundle {id} is version {}",
+            manifest.version
+        ));
+    }
+    check_policy(node, manifest, false).map_err(|e| format!("the upgrade is refused: {e}"))?;
+    node.journal.info(format_args!(
+        "bundle {} {version} ({id}) is signed by key {signer}",
+        manifest.name
+    ));
+    Ok(UpgradePlan {
+        bundle_dir: dir.to_path_buf(),
+        bundle_id: id.clone(),
+        verified: bundle.verified_blobs(),
+        version: version.to_owned(),
+        tries: DEFAULT_TRIES,
+        reboot: RebootMode::Default,
+        allow_downgrade: false,
+        stage: false,
+    })
 }
 
 /// The bundle `bundle:sha256:<hex>` names (lower-case hex only, as its directory is named).

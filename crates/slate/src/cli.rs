@@ -13,6 +13,7 @@ use crate::imager_cmd::{self, ImagerCommand};
 use crate::installer_cmd::{self, InstallerCommand};
 use crate::meta_cmd::{self, MetaCommand};
 use crate::node_cmd::{self, GenCommand};
+use crate::release_cmd::{self, ReleaseCommand};
 use crate::{config_cmd, transport_cmd, trust_cmd, upgrade_cmd};
 
 #[derive(Debug, Parser)]
@@ -66,6 +67,10 @@ pub enum Command {
     /// Pull an installer bundle (and its signature) from an OCI registry or layout into a local
     /// layout cache; prints the layout and the manifest digest.
     Pull(transport_cmd::PullArgs),
+    /// Releases in a registry repository: publish a signed bundle to a channel (alpha, beta,
+    /// stable), promote, yank, list; the release index and the channel tags follow.
+    #[command(subcommand)]
+    Release(ReleaseCommand),
     /// The node's booted version, stage and running sequence.
     Status {
         #[arg(long, value_enum, default_value_t)]
@@ -131,6 +136,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Verify(args) => trust_cmd::verify(args),
         Command::Push(args) => transport_cmd::push(args),
         Command::Pull(args) => transport_cmd::pull(args),
+        Command::Release(cmd) => release_cmd::run(cmd),
         Command::Status { output } => node_cmd::status(&cli.target, output),
         Command::Version { output } => node_cmd::version(&cli.target, output),
         Command::Reboot { mode, dry_run } => node_cmd::reboot(&cli.target, mode, dry_run),

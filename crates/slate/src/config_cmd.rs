@@ -8,7 +8,8 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use slate_api::{ApplyConfigRequest, ApplyMode, Client};
 use slate_machine_config::{
-    Api, Etc, MachineConfig, Network, NetworkMode, Node, Strategy, UpdateSettings, CURRENT_VERSION,
+    Api, Etc, MachineConfig, Network, NetworkMode, Node, Strategy, UpdateSettings, Window,
+    CURRENT_VERSION,
 };
 
 use crate::args::{NodeTarget, OutputFormat};
@@ -38,6 +39,26 @@ pub struct GenConfigArgs {
     pub channel: String,
     #[arg(long, value_enum, default_value_t = StrategyArg::Immediate)]
     pub strategy: StrategyArg,
+    /// The release repository (REG/REPO) the node follows; turns the update agent on
+    /// (`update.enabled`).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Plain HTTP to that registry.
+    #[arg(long, requires = "image")]
+    pub insecure_registry: bool,
+    /// How often the agent reads the release index (`15m`, `1h`; at least 10s).
+    #[arg(long, default_value = "1h")]
+    pub poll_interval: String,
+    /// A maintenance window, repeatable: `DAYS START LENGTH`, e.g. `sat,sun 02:00 4h` or
+    /// `* 00:00 7d` (periodic and fleet-lock strategies).
+    #[arg(long = "window", value_name = "DAYS START LENGTH")]
+    pub windows: Vec<String>,
+    /// The FleetLock server (`http://host:port`, fleet-lock strategy).
+    #[arg(long)]
+    pub lock_server: Option<String>,
+    /// The FleetLock group (default `default`).
+    #[arg(long)]
+    pub lock_group: Option<String>,
     /// Paths under /etc kept when /etc is reset for a new version.
     #[arg(long = "keep-etc")]
     pub keep_etc: Vec<String>,
@@ -60,6 +81,20 @@ impl From<StrategyArg> for Strategy {
             StrategyArg::Operator => Strategy::Operator,
         }
     }
+}
+
+/// `DAYS START LENGTH` (`sat,sun 02:00 4h`) as a window; the configuration's check judges
+/// the fields.
+fn parse_window(text: &str) -> Result<Window> {
+    let parts: Vec<&str> = text.split_whitespace().collect();
+    let [days, start, length] = parts.as_slice() else {
+        bail!("--window {text:?}: expected DAYS START LENGTH, e.g. \"sat,sun 02:00 4h\"");
+    };
+    Ok(Window {
+        days: days.split(',').map(str::to_owned).collect(),
+        start: (*start).to_owned(),
+        length: (*length).to_owned(),
+    })
 }
 
 /// Print a machine configuration for one node; it is checked as a node would check it.
@@ -93,8 +128,19 @@ pub fn gen_config(args: GenConfigArgs) -> Result<()> {
             extra_sans: Vec::new(),
         },
         update: UpdateSettings {
+            enabled: args.image.is_some(),
+            image: args.image,
+            insecure: args.insecure_registry,
             channel: args.channel,
             strategy: args.strategy.into(),
+            poll_interval: args.poll_interval,
+            windows: args
+                .windows
+                .iter()
+                .map(|w| parse_window(w))
+                .collect::<Result<_>>()?,
+            lock_server: args.lock_server,
+            lock_group: args.lock_group,
             ..UpdateSettings::default()
         },
         etc: Etc {

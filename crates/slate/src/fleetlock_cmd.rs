@@ -1,15 +1,18 @@
 //! `slate fleetlock serve | status | release`: a FleetLock v1 lock server (zincati's protocol,
-//! airlock's semantics, `docs/formats.md §8`) over a local file store, and the admin's view of
-//! that store.
+//! airlock's semantics, `docs/formats.md §8`) and the admin's view of its store. The store is
+//! a local directory (`--store DIR`, the default) or an etcd cluster (`--etcd URLS`: airlock's
+//! keys, so that several servers on several machines share the semaphores).
 
 use std::io::Write as _;
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{bail, Context as _, Result};
-use clap::Subcommand;
+use clap::{Args, Subcommand};
 use slate_fleetlock::{unlock, Change, GroupName, GroupSpec, Groups, SemaphoreStore, Service};
+#[cfg(feature = "etcd")]
+use slate_fleetlock_server::EtcdStore;
 use slate_fleetlock_server::{FileStore, Server};
 
 use crate::args::OutputFormat;
@@ -26,24 +29,23 @@ pub enum FleetlockCommand {
         /// Address to listen on (IP:PORT; port 0 picks a free one, printed on start).
         #[arg(long)]
         listen: SocketAddr,
-        /// Directory of the file store (one JSON record per group), created if missing.
-        #[arg(long, default_value = DEFAULT_STORE)]
-        store: PathBuf,
+        #[command(flatten)]
+        at: StoreArgs,
         /// A group and its slots, repeatable; without any: default=1.
         #[arg(long = "group", value_name = "NAME=SLOTS")]
         groups: Vec<GroupSpec>,
     },
     /// The groups in a store, their slots and holders.
     Status {
-        #[arg(long, default_value = DEFAULT_STORE)]
-        store: PathBuf,
+        #[command(flatten)]
+        at: StoreArgs,
         #[arg(long, value_enum, default_value_t)]
         output: OutputFormat,
     },
     /// Free a stuck holder's slot (a node that failed its update and never came back).
     Release {
-        #[arg(long, default_value = DEFAULT_STORE)]
-        store: PathBuf,
+        #[command(flatten)]
+        at: StoreArgs,
         #[arg(long)]
         group: GroupName,
         #[arg(long)]
@@ -53,30 +55,99 @@ pub enum FleetlockCommand {
     },
 }
 
-pub fn run(cmd: FleetlockCommand) -> Result<()> {
-    match cmd {
-        FleetlockCommand::Serve {
-            listen,
-            store,
-            groups,
-        } => serve(listen, &store, groups),
-        FleetlockCommand::Status { store, output } => status(&store, output),
-        FleetlockCommand::Release {
-            store,
-            group,
-            id,
-            dry_run,
-        } => release(&store, &group, &id, dry_run),
+/// Where the semaphores are.
+#[derive(Debug, Args)]
+pub struct StoreArgs {
+    /// Directory of the file store, one JSON record per group (`serve` creates it).
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_STORE)]
+    store: PathBuf,
+    /// Keep the semaphores in etcd instead: its client URLs, comma-separated
+    /// (http://HOST:PORT,...). One key per group, airlock's
+    /// (com.coreos.airlock/groups/GROUP/v1/semaphore).
+    #[arg(
+        long,
+        value_name = "URLS",
+        value_delimiter = ',',
+        conflicts_with = "store"
+    )]
+    etcd: Vec<String>,
+}
+
+/// An opened store. The etcd client is large (a few KiB of channels): boxed.
+enum Opened {
+    File(FileStore),
+    #[cfg(feature = "etcd")]
+    Etcd(Box<EtcdStore>),
+}
+
+impl StoreArgs {
+    /// "DIR" or "etcd URL,URL".
+    fn describe(&self) -> String {
+        if self.etcd.is_empty() {
+            self.store.display().to_string()
+        } else {
+            format!("etcd {}", self.etcd.join(","))
+        }
+    }
+
+    /// `create`: a server creates a missing store directory; the admin commands want an
+    /// existing one, so that a mistyped path is an error rather than an empty store.
+    fn open(&self, create: bool) -> Result<Opened> {
+        if !self.etcd.is_empty() {
+            #[cfg(feature = "etcd")]
+            return Ok(Opened::Etcd(Box::new(EtcdStore::connect(&self.etcd)?)));
+            #[cfg(not(feature = "etcd"))]
+            anyhow::bail!(
+                "this slate was built without the etcd store (the node's static binary); use \
+                 the host build"
+            );
+        }
+        Ok(Opened::File(if create {
+            FileStore::create(&self.store)?
+        } else {
+            FileStore::open(&self.store)?
+        }))
     }
 }
 
-fn open(dir: &Path) -> Result<FileStore> {
-    Ok(FileStore::open(dir)?)
+impl Opened {
+    fn store(&self) -> &dyn SemaphoreStore {
+        match self {
+            Opened::File(s) => s,
+            #[cfg(feature = "etcd")]
+            Opened::Etcd(s) => s.as_ref(),
+        }
+    }
 }
 
-fn serve(listen: SocketAddr, dir: &Path, specs: Vec<GroupSpec>) -> Result<()> {
+pub fn run(cmd: FleetlockCommand) -> Result<()> {
+    match cmd {
+        FleetlockCommand::Serve { listen, at, groups } => serve(listen, &at, groups),
+        FleetlockCommand::Status { at, output } => status(&at, output),
+        FleetlockCommand::Release {
+            at,
+            group,
+            id,
+            dry_run,
+        } => release(&at, &group, &id, dry_run),
+    }
+}
+
+fn serve(listen: SocketAddr, at: &StoreArgs, specs: Vec<GroupSpec>) -> Result<()> {
     let groups = Groups::new(specs)?;
-    let store = FileStore::create(dir)?;
+    match at.open(true)? {
+        Opened::File(store) => serve_with(listen, at, groups, store),
+        #[cfg(feature = "etcd")]
+        Opened::Etcd(store) => serve_with(listen, at, groups, *store),
+    }
+}
+
+fn serve_with<S: SemaphoreStore + 'static>(
+    listen: SocketAddr,
+    at: &StoreArgs,
+    groups: Groups,
+    store: S,
+) -> Result<()> {
     let shown: Vec<String> = groups.iter().map(|(g, n)| format!("{g}={n}")).collect();
     let service = Arc::new(Service::new(groups, store));
     for line in service.drift()? {
@@ -85,11 +156,12 @@ fn serve(listen: SocketAddr, dir: &Path, specs: Vec<GroupSpec>) -> Result<()> {
     let server = Server::bind(listen)?;
     // Tests and scripts read this line for the port when listening on port 0.
     let mut out = std::io::stdout().lock();
+    let kind = if at.etcd.is_empty() { "store " } else { "" };
     writeln!(
         out,
-        "fleetlock: listening on http://{} (store {}, groups {})",
+        "fleetlock: listening on http://{} ({kind}{}, groups {})",
         server.local_addr(),
-        dir.display(),
+        at.describe(),
         shown.join(" ")
     )?;
     out.flush()?;
@@ -111,8 +183,9 @@ struct GroupView {
     version: u64,
 }
 
-fn status(dir: &Path, output: OutputFormat) -> Result<()> {
-    let store = open(dir)?;
+fn status(at: &StoreArgs, output: OutputFormat) -> Result<()> {
+    let opened = at.open(false)?;
+    let store = opened.store();
     let mut views = StatusView { groups: Vec::new() };
     for group in store.groups()? {
         // A record removed between listing and reading is simply gone.
@@ -134,7 +207,7 @@ fn status(dir: &Path, output: OutputFormat) -> Result<()> {
         OutputFormat::Text if views.groups.is_empty() => writeln!(
             out,
             "no groups in {} yet (a group is stored at its first lock)",
-            dir.display()
+            at.describe()
         )?,
         OutputFormat::Text => {
             let width = views
@@ -159,13 +232,14 @@ fn status(dir: &Path, output: OutputFormat) -> Result<()> {
     Ok(())
 }
 
-fn release(dir: &Path, group: &GroupName, id: &str, dry_run: bool) -> Result<()> {
-    let store = open(dir)?;
+fn release(at: &StoreArgs, group: &GroupName, id: &str, dry_run: bool) -> Result<()> {
+    let opened = at.open(false)?;
+    let store = opened.store();
     let Some((_, sem)) = store.load(group)? else {
         let known: Vec<String> = store.groups()?.iter().map(|g| g.to_string()).collect();
         bail!(
             "group {group} has no semaphore in {} (groups: {})",
-            dir.display(),
+            at.describe(),
             if known.is_empty() {
                 "none".to_owned()
             } else {
@@ -194,7 +268,7 @@ fn release(dir: &Path, group: &GroupName, id: &str, dry_run: bool) -> Result<()>
         return Ok(());
     }
     let applied =
-        unlock(&store, group, id).with_context(|| format!("releasing {id} from group {group}"))?;
+        unlock(store, group, id).with_context(|| format!("releasing {id} from group {group}"))?;
     let (held, total) = applied
         .semaphore
         .as_ref()

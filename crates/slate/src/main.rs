@@ -14,6 +14,7 @@ mod installer_cmd;
 mod meta_cmd;
 mod node_cmd;
 mod progress;
+mod release_cmd;
 mod transport_cmd;
 mod trust_cmd;
 mod upgrade_cmd;

@@ -23,13 +23,13 @@ pub enum GenCommand {
         dry_run: bool,
     },
     /// Print a machine configuration for one node (`--name`, the CA from `--pki`).
-    Config(crate::config_cmd::GenConfigArgs),
+    Config(Box<crate::config_cmd::GenConfigArgs>),
 }
 
 pub fn gen(cmd: GenCommand) -> Result<()> {
     let (out, sans, dry_run) = match cmd {
         GenCommand::Certs { out, sans, dry_run } => (out, sans, dry_run),
-        GenCommand::Config(args) => return crate::config_cmd::gen_config(args),
+        GenCommand::Config(args) => return crate::config_cmd::gen_config(*args),
     };
     if dry_run {
         println!(
@@ -92,8 +92,40 @@ pub fn status(target: &NodeTarget, output: OutputFormat) -> Result<()> {
             if let Some(failure) = &status.last_failure {
                 println!("failed:   {} ({})", failure.version, failure.reason);
             }
+            if let Some(agent) = &status.agent {
+                print_agent(agent);
+            }
             Ok(())
         }
+    }
+}
+
+/// `updates:  fleet-lock on stable from REG/REPO; waiting for 2.0.0 (newest 2.0.0): lock …`
+fn print_agent(agent: &slate_api::AgentStatus) {
+    let source = agent
+        .image
+        .as_deref()
+        .map(|image| format!(" from {image}"))
+        .unwrap_or_default();
+    println!("updates:  {} on {}{source}", agent.strategy, agent.channel);
+    let target = agent
+        .target
+        .as_deref()
+        .map(|t| format!(" {t}"))
+        .unwrap_or_default();
+    let newest = agent
+        .newest_available
+        .as_deref()
+        .map(|n| format!(" (newest available {n})"))
+        .unwrap_or_default();
+    let reason = agent
+        .reason
+        .as_deref()
+        .map(|r| format!(": {r}"))
+        .unwrap_or_default();
+    println!("agent:    {}{target}{newest}{reason}", agent.state);
+    if !agent.skipped.is_empty() {
+        println!("skipped:  {}", agent.skipped.join(", "));
     }
 }
 

@@ -19,6 +19,10 @@
 //! ```
 //!
 //! `scripts/install-deps` installs every tool and file the tests require.
+//!
+//! [`etcd`] starts a real etcd cluster on loopback (the FleetLock etcd tests and benchmark).
+
+pub mod etcd;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};

@@ -11,6 +11,9 @@
 //!   with [`open_cached`] ([`Pulled::open`]) without hashing the blobs a second time.
 //! - [`push`]: every tag of a layout to a registry (blobs the registry has are skipped) or into
 //!   another layout.
+//! - [`releases`]: a repository's release index (tag `releases`), read, written and changed
+//!   with a re-read check in place of the compare-and-swap registries lack; channel tags moved
+//!   by copying a manifest's exact bytes.
 //!
 //! The reference parser alone (for fuzzing) builds without the `client` feature, which brings
 //! the HTTP stack.
@@ -29,6 +32,8 @@ mod reference;
 #[cfg(feature = "client")]
 mod registry;
 #[cfg(feature = "client")]
+pub mod releases;
+#[cfg(feature = "client")]
 mod source;
 
 use std::path::{Path, PathBuf};
@@ -39,6 +44,10 @@ pub use pull::signature_tag;
 #[cfg(feature = "client")]
 pub use push::{plan_push, PlannedBlob, PlannedImage, PushPlan};
 pub use reference::{Location, Reference, ReferenceError, LAYOUT_PREFIX};
+#[cfg(feature = "client")]
+pub use releases::{
+    fetch_release_index, store_release_index, tag_manifest, update_release_index, RELEASE_INDEX_TAG,
+};
 
 /// What a transfer is doing, for progress displays. Events come in order: for each blob
 /// `BlobPresent`, or `BlobStart`, `Bytes`…, `BlobDone` (a resumed blob that fails its digest

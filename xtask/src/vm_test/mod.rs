@@ -1,6 +1,7 @@
 //! VM scenarios run by the test command (`xtask vm-test`) and the demo (`xtask demo`): real
 //! boots of images the imager built, judged by what the guest printed and what its API answered.
 
+mod fleet;
 mod grub;
 mod powercut;
 mod rollback;
@@ -962,6 +963,7 @@ pub fn vm_test(only: &[String]) -> Result<()> {
         ),
         ("grub_upgrade_and_revert", grub::grub_upgrade_and_revert),
         ("upgrade_commit_and_revert", upgrade_commit_and_revert),
+        ("fleet_lock_updates", fleet::fleet_lock_updates),
         ("staged_upgrades", staged::staged_upgrades),
         (
             "power_cuts_during_upgrade",

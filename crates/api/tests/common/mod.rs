@@ -74,6 +74,7 @@ pub fn status() -> Status {
         node_name: Some("node1".into()),
         hostname: Some("node1".into()),
         machine_id: None,
+        agent: None,
     }
 }
 

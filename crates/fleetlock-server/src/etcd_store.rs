@@ -1,0 +1,366 @@
+//! The etcd store (`docs/formats.md §8`): one key per group, airlock's
+//! `com.coreos.airlock/groups/<group>/v1/semaphore`, holding the semaphore in airlock's layout
+//! (`{"total_slots":N,"holders":[…]}`, [`Semaphore::to_json`]), so that slate and airlock read
+//! each other's values. etcd versions the key itself, so the value needs no version of its own
+//! (unlike the file store's record).
+//!
+//! The compare-and-swap token ([`Version`]) is the key's `mod_revision`: the cluster-wide
+//! revision of the key's last write. A swap is one transaction,
+//! `If(ModRevision(key) = V) Then(Put(key, value))`, or `If(Version(key) = 0)` for a key
+//! expected absent. Not the key's own `version`: that counts writes since the key's creation
+//! and starts again at 1 when a key is deleted and created anew (an admin's `etcdctl del`), so a
+//! server holding an old read could swap over a value it never saw. A `mod_revision` is never
+//! reused.
+//!
+//! The trait is synchronous and etcd's client is async: the store owns a small tokio runtime
+//! and every call runs as a task there while the calling thread waits on a channel. That is
+//! correct from any thread (the server calls from tokio's blocking pool; the CLI from main),
+//! and never nests one runtime's `block_on` inside another's.
+//!
+//! Failover: the client balances over every endpoint given. A call that fails because a member
+//! is unreachable, between leaders or too slow (a transport error, `Unavailable`, the request
+//! timeout) is repeated, with a short backoff, within [`RETRY_BUDGET`]; each attempt is bounded
+//! by the connect and request timeouts. Repeating a swap whose first attempt may have committed is safe: the repeat's
+//! compare then fails, the store answers "lost", and the caller's retry loop re-reads and finds
+//! its own change already made (locking again is "already held", unlocking again "not held").
+
+use std::future::Future;
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, Error as EtcdError, GetOptions, Txn, TxnOp,
+};
+use slate_fleetlock::{GroupName, Semaphore, SemaphoreStore, StoreError, Version};
+
+/// airlock's key prefix; a group's key is `<prefix><group>/v1/semaphore`.
+pub const KEY_PREFIX: &str = "com.coreos.airlock/groups/";
+const KEY_SUFFIX: &str = "/v1/semaphore";
+
+/// Connecting to one member: an unreachable member's address fails over to another instead of
+/// hanging.
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
+/// One request to one member. Short enough to be repeated within [`RETRY_BUDGET`]: a swap that
+/// a follower forwarded to a leader that then died waits for etcd's own timeout (5 s and more)
+/// before it fails, while the repeat goes to the new leader (elected within about a second).
+/// A healthy cluster answers in milliseconds.
+pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one store call keeps repeating a request that found no member or no leader, or
+/// timed out.
+pub const RETRY_BUDGET: Duration = Duration::from_secs(5);
+const FIRST_BACKOFF: Duration = Duration::from_millis(20);
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// airlock's key of `group`.
+pub fn key(group: &GroupName) -> String {
+    format!("{KEY_PREFIX}{group}{KEY_SUFFIX}")
+}
+
+/// The group a key names, if it is a group's semaphore key.
+fn group_of(key: &[u8]) -> Option<GroupName> {
+    let key = std::str::from_utf8(key).ok()?;
+    let name = key.strip_prefix(KEY_PREFIX)?.strip_suffix(KEY_SUFFIX)?;
+    GroupName::new(name).ok()
+}
+
+/// Semaphores in an etcd cluster.
+pub struct EtcdStore {
+    endpoints: Vec<String>,
+    client: Client,
+    /// `Some` until dropped; see `Drop`.
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl std::fmt::Debug for EtcdStore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdStore")
+            .field("endpoints", &self.endpoints)
+            .finish_non_exhaustive()
+    }
+}
+
+impl EtcdStore {
+    /// A client of the cluster at `endpoints` (`http://host:port` each). Nothing is sent yet:
+    /// a cluster that is down shows at the first call.
+    pub fn connect(endpoints: &[String]) -> Result<Self, StoreError> {
+        let shown = endpoints.join(",");
+        if endpoints.is_empty() {
+            return Err(StoreError::backend(
+                "connecting to etcd",
+                "no endpoints given",
+            ));
+        }
+        if let Some(https) = endpoints.iter().find(|e| e.starts_with("https://")) {
+            return Err(StoreError::backend(
+                format!("connecting to etcd at {shown}"),
+                format!("{https}: TLS to etcd is not implemented yet; use http:// endpoints"),
+            ));
+        }
+        // Two workers: one is enough for the gRPC traffic; the second keeps a slow poll from
+        // stalling every other call.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("slate-fleetlock-etcd")
+            .enable_all()
+            .build()
+            .map_err(|e| StoreError::backend("starting the etcd client's runtime", e))?;
+        let options = ConnectOptions::new()
+            .with_connect_timeout(CONNECT_TIMEOUT)
+            .with_timeout(REQUEST_TIMEOUT)
+            // A member cut off from the leader answers at once instead of waiting for one.
+            .with_require_leader(true);
+        let eps = endpoints.to_vec();
+        // Created on the store's runtime: the client's channel spawns its workers there.
+        let what = || format!("connecting to etcd at {shown}");
+        let client = wait(&runtime, async move {
+            Client::connect(eps, Some(options)).await
+        })
+        .ok_or_else(|| StoreError::backend(what(), "the connect task was abandoned"))?
+        .map_err(|e| StoreError::backend(what(), e))?;
+        Ok(EtcdStore {
+            endpoints: endpoints.to_vec(),
+            client,
+            runtime: Some(runtime),
+        })
+    }
+
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
+    }
+
+    fn context(&self, what: &str) -> String {
+        format!("etcd {}: {what}", self.endpoints.join(","))
+    }
+
+    /// Runs `call` (repeated per [`retrying`]) on the store's runtime and waits for it.
+    fn run<T, F, Fut>(&self, what: impl FnOnce() -> String, call: F) -> Result<T, StoreError>
+    where
+        T: Send + 'static,
+        F: FnMut(Client) -> Fut + Send + 'static,
+        Fut: Future<Output = Result<T, EtcdError>> + Send + 'static,
+    {
+        let Some(runtime) = self.runtime.as_ref() else {
+            return Err(StoreError::backend(what(), "the store is shut down"));
+        };
+        match wait(runtime, retrying(self.client.clone(), call)) {
+            Some(result) => result.map_err(|e| StoreError::backend(what(), e)),
+            None => Err(StoreError::backend(what(), "the etcd call was abandoned")),
+        }
+    }
+}
+
+/// Runs `future` as a task on `runtime` and blocks this thread until it is done. Unlike
+/// `Runtime::block_on` this works from any thread, even one inside another runtime's async
+/// context (it then blocks that thread, but does not panic). `None`: the task panicked (a bug
+/// in the client) or the runtime is shutting down.
+fn wait<T: Send + 'static>(
+    runtime: &tokio::runtime::Runtime,
+    future: impl Future<Output = T> + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = mpsc::sync_channel(1);
+    runtime.spawn(async move {
+        let _ = tx.send(future.await);
+    });
+    rx.recv().ok()
+}
+
+/// Whether a failed call may succeed when repeated: nothing answered in time (refused, the
+/// connection broke mid-call, or [`REQUEST_TIMEOUT`] passed: tonic reports those with a
+/// transport error as the status' source), or the member that answered has no leader at the
+/// moment (etcd says `Unavailable`: "no leader", "leader changed", "request timed out").
+fn transient(e: &EtcdError) -> bool {
+    match e {
+        EtcdError::TransportError(_) | EtcdError::IoError(_) => true,
+        EtcdError::GRpcStatus(status) => {
+            status.code() == tonic::Code::Unavailable || {
+                let mut source = std::error::Error::source(status);
+                let mut broken = false;
+                while let Some(cause) = source {
+                    broken |= cause.is::<tonic::transport::Error>() || cause.is::<std::io::Error>();
+                    source = cause.source();
+                }
+                broken
+            }
+        }
+        _ => false,
+    }
+}
+
+async fn retrying<T, F, Fut>(client: Client, mut call: F) -> Result<T, EtcdError>
+where
+    F: FnMut(Client) -> Fut,
+    Fut: Future<Output = Result<T, EtcdError>>,
+{
+    let start = Instant::now();
+    let mut backoff = FIRST_BACKOFF;
+    loop {
+        match call(client.clone()).await {
+            Err(e) if transient(&e) && start.elapsed() + backoff < RETRY_BUDGET => {
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(MAX_BACKOFF);
+            }
+            result => return result,
+        }
+    }
+}
+
+impl Drop for EtcdStore {
+    fn drop(&mut self) {
+        // The last reference may go away inside an async context (a server's accept loop
+        // ending), where dropping a runtime would wait on its workers and panic. Nothing in
+        // flight is worth waiting for: every call's caller waits for its own answer.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+impl SemaphoreStore for EtcdStore {
+    fn groups(&self) -> Result<Vec<GroupName>, StoreError> {
+        let keys = self.run(
+            || self.context(&format!("listing the groups under {KEY_PREFIX}")),
+            |mut client| async move {
+                let options = GetOptions::new().with_prefix().with_keys_only();
+                let resp = client.get(KEY_PREFIX, Some(options)).await?;
+                Ok(resp
+                    .kvs()
+                    .iter()
+                    .map(|kv| kv.key().to_vec())
+                    .collect::<Vec<_>>())
+            },
+        )?;
+        // Other keys under airlock's prefix (none today) are not groups.
+        let mut groups: Vec<GroupName> = keys.iter().filter_map(|k| group_of(k)).collect();
+        groups.sort();
+        groups.dedup();
+        Ok(groups)
+    }
+
+    fn load(&self, group: &GroupName) -> Result<Option<(Version, Semaphore)>, StoreError> {
+        let key = key(group);
+        let k = key.clone();
+        let found = self.run(
+            || self.context(&format!("reading group {group} ({key})")),
+            move |mut client| {
+                let k = k.clone();
+                // A linearizable read (the default): never older than a swap that succeeded.
+                async move {
+                    let resp = client.get(k, None).await?;
+                    Ok(resp
+                        .kvs()
+                        .first()
+                        .map(|kv| (kv.mod_revision(), kv.value().to_vec())))
+                }
+            },
+        )?;
+        let Some((revision, value)) = found else {
+            return Ok(None);
+        };
+        let corrupt = |reason: String| StoreError::Corrupt {
+            group: group.to_string(),
+            reason: format!("etcd key {key}: {reason}"),
+        };
+        let revision = u64::try_from(revision)
+            .ok()
+            .filter(|r| *r > 0)
+            .ok_or_else(|| corrupt(format!("mod_revision {revision}")))?;
+        // Strict, with the size cap: a value written by hand or by a newer airlock is refused,
+        // never overwritten.
+        let semaphore = Semaphore::parse(&value).map_err(|e| corrupt(e.to_string()))?;
+        Ok(Some((Version(revision), semaphore)))
+    }
+
+    fn compare_and_swap(
+        &self,
+        group: &GroupName,
+        expected: Option<Version>,
+        new: &Semaphore,
+    ) -> Result<bool, StoreError> {
+        let key = key(group);
+        let compare = match expected {
+            None => Compare::version(key.as_str(), CompareOp::Equal, 0),
+            Some(Version(revision)) => {
+                let Ok(revision) = i64::try_from(revision) else {
+                    // No etcd revision is this large: the key cannot be at it.
+                    return Ok(false);
+                };
+                Compare::mod_revision(key.as_str(), CompareOp::Equal, revision)
+            }
+        };
+        let txn =
+            Txn::new()
+                .when([compare])
+                .and_then([TxnOp::put(key.as_str(), new.to_json(), None)]);
+        self.run(
+            || self.context(&format!("swapping group {group} ({key})")),
+            move |mut client| {
+                let txn = txn.clone();
+                async move { Ok(client.txn(txn).await?.succeeded()) }
+            },
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_airlocks() {
+        let g = GroupName::new("workers.eu-1").unwrap();
+        assert_eq!(
+            key(&g),
+            "com.coreos.airlock/groups/workers.eu-1/v1/semaphore"
+        );
+        assert_eq!(group_of(key(&g).as_bytes()), Some(g));
+        for other in [
+            &b"com.coreos.airlock/groups/a/v2/semaphore"[..],
+            b"com.coreos.airlock/groups/a/b/v1/semaphore",
+            b"com.coreos.airlock/groups//v1/semaphore",
+            b"other/groups/a/v1/semaphore",
+            b"com.coreos.airlock/groups/\xff/v1/semaphore",
+        ] {
+            assert_eq!(group_of(other), None, "{}", String::from_utf8_lossy(other));
+        }
+    }
+
+    #[test]
+    fn bad_endpoints_are_refused_before_connecting() {
+        let err = EtcdStore::connect(&[]).unwrap_err().to_string();
+        assert!(err.contains("no endpoints"), "{err}");
+        let err = EtcdStore::connect(&["https://127.0.0.1:2379".into()])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("TLS to etcd is not implemented"), "{err}");
+    }
+
+    /// Also: the store is made, used and dropped inside another runtime's async context
+    /// (where `Runtime::block_on` or dropping a runtime would panic) without panicking.
+    #[test]
+    fn a_dead_cluster_is_an_error_naming_it() {
+        // A port nobody listens on: bound, then closed.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let url = format!("http://127.0.0.1:{port}");
+        let outer = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let (err, took) = outer.block_on(async {
+            let store = EtcdStore::connect(std::slice::from_ref(&url)).unwrap();
+            let start = Instant::now();
+            let err = store.load(&GroupName::default_group()).unwrap_err();
+            (err.to_string(), start.elapsed())
+        });
+        assert!(
+            err.contains(&url) && err.contains("reading group default"),
+            "{err}"
+        );
+        // Repeated, within the budget: refused connections are the transient kind.
+        assert!(took >= FIRST_BACKOFF * 3, "{took:?}: not repeated");
+        assert!(took < RETRY_BUDGET + REQUEST_TIMEOUT, "{took:?}");
+    }
+}

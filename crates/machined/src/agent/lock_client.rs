@@ -1,0 +1,143 @@
+//! The FleetLock v1 client (docs/formats.md §8): the same two requests zincati sends, so the
+//! agent works against slate's lock server, airlock, or any other.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+const PROTOCOL_HEADER: &str = "fleet-lock-protocol";
+
+#[derive(Debug)]
+pub struct LockClient {
+    agent: ureq::Agent,
+    server: String,
+    body: String,
+}
+
+/// Why a lock or unlock did not succeed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LockError {
+    /// The server answered, and said no (`failed_lock`: the group's slots are taken).
+    #[error("{kind}: {value}")]
+    Refused { kind: String, value: String },
+    #[error("lock server {server}: {reason}")]
+    Unreachable { server: String, reason: String },
+}
+
+#[derive(Deserialize)]
+struct ErrorBody {
+    kind: String,
+    value: String,
+}
+
+impl LockClient {
+    /// `server` is the base URL (`http://host:port`); `id` is this node's name.
+    pub fn new(server: &str, group: &str, id: &str) -> Self {
+        let config = ureq::Agent::config_builder()
+            .http_status_as_error(false)
+            .timeout_global(Some(Duration::from_secs(30)))
+            .build();
+        let body = serde_json::json!({ "client_params": { "id": id, "group": group } });
+        LockClient {
+            agent: ureq::Agent::new_with_config(config),
+            server: server.trim_end_matches('/').to_owned(),
+            body: body.to_string(),
+        }
+    }
+
+    /// `POST /v1/pre-reboot`: take a slot (idempotent for the same id).
+    pub fn lock(&self) -> Result<(), LockError> {
+        self.post("/v1/pre-reboot")
+    }
+
+    /// `POST /v1/steady-state`: give the slot back (idempotent; fine when none is held).
+    pub fn unlock(&self) -> Result<(), LockError> {
+        self.post("/v1/steady-state")
+    }
+
+    fn post(&self, path: &str) -> Result<(), LockError> {
+        let url = format!("{}{path}", self.server);
+        let unreachable = |reason: String| LockError::Unreachable {
+            server: self.server.clone(),
+            reason,
+        };
+        let mut response = self
+            .agent
+            .post(&url)
+            .header(PROTOCOL_HEADER, "true")
+            .content_type("application/json")
+            .send(self.body.as_bytes())
+            .map_err(|e| unreachable(e.to_string()))?;
+        let status = response.status();
+        if status.as_u16() == 200 {
+            return Ok(());
+        }
+        let text = response
+            .body_mut()
+            .with_config()
+            .limit(64 * 1024)
+            .read_to_string()
+            .unwrap_or_default();
+        match serde_json::from_str::<ErrorBody>(&text) {
+            Ok(body) => Err(LockError::Refused {
+                kind: body.kind,
+                value: body.value,
+            }),
+            Err(_) => Err(unreachable(format!(
+                "answered {status} without a FleetLock error body"
+            ))),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+
+    use slate_fleetlock::{Groups, Service};
+    use slate_fleetlock_server::{FileStore, Server};
+
+    use super::*;
+
+    /// The client against slate's own lock server (file store), one slot: what zincati's
+    /// requests get, byte for byte the same answers.
+    #[test]
+    fn two_nodes_share_one_slot_through_a_real_server() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::create(dir.path()).unwrap();
+        let groups = Groups::new(["workers=1".parse().unwrap()]).unwrap();
+        let server = Server::bind("127.0.0.1:0".parse().unwrap())
+            .unwrap()
+            .spawn(
+                Arc::new(Service::new(groups, store)),
+                Arc::new(|_: &str| {}),
+            )
+            .unwrap();
+        let url = format!("http://{}", server.local_addr());
+        let a = LockClient::new(&url, "workers", "node-a");
+        let b = LockClient::new(&format!("{url}/"), "workers", "node-b");
+        a.lock().unwrap();
+        a.lock().unwrap();
+        match b.lock() {
+            Err(LockError::Refused { kind, value }) => {
+                assert_eq!(kind, "failed_lock");
+                assert!(
+                    value.contains("all 1 semaphore slots currently locked"),
+                    "{value}"
+                );
+            }
+            other => panic!("node-b must wait for the slot: {other:?}"),
+        }
+        b.unlock().unwrap();
+        a.unlock().unwrap();
+        b.lock().unwrap();
+        let other_group = LockClient::new(&url, "nobody", "node-c");
+        assert!(matches!(
+            other_group.lock(),
+            Err(LockError::Refused { kind, .. }) if kind == "unknown_group"
+        ));
+        server.shutdown().unwrap();
+        let gone = LockClient::new(&url, "workers", "node-a");
+        assert!(matches!(gone.unlock(), Err(LockError::Unreachable { .. })));
+    }
+}

@@ -1,0 +1,401 @@
+//! `slate release publish | promote | yank | list` end to end against a real registry (Debian's
+//! docker-registry, started by the transport tests' harness): channel views, channel tags that
+//! resolve to the right bundle, barriers, yanks, refusals, and dry runs that write nothing.
+
+#[path = "../../transport/tests/support/registry.rs"]
+mod registry;
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use common::s;
+use slate_bundle::{Bundle, BundleSpec};
+
+/// 2026-12-01T00:00:00Z.
+const EPOCH: &str = "1796083200";
+
+fn slate(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_slate"))
+        .args(args)
+        .env_remove("SLATE_REGISTRY_USERNAME")
+        .env("SOURCE_DATE_EPOCH", EPOCH)
+        .output()
+        .expect("run slate")
+}
+
+fn ok(args: &[&str]) -> String {
+    let out = slate(args);
+    assert!(
+        out.status.success(),
+        "slate {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn fails(args: &[&str]) -> String {
+    let out = slate(args);
+    assert!(
+        !out.status.success(),
+        "slate {args:?} succeeded: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    String::from_utf8(out.stderr).unwrap()
+}
+
+fn json(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout).unwrap_or_else(|e| panic!("{e}: {stdout}"))
+}
+
+struct Fixture {
+    dir: tempfile::TempDir,
+    /// Kept running until the test ends.
+    _registry: registry::TestRegistry,
+    repo: String,
+}
+
+impl Fixture {
+    fn start() -> Option<Self> {
+        let registry = registry::TestRegistry::start()?;
+        let dir = tempfile::tempdir().unwrap();
+        ok(&["keygen", "--out", s(&dir.path().join("keys"))]);
+        let repo = registry.image("slate/os");
+        Some(Fixture {
+            dir,
+            _registry: registry,
+            repo,
+        })
+    }
+
+    /// An unsigned bundle of `version`; returns its directory and manifest digest.
+    fn bundle(&self, version: &str) -> (PathBuf, String) {
+        self.bundle_of(version, &format!("MZ pretend UKI of {version}"))
+    }
+
+    fn bundle_of(&self, version: &str, uki: &str) -> (PathBuf, String) {
+        let out = self
+            .dir
+            .path()
+            .join(format!("bundle-{version}-{}", uki.len()));
+        common::write_bundle(
+            &out,
+            BundleSpec {
+                name: "slate",
+                version,
+                arch: "amd64",
+                variant: "demo",
+            },
+            uki.as_bytes(),
+            b"MZ pretend systemd-boot",
+        );
+        let digest = Bundle::open(&out, None)
+            .unwrap()
+            .manifest_digest()
+            .to_owned();
+        (out, digest)
+    }
+
+    fn signed(&self, version: &str) -> (PathBuf, String) {
+        let (out, digest) = self.bundle(version);
+        self.sign(&out);
+        (out, digest)
+    }
+
+    fn sign(&self, out: &Path) {
+        let key = self.dir.path().join("keys/slate.key");
+        ok(&["sign", "--bundle", s(out), "--key", s(&key)]);
+    }
+
+    fn list(&self) -> serde_json::Value {
+        json(&ok(&[
+            "release", "list", "--image", &self.repo, "--output", "json",
+        ]))
+    }
+
+    fn list_text(&self) -> String {
+        ok(&["release", "list", "--image", &self.repo])
+    }
+
+    /// The digest `REPO:tag` resolves to, through `slate pull`.
+    fn pulled(&self, tag: &str) -> String {
+        let cache = self.dir.path().join(format!("cache-{tag}"));
+        let _ = std::fs::remove_dir_all(&cache);
+        let out = json(&ok(&[
+            "pull",
+            "--image",
+            &format!("{}:{tag}", self.repo),
+            "--cache",
+            s(&cache),
+            "--output",
+            "json",
+        ]));
+        out["digest"].as_str().unwrap().to_owned()
+    }
+
+    fn publish(&self, bundle: &Path, channel: &str, extra: &[&str]) -> String {
+        let mut args = vec![
+            "release",
+            "publish",
+            "--bundle",
+            s(bundle),
+            "--image",
+            &self.repo,
+            "--channel",
+            channel,
+        ];
+        args.extend(extra);
+        ok(&args)
+    }
+}
+
+fn versions(view: &serde_json::Value) -> Vec<&str> {
+    view["versions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect()
+}
+
+#[test]
+fn publish_promote_and_yank_move_the_channels_and_their_tags() {
+    let Some(fx) = Fixture::start() else {
+        return;
+    };
+    let (v1, d1) = fx.signed("1.0.0");
+    let (v2, d2) = fx.signed("2.0.0");
+
+    let out = fx.publish(&v1, "stable", &[]);
+    assert!(out.contains(&format!("pushed {}:1.0.0", fx.repo)), "{out}");
+    assert!(out.contains("published 1.0.0: new in stable"), "{out}");
+    for channel in ["alpha", "beta", "stable"] {
+        assert!(
+            out.contains(&format!("moved tag {channel}: (none) → 1.0.0 ({d1})")),
+            "{out}"
+        );
+    }
+    let out = fx.publish(&v2, "beta", &["--min-from", "1.0.0"]);
+    assert!(out.contains("published 2.0.0: new in beta"), "{out}");
+    assert!(out.contains("moved tag beta: 1.0.0 → 2.0.0"), "{out}");
+    assert!(out.contains("tag stable: 1.0.0 (unchanged)"), "{out}");
+
+    // The channel views: stable sees 1.0.0 only, beta and alpha both.
+    let listed = fx.list();
+    assert_eq!(versions(&listed["channels"]["stable"]), ["1.0.0"]);
+    assert_eq!(versions(&listed["channels"]["beta"]), ["1.0.0", "2.0.0"]);
+    assert_eq!(versions(&listed["channels"]["alpha"]), ["1.0.0", "2.0.0"]);
+    assert_eq!(listed["channels"]["stable"]["newest"], "1.0.0");
+    assert_eq!(listed["channels"]["stable"]["tag"], d1.as_str());
+    assert_eq!(listed["channels"]["beta"]["tag"], d2.as_str());
+    let releases = listed["index"]["releases"].as_array().unwrap();
+    assert_eq!(releases[1]["digest"], d2.as_str());
+    assert_eq!(releases[1]["channel"], "beta");
+    assert_eq!(releases[1]["min_from"], "1.0.0");
+    assert_eq!(releases[1]["official"], true);
+    assert_eq!(releases[1]["created"], "2026-12-01T00:00:00Z");
+    assert_eq!(listed["index"]["schema"], 1);
+    let text = fx.list_text();
+    let (stable, beta) = text.split_once("\nbeta (").unwrap();
+    assert!(stable.contains("\nstable (tag stable → 1.0.0)"), "{text}");
+    assert!(!stable.contains("2.0.0"), "{text}");
+    assert!(
+        beta.contains("  1.0.0 → 2.0.0 (min-from 1.0.0: older versions must stop at 1.0.0 first)"),
+        "{text}"
+    );
+    assert!(
+        beta.contains(&format!(
+            "      {d2}  created 2026-12-01T00:00:00Z  official"
+        )),
+        "{text}"
+    );
+    let only_stable = json(&ok(&[
+        "release",
+        "list",
+        "--image",
+        &fx.repo,
+        "--channel",
+        "stable",
+        "--output",
+        "json",
+    ]));
+    assert_eq!(
+        only_stable["channels"].as_object().unwrap().len(),
+        1,
+        "{only_stable}"
+    );
+
+    // A dry run says what it would do and writes nothing.
+    let out = ok(&[
+        "release",
+        "promote",
+        "2.0.0",
+        "--image",
+        &fx.repo,
+        "--channel",
+        "stable",
+        "--dry-run",
+    ]);
+    assert!(
+        out.contains("would promote 2.0.0: promoted from beta to stable"),
+        "{out}"
+    );
+    assert!(
+        out.contains("would move tag stable: 1.0.0 → 2.0.0"),
+        "{out}"
+    );
+    assert_eq!(fx.list(), listed, "the dry run changed the registry");
+    assert_eq!(fx.pulled("stable"), d1);
+
+    let out = ok(&[
+        "release",
+        "promote",
+        "2.0.0",
+        "--image",
+        &fx.repo,
+        "--channel",
+        "stable",
+    ]);
+    assert!(out.contains("2.0.0: promoted from beta to stable"), "{out}");
+    assert_eq!(
+        fx.pulled("stable"),
+        d2,
+        "the stable tag names 2.0.0's bundle"
+    );
+    let err = fails(&[
+        "release",
+        "promote",
+        "2.0.0",
+        "--image",
+        &fx.repo,
+        "--channel",
+        "beta",
+    ]);
+    assert!(
+        err.contains("version 2.0.0 is in stable; promotion goes forward only (not to beta)"),
+        "{err}"
+    );
+
+    let out = ok(&[
+        "release",
+        "yank",
+        "2.0.0",
+        "--image",
+        &fx.repo,
+        "--reason",
+        "eats disks",
+    ]);
+    assert!(out.contains("2.0.0 YANKED: eats disks"), "{out}");
+    assert!(out.contains("moved tag stable: 2.0.0 → 1.0.0"), "{out}");
+    assert_eq!(fx.pulled("stable"), d1, "the stable tag is back on 1.0.0");
+    assert_eq!(fx.pulled("alpha"), d1);
+    let text = fx.list_text();
+    assert!(text.contains("  2.0.0 YANKED: eats disks"), "{text}");
+    assert_eq!(fx.list()["index"]["releases"][1]["yanked"], "eats disks");
+
+    // Nothing left to fall back to: the tags stay, and say so.
+    let out = ok(&[
+        "release", "yank", "1.0.0", "--image", &fx.repo, "--reason", "also bad",
+    ]);
+    assert!(
+        out.contains(
+            "tag stable left on 1.0.0: channel stable offers no release that is not yanked"
+        ),
+        "{out}"
+    );
+    assert_eq!(fx.pulled("stable"), d1);
+    let err = fails(&[
+        "release", "yank", "3.0.0", "--image", &fx.repo, "--reason", "x",
+    ]);
+    assert!(err.contains("no release 3.0.0 in the index"), "{err}");
+}
+
+#[test]
+fn unsigned_bundles_are_refused_and_dry_runs_write_nothing() {
+    let Some(fx) = Fixture::start() else {
+        return;
+    };
+    let (unsigned, _) = fx.bundle("1.0.0");
+    let err = fails(&[
+        "release",
+        "publish",
+        "--bundle",
+        s(&unsigned),
+        "--image",
+        &fx.repo,
+        "--channel",
+        "stable",
+    ]);
+    assert!(err.contains("is not signed"), "{err}");
+    let err = fails(&[
+        "release",
+        "publish",
+        "--bundle",
+        s(&unsigned),
+        "--image",
+        &fx.repo,
+        "--channel",
+        "stable",
+        "--allow-unsigned",
+    ]);
+    assert!(err.contains("add --unofficial"), "{err}");
+    assert!(fx.list_text().contains("no release index"));
+
+    let (signed, digest) = fx.signed("2.0.0");
+    let out = fx.publish(&signed, "alpha", &["--dry-run"]);
+    assert!(
+        out.contains(&format!("would push 2.0.0 ({digest}) as {}:2.0.0", fx.repo)),
+        "{out}"
+    );
+    assert!(out.contains("would publish 2.0.0: new in alpha"), "{out}");
+    assert!(
+        out.contains("would move tag alpha: (none) → 2.0.0"),
+        "{out}"
+    );
+    assert!(out.contains("tag stable: none"), "{out}");
+    assert!(out.contains("dry run: nothing was written"), "{out}");
+    let listed = fx.list();
+    assert_eq!(listed["index_digest"], serde_json::Value::Null);
+    assert_eq!(listed["index"]["releases"], serde_json::json!([]));
+    let err = fails(&[
+        "pull",
+        "--image",
+        &format!("{}:2.0.0", fx.repo),
+        "--cache",
+        s(&fx.dir.path().join("c")),
+    ]);
+    assert!(err.contains("not found"), "the dry run pushed: {err}");
+
+    let out = fx.publish(&unsigned, "alpha", &["--allow-unsigned", "--unofficial"]);
+    assert!(out.contains("published 1.0.0: new in alpha"), "{out}");
+    assert!(fx.list_text().contains("unofficial"));
+    // Another bundle under a published version is refused before anything is pushed.
+    let (other, other_digest) = fx.bundle_of("1.0.0", "MZ another UKI of 1.0.0");
+    fx.sign(&other);
+    let err = fails(&[
+        "release",
+        "publish",
+        "--bundle",
+        s(&other),
+        "--image",
+        &fx.repo,
+        "--channel",
+        "alpha",
+    ]);
+    assert!(
+        err.contains("version 1.0.0 is already published as sha256:"),
+        "{err}"
+    );
+    let err = fails(&[
+        "pull",
+        "--image",
+        &format!("{}@{other_digest}", fx.repo),
+        "--cache",
+        s(&fx.dir.path().join("d")),
+    ]);
+    assert!(
+        err.contains("not found"),
+        "the refused bundle was pushed: {err}"
+    );
+}

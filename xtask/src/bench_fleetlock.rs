@@ -1,0 +1,288 @@
+//! FleetLock over etcd benchmark (not a test): a three-member etcd cluster on loopback
+//! (`slate_testkit::etcd`), a FleetLock server in this process over an `EtcdStore`, and
+//! lock + unlock round trips over HTTP with distinct ids; sequential (1,000 and 10,000 ids)
+//! and with 16 concurrent clients. The baseline, measured in the same run against the same
+//! cluster: one raw etcd compare-and-swap transaction on one key
+//! (`If(ModRevision = last) Then(Put)`, etcd-client), the least a swap can cost. A FleetLock
+//! lock or unlock is a linearizable read, that transaction and an HTTP exchange.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context as _, Result};
+use etcd_client::{Client, Compare, CompareOp, Txn, TxnOp};
+use slate_fleetlock::{GroupSpec, Groups, Service};
+use slate_fleetlock_server::{EtcdStore, Server};
+use slate_testkit::etcd::EtcdCluster;
+
+/// Concurrent clients in the concurrent variant.
+const CLIENTS: usize = 16;
+
+/// Latencies of one series, the wall time it took, and how many requests were refused.
+struct Series {
+    latencies: Vec<Duration>,
+    wall: Duration,
+    refused: usize,
+}
+
+impl Series {
+    fn new(mut latencies: Vec<Duration>, wall: Duration, refused: usize) -> Series {
+        latencies.sort();
+        Series {
+            latencies,
+            wall,
+            refused,
+        }
+    }
+
+    fn percentile(&self, p: usize) -> Duration {
+        let i = (self.latencies.len() * p / 100).min(self.latencies.len() - 1);
+        self.latencies[i]
+    }
+
+    fn per_second(&self) -> f64 {
+        self.latencies.len() as f64 / self.wall.as_secs_f64()
+    }
+}
+
+/// A FleetLock client on one keep-alive connection.
+struct HttpClient {
+    addr: SocketAddr,
+    conn: BufReader<TcpStream>,
+}
+
+impl HttpClient {
+    fn connect(addr: SocketAddr) -> Result<HttpClient> {
+        let tcp = TcpStream::connect(addr)?;
+        tcp.set_nodelay(true)?;
+        tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
+        Ok(HttpClient {
+            addr,
+            conn: BufReader::new(tcp),
+        })
+    }
+
+    /// POSTs `path` for `id` in group `bench`; the status.
+    fn post(&mut self, path: &str, id: &str) -> Result<u16> {
+        let body = format!(r#"{{"client_params":{{"id":"{id}","group":"bench"}}}}"#);
+        write!(
+            self.conn.get_mut(),
+            "POST {path} HTTP/1.1\r\nhost: {}\r\nfleet-lock-protocol: true\r\n\
+             content-length: {}\r\n\r\n{body}",
+            self.addr,
+            body.len()
+        )?;
+        let mut line = String::new();
+        self.conn.read_line(&mut line)?;
+        let status = line
+            .split(' ')
+            .nth(1)
+            .and_then(|s| s.parse().ok())
+            .with_context(|| format!("no status line: {line:?}"))?;
+        let mut len = 0;
+        loop {
+            line.clear();
+            self.conn.read_line(&mut line)?;
+            if line == "\r\n" || line.is_empty() {
+                break;
+            }
+            if let Some((name, value)) = line.split_once(':') {
+                if name.eq_ignore_ascii_case("content-length") {
+                    len = value.trim().parse()?;
+                }
+            }
+        }
+        let mut body = vec![0; len];
+        self.conn.read_exact(&mut body)?;
+        Ok(status)
+    }
+
+    /// Lock, then unlock, each retried after 1 ms while refused (under concurrency a swap
+    /// can lose 8 times in a row: "conflict"); the round trip's time and the refusals.
+    fn round_trip(&mut self, id: &str) -> Result<(Duration, usize)> {
+        let start = Instant::now();
+        let mut refused = 0;
+        for (path, what) in [("/v1/pre-reboot", "lock"), ("/v1/steady-state", "unlock")] {
+            let mut tries = 0;
+            while self.post(path, id)? != 200 {
+                tries += 1;
+                ensure!(tries < 1000, "{what} of {id} refused 1000 times");
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            refused += tries;
+        }
+        Ok((start.elapsed(), refused))
+    }
+}
+
+/// `count` lock + unlock round trips spread over `clients` threads, ids `prefix-N`.
+fn fleetlock_series(
+    addr: SocketAddr,
+    prefix: &str,
+    count: usize,
+    clients: usize,
+) -> Result<Series> {
+    let start = Instant::now();
+    let threads: Vec<_> = (0..clients)
+        .map(|c| {
+            let prefix = prefix.to_owned();
+            std::thread::spawn(move || -> Result<Vec<(Duration, usize)>> {
+                let mut client = HttpClient::connect(addr)?;
+                (c..count)
+                    .step_by(clients)
+                    .map(|i| client.round_trip(&format!("{prefix}-{i:05}")))
+                    .collect()
+            })
+        })
+        .collect();
+    let mut latencies = Vec::with_capacity(count);
+    let mut refused = 0;
+    for t in threads {
+        match t.join() {
+            Ok(series) => {
+                for (latency, r) in series? {
+                    latencies.push(latency);
+                    refused += r;
+                }
+            }
+            Err(_) => bail!("a client thread panicked"),
+        }
+    }
+    Ok(Series::new(latencies, start.elapsed(), refused))
+}
+
+/// `count` raw compare-and-swap transactions, `tasks` at a time, each task on its own key
+/// (so that none loses a compare: the series measures round trips, not conflicts).
+fn raw_series(
+    rt: &tokio::runtime::Runtime,
+    client: &Client,
+    count: usize,
+    tasks: usize,
+) -> Result<Series> {
+    rt.block_on(async {
+        let start = Instant::now();
+        let mut handles = Vec::new();
+        for t in 0..tasks {
+            let mut client = client.clone();
+            let n = (t..count).step_by(tasks).count();
+            handles.push(tokio::spawn(async move {
+                let key = format!("bench/raw/{t}");
+                let put = client.put(key.as_str(), "0", None).await?;
+                let mut revision = put.header().map_or(0, |h| h.revision());
+                let mut latencies = Vec::with_capacity(n);
+                for i in 0..n {
+                    let txn = Txn::new()
+                        .when([Compare::mod_revision(
+                            key.as_str(),
+                            CompareOp::Equal,
+                            revision,
+                        )])
+                        .and_then([TxnOp::put(key.as_str(), i.to_string(), None)]);
+                    let start = Instant::now();
+                    let resp = client.txn(txn).await?;
+                    latencies.push(start.elapsed());
+                    if !resp.succeeded() {
+                        bail!("the raw swap on {key} lost: the baseline is not a clean series");
+                    }
+                    revision = resp.header().map_or(revision, |h| h.revision());
+                }
+                Ok::<_, anyhow::Error>(latencies)
+            }));
+        }
+        let mut latencies = Vec::with_capacity(count);
+        for h in handles {
+            latencies.extend(h.await??);
+        }
+        Ok(Series::new(latencies, start.elapsed(), 0))
+    })
+}
+
+fn report(name: &str, s: &Series, base: &Series) {
+    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
+    println!(
+        "  {name:<18} {:>6} in {:>8.2?}: {:>6.0}/s, p50 {:>8.2?}, p99 {:>8.2?}",
+        s.latencies.len(),
+        s.wall,
+        s.per_second(),
+        s.percentile(50),
+        s.percentile(99)
+    );
+    if std::ptr::eq(s, base) {
+        return;
+    }
+    if s.refused > 0 {
+        println!(
+            "  {:<18} {} refused and retried (lost swaps)",
+            "", s.refused
+        );
+    }
+    println!(
+        "  {:<18} ratio to raw Txn: throughput {:.3}x, p50 {:.1}x, p99 {:.1}x",
+        "",
+        s.per_second() / base.per_second(),
+        ratio(s.percentile(50), base.percentile(50)),
+        ratio(s.percentile(99), base.percentile(99)),
+    );
+}
+
+/// `quick`: 1,000 ids only.
+pub fn bench_fleetlock(quick: bool) -> Result<()> {
+    ensure!(
+        slate_testkit::find_tool("etcd").is_some() && slate_testkit::find_tool("etcdctl").is_some(),
+        "etcd and etcdctl are missing: run scripts/install-deps (Debian's etcd-server)"
+    );
+    let cluster = EtcdCluster::start(3)?;
+    let endpoints = cluster.endpoints();
+    let slots = CLIENTS as u64;
+    let groups = Groups::new([format!("bench={slots}").parse::<GroupSpec>()?])?;
+    let service = Arc::new(Service::new(groups, EtcdStore::connect(&endpoints)?));
+    let server = Server::bind("127.0.0.1:0".parse()?)?.spawn(service, Arc::new(|_: &str| {}))?;
+    let addr = server.local_addr();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let raw = rt.block_on(Client::connect(&endpoints, None))?;
+
+    let sizes: &[usize] = if quick { &[1_000] } else { &[1_000, 10_000] };
+    println!(
+        "FleetLock lock + unlock round trips over HTTP, etcd store, 3-member etcd {} on \
+         loopback (data on {}); ratio = FleetLock / raw etcd compare-and-swap Txn (one key) \
+         measured in the same run",
+        etcd_version(),
+        cluster.dir().display()
+    );
+    // Warm both paths (connections, the group's key) before measuring.
+    fleetlock_series(addr, "warm", 50, 1)?;
+    raw_series(&rt, &raw, 50, 1)?;
+    for &n in sizes {
+        println!("{n} distinct ids, sequential (1 client):");
+        let base = raw_series(&rt, &raw, n, 1)?;
+        report("raw Txn", &base, &base);
+        let series = fleetlock_series(addr, &format!("seq{n}"), n, 1)?;
+        report("lock+unlock", &series, &base);
+        println!("{n} distinct ids, {CLIENTS} concurrent clients, {slots} slots:");
+        let base = raw_series(&rt, &raw, n, CLIENTS)?;
+        report("raw Txn (16 keys)", &base, &base);
+        let series = fleetlock_series(addr, &format!("par{n}"), n, CLIENTS)?;
+        report("lock+unlock", &series, &base);
+    }
+    server.shutdown()?;
+    Ok(())
+}
+
+fn etcd_version() -> String {
+    std::process::Command::new("etcd")
+        .arg("--version")
+        .output()
+        .ok()
+        .and_then(|o| String::from_utf8(o.stdout).ok())
+        .and_then(|v| {
+            v.lines()
+                .next()
+                .map(|l| l.trim_start_matches("etcd Version: ").to_owned())
+        })
+        .unwrap_or_else(|| "?".into())
+}
