@@ -35,7 +35,7 @@ fn bench_profile(dir: &Path) -> Result<std::path::PathBuf> {
     let text = fs::read_to_string(root.join("profiles/demo.toml"))?
         .replace("\"../", &format!("\"{}/", root.display()))
         .replace("size_mib = 256", "size_mib = 1024")
-        .replace("esp_mib = 64", "esp_mib = 700");
+        .replace("esp_mib = 96", "esp_mib = 700");
     ensure!(
         text.contains("esp_mib = 700"),
         "the demo profile changed shape"

@@ -21,8 +21,8 @@ pub fn slate_static() -> Result<PathBuf> {
         // A separate target dir: the flags differ from normal builds, which would otherwise
         // rebuild everything each time one or the other runs.
         // Stripped: the binary is in every UKI twice (initramfs /init and the root's
-        // /usr/bin/slate) and two UKIs must fit the demo's 64 MiB ESP; symbols were 2.5 MB of
-        // 14.7 MB.
+        // /usr/bin/slate) and two UKIs must fit the demo's 96 MiB ESP; symbols were 2.5 MB of
+        // 14.7 MB once.
         .env(
             "RUSTFLAGS",
             "-C target-feature=+crt-static -C strip=symbols",

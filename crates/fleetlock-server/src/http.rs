@@ -1,6 +1,7 @@
-//! FleetLock over plain HTTP/1.1 (hyper on a current-thread tokio runtime, as the node API
-//! runs). The path and method are judged before the body is read; the body is read up to the
-//! cap; the store is called on tokio's blocking pool (a swap waits on `flock` and fsync).
+//! FleetLock over HTTP/1.1 (hyper on a current-thread tokio runtime, as the node API runs),
+//! plain or inside TLS ([`Tls`]: the listener then speaks TLS only, mutual with a client CA).
+//! The path and method are judged before the body is read; the body is read up to the cap;
+//! the store is called on tokio's blocking pool (a swap waits on `flock` and fsync).
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -11,15 +12,19 @@ use std::time::Duration;
 
 use hyper::body::{Body as HttpBody, Bytes, Frame, Incoming, SizeHint};
 use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
+use hyper::rt::{Read, Write};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use slate_fleetlock::request::{MAX_BODY_LEN, PROTOCOL_HEADER};
 use slate_fleetlock::{route, Answer, ErrorKind, Refusal, RequestError, SemaphoreStore, Service};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
+
+use crate::tls::Tls;
 
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// A body of at most 8 KiB that has not arrived in this time is not coming.
@@ -52,6 +57,7 @@ pub enum ServerError {
 pub struct Server {
     listener: std::net::TcpListener,
     local_addr: SocketAddr,
+    tls: Option<Tls>,
 }
 
 /// A server on its own thread (tests, embedding). Dropping it detaches the thread.
@@ -84,7 +90,14 @@ impl Server {
         Ok(Server {
             listener,
             local_addr,
+            tls: None,
         })
+    }
+
+    /// Serves TLS only on this listener (a plain-HTTP request fails its handshake).
+    pub fn with_tls(mut self, tls: Tls) -> Self {
+        self.tls = Some(tls);
+        self
     }
 
     pub fn local_addr(&self) -> SocketAddr {
@@ -98,9 +111,10 @@ impl Server {
         log: Log,
     ) -> Result<(), ServerError> {
         let rt = runtime()?;
+        let tls = self.tls.clone();
         let listener = self.into_tokio(&rt)?;
         let (_never, shutdown) = watch::channel(false);
-        rt.block_on(accept_loop(listener, service, log, shutdown));
+        rt.block_on(accept_loop(listener, tls, service, log, shutdown));
         Ok(())
     }
 
@@ -112,12 +126,13 @@ impl Server {
     ) -> Result<ServerHandle, ServerError> {
         let local_addr = self.local_addr;
         let rt = runtime()?;
+        let tls = self.tls.clone();
         let listener = self.into_tokio(&rt)?;
         let (shutdown, signal) = watch::channel(false);
         let thread = std::thread::Builder::new()
             .name("slate-fleetlock".into())
             .spawn(move || {
-                rt.block_on(accept_loop(listener, service, log, signal));
+                rt.block_on(accept_loop(listener, tls, service, log, signal));
                 rt.shutdown_timeout(Duration::from_millis(100));
             })
             .map_err(ServerError::Runtime)?;
@@ -147,6 +162,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, ServerError> {
 
 async fn accept_loop<S: SemaphoreStore + 'static>(
     listener: TcpListener,
+    tls: Option<Tls>,
     service: Arc<Service<S>>,
     log: Log,
     mut shutdown: watch::Receiver<bool>,
@@ -158,7 +174,13 @@ async fn accept_loop<S: SemaphoreStore + 'static>(
             _ = shutdown.wait_for(|s| *s) => break,
             accepted = listener.accept() => match accepted {
                 Ok((tcp, peer)) => {
-                    conns.spawn(connection(tcp, peer, service.clone(), log.clone(), drain_rx.clone()));
+                    let conn = Conn {
+                        peer,
+                        service: service.clone(),
+                        log: log.clone(),
+                        drain: drain_rx.clone(),
+                    };
+                    conns.spawn(connection(tcp, tls.clone(), conn));
                 }
                 Err(e) => {
                     log(&format!("fleetlock: accept failed: {e}"));
@@ -176,14 +198,74 @@ async fn accept_loop<S: SemaphoreStore + 'static>(
     conns.abort_all();
 }
 
-async fn connection<S: SemaphoreStore + 'static>(
-    tcp: TcpStream,
+/// What one connection's HTTP side needs.
+struct Conn<S: SemaphoreStore> {
     peer: SocketAddr,
     service: Arc<Service<S>>,
     log: Log,
-    mut drain: watch::Receiver<bool>,
+    drain: watch::Receiver<bool>,
+}
+
+async fn connection<S: SemaphoreStore + 'static>(
+    tcp: TcpStream,
+    tls: Option<Tls>,
+    mut conn: Conn<S>,
 ) {
     let _ = tcp.set_nodelay(true);
+    let Some(tls) = tls else {
+        return serve_http(TokioIo::new(tcp), conn).await;
+    };
+    let handshake = tokio::time::timeout(
+        tls.handshake_timeout,
+        tls.acceptor.accept(tcp).into_fallible(),
+    );
+    let peer = conn.peer;
+    // A shutdown does not wait for handshakes in progress: they have no request to finish.
+    let stream = tokio::select! {
+        done = handshake => done,
+        _ = conn.drain.wait_for(|d| *d) => return,
+    };
+    match stream {
+        Ok(Ok(stream)) => serve_http(TokioIo::new(stream), conn).await,
+        Ok(Err((e, tcp))) => {
+            (conn.log)(&format!("fleetlock: {peer}: TLS handshake refused: {e}"));
+            linger(tcp).await;
+        }
+        // Dropping the socket closes it (a FIN): a client this slow or silent gets no alert.
+        Err(_) => (conn.log)(&format!("fleetlock: {peer}: TLS handshake timed out")),
+    }
+}
+
+/// After a refused handshake (the alert is already sent): close our side and read what the
+/// client had already sent, so that the kernel does not answer unread data with a reset that
+/// could destroy the alert before the client reads it (the node API does the same).
+async fn linger(mut tcp: TcpStream) {
+    let _ = tcp.shutdown().await;
+    let drain = async {
+        let mut buf = [0u8; 4096];
+        let mut total = 0usize;
+        while let Ok(n @ 1..) = tcp.read(&mut buf).await {
+            total += n;
+            if total > DISCARD_LIMIT {
+                break;
+            }
+        }
+    };
+    let _ = tokio::time::timeout(DISCARD_TIME, drain).await;
+}
+
+/// HTTP/1.1 on a plain or TLS stream until the client closes, a timeout, or shutdown.
+async fn serve_http<S, I>(io: I, conn: Conn<S>)
+where
+    S: SemaphoreStore + 'static,
+    I: Read + Write + Unpin + Send + 'static,
+{
+    let Conn {
+        peer,
+        service,
+        log,
+        mut drain,
+    } = conn;
     let svc = service_fn(move |req| {
         let (service, log) = (service.clone(), log.clone());
         async move { Ok::<_, Infallible>(handle(req, peer, service, log).await) }
@@ -191,7 +273,7 @@ async fn connection<S: SemaphoreStore + 'static>(
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)
-        .serve_connection(TokioIo::new(tcp), svc);
+        .serve_connection(io, svc);
     tokio::pin!(conn);
     tokio::select! {
         _ = conn.as_mut() => return,

@@ -6,8 +6,7 @@
 
 #![cfg(feature = "etcd")]
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -17,6 +16,7 @@ use slate_fleetlock::{
 };
 use slate_fleetlock_server::{etcd_store, EtcdStore, Server, ServerHandle};
 use slate_testkit::etcd::{require_etcd, EtcdCluster};
+use slate_testkit::fleetlock::{check_exclusion, Client, Hold, LOCK, UNLOCK};
 
 /// One cluster at a time: three etcd members per test are plenty for a small machine.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -182,72 +182,6 @@ fn the_store_contract_on_a_real_cluster() {
     assert_eq!(raw.get(key).unwrap().2, bad);
 }
 
-/// A FleetLock client on one keep-alive connection, reconnecting after an error.
-struct Client {
-    addr: SocketAddr,
-    conn: Option<BufReader<TcpStream>>,
-}
-
-const LOCK: &str = "/v1/pre-reboot";
-const UNLOCK: &str = "/v1/steady-state";
-
-impl Client {
-    fn new(addr: SocketAddr) -> Client {
-        Client { addr, conn: None }
-    }
-
-    /// Status and body; an error if the connection failed (the request may or may not have
-    /// reached the server).
-    fn post(&mut self, path: &str, id: &str, group: &str) -> std::io::Result<(u16, String)> {
-        let result = self.try_post(path, id, group);
-        if result.is_err() {
-            self.conn = None;
-        }
-        result
-    }
-
-    fn try_post(&mut self, path: &str, id: &str, group: &str) -> std::io::Result<(u16, String)> {
-        if self.conn.is_none() {
-            let tcp = TcpStream::connect(self.addr)?;
-            tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
-            tcp.set_nodelay(true)?;
-            self.conn = Some(BufReader::new(tcp));
-        }
-        let conn = self.conn.as_mut().unwrap();
-        let body = format!(r#"{{"client_params":{{"id":"{id}","group":"{group}"}}}}"#);
-        let request = format!(
-            "POST {path} HTTP/1.1\r\nhost: {}\r\nfleet-lock-protocol: true\r\n\
-             content-type: application/json\r\ncontent-length: {}\r\n\r\n{body}",
-            self.addr,
-            body.len()
-        );
-        conn.get_mut().write_all(request.as_bytes())?;
-        let mut line = String::new();
-        conn.read_line(&mut line)?;
-        let status: u16 = line
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("no status line: {line:?}")))?;
-        let mut len = 0;
-        loop {
-            line.clear();
-            conn.read_line(&mut line)?;
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':') {
-                if name.eq_ignore_ascii_case("content-length") {
-                    len = value.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        let mut body = vec![0; len];
-        conn.read_exact(&mut body)?;
-        Ok((status, String::from_utf8_lossy(&body).into_owned()))
-    }
-}
-
 /// A server in this process over its own store (its own etcd client).
 fn server(endpoints: &[String], groups: &[&str], log: Arc<Mutex<Vec<String>>>) -> ServerHandle {
     let specs = groups.iter().map(|g| g.parse::<GroupSpec>().unwrap());
@@ -311,18 +245,9 @@ fn the_protocol_over_http_with_etcd_behind_it() {
     );
 }
 
-/// What the clients saw, in one order (pushed under one lock).
-#[derive(Debug, Clone, Copy)]
-enum Event {
-    /// After a lock's 200: the slot is surely held from here…
-    Acquired(usize),
-    /// …until before the unlock is sent.
-    Releasing(usize),
-}
-
 #[derive(Debug, Default)]
 struct Tally {
-    events: Vec<Event>,
+    events: Vec<Hold>,
     /// Lock refusals by body (kind and value).
     refusals: std::collections::BTreeMap<String, usize>,
     connection_errors: usize,
@@ -366,9 +291,9 @@ fn race(
                         50 + (n as u64 * 7 + tries * 13) % 100,
                     ));
                 }
-                tally.lock().unwrap().events.push(Event::Acquired(n));
+                tally.lock().unwrap().events.push(Hold::Acquired(n));
                 std::thread::sleep(hold);
-                tally.lock().unwrap().events.push(Event::Releasing(n));
+                tally.lock().unwrap().events.push(Hold::Releasing(n));
                 loop {
                     match c.post(UNLOCK, &id, "race") {
                         Ok((200, _)) => break,
@@ -387,7 +312,7 @@ fn race(
         let t = tally.lock().unwrap();
         t.events
             .iter()
-            .filter(|e| matches!(e, Event::Acquired(_)))
+            .filter(|e| matches!(e, Hold::Acquired(_)))
             .count()
     };
     while acquired() < fault_after && Instant::now() < deadline {
@@ -399,29 +324,8 @@ fn race(
         t.join().unwrap();
     }
     let tally = Arc::into_inner(tally).unwrap().into_inner().unwrap();
-    check_exclusion(&tally.events, clients);
+    let _ = check_exclusion(&tally.events, clients, 2);
     (tally, fault_at)
-}
-
-/// At no point more than 2 holders; every client acquired and released exactly once; both
-/// slots were in use at some point (the clients did contend).
-fn check_exclusion(events: &[Event], clients: usize) {
-    let mut holding = std::collections::BTreeSet::new();
-    let mut most = 0;
-    for e in events {
-        match *e {
-            Event::Acquired(n) => assert!(holding.insert(n), "{n} acquired twice"),
-            Event::Releasing(n) => assert!(holding.remove(&n), "{n} released unheld"),
-        }
-        assert!(
-            holding.len() <= 2,
-            "{} holders at once: {holding:?}",
-            holding.len()
-        );
-        most = most.max(holding.len());
-    }
-    assert_eq!(events.len(), 2 * clients, "every client was served");
-    assert_eq!(most, 2, "the clients contended for both slots");
 }
 
 fn final_semaphore(raw: &Raw) -> String {
@@ -495,8 +399,8 @@ fn race_through_a_crash(
     let after: Vec<usize> = tally.events[fault_at..]
         .iter()
         .filter_map(|e| match e {
-            Event::Acquired(n) => Some(*n),
-            Event::Releasing(_) => None,
+            Hold::Acquired(n) => Some(*n),
+            Hold::Releasing(_) => None,
         })
         .collect();
     assert!(after.len() >= 40, "locks went on after the kill: {after:?}");

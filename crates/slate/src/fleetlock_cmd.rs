@@ -1,7 +1,8 @@
 //! `slate fleetlock serve | status | release`: a FleetLock v1 lock server (zincati's protocol,
 //! airlock's semantics, `docs/formats.md §8`) and the admin's view of its store. The store is
 //! a local directory (`--store DIR`, the default) or an etcd cluster (`--etcd URLS`: airlock's
-//! keys, so that several servers on several machines share the semaphores).
+//! keys, so that several servers on several machines share the semaphores). `serve` speaks
+//! plain HTTP, or with `--tls-cert`/`--tls-key` TLS only, mutual with `--client-ca`.
 
 use std::io::Write as _;
 use std::net::SocketAddr;
@@ -13,7 +14,7 @@ use clap::{Args, Subcommand};
 use slate_fleetlock::{unlock, Change, GroupName, GroupSpec, Groups, SemaphoreStore, Service};
 #[cfg(feature = "etcd")]
 use slate_fleetlock_server::EtcdStore;
-use slate_fleetlock_server::{FileStore, Server};
+use slate_fleetlock_server::{FileStore, Server, Tls};
 
 use crate::args::OutputFormat;
 
@@ -22,9 +23,10 @@ const DEFAULT_STORE: &str = "/var/lib/slate/fleetlock";
 
 #[derive(Debug, Subcommand)]
 pub enum FleetlockCommand {
-    /// Serve FleetLock v1 over HTTP: POST /v1/pre-reboot takes a reboot slot, POST
-    /// /v1/steady-state gives it back. Holders never expire: a node that does not come back
-    /// keeps its slot until it unlocks or an admin runs `slate fleetlock release`.
+    /// Serve FleetLock v1 over HTTP (or HTTPS with --tls-cert): POST /v1/pre-reboot takes a
+    /// reboot slot, POST /v1/steady-state gives it back. Holders never expire: a node that
+    /// does not come back keeps its slot until it unlocks or an admin runs `slate fleetlock
+    /// release`.
     Serve {
         /// Address to listen on (IP:PORT; port 0 picks a free one, printed on start).
         #[arg(long)]
@@ -34,6 +36,8 @@ pub enum FleetlockCommand {
         /// A group and its slots, repeatable; without any: default=1.
         #[arg(long = "group", value_name = "NAME=SLOTS")]
         groups: Vec<GroupSpec>,
+        #[command(flatten)]
+        tls: TlsArgs,
     },
     /// The groups in a store, their slots and holders.
     Status {
@@ -71,6 +75,33 @@ pub struct StoreArgs {
         conflicts_with = "store"
     )]
     etcd: Vec<String>,
+}
+
+/// TLS on `serve`'s listener; without these flags it speaks plain HTTP.
+#[derive(Debug, Args)]
+pub struct TlsArgs {
+    /// Speak TLS only, with this certificate chain (PEM, the server's own certificate first).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The private key of --tls-cert (PEM: PKCS#8, SEC1 or PKCS#1).
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Mutual TLS: a client must present a certificate issued by this CA (PEM), or its
+    /// handshake fails.
+    #[arg(long, value_name = "FILE", requires = "tls_cert", requires = "tls_key")]
+    client_ca: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// Reads and checks the files (clap has made sure cert and key come together).
+    fn load(&self) -> Result<Option<Tls>> {
+        let (Some(cert), Some(key)) = (&self.tls_cert, &self.tls_key) else {
+            return Ok(None);
+        };
+        let tls = Tls::from_files(cert, key, self.client_ca.as_deref())
+            .context("cannot set up TLS on the listener")?;
+        Ok(Some(tls))
+    }
 }
 
 /// An opened store. The etcd client is large (a few KiB of channels): boxed.
@@ -122,7 +153,12 @@ impl Opened {
 
 pub fn run(cmd: FleetlockCommand) -> Result<()> {
     match cmd {
-        FleetlockCommand::Serve { listen, at, groups } => serve(listen, &at, groups),
+        FleetlockCommand::Serve {
+            listen,
+            at,
+            groups,
+            tls,
+        } => serve(listen, &at, groups, &tls),
         FleetlockCommand::Status { at, output } => status(&at, output),
         FleetlockCommand::Release {
             at,
@@ -133,12 +169,14 @@ pub fn run(cmd: FleetlockCommand) -> Result<()> {
     }
 }
 
-fn serve(listen: SocketAddr, at: &StoreArgs, specs: Vec<GroupSpec>) -> Result<()> {
+fn serve(listen: SocketAddr, at: &StoreArgs, specs: Vec<GroupSpec>, tls: &TlsArgs) -> Result<()> {
     let groups = Groups::new(specs)?;
+    // Before the store: a bad certificate should not leave a new store directory behind.
+    let tls = tls.load()?;
     match at.open(true)? {
-        Opened::File(store) => serve_with(listen, at, groups, store),
+        Opened::File(store) => serve_with(listen, at, groups, tls, store),
         #[cfg(feature = "etcd")]
-        Opened::Etcd(store) => serve_with(listen, at, groups, *store),
+        Opened::Etcd(store) => serve_with(listen, at, groups, tls, *store),
     }
 }
 
@@ -146,6 +184,7 @@ fn serve_with<S: SemaphoreStore + 'static>(
     listen: SocketAddr,
     at: &StoreArgs,
     groups: Groups,
+    tls: Option<Tls>,
     store: S,
 ) -> Result<()> {
     let shown: Vec<String> = groups.iter().map(|(g, n)| format!("{g}={n}")).collect();
@@ -153,13 +192,21 @@ fn serve_with<S: SemaphoreStore + 'static>(
     for line in service.drift()? {
         eprintln!("fleetlock: warning: {line}");
     }
-    let server = Server::bind(listen)?;
+    let (scheme, security) = match &tls {
+        None => ("http", ""),
+        Some(tls) if tls.mutual() => ("https", "mutual TLS, "),
+        Some(_) => ("https", "TLS, "),
+    };
+    let mut server = Server::bind(listen)?;
+    if let Some(tls) = tls {
+        server = server.with_tls(tls);
+    }
     // Tests and scripts read this line for the port when listening on port 0.
     let mut out = std::io::stdout().lock();
     let kind = if at.etcd.is_empty() { "store " } else { "" };
     writeln!(
         out,
-        "fleetlock: listening on http://{} ({kind}{}, groups {})",
+        "fleetlock: listening on {scheme}://{} ({security}{kind}{}, groups {})",
         server.local_addr(),
         at.describe(),
         shown.join(" ")

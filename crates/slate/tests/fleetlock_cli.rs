@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{ok, s, slate};
+use slate_testkit::fleetlock::{check_exclusion, Hold};
 
 /// A `slate fleetlock serve` process, killed (SIGKILL: a crash, not a shutdown) on drop.
 struct Server {
@@ -600,15 +601,6 @@ fn a_corrupt_record_is_never_overwritten() {
     );
 }
 
-/// What a client saw, in one total order (recorded under one lock).
-#[derive(Debug, Clone, Copy)]
-enum Event {
-    /// After the 200 of its lock: the slot is surely held from here…
-    Acquired(usize),
-    /// …until before its unlock is sent.
-    Releasing(usize),
-}
-
 /// `clients` threads race for the 2 slots of `race`, spread over `servers` servers sharing one
 /// store. Each client's observed holding interval (200 received → unlock sent) lies inside its
 /// real one, so more than 2 overlapping observed intervals would prove the server admitted a
@@ -632,7 +624,7 @@ fn race(servers: usize, clients: usize) {
                 loop {
                     let r = lock(addr, &id, "race");
                     if r.status == 200 {
-                        events.lock().unwrap().push(Event::Acquired(n));
+                        events.lock().unwrap().push(Hold::Acquired(n));
                         break;
                     }
                     let (kind, value) = r.kind_value();
@@ -642,7 +634,7 @@ fn race(servers: usize, clients: usize) {
                     std::thread::sleep(Duration::from_millis(2 + u64::from(tries % 5)));
                 }
                 std::thread::sleep(Duration::from_millis(15));
-                events.lock().unwrap().push(Event::Releasing(n));
+                events.lock().unwrap().push(Hold::Releasing(n));
                 loop {
                     let r = unlock(addr, &id, "race");
                     if r.status == 200 {
@@ -659,22 +651,7 @@ fn race(servers: usize, clients: usize) {
     let retries: u32 = threads.into_iter().map(|t| t.join().unwrap()).sum();
 
     let events = events.lock().unwrap().clone();
-    let mut holding = std::collections::BTreeSet::new();
-    let mut most = 0;
-    for e in &events {
-        match *e {
-            Event::Acquired(n) => assert!(holding.insert(n), "{n} acquired twice"),
-            Event::Releasing(n) => assert!(holding.remove(&n), "{n} released unheld"),
-        }
-        assert!(
-            holding.len() <= 2,
-            "{} holders at once: {holding:?}",
-            holding.len()
-        );
-        most = most.max(holding.len());
-    }
-    assert_eq!(events.len(), 2 * clients, "every client was served");
-    assert_eq!(most, 2, "the clients did contend for both slots");
+    let most = check_exclusion(&events, clients, 2);
     assert_eq!(holders(&store), [("race".into(), 2, vec![])]);
     // Each id was admitted exactly once, by whichever server it spoke to.
     let locked: usize = servers

@@ -9,8 +9,8 @@
 mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead as _, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -20,6 +20,7 @@ use std::time::{Duration, Instant};
 use common::{ok, slate};
 use slate_fleetlock::Semaphore;
 use slate_testkit::etcd::{require_etcd, EtcdCluster};
+use slate_testkit::fleetlock::{Client, LOCK, UNLOCK};
 
 /// One cluster at a time: three etcd members per test are plenty for a small machine.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -109,72 +110,6 @@ impl Drop for Server {
 fn read(path: &Path) -> String {
     std::fs::read_to_string(path).unwrap_or_default()
 }
-
-/// A FleetLock client on one keep-alive connection, reconnecting after an error.
-struct Client {
-    addr: SocketAddr,
-    conn: Option<BufReader<TcpStream>>,
-}
-
-impl Client {
-    fn new(addr: SocketAddr) -> Client {
-        Client { addr, conn: None }
-    }
-
-    /// Status and body; an error when there was no answer (the request may have reached the
-    /// server, and even etcd, or not).
-    fn post(&mut self, path: &str, id: &str, group: &str) -> std::io::Result<(u16, String)> {
-        let result = self.try_post(path, id, group);
-        if result.is_err() {
-            self.conn = None;
-        }
-        result
-    }
-
-    fn try_post(&mut self, path: &str, id: &str, group: &str) -> std::io::Result<(u16, String)> {
-        if self.conn.is_none() {
-            let tcp = TcpStream::connect(self.addr)?;
-            tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
-            tcp.set_nodelay(true)?;
-            self.conn = Some(BufReader::new(tcp));
-        }
-        let conn = self.conn.as_mut().unwrap();
-        let body = format!(r#"{{"client_params":{{"id":"{id}","group":"{group}"}}}}"#);
-        let request = format!(
-            "POST {path} HTTP/1.1\r\nhost: {}\r\nfleet-lock-protocol: true\r\n\
-             content-length: {}\r\n\r\n{body}",
-            self.addr,
-            body.len()
-        );
-        conn.get_mut().write_all(request.as_bytes())?;
-        let mut line = String::new();
-        conn.read_line(&mut line)?;
-        let status = line
-            .split(' ')
-            .nth(1)
-            .and_then(|s| s.parse().ok())
-            .ok_or_else(|| std::io::Error::other(format!("no status line: {line:?}")))?;
-        let mut len = 0;
-        loop {
-            line.clear();
-            conn.read_line(&mut line)?;
-            if line == "\r\n" || line.is_empty() {
-                break;
-            }
-            if let Some((name, value)) = line.split_once(':') {
-                if name.eq_ignore_ascii_case("content-length") {
-                    len = value.trim().parse().unwrap_or(0);
-                }
-            }
-        }
-        let mut body = vec![0; len];
-        conn.read_exact(&mut body)?;
-        Ok((status, String::from_utf8_lossy(&body).into_owned()))
-    }
-}
-
-const LOCK: &str = "/v1/pre-reboot";
-const UNLOCK: &str = "/v1/steady-state";
 
 /// The group's value as etcdctl reads it (raw bytes: no slate code in between).
 fn etcd_value(cluster: &EtcdCluster, group: &str) -> String {
@@ -271,7 +206,7 @@ fn client(n: usize, shared: &Shared) {
     let mut call = |path: &str, sent: Step, done: Step| loop {
         assert!(Instant::now() < deadline, "{id} was not served");
         let now = *shared.addr.lock().unwrap();
-        if c.addr != now {
+        if c.addr() != now {
             c = Client::new(now);
         }
         if !shared.may_send(n, sent) {

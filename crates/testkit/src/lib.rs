@@ -23,6 +23,7 @@
 //! [`etcd`] starts a real etcd cluster on loopback (the FleetLock etcd tests and benchmark).
 
 pub mod etcd;
+pub mod fleetlock;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
