@@ -29,10 +29,8 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, Error as EtcdError, GetOptions, GetResponse, Txn,
-    TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, Error as EtcdError, GetOptions, Txn, TxnOp,
 };
-use slate_fleetlock::store::Swap;
 use slate_fleetlock::{GroupName, Semaphore, SemaphoreStore, StoreError, Version};
 
 /// airlock's key prefix; a group's key is `<prefix><group>/v1/semaphore`.
@@ -246,12 +244,30 @@ impl SemaphoreStore for EtcdStore {
             move |mut client| {
                 let k = k.clone();
                 // A linearizable read (the default): never older than a swap that succeeded.
-                async move { Ok(stored(&client.get(k, None).await?)) }
+                async move {
+                    let resp = client.get(k, None).await?;
+                    Ok(resp
+                        .kvs()
+                        .first()
+                        .map(|kv| (kv.mod_revision(), kv.value().to_vec())))
+                }
             },
         )?;
-        found
-            .map(|(revision, value)| decode(group, &key, revision, &value))
-            .transpose()
+        let Some((revision, value)) = found else {
+            return Ok(None);
+        };
+        let corrupt = |reason: String| StoreError::Corrupt {
+            group: group.to_string(),
+            reason: format!("etcd key {key}: {reason}"),
+        };
+        let revision = u64::try_from(revision)
+            .ok()
+            .filter(|r| *r > 0)
+            .ok_or_else(|| corrupt(format!("mod_revision {revision}")))?;
+        // Strict, with the size cap: a value written by hand or by a newer airlock is refused,
+        // never overwritten.
+        let semaphore = Semaphore::parse(&value).map_err(|e| corrupt(e.to_string()))?;
+        Ok(Some((Version(revision), semaphore)))
     }
 
     fn compare_and_swap(
@@ -260,92 +276,29 @@ impl SemaphoreStore for EtcdStore {
         expected: Option<Version>,
         new: &Semaphore,
     ) -> Result<bool, StoreError> {
-        Ok(self.swap(group, expected, new)? == Swap::Swapped)
-    }
-
-    /// One transaction: `If(compare) Then(Put(key, new)) Else(Get(key))`. The `Else` read is
-    /// part of the transaction, so it is the value the compare failed on, as linearizable as
-    /// a [`load`](SemaphoreStore::load), at no extra round trip.
-    fn swap(
-        &self,
-        group: &GroupName,
-        expected: Option<Version>,
-        new: &Semaphore,
-    ) -> Result<Swap, StoreError> {
         let key = key(group);
         let compare = match expected {
             None => Compare::version(key.as_str(), CompareOp::Equal, 0),
             Some(Version(revision)) => {
                 let Ok(revision) = i64::try_from(revision) else {
                     // No etcd revision is this large: the key cannot be at it.
-                    return Ok(Swap::Lost);
+                    return Ok(false);
                 };
                 Compare::mod_revision(key.as_str(), CompareOp::Equal, revision)
             }
         };
-        let txn = Txn::new()
-            .when([compare])
-            .and_then([TxnOp::put(key.as_str(), new.to_json(), None)])
-            .or_else([TxnOp::get(key.as_str(), None)]);
-        let answer = self.run(
+        let txn =
+            Txn::new()
+                .when([compare])
+                .and_then([TxnOp::put(key.as_str(), new.to_json(), None)]);
+        self.run(
             || self.context(&format!("swapping group {group} ({key})")),
             move |mut client| {
                 let txn = txn.clone();
-                async move {
-                    let resp = client.txn(txn).await?;
-                    if resp.succeeded() {
-                        return Ok(None);
-                    }
-                    // `None` inside: no range answer (not what etcd sends), so nothing is known.
-                    Ok(Some(resp.op_responses().into_iter().find_map(
-                        |op| match op {
-                            TxnOpResponse::Get(get) => Some(stored(&get)),
-                            _ => None,
-                        },
-                    )))
-                }
+                async move { Ok(client.txn(txn).await?.succeeded()) }
             },
-        )?;
-        Ok(match answer {
-            None => Swap::Swapped,
-            Some(None) => Swap::Lost,
-            Some(Some(None)) => Swap::LostTo(None),
-            // A value that does not decode is answered as a plain loss: the retry's own read
-            // then reports it as the read error it is (`failed_sem_init`), as before.
-            Some(Some(Some((revision, value)))) => match decode(group, &key, revision, &value) {
-                Ok(current) => Swap::LostTo(Some(current)),
-                Err(_) => Swap::Lost,
-            },
-        })
+        )
     }
-}
-
-/// The key's `(mod_revision, value)` in a range answer for that one key.
-fn stored(resp: &GetResponse) -> Option<(i64, Vec<u8>)> {
-    resp.kvs()
-        .first()
-        .map(|kv| (kv.mod_revision(), kv.value().to_vec()))
-}
-
-/// A stored value and its revision as a version and a semaphore, checked.
-fn decode(
-    group: &GroupName,
-    key: &str,
-    revision: i64,
-    value: &[u8],
-) -> Result<(Version, Semaphore), StoreError> {
-    let corrupt = |reason: String| StoreError::Corrupt {
-        group: group.to_string(),
-        reason: format!("etcd key {key}: {reason}"),
-    };
-    let revision = u64::try_from(revision)
-        .ok()
-        .filter(|r| *r > 0)
-        .ok_or_else(|| corrupt(format!("mod_revision {revision}")))?;
-    // Strict, with the size cap: a value written by hand or by a newer airlock is refused,
-    // never overwritten.
-    let semaphore = Semaphore::parse(value).map_err(|e| corrupt(e.to_string()))?;
-    Ok((Version(revision), semaphore))
 }
 
 #[cfg(test)]

@@ -16,7 +16,6 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use slate_fleetlock::record::MAX_RECORD_LEN;
-use slate_fleetlock::store::Swap;
 use slate_fleetlock::{
     encode_record, parse_record, GroupName, Semaphore, SemaphoreStore, StoreError, Version,
 };
@@ -164,22 +163,10 @@ impl SemaphoreStore for FileStore {
         expected: Option<Version>,
         new: &Semaphore,
     ) -> Result<bool, StoreError> {
-        Ok(self.swap(group, expected, new)? == Swap::Swapped)
-    }
-
-    /// A lost swap answers the record it compared against: read under the lock, so nothing
-    /// changed it in between, and the caller's retry needs no read of its own.
-    fn swap(
-        &self,
-        group: &GroupName,
-        expected: Option<Version>,
-        new: &Semaphore,
-    ) -> Result<Swap, StoreError> {
         let guard = self.lock()?;
-        let current = self.load(group)?;
-        let version = current.as_ref().map(|(v, _)| *v);
-        let swap = if version == expected {
-            let next = match version {
+        let current = self.load(group)?.map(|(v, _)| v);
+        let swapped = if current == expected {
+            let next = match current {
                 None => Version(1),
                 Some(Version(v)) => Version(v.checked_add(1).ok_or_else(|| {
                     io_error(
@@ -189,9 +176,9 @@ impl SemaphoreStore for FileStore {
                 })?),
             };
             self.write_record(group, &encode_record(next, new))?;
-            Swap::Swapped
+            true
         } else {
-            Swap::LostTo(current)
+            false
         };
         guard.unlock().map_err(|(_, errno)| {
             io_error(
@@ -199,7 +186,7 @@ impl SemaphoreStore for FileStore {
                 errno.into(),
             )
         })?;
-        Ok(swap)
+        Ok(swapped)
     }
 }
 

@@ -30,10 +30,12 @@ pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A certificate, key or CA file that cannot be used. Every variant names the file(s).
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
-    #[error("cannot read {}: {source}", path.display())]
+    // `error`, not `source`: the message shows it already, and an error chain (`{:#}`) would
+    // print a source a second time.
+    #[error("cannot read {}: {error}", path.display())]
     Read {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{}: {reason}", path.display())]
     Invalid { path: PathBuf, reason: String },
@@ -97,7 +99,7 @@ impl Tls {
             .map_err(|e| TlsError::Pair {
                 cert: cert.to_owned(),
                 key: key.to_owned(),
-                reason: e.to_string(),
+                reason: pair_reason(&e),
             })?;
         config.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
         Ok(Tls {
@@ -130,10 +132,21 @@ fn invalid(path: &Path, reason: impl std::fmt::Display) -> TlsError {
     }
 }
 
+fn pair_reason(err: &rustls::Error) -> String {
+    match err {
+        // rustls' own words ("keys may not be consistent: KeyMismatch") leave the admin to
+        // guess what is wrong.
+        rustls::Error::InconsistentKeys(rustls::InconsistentKeys::KeyMismatch) => {
+            "the private key is not the certificate's".to_owned()
+        }
+        e => e.to_string(),
+    }
+}
+
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read {
+    std::fs::read(path).map_err(|error| TlsError::Read {
         path: path.to_owned(),
-        source,
+        error,
     })
 }
 

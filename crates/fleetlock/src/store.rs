@@ -6,7 +6,6 @@
 use std::collections::BTreeMap;
 use std::error::Error as StdError;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use thiserror::Error;
 
@@ -69,36 +68,6 @@ pub trait SemaphoreStore: Send + Sync {
         expected: Option<Version>,
         new: &Semaphore,
     ) -> Result<bool, StoreError>;
-
-    /// [`compare_and_swap`](Self::compare_and_swap), and on a lost swap what won, when the
-    /// store has it in the same atomic step as the compare ([`Swap::LostTo`]): etcd as the
-    /// `Else` branch of the swap's transaction, the file store under its lock. [`lock`] and
-    /// [`unlock`] then retry on it without a read of their own, which under contention is one
-    /// round trip of two. The default knows only that the swap was lost.
-    fn swap(
-        &self,
-        group: &GroupName,
-        expected: Option<Version>,
-        new: &Semaphore,
-    ) -> Result<Swap, StoreError> {
-        Ok(if self.compare_and_swap(group, expected, new)? {
-            Swap::Swapped
-        } else {
-            Swap::Lost
-        })
-    }
-}
-
-/// What a [`SemaphoreStore::swap`] did.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Swap {
-    /// `new` is stored.
-    Swapped,
-    /// Nothing was written: another writer changed the value since it was read.
-    Lost,
-    /// Nothing was written, and this is the value that stands (`None`: absent), read in the
-    /// same atomic step as the failed compare: as good as a fresh [`SemaphoreStore::load`].
-    LostTo(Option<(Version, Semaphore)>),
 }
 
 /// What a successful [`lock`] or [`unlock`] did.
@@ -184,8 +153,8 @@ fn transact(
     group: &GroupName,
     step: impl Fn(Option<&Semaphore>) -> Result<Step, Full>,
 ) -> Result<Applied, ApplyError> {
-    let mut current = store.load(group).map_err(ApplyError::Load)?;
-    for attempt in 0..CAS_ATTEMPTS {
+    for _ in 0..CAS_ATTEMPTS {
+        let current = store.load(group).map_err(ApplyError::Load)?;
         let (version, semaphore) = match current {
             Some((v, s)) => (Some(v), Some(s)),
             None => (None, None),
@@ -197,46 +166,17 @@ fn transact(
                 semaphore: unchanged,
             });
         };
-        let winner = match store
-            .swap(group, version, &new)
+        if store
+            .compare_and_swap(group, version, &new)
             .map_err(ApplyError::Write)?
         {
-            Swap::Swapped => {
-                return Ok(Applied {
-                    change,
-                    semaphore: Some(new),
-                })
-            }
-            Swap::LostTo(winner) => Some(winner),
-            Swap::Lost => None,
-        };
-        if attempt + 1 == CAS_ATTEMPTS {
-            break;
+            return Ok(Applied {
+                change,
+                semaphore: Some(new),
+            });
         }
-        backoff(attempt);
-        current = match winner {
-            Some(winner) => winner,
-            None => store.load(group).map_err(ApplyError::Load)?,
-        };
     }
     Err(ApplyError::Conflict)
-}
-
-fn backoff(attempt: usize) {
-    // EXPERIMENT: cap in ms from the environment.
-    let cap: u64 = std::env::var("XX_BACKOFF_CAP_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
-    let first: u64 = std::env::var("XX_BACKOFF_FIRST_US").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
-    if cap == 0 {
-        return;
-    }
-    let ceiling = (first << attempt.min(16)).min(cap * 1000);
-    let micros = random() % (ceiling + 1);
-    std::thread::sleep(Duration::from_micros(micros));
-}
-
-fn random() -> u64 {
-    use std::hash::{BuildHasher as _, Hasher as _};
-    std::collections::hash_map::RandomState::new().build_hasher().finish()
 }
 
 /// A store in memory: for tests, and for a server that needs no persistence.

@@ -82,6 +82,10 @@ impl FromStr for RebootMode {
     }
 }
 
+/// How the text of a [`SequenceError::Reboot`] begins: the event stream carries sequence errors
+/// as text, and a watcher must not take a reboot for a failure.
+pub const REBOOT_REQUESTED: &str = "reboot requested";
+
 /// Why a sequence did not complete.
 ///
 /// Rebooting is an error on purpose: a task never reboots the machine itself, it returns
@@ -171,5 +175,22 @@ impl From<LockError> for SequenceError {
             LockError::Locked { running } => SequenceError::Locked { running },
             LockError::TakeoverTimeout { running } => SequenceError::TakeoverTimeout { running },
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_reboot_reads_as_one_in_the_event_stream() {
+        let reboot = SequenceError::Reboot {
+            mode: RebootMode::Default,
+        };
+        assert!(reboot.to_string().starts_with(REBOOT_REQUESTED));
+        let locked = SequenceError::Locked {
+            running: SequenceKind::Boot,
+        };
+        assert!(!locked.to_string().starts_with(REBOOT_REQUESTED));
     }
 }

@@ -32,7 +32,9 @@ mod task;
 
 pub use boot::{run_boot, BootOutcome};
 pub use cancel::CancelToken;
-pub use error::{Disposition, LockError, ParseRebootModeError, RebootMode, SequenceError};
+pub use error::{
+    Disposition, LockError, ParseRebootModeError, RebootMode, SequenceError, REBOOT_REQUESTED,
+};
 pub use kind::{can_take_over, ParseSequenceKindError, SequenceKind};
 pub use lock::{PriorityLock, SequenceGuard};
 pub use log::{error_chain, Logger, MemoryLogger, NullLogger};

@@ -23,7 +23,7 @@ use slate_api::{AgentStatus, EventKind};
 use slate_bundle::Digest;
 use slate_machine_config::{Strategy, UpdateSettings};
 use slate_release::{Release, ReleaseIndex, GIVE_UP_AFTER};
-use slate_sequencer::SequenceKind;
+use slate_sequencer::{SequenceKind, REBOOT_REQUESTED};
 use slate_transport::{Options, Reference};
 
 use crate::node::{Node, Request, UpgradePlan};
@@ -341,14 +341,18 @@ impl<'a> Agent<'a> {
         }
         let upgrade = SequenceKind::Upgrade.to_string();
         while let Ok(event) = events.recv() {
-            if let EventKind::SequenceFinished {
-                sequence,
-                error: Some(error),
-            } = event.kind
-            {
-                if sequence == upgrade {
-                    return error;
-                }
+            let EventKind::SequenceFinished { sequence, error } = event.kind else {
+                continue;
+            };
+            match error {
+                // The sequence unwinds to the reboot handler: the new version is written and
+                // the node restarts into it; the next boot judges the attempt. Keep the record
+                // and the slot until then.
+                Some(error) if sequence == upgrade && error.starts_with(REBOOT_REQUESTED) => loop {
+                    std::thread::park();
+                },
+                Some(error) if sequence == upgrade => return error,
+                _ => {}
             }
         }
         "the node's event stream ended".into()
