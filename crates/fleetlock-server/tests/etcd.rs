@@ -7,7 +7,7 @@
 #![cfg(feature = "etcd")]
 
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use slate_fleetlock::{
@@ -15,22 +15,8 @@ use slate_fleetlock::{
     Transition, Version,
 };
 use slate_fleetlock_server::{etcd_store, EtcdStore, Server, ServerHandle};
-use slate_testkit::etcd::{require_etcd, EtcdCluster};
+use slate_testkit::etcd::{one_at_a_time as serial, three_members as cluster, EtcdCluster};
 use slate_testkit::fleetlock::{check_exclusion, Client, Hold, LOCK, UNLOCK};
-
-/// One cluster at a time: three etcd members per test are plenty for a small machine.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn cluster() -> Option<EtcdCluster> {
-    if !require_etcd() {
-        return None;
-    }
-    Some(EtcdCluster::start(3).unwrap_or_else(|e| panic!("{e}")))
-}
 
 /// etcd as any other client sees it, to check what the store wrote.
 struct Raw {

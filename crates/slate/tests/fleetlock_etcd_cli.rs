@@ -14,27 +14,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use common::{ok, slate};
 use slate_fleetlock::Semaphore;
-use slate_testkit::etcd::{require_etcd, EtcdCluster};
+use slate_testkit::etcd::{one_at_a_time as serial, three_members as cluster, EtcdCluster};
 use slate_testkit::fleetlock::{Client, LOCK, UNLOCK};
-
-/// One cluster at a time: three etcd members per test are plenty for a small machine.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn serial() -> MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn cluster() -> Option<EtcdCluster> {
-    if !require_etcd() {
-        return None;
-    }
-    Some(EtcdCluster::start(3).unwrap_or_else(|e| panic!("{e}")))
-}
 
 /// `slate fleetlock serve --etcd …`, SIGKILLed on drop.
 struct Server {

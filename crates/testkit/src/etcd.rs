@@ -54,6 +54,21 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> EtcdError {
     move |source| EtcdError::Io { what, source }
 }
 
+/// One cluster at a time per test binary: three etcd members per test are plenty for a small
+/// machine. Hold the guard for the whole test.
+pub fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// A running 3-member cluster, or `None` when etcd is missing outside CI ([`require_etcd`]).
+pub fn three_members() -> Option<EtcdCluster> {
+    if !require_etcd() {
+        return None;
+    }
+    Some(EtcdCluster::start(3).unwrap_or_else(|e| panic!("{e}")))
+}
+
 /// `etcd` and `etcdctl` are installed; under `CI=true` their absence fails the test.
 #[must_use = "the test must return when its prerequisite is missing"]
 #[track_caller]

@@ -361,7 +361,7 @@ impl<'a> Agent<'a> {
     fn report_disabled(&self, settings: &UpdateSettings, reason: &str) {
         let mut status = self.status(settings, "idle", None, None, Some(reason));
         status.strategy = "disabled".into();
-        *self.node.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
+        self.publish(status);
     }
 
     fn report(
@@ -372,7 +372,10 @@ impl<'a> Agent<'a> {
         target: Option<&Release>,
         reason: Option<&str>,
     ) {
-        let status = self.status(settings, state, newest, target, reason);
+        self.publish(self.status(settings, state, newest, target, reason));
+    }
+
+    fn publish(&self, status: AgentStatus) {
         *self.node.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
     }
 
