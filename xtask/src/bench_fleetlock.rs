@@ -1,10 +1,13 @@
 //! FleetLock over etcd benchmark (not a test): a three-member etcd cluster on loopback
 //! (`slate_testkit::etcd`), a FleetLock server in this process over an `EtcdStore`, and
-//! lock + unlock round trips over HTTP with distinct ids; sequential (1,000 and 10,000 ids)
-//! and with 16 concurrent clients. The baseline, measured in the same run against the same
-//! cluster: one raw etcd compare-and-swap transaction on one key
-//! (`If(ModRevision = last) Then(Put)`, etcd-client), the least a swap can cost. A FleetLock
-//! lock or unlock is a linearizable read, that transaction and an HTTP exchange.
+//! lock + unlock round trips over HTTP with distinct ids; sequential (1,000 and 10,000 ids),
+//! with 16 concurrent clients, and with 16 concurrent clients spread over 3 servers (each with
+//! its own store, as separate processes would have) whose swaps race each other. The baseline,
+//! measured in the same run against the same cluster: one raw etcd compare-and-swap
+//! transaction on one key (`If(ModRevision = last) Then(Put)`, etcd-client), the least a swap
+//! can cost. A FleetLock lock or unlock is that transaction and an HTTP exchange, plus a
+//! linearizable read when the server does not know the value already (its first request on
+//! the group, or after another writer).
 
 use std::io::{BufRead as _, BufReader, Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
@@ -17,8 +20,10 @@ use slate_fleetlock::{GroupSpec, Groups, Service};
 use slate_fleetlock_server::{EtcdStore, Server};
 use slate_testkit::etcd::EtcdCluster;
 
-/// Concurrent clients in the concurrent variant.
+/// Concurrent clients in the concurrent variants.
 const CLIENTS: usize = 16;
+/// Servers sharing the cluster in the variant where their swaps race each other.
+const SERVERS: usize = 3;
 
 /// Latencies of one series, the wall time it took, and how many requests were refused.
 struct Series {
@@ -117,9 +122,10 @@ impl HttpClient {
     }
 }
 
-/// `count` lock + unlock round trips spread over `clients` threads, ids `prefix-N`.
+/// `count` lock + unlock round trips spread over `clients` threads, ids `prefix-N`, client
+/// `c` speaking to `addrs[c % len]`.
 fn fleetlock_series(
-    addr: SocketAddr,
+    addrs: &[SocketAddr],
     prefix: &str,
     count: usize,
     clients: usize,
@@ -128,6 +134,7 @@ fn fleetlock_series(
     let threads: Vec<_> = (0..clients)
         .map(|c| {
             let prefix = prefix.to_owned();
+            let addr = addrs[c % addrs.len()];
             std::thread::spawn(move || -> Result<Vec<(Duration, usize)>> {
                 let mut client = HttpClient::connect(addr)?;
                 (c..count)
@@ -237,9 +244,21 @@ pub fn bench_fleetlock(quick: bool) -> Result<()> {
     let endpoints = cluster.endpoints();
     let slots = CLIENTS as u64;
     let groups = Groups::new([format!("bench={slots}").parse::<GroupSpec>()?])?;
-    let service = Arc::new(Service::new(groups, EtcdStore::connect(&endpoints)?));
-    let server = Server::bind("127.0.0.1:0".parse()?)?.spawn(service, Arc::new(|_: &str| {}))?;
-    let addr = server.local_addr();
+    // Each server has its own store (its own etcd client and turns), as separate processes
+    // would; the first serves the one-server series.
+    let servers = (0..SERVERS)
+        .map(|_| {
+            let service = Arc::new(Service::new(
+                groups.clone(),
+                EtcdStore::connect(&endpoints)?,
+            ));
+            let server =
+                Server::bind("127.0.0.1:0".parse()?)?.spawn(service, Arc::new(|_: &str| {}))?;
+            Ok(server)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.local_addr()).collect();
+    let one = &addrs[..1];
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -255,21 +274,29 @@ pub fn bench_fleetlock(quick: bool) -> Result<()> {
         cluster.dir().display()
     );
     // Warm both paths (connections, the group's key) before measuring.
-    fleetlock_series(addr, "warm", 50, 1)?;
+    fleetlock_series(&addrs, "warm", 50, SERVERS)?;
     raw_series(&rt, &raw, 50, 1)?;
     for &n in sizes {
         println!("{n} distinct ids, sequential (1 client):");
         let base = raw_series(&rt, &raw, n, 1)?;
         report("raw Txn", &base, &base);
-        let series = fleetlock_series(addr, &format!("seq{n}"), n, 1)?;
+        let series = fleetlock_series(one, &format!("seq{n}"), n, 1)?;
         report("lock+unlock", &series, &base);
         println!("{n} distinct ids, {CLIENTS} concurrent clients, {slots} slots:");
         let base = raw_series(&rt, &raw, n, CLIENTS)?;
         report("raw Txn (16 keys)", &base, &base);
-        let series = fleetlock_series(addr, &format!("par{n}"), n, CLIENTS)?;
+        let series = fleetlock_series(one, &format!("par{n}"), n, CLIENTS)?;
+        report("lock+unlock", &series, &base);
+        println!(
+            "{n} distinct ids, {CLIENTS} concurrent clients through {SERVERS} servers, \
+             {slots} slots:"
+        );
+        let series = fleetlock_series(&addrs, &format!("srv{n}"), n, CLIENTS)?;
         report("lock+unlock", &series, &base);
     }
-    server.shutdown()?;
+    for server in servers {
+        server.shutdown()?;
+    }
     Ok(())
 }
 

@@ -7,7 +7,7 @@
 //! new record to `.<group>.json.tmp`, fsync it, rename it over `<group>.json`, fsync the
 //! directory. A reader (which takes no lock) sees the old record or the new one, whole; a
 //! crash leaves the old or the new one, and at worst a stray temporary file that the next swap
-//! overwrites.
+//! overwrites. A swap that loses answers the record it read ([`Swap::LostTo`]).
 
 use std::fs::{File, OpenOptions};
 use std::io::{self, Read as _, Write as _};
@@ -16,6 +16,7 @@ use std::path::{Path, PathBuf};
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg};
 use slate_fleetlock::record::MAX_RECORD_LEN;
+use slate_fleetlock::store::Swap;
 use slate_fleetlock::{
     encode_record, parse_record, GroupName, Semaphore, SemaphoreStore, StoreError, Version,
 };
@@ -163,10 +164,22 @@ impl SemaphoreStore for FileStore {
         expected: Option<Version>,
         new: &Semaphore,
     ) -> Result<bool, StoreError> {
+        Ok(matches!(self.swap(group, expected, new)?, Swap::Swapped(_)))
+    }
+
+    /// A lost swap answers the record it compared against: read under the lock, so nothing
+    /// changed it in between, and the caller's retry needs no read of its own.
+    fn swap(
+        &self,
+        group: &GroupName,
+        expected: Option<Version>,
+        new: &Semaphore,
+    ) -> Result<Swap, StoreError> {
         let guard = self.lock()?;
-        let current = self.load(group)?.map(|(v, _)| v);
-        let swapped = if current == expected {
-            let next = match current {
+        let current = self.load(group)?;
+        let version = current.as_ref().map(|(v, _)| *v);
+        let swap = if version == expected {
+            let next = match version {
                 None => Version(1),
                 Some(Version(v)) => Version(v.checked_add(1).ok_or_else(|| {
                     io_error(
@@ -176,9 +189,9 @@ impl SemaphoreStore for FileStore {
                 })?),
             };
             self.write_record(group, &encode_record(next, new))?;
-            true
+            Swap::Swapped(Some(next))
         } else {
-            false
+            Swap::LostTo(current)
         };
         guard.unlock().map_err(|(_, errno)| {
             io_error(
@@ -186,7 +199,7 @@ impl SemaphoreStore for FileStore {
                 errno.into(),
             )
         })?;
-        Ok(swapped)
+        Ok(swap)
     }
 }
 
@@ -249,5 +262,39 @@ mod tests {
             .is_err());
         assert!(FileStore::open(&dir.path().join("missing")).is_err());
         assert!(FileStore::open(&dir.path().join("notes.txt")).is_err());
+    }
+
+    /// A lost swap answers the record it compared against (read under the lock), so the retry
+    /// of a lock or unlock reads nothing; a swap that is made answers the version it wrote.
+    #[test]
+    fn a_lost_swap_answers_what_won() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = FileStore::create(dir.path()).unwrap();
+        let g = GroupName::new("workers").unwrap();
+        assert_eq!(
+            store
+                .swap(&g, Some(Version(3)), &Semaphore::new(2))
+                .unwrap(),
+            Swap::LostTo(None),
+            "absent"
+        );
+        let one = locked(&Semaphore::new(2), "n1");
+        assert_eq!(
+            store.swap(&g, None, &one).unwrap(),
+            Swap::Swapped(Some(Version(1)))
+        );
+        let two = locked(&one, "n2");
+        assert_eq!(
+            store.swap(&g, Some(Version(1)), &two).unwrap(),
+            Swap::Swapped(Some(Version(2)))
+        );
+        assert_eq!(
+            store.swap(&g, Some(Version(1)), &one).unwrap(),
+            Swap::LostTo(Some((Version(2), two.clone())))
+        );
+        assert_eq!(
+            store.swap(&g, None, &one).unwrap(),
+            Swap::LostTo(Some((Version(2), two)))
+        );
     }
 }
