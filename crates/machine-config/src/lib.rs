@@ -18,7 +18,8 @@ use std::net::{IpAddr, SocketAddr};
 use serde::{Deserialize, Serialize};
 
 pub use update::{
-    describe_minute_of_week, minutes_until_open, Strategy, UpdateSettings, Weekday, Window,
+    describe_minute_of_week, minute_of_week, minutes_until_open, Strategy, UpdateSettings, Weekday,
+    Window,
 };
 pub use validate::{is_hostname, parse_cidr};
 

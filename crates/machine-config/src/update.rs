@@ -234,6 +234,13 @@ pub fn minutes_until_open(windows: &[Window], minute_of_week: u32) -> Option<u32
         .min()
 }
 
+/// The minute of the week (0 = Monday 00:00 UTC) of a Unix time. 1970-01-01 was a Thursday.
+pub fn minute_of_week(unix_seconds: u64) -> u32 {
+    let days = unix_seconds / 86_400;
+    let weekday = (days + 3) % 7;
+    (weekday * u64::from(MINUTES_PER_DAY) + (unix_seconds % 86_400) / 60) as u32
+}
+
 /// `Tue 02:00` for a minute of the week.
 pub fn describe_minute_of_week(minute_of_week: u32) -> String {
     let minute = minute_of_week % MINUTES_PER_WEEK;

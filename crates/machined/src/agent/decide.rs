@@ -2,11 +2,10 @@
 //! the release index, the give-up counter, the clock and what is already downloaded, what to
 //! do next. Pure: the loop in `agent` does the IO each step names.
 
+pub use slate_machine_config::minute_of_week;
 use slate_machine_config::{describe_minute_of_week, minutes_until_open, Strategy, UpdateSettings};
 use slate_release::ReleaseIndex;
 use slate_release::{choose, compare, Channel, Choice, FailureCounter, Hold, Policy, Release};
-
-const MINUTES_PER_DAY: u64 = 24 * 60;
 
 /// What the agent does next.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -36,13 +35,6 @@ pub struct Inputs<'a> {
     pub minute_of_week: u32,
     /// The version whose bundle is downloaded and verified, if any.
     pub downloaded: Option<&'a str>,
-}
-
-/// The minute of the week (0 = Monday 00:00 UTC) of a Unix time. 1970-01-01 was a Thursday.
-pub fn minute_of_week(unix_seconds: u64) -> u32 {
-    let days = unix_seconds / 86_400;
-    let weekday = (days + 3) % 7;
-    (weekday * MINUTES_PER_DAY + (unix_seconds % 86_400) / 60) as u32
 }
 
 /// The newest release `channel` offers that is not yanked (what status calls "available").

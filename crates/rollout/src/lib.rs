@@ -1,0 +1,31 @@
+//! The rollout operator's decisions, as values: no IO, no clock, no randomness. The operator
+//! (crates/operator) reads the inventory, the policies, the release index and the rollouts
+//! from etcd, calls [`tick`], stores what it returns and then sends the orders.
+//!
+//! - [`PolicySet`]: the policy file, checked whole.
+//! - [`Rollout`]: one group's move to one version, and each node's [`Step`].
+//! - [`tick`]: follow the nodes, pause on a spent failure budget, start the nodes every
+//!   applicable policy allows, complete.
+//! - [`pause`], [`resume`], [`abort`]: what `slate fleet pause|resume|abort` do to a rollout.
+//! - [`plan`]: the dry run: which node in which wave, not before when.
+
+mod control;
+mod node;
+mod plan;
+mod policy;
+mod rollout;
+mod tick;
+mod waves;
+
+pub use control::{abort, pause, resume, ControlError};
+pub use node::{FailureReport, Inventory, NodeRecord, NodeReport};
+pub use plan::{plan, PlanRow};
+pub use policy::{
+    Limit, Policy, PolicyError, PolicyFile, PolicySet, PolicySpec, Rate, Strategy, Wave, WaveSpec,
+    DEFAULT_UPGRADE_TIMEOUT,
+};
+pub use rollout::{
+    Event, EventKind, NodeProgress, Order, Rollout, RolloutState, Step, RATE_MEMORY_SECONDS,
+};
+pub use tick::{tick, Decision, Tick, RESEND_AFTER};
+pub use waves::{wave_bounds, wave_key};

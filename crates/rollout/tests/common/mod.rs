@@ -1,0 +1,195 @@
+//! A small world for the rollout tests: nodes that answer orders after a number of ticks.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+
+use slate_release::{Channel, Release, ReleaseIndex};
+use slate_rollout::{
+    tick, Decision, Event, FailureReport, Inventory, NodeRecord, NodeReport, PolicySet, Rollout,
+    Tick,
+};
+
+pub const REPO: &str = "registry.example/slate";
+/// A Monday, 00:00 UTC.
+pub const MONDAY: u64 = 1_795_996_800;
+
+pub fn release(version: &str) -> Release {
+    Release {
+        version: version.into(),
+        digest: format!("sha256:{:064}", 0),
+        created: "2026-11-30T00:00:00Z".into(),
+        channel: Channel::Stable,
+        official: true,
+        min_from: None,
+        yanked: None,
+    }
+}
+
+pub fn index(versions: &[&str]) -> ReleaseIndex {
+    ReleaseIndex {
+        releases: versions.iter().map(|v| release(v)).collect(),
+        ..ReleaseIndex::default()
+    }
+}
+
+pub fn node(id: &str, group: &str, version: &str) -> NodeReport {
+    NodeReport {
+        id: id.into(),
+        group: group.into(),
+        labels: BTreeMap::new(),
+        endpoint: format!("{id}.example:50000"),
+        version: version.into(),
+        channel: "stable".into(),
+        committed: true,
+        healthy: true,
+        busy: false,
+        last_failure: None,
+    }
+}
+
+/// A fleet that behaves: an ordered node is busy for `upgrade_ticks` ticks, then commits the
+/// target, or reverts when the target is in `broken`.
+pub struct World {
+    pub now: u64,
+    pub inventory: Inventory,
+    pub policies: PolicySet,
+    pub index: ReleaseIndex,
+    pub rollouts: BTreeMap<String, Rollout>,
+    pub events: Vec<Event>,
+    pub upgrade_ticks: u32,
+    pub broken: Vec<String>,
+    /// Node → (target, ticks left).
+    pub upgrading: BTreeMap<String, (String, u32)>,
+    /// Every order a node accepted, in order: (node, target).
+    pub accepted: Vec<(String, String)>,
+    pub step: u64,
+}
+
+impl World {
+    pub fn new(policies: &str, versions: &[&str]) -> World {
+        World {
+            now: MONDAY + 12 * 3600,
+            inventory: Inventory::new(),
+            policies: PolicySet::parse(policies).expect("policies parse"),
+            index: index(versions),
+            rollouts: BTreeMap::new(),
+            events: Vec::new(),
+            upgrade_ticks: 2,
+            broken: Vec::new(),
+            upgrading: BTreeMap::new(),
+            accepted: Vec::new(),
+            step: 10,
+        }
+    }
+
+    pub fn add(&mut self, report: NodeReport) {
+        let id = report.id.clone();
+        self.inventory.insert(
+            id,
+            NodeRecord {
+                report,
+                last_seen: self.now,
+            },
+        );
+    }
+
+    pub fn add_group(&mut self, group: &str, count: usize, version: &str) {
+        for i in 0..count {
+            self.add(node(&format!("{group}-{i:04}"), group, version));
+        }
+    }
+
+    pub fn tick_input(&self) -> Tick<'_> {
+        Tick {
+            now: self.now,
+            inventory: &self.inventory,
+            policies: &self.policies,
+            index: &self.index,
+            repository: REPO,
+            rollouts: &self.rollouts,
+            stale_after: 120,
+        }
+    }
+
+    /// One leader tick: store the rollouts (through JSON, as etcd does), deliver the orders.
+    pub fn tick(&mut self) -> Decision {
+        let decision = tick(&self.tick_input());
+        for (group, rollout) in &decision.rollouts {
+            let json = serde_json::to_string(rollout).unwrap();
+            self.rollouts
+                .insert(group.clone(), serde_json::from_str(&json).unwrap());
+        }
+        self.events.extend(decision.events.iter().cloned());
+        for order in &decision.orders {
+            let target = order.image.rsplit(':').next().unwrap().to_owned();
+            let rec = self.inventory.get_mut(&order.node).unwrap();
+            if rec.report.busy {
+                continue; // the node refuses: locked
+            }
+            rec.report.busy = true;
+            self.accepted.push((order.node.clone(), target.clone()));
+            self.upgrading
+                .insert(order.node.clone(), (target, self.upgrade_ticks));
+            let rollout = self.rollouts.get_mut(&order.group).unwrap();
+            if let Some(p) = rollout.nodes.get_mut(&order.node) {
+                if let slate_rollout::Step::Upgrading { issued, .. } = &mut p.step {
+                    *issued = true;
+                }
+            }
+        }
+        decision
+    }
+
+    /// Time passes; nodes progress and report.
+    pub fn advance(&mut self, seconds: u64) {
+        self.now += seconds;
+        let mut done = Vec::new();
+        for (id, (target, left)) in self.upgrading.iter_mut() {
+            *left = left.saturating_sub(1);
+            if *left == 0 {
+                done.push((id.clone(), target.clone()));
+            }
+        }
+        for (id, target) in done {
+            self.upgrading.remove(&id);
+            let rec = self.inventory.get_mut(&id).unwrap();
+            rec.report.busy = false;
+            if self.broken.contains(&target) {
+                rec.report.last_failure = Some(FailureReport {
+                    version: target,
+                    reason: "health checks failed; reverted".into(),
+                });
+            } else {
+                rec.report.version = target;
+            }
+        }
+        for rec in self.inventory.values_mut() {
+            rec.last_seen = self.now;
+        }
+    }
+
+    pub fn run(&mut self, ticks: usize) {
+        for _ in 0..ticks {
+            self.tick();
+            self.advance(self.step);
+        }
+    }
+
+    pub fn in_flight(&self, group: &str) -> usize {
+        self.rollouts.get(group).map_or(0, |r| {
+            r.nodes
+                .values()
+                .filter(|p| matches!(p.step, slate_rollout::Step::Upgrading { .. }))
+                .count()
+        })
+    }
+
+    pub fn versions(&self, group: &str) -> BTreeMap<String, usize> {
+        let mut out = BTreeMap::new();
+        for rec in self.inventory.values().filter(|r| r.report.group == group) {
+            *out.entry(rec.report.version.clone()).or_default() += 1;
+        }
+        out
+    }
+}
