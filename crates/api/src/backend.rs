@@ -35,6 +35,11 @@ pub enum BackendError {
     /// The node cannot do this in its mode (capability missing): HTTP 400 `unsupported`.
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// What the request names does not exist (a service's resource; the node routes do not
+    /// use it): HTTP 404 `not_found`, the code of an unknown path too, so that a client
+    /// treats both as "not there".
+    #[error("not found: {0}")]
+    NotFound(String),
     /// Anything else: HTTP 500 `internal`.
     #[error("{0}")]
     Failed(String),
@@ -57,7 +62,7 @@ pub trait NodeBackend: Send + Sync {
     fn reboot(&self, mode: RebootMode) -> Result<(), BackendError>;
     /// `POST /v1/reset` (admin).
     fn reset(&self) -> Result<(), BackendError>;
-    /// `POST /v1/upgrade` (admin).
+    /// `POST /v1/upgrade` (operator).
     fn upgrade(&self, req: UpgradeRequest) -> Result<(), BackendError>;
     /// `POST /v1/bundles` (admin): an installer bundle as a tar stream of its OCI layout. The
     /// backend unpacks and checks it and answers what it kept; `body` ends with an error if the

@@ -61,6 +61,9 @@ pub enum ClientError {
     /// HTTP 400 `unsupported`.
     #[error("not supported by the node: {0}")]
     Unsupported(String),
+    /// HTTP 404 `not_found`: no such endpoint, or a service has no such resource.
+    #[error("not found: {0}")]
+    NotFound(String),
     /// Any other error answer.
     #[error("the node answered HTTP {status} ({code:?}): {message}")]
     Server {
@@ -207,7 +210,7 @@ impl Client {
             .map(drop)
     }
 
-    /// `POST /v1/upgrade` (admin).
+    /// `POST /v1/upgrade` (operator).
     pub fn upgrade(&self, req: &UpgradeRequest) -> Result<(), ClientError> {
         self.unary::<serde_json::Value, _>(Endpoint::Upgrade, Some(req))
             .map(drop)
@@ -319,6 +322,24 @@ impl Client {
         body: Option<&B>,
     ) -> Result<T, ClientError> {
         let route = route_of(endpoint);
+        self.call(route.method, route.path, body)
+    }
+
+    /// `METHOD PATH` of a service served with [`crate::serve_service`] (or a node route):
+    /// `body` sent as JSON, the answer decoded as `T`, error answers as for the node calls
+    /// (`()` takes an answer of `null`; [`serde_json::Value`] takes anything). Bounded by
+    /// [`Client::with_timeout`].
+    pub fn call<T: DeserializeOwned, B: Serialize>(
+        &self,
+        method: &str,
+        path_and_query: &str,
+        body: Option<&B>,
+    ) -> Result<T, ClientError> {
+        if !path_and_query.starts_with('/') {
+            return Err(self.protocol(format!(
+                "{path_and_query:?} is not a path (it must start with /)"
+            )));
+        }
         let body = match body {
             Some(b) => serde_json::to_vec(b).map_err(|e| self.protocol(e.to_string()))?,
             None => Vec::new(),
@@ -328,7 +349,7 @@ impl Client {
             let call = async {
                 let content_type = (!body.is_empty()).then_some("application/json");
                 let (mut resp, conn) = self
-                    .send(route.method, route.path, Body::full(body), content_type)
+                    .send(method, path_and_query, Body::full(body), content_type)
                     .await?;
                 let data = collect(resp.body_mut(), MAX_RESPONSE).await;
                 conn.abort();
@@ -492,6 +513,7 @@ impl Client {
             ErrorCode::PermissionDenied => ClientError::PermissionDenied(message),
             ErrorCode::InvalidArgument => ClientError::InvalidArgument(message),
             ErrorCode::Unsupported => ClientError::Unsupported(message),
+            ErrorCode::NotFound => ClientError::NotFound(message),
             code => ClientError::Server {
                 status: status.as_u16(),
                 code,

@@ -43,19 +43,57 @@ pub fn issue_serving_cert(
     key_pem: &str,
     names: &[String],
 ) -> Result<String, CertError> {
-    let invalid = |what: &str, e: rcgen::Error| CertError::Invalid {
-        what: what.to_owned(),
-        reason: e.to_string(),
-    };
-    let ca_key = KeyPair::from_pem(ca_key_pem).map_err(|e| invalid("CA key", e))?;
-    let ca_params = CertificateParams::from_ca_cert_pem(ca_cert_pem)
-        .map_err(|e| invalid("CA certificate", e))?;
-    // The issuer as a value rcgen can sign with: same subject and key as the CA certificate.
-    let ca = ca_params.self_signed(&ca_key)?;
+    let (ca, ca_key) = load_ca(ca_cert_pem, ca_key_pem)?;
     let key = KeyPair::from_pem(key_pem).map_err(|e| invalid("node key", e))?;
     let mut leaf = params("slate node", None, SystemTime::now(), LONG_VALIDITY);
     leaf.subject_alt_names = san_types(names)?;
     leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    leaf.is_ca = IsCa::ExplicitNoCa;
+    leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    leaf.use_authority_key_identifier_extension = true;
+    Ok(leaf.signed_by(&key, &ca, &ca_key)?.pem())
+}
+
+fn invalid(what: &str, e: rcgen::Error) -> CertError {
+    CertError::Invalid {
+        what: what.to_owned(),
+        reason: e.to_string(),
+    }
+}
+
+/// The CA as an issuer rcgen can sign with: same subject and key as the CA certificate.
+fn load_ca(
+    ca_cert_pem: &str,
+    ca_key_pem: &str,
+) -> Result<(rcgen::Certificate, KeyPair), CertError> {
+    let ca_key = KeyPair::from_pem(ca_key_pem).map_err(|e| invalid("CA key", e))?;
+    let ca = CertificateParams::from_ca_cert_pem(ca_cert_pem)
+        .map_err(|e| invalid("CA certificate", e))?
+        .self_signed(&ca_key)?;
+    Ok((ca, ca_key))
+}
+
+/// A clientAuth certificate with `role` (`O=os:<role>`) and `common_name` for `key_pem`,
+/// issued by the CA `ca_cert_pem`/`ca_key_pem`, valid for `validity`: how a node that holds
+/// its fleet's CA (as its machine configuration does) makes itself the certificate it
+/// reports to the rollout operator with.
+pub fn issue_client_cert(
+    ca_cert_pem: &str,
+    ca_key_pem: &str,
+    key_pem: &str,
+    role: crate::types::Role,
+    common_name: &str,
+    validity: std::time::Duration,
+) -> Result<String, CertError> {
+    let (ca, ca_key) = load_ca(ca_cert_pem, ca_key_pem)?;
+    let key = KeyPair::from_pem(key_pem).map_err(|e| invalid("client key", e))?;
+    let mut leaf = params(
+        common_name,
+        Some(role.organization()),
+        SystemTime::now(),
+        validity,
+    );
+    leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     leaf.is_ca = IsCa::ExplicitNoCa;
     leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     leaf.use_authority_key_identifier_extension = true;

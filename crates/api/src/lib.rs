@@ -4,7 +4,12 @@
 //!   [`Role`] (ECDSA P-256; the role is the subject Organization `os:<role>`, as in Talos).
 //! - The server ([`serve`], [`serve_blocking`], [`spawn`]) requires a client certificate signed
 //!   by the CA, takes the caller's role from it, and serves [`ROUTES`] over a [`NodeBackend`].
-//! - [`Client`] is a blocking client for a non-async CLI.
+//! - Other slate services (the rollout operator) serve their own JSON routes on the same
+//!   server ([`serve_service`], [`spawn_service`] over a [`JsonService`] and its
+//!   [`ServiceRoute`]s), so that one CA and one set of role certificates cover the whole system
+//!   and every server refuses, logs and answers errors alike. Only the routes differ: TLS,
+//!   timeouts, the role check, 404/405/403/413, error JSON and shutdown are the node API's.
+//! - [`Client`] is a blocking client for a non-async CLI; [`Client::call`] reaches a service.
 //!
 //! `api/openapi.yaml` at the repository root describes the same routes and types; the tests
 //! keep the two in step.
@@ -23,15 +28,29 @@
 //! server.shutdown()?;
 //! # Ok(()) }
 //! ```
+//!
+//! A service gets a serving certificate from the same CA ([`generate_key_pem`], then
+//! [`issue_serving_cert`] with [`serving_names`]) and takes client certificates of that CA:
+//!
+//! ```no_run
+//! # use std::sync::Arc;
+//! # fn demo(listen: std::net::SocketAddr, ca: &[u8], cert: &[u8], key: &[u8],
+//! #     operator: Arc<dyn slate_api::JsonService>) -> Result<(), slate_api::ServerError> {
+//! let config = slate_api::ServerConfig::new(listen, ca, cert, key);
+//! let server = slate_api::spawn_service(config, operator)?;
+//! # server.shutdown() }
+//! ```
 
 mod backend;
 mod body;
 mod certs;
 mod client;
 mod handlers;
+mod http;
 mod identity;
 mod routes;
 mod server;
+mod service;
 mod tls;
 mod types;
 mod upload;
@@ -44,12 +63,14 @@ pub use certs::{
 pub use client::{Client, ClientError};
 pub use handlers::MAINTENANCE_TOKEN_HEADER;
 pub use identity::{
-    fingerprint, generate_key_pem, issue_serving_cert, self_signed_cert, serving_names,
+    fingerprint, generate_key_pem, issue_client_cert, issue_serving_cert, self_signed_cert,
+    serving_names,
 };
 pub use routes::{route_of, Endpoint, Route, MAINTENANCE_ENDPOINTS, ROUTES};
 pub use server::{
     serve, serve_blocking, spawn, ServerConfig, ServerError, ServerHandle, Shutdown, DEFAULT_PORT,
 };
+pub use service::{serve_service, spawn_service, JsonService, ServiceRoute, MAX_SERVICE_BODY};
 pub use types::{
     Accepted, AgentStatus, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, ConfigView,
     ErrorCode, Event, EventKind, Failure, Mode, RebootMode, RebootRequest, Role, Stage, Status,

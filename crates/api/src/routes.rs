@@ -47,7 +47,9 @@ pub const ROUTES: &[Route] = &[
     route("GET", "/v1/status", Role::Reader, Endpoint::Status),
     route("POST", "/v1/reboot", Role::Operator, Endpoint::Reboot),
     route("POST", "/v1/reset", Role::Admin, Endpoint::Reset),
-    route("POST", "/v1/upgrade", Role::Admin, Endpoint::Upgrade),
+    // Operator: the rollout operator upgrades nodes with an operator certificate; what may be
+    // installed is still bounded by the node's signature policy.
+    route("POST", "/v1/upgrade", Role::Operator, Endpoint::Upgrade),
     route("POST", "/v1/bundles", Role::Admin, Endpoint::UploadBundle),
     route("GET", "/v1/events", Role::Reader, Endpoint::Events),
     route("GET", "/v1/logs", Role::Reader, Endpoint::Logs),
@@ -69,22 +71,42 @@ pub fn route_of(endpoint: Endpoint) -> &'static Route {
         .expect("every endpoint has a route")
 }
 
-/// How a request matches the table.
+/// What the shared request path needs of a route, whichever table it comes from: the node's
+/// [`Route`]s or a service's [`crate::ServiceRoute`]s.
+pub(crate) trait TableRoute {
+    fn method(&self) -> &str;
+    fn path(&self) -> &str;
+    fn role(&self) -> Role;
+}
+
+impl TableRoute for Route {
+    fn method(&self) -> &str {
+        self.method
+    }
+    fn path(&self) -> &str {
+        self.path
+    }
+    fn role(&self) -> Role {
+        self.role
+    }
+}
+
+/// How a request matches a table.
 #[derive(Debug)]
-pub(crate) enum Match {
-    Found(&'static Route),
+pub(crate) enum Match<'a, R> {
+    Found(&'a R),
     /// The path exists with other methods (for the `Allow` header).
-    WrongMethod(Vec<&'static str>),
+    WrongMethod(Vec<&'a str>),
     NotFound,
 }
 
-pub(crate) fn lookup(method: &str, path: &str) -> Match {
+pub(crate) fn lookup<'a, R: TableRoute>(table: &'a [R], method: &str, path: &str) -> Match<'a, R> {
     let mut allowed = Vec::new();
-    for r in ROUTES.iter().filter(|r| r.path == path) {
-        if r.method == method {
+    for r in table.iter().filter(|r| r.path() == path) {
+        if r.method() == method {
             return Match::Found(r);
         }
-        allowed.push(r.method);
+        allowed.push(r.method());
     }
     if allowed.is_empty() {
         Match::NotFound
@@ -100,11 +122,16 @@ mod tests {
     #[test]
     fn lookup_distinguishes_unknown_paths_and_methods() {
         assert!(
-            matches!(lookup("GET", "/v1/status"), Match::Found(r) if r.endpoint == Endpoint::Status)
+            matches!(lookup(ROUTES, "GET", "/v1/status"), Match::Found(r) if r.endpoint == Endpoint::Status)
         );
-        assert!(matches!(lookup("POST", "/v1/status"), Match::WrongMethod(m) if m == ["GET"]));
-        assert!(matches!(lookup("GET", "/v1/nope"), Match::NotFound));
-        assert!(matches!(lookup("GET", "/v1/status/"), Match::NotFound));
+        assert!(
+            matches!(lookup(ROUTES, "POST", "/v1/status"), Match::WrongMethod(m) if m == ["GET"])
+        );
+        assert!(matches!(lookup(ROUTES, "GET", "/v1/nope"), Match::NotFound));
+        assert!(matches!(
+            lookup(ROUTES, "GET", "/v1/status/"),
+            Match::NotFound
+        ));
         for r in ROUTES {
             assert_eq!(route_of(r.endpoint), r);
         }

@@ -1,4 +1,7 @@
-//! The HTTPS server: mutual TLS, the role from the client certificate, the route table.
+//! The HTTPS server shared by the node API and services: mutual TLS, handshake and header
+//! timeouts, the role from the client certificate, connections and graceful shutdown. What is
+//! served over it is a `Site` (`http.rs`): the node routes here, a `JsonService` in
+//! `service.rs`.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -17,7 +20,8 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::backend::NodeBackend;
 use crate::certs::{self, CertError};
-use crate::handlers::{handle, Peer};
+use crate::handlers::NodeSite;
+use crate::http::{handle, Site};
 use crate::tls;
 
 /// The port the node API listens on by default (Talos' apid port).
@@ -108,6 +112,10 @@ pub enum ServerError {
     Runtime(std::io::Error),
     #[error("the API server thread panicked")]
     Panicked,
+    /// A service was given something only the node API has (a maintenance token), or routes
+    /// that cannot be served.
+    #[error("cannot serve this service: {0}")]
+    Service(String),
 }
 
 /// A shutdown flag that any thread can raise and the server awaits. Cheap to clone.
@@ -187,7 +195,24 @@ pub async fn serve(
     backend: Arc<dyn NodeBackend>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let listening = Listening::new(&config, backend)?;
+    let site = node_site(&config, backend);
+    serve_site(config, site, shutdown).await
+}
+
+fn node_site(config: &ServerConfig, backend: Arc<dyn NodeBackend>) -> Arc<dyn Site> {
+    Arc::new(NodeSite {
+        backend,
+        maintenance_token: config.maintenance_token.as_deref().map(Arc::from),
+    })
+}
+
+/// [`serve`] for any site.
+pub(crate) async fn serve_site(
+    config: ServerConfig,
+    site: Arc<dyn Site>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let listening = Listening::new(&config, site)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServerError::Bind {
@@ -217,7 +242,16 @@ pub fn spawn(
     config: ServerConfig,
     backend: Arc<dyn NodeBackend>,
 ) -> Result<ServerHandle, ServerError> {
-    let listening = Listening::new(&config, backend)?;
+    let site = node_site(&config, backend);
+    spawn_site(config, site)
+}
+
+/// [`spawn`] for any site.
+pub(crate) fn spawn_site(
+    config: ServerConfig,
+    site: Arc<dyn Site>,
+) -> Result<ServerHandle, ServerError> {
+    let listening = Listening::new(&config, site)?;
     let bind_err = |source| ServerError::Bind {
         addr: config.listen,
         source,
@@ -258,12 +292,11 @@ fn runtime() -> Result<tokio::runtime::Runtime, ServerError> {
 #[derive(Clone)]
 struct Listening {
     acceptor: TlsAcceptor,
-    backend: Arc<dyn NodeBackend>,
-    maintenance_token: Option<Arc<str>>,
+    site: Arc<dyn Site>,
 }
 
 impl Listening {
-    fn new(config: &ServerConfig, backend: Arc<dyn NodeBackend>) -> Result<Self, CertError> {
+    fn new(config: &ServerConfig, site: Arc<dyn Site>) -> Result<Self, CertError> {
         let client_ca = match config.maintenance_token {
             Some(_) => None,
             None => Some(config.ca_pem.as_slice()),
@@ -271,8 +304,7 @@ impl Listening {
         let tls = tls::server_config(client_ca, &config.cert_pem, &config.key_pem)?;
         Ok(Listening {
             acceptor: TlsAcceptor::from(Arc::new(tls)),
-            backend,
-            maintenance_token: config.maintenance_token.as_deref().map(Arc::from),
+            site,
         })
     }
 }
@@ -289,7 +321,7 @@ async fn run(listener: TcpListener, listening: Listening, shutdown: impl Future<
                     conns.spawn(connection(tcp, peer, listening.clone(), drain_rx.clone()));
                 }
                 Err(e) => {
-                    listening.backend.log_api(&format!("api: accept failed: {e}"));
+                    listening.site.log_api(&format!("api: accept failed: {e}"));
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
@@ -309,33 +341,23 @@ async fn connection(
     listening: Listening,
     mut drain: watch::Receiver<bool>,
 ) {
-    let Listening {
-        acceptor,
-        backend,
-        maintenance_token,
-    } = listening;
+    let Listening { acceptor, site } = listening;
     let _ = tcp.set_nodelay(true);
     let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp).into_fallible());
     let stream = match handshake.await {
         Ok(Ok(stream)) => stream,
         Ok(Err((e, tcp))) => {
-            backend.log_api(&format!("api: {addr}: TLS handshake refused: {e}"));
+            site.log_api(&format!("api: {addr}: TLS handshake refused: {e}"));
             linger(tcp).await;
             return;
         }
         Err(_) => {
-            backend.log_api(&format!("api: {addr}: TLS handshake timed out"));
+            site.log_api(&format!("api: {addr}: TLS handshake timed out"));
             return;
         }
     };
     let role = tls::role_of(stream.get_ref().1.peer_certificates());
-    let peer = Arc::new(Peer {
-        addr,
-        role,
-        backend,
-        maintenance_token,
-    });
-    let service = service_fn(move |req| handle(req, peer.clone()));
+    let service = service_fn(move |req| handle(req, site.clone(), addr, role));
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(HEADER_TIMEOUT)

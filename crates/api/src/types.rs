@@ -332,7 +332,7 @@ pub enum ErrorCode {
     InvalidArgument,
     /// 400: the node cannot do this (e.g. reboot in container mode).
     Unsupported,
-    /// 404: no such endpoint.
+    /// 404: no such endpoint, or (services) no such resource.
     NotFound,
     /// 405: the endpoint exists, not with this method.
     MethodNotAllowed,

@@ -84,10 +84,22 @@ fn upgrade_request_reaches_the_backend_intact() {
         allow_downgrade: true,
         tries: Some(2),
     };
-    let err = client(&dir, &server, Role::Operator)
+    // The operator role may upgrade, but not to an older version.
+    let err = client(&dir, &server, Role::Reader)
         .upgrade(&req)
         .unwrap_err();
     assert!(matches!(err, ClientError::PermissionDenied(_)), "{err}");
+    let operator = client(&dir, &server, Role::Operator);
+    let err = operator.upgrade(&req).unwrap_err();
+    assert!(
+        matches!(&err, ClientError::PermissionDenied(m) if m.contains("allow_downgrade")),
+        "{err}"
+    );
+    assert!(fake.upgrades.lock().unwrap().is_empty());
+    let forward = UpgradeRequest::new("registry.lab/slate/os:1.4.0");
+    operator.upgrade(&forward).unwrap();
+    assert_eq!(*fake.upgrades.lock().unwrap(), [forward]);
+    fake.upgrades.lock().unwrap().clear();
     let admin = client(&dir, &server, Role::Admin);
     admin.upgrade(&req).unwrap();
     assert_eq!(*fake.upgrades.lock().unwrap(), [req]);

@@ -141,6 +141,31 @@ fn bad_fields_are_named() {
             "image = \"registry.lab:5000/slate/os:2.0.0\"",
             "update.image",
         ),
+        (
+            "strategy = \"fleet-lock\"",
+            "strategy = \"operator\"",
+            "update.operator",
+        ),
+        (
+            "strategy = \"fleet-lock\"",
+            "strategy = \"operator\"\noperator = [\"10.0.0.5:50100\", \"10.0.0.6\"]",
+            "update.operator",
+        ),
+        (
+            "strategy = \"fleet-lock\"",
+            "strategy = \"operator\"\noperator = [\"10.0.0.5:50100\"]\nadvertise = \"node1\"",
+            "update.advertise",
+        ),
+        (
+            "strategy = \"fleet-lock\"",
+            "strategy = \"operator\"\noperator = [\"10.0.0.5:50100\"]\ngroup = \"Web Tier\"",
+            "update.group",
+        ),
+        (
+            "strategy = \"fleet-lock\"",
+            "strategy = \"operator\"\noperator = [\"10.0.0.5:50100\"]\nlabels = { \"zone a\" = \"1\" }",
+            "update.labels",
+        ),
         ("image = \"registry.lab:5000/slate/os\"", "", "update.image"),
         (
             "channel = \"stable\"",
@@ -304,4 +329,20 @@ fn the_next_window_opening_is_found_across_the_week() {
         Some(5 * 1440 + 20 * 60)
     );
     assert_eq!(minutes_until_open(&[], 0), None);
+}
+
+#[test]
+fn the_operator_strategy_names_replicas_group_labels_and_address() {
+    let text = edited(
+        "strategy = \"fleet-lock\"",
+        "strategy = \"operator\"\noperator = [\"10.0.0.5:50100\", \"ops.lab:50100\"]\n\
+         group = \"web\"\nlabels = { zone = \"a\" }\nadvertise = \"127.0.0.1:50001\"",
+    );
+    let c = parse(&text).unwrap().config;
+    assert_eq!(c.update.strategy, Strategy::Operator);
+    assert_eq!(c.update.operator, ["10.0.0.5:50100", "ops.lab:50100"]);
+    assert_eq!(c.update.group.as_deref(), Some("web"));
+    assert_eq!(c.update.labels["zone"], "a");
+    assert_eq!(c.update.advertise.as_deref(), Some("127.0.0.1:50001"));
+    assert_eq!(parse(&c.to_toml()).unwrap().config, c);
 }

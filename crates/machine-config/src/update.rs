@@ -1,6 +1,7 @@
 //! Update settings: which channel the node follows, how it takes updates, and when. Parsed
 //! and validated here; the update agent acts on them.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -46,6 +47,20 @@ pub struct UpdateSettings {
     /// Never move past this version.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_version: Option<String>,
+    /// The rollout operator's replicas (`HOST:PORT`), operator strategy: the node reports
+    /// itself to the first that answers.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub operator: Vec<String>,
+    /// The node group the operator rolls out by (default `default`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+    /// Labels the operator's policies select on.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// `HOST:PORT` at which the operator reaches this node's API (default: the node's name
+    /// and the API port).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub advertise: Option<String>,
 }
 
 impl Default for UpdateSettings {
@@ -62,6 +77,10 @@ impl Default for UpdateSettings {
             lock_group: None,
             pin: None,
             max_version: None,
+            operator: Vec::new(),
+            group: None,
+            labels: BTreeMap::new(),
+            advertise: None,
         }
     }
 }

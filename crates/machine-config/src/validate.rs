@@ -278,6 +278,7 @@ fn update(config: &MachineConfig) -> Result<(), ConfigError> {
             ));
         }
     }
+    operator_fields(update)?;
     for (field, version) in [
         ("update.pin", &update.pin),
         ("update.max_version", &update.max_version),
@@ -357,6 +358,61 @@ fn etc(config: &MachineConfig) -> Result<(), ConfigError> {
                     "{:o} is not a permission mode (at most 7777 octal)",
                     file.mode
                 ),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `HOST:PORT` with a port.
+fn is_host_port(text: &str) -> bool {
+    text.rsplit_once(':').is_some_and(|(host, port)| {
+        !host.is_empty() && !host.contains(char::is_whitespace) && port.parse::<u16>().is_ok()
+    })
+}
+
+fn operator_fields(update: &crate::UpdateSettings) -> Result<(), ConfigError> {
+    if update.enabled && update.strategy == Strategy::Operator && update.operator.is_empty() {
+        return Err(ConfigError::invalid(
+            "update.operator",
+            "required with strategy = \"operator\": the replicas' HOST:PORT",
+        ));
+    }
+    for endpoint in &update.operator {
+        if !is_host_port(endpoint) {
+            return Err(ConfigError::invalid(
+                "update.operator",
+                format!("{endpoint:?} is not HOST:PORT"),
+            ));
+        }
+    }
+    if let Some(advertise) = &update.advertise {
+        if !is_host_port(advertise) {
+            return Err(ConfigError::invalid(
+                "update.advertise",
+                format!("{advertise:?} is not HOST:PORT"),
+            ));
+        }
+    }
+    if let Some(group) = &update.group {
+        if !is_label(group) {
+            return Err(ConfigError::invalid(
+                "update.group",
+                format!("{group:?} is not a group name (a-z, 0-9, '-')"),
+            ));
+        }
+    }
+    for (key, value) in &update.labels {
+        let ok = |s: &str| {
+            !s.is_empty()
+                && s.len() <= 63
+                && s.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        };
+        if !ok(key) || !ok(value) {
+            return Err(ConfigError::invalid(
+                "update.labels",
+                format!("{key:?} = {value:?}: keys and values are 1-63 of [A-Za-z0-9-_.]"),
             ));
         }
     }

@@ -1,0 +1,233 @@
+//! Services other than the node (the rollout operator) serving their own JSON routes with the
+//! node API's mutual TLS and roles, so that one CA, one set of role certificates and one
+//! client serve the whole system, and every server refuses, logs and shuts down alike.
+//!
+//! A service only brings its route table and a blocking `call`; the server (`server.rs`) and
+//! the request path (`http.rs`) are the node API's own.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use hyper::body::Incoming;
+use hyper::Request;
+use serde::de::IgnoredAny;
+
+use crate::backend::BackendError;
+use crate::http::{admit, blocking, drain, read_body, reply, Answer, Reject, Site};
+use crate::routes::TableRoute;
+use crate::server::{serve_site, spawn_site, ServerConfig, ServerError, ServerHandle};
+use crate::types::Role;
+
+/// The largest request body a service is given: services take small JSON documents, and the
+/// whole body is held in memory before the call.
+pub const MAX_SERVICE_BODY: usize = 1 << 20;
+
+/// One route of a service: method, exact path, least role allowed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ServiceRoute {
+    /// An HTTP method, upper case (`GET`, `POST`, `PUT`, `DELETE`, …).
+    pub method: &'static str,
+    /// The exact path, without query: `/v1/rollouts`. There are no path parameters, so that
+    /// the table stays a flat list a test can compare with a spec; name things in the query or
+    /// the body.
+    pub path: &'static str,
+    /// The least privileged role allowed.
+    pub role: Role,
+}
+
+impl ServiceRoute {
+    /// For `const` route tables.
+    pub const fn new(method: &'static str, path: &'static str, role: Role) -> Self {
+        ServiceRoute { method, path, role }
+    }
+}
+
+impl TableRoute for ServiceRoute {
+    fn method(&self) -> &str {
+        self.method
+    }
+    fn path(&self) -> &str {
+        self.path
+    }
+    fn role(&self) -> Role {
+        self.role
+    }
+}
+
+/// A JSON-over-HTTPS service with the node API's mutual TLS and roles.
+///
+/// Like [`crate::NodeBackend`], `call` runs on a blocking-capable thread (tokio's blocking
+/// pool), so it may take locks, wait and do I/O; calls arrive concurrently.
+pub trait JsonService: Send + Sync + 'static {
+    /// Every route served. Asked once at start (to refuse a malformed table) and again for
+    /// each request, so it should return the same table every time.
+    fn routes(&self) -> &[ServiceRoute];
+
+    /// A request that matched `route` and whose caller has at least `route.role`: the server
+    /// has already answered unknown paths (404), other methods (405 with `Allow`) and too
+    /// weak a role (403), exactly as for the node routes. `role` is the caller's own role;
+    /// `query` the raw query string; `body` the request body, at most [`MAX_SERVICE_BODY`]
+    /// bytes, empty or valid JSON (anything else is answered 400 without a call).
+    ///
+    /// The value is answered with HTTP 200; an error as for the node routes: `Locked` 409,
+    /// `InvalidArgument` and `Unsupported` 400, `NotFound` 404, `Failed` 500.
+    fn call(
+        &self,
+        route: &ServiceRoute,
+        role: Role,
+        query: Option<&str>,
+        body: &[u8],
+    ) -> Result<serde_json::Value, BackendError>;
+
+    /// Like [`crate::NodeBackend::log_api`]: refused handshakes, denied and failed requests,
+    /// requests other than `GET`. Called on the executor: must not block. The default drops
+    /// it.
+    fn log_api(&self, message: &str) {
+        let _ = message;
+    }
+}
+
+/// [`crate::serve`] for a service: serves `service` on `config.listen` until `shutdown`
+/// resolves, inside a tokio runtime with I/O and time enabled.
+///
+/// `config` is the node API's: `ca_pem` is the CA client certificates must chain to (their
+/// `O=os:<role>` is the role), `cert_pem`/`key_pem` the service's serving certificate (see
+/// [`crate::issue_serving_cert`]). A `maintenance_token` is refused with
+/// [`ServerError::Service`]: maintenance mode is how a node without a configuration gets
+/// one, and a service that served without client certificates would serve anyone.
+pub async fn serve_service(
+    config: ServerConfig,
+    service: Arc<dyn JsonService>,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
+    let site = service_site(&config, service)?;
+    serve_site(config, site, shutdown).await
+}
+
+/// [`crate::spawn`] for a service: binds, checks the certificates and the route table, and
+/// serves on a thread of its own; see [`serve_service`] for `config`.
+pub fn spawn_service(
+    config: ServerConfig,
+    service: Arc<dyn JsonService>,
+) -> Result<ServerHandle, ServerError> {
+    let site = service_site(&config, service)?;
+    spawn_site(config, site)
+}
+
+fn service_site(
+    config: &ServerConfig,
+    service: Arc<dyn JsonService>,
+) -> Result<Arc<dyn Site>, ServerError> {
+    if config.maintenance_token.is_some() {
+        return Err(ServerError::Service(
+            "maintenance mode (a maintenance token) is for the node API only; a service always \
+             requires client certificates"
+                .into(),
+        ));
+    }
+    check_routes(service.routes()).map_err(ServerError::Service)?;
+    Ok(Arc::new(ServiceSite { service }))
+}
+
+/// Refuses a table with a route no request could reach, or two routes for one request (the
+/// second would never be called).
+fn check_routes(routes: &[ServiceRoute]) -> Result<(), String> {
+    for (i, r) in routes.iter().enumerate() {
+        if r.method.is_empty() || !r.method.bytes().all(|b| b.is_ascii_uppercase()) {
+            return Err(format!(
+                "route {i}: method {:?} is not an upper-case HTTP method",
+                r.method
+            ));
+        }
+        if !r.path.starts_with('/')
+            || r.path.contains(['?', '#'])
+            || r.path.contains(char::is_whitespace)
+        {
+            return Err(format!(
+                "route {i}: path {:?} is not an absolute path without query",
+                r.path
+            ));
+        }
+        if routes[..i]
+            .iter()
+            .any(|o| o.method == r.method && o.path == r.path)
+        {
+            return Err(format!("{} {} is listed twice", r.method, r.path));
+        }
+    }
+    Ok(())
+}
+
+struct ServiceSite {
+    service: Arc<dyn JsonService>,
+}
+
+impl Site for ServiceSite {
+    fn respond(self: Arc<Self>, req: Request<Incoming>, role: Option<Role>) -> Answer {
+        Box::pin(async move {
+            let admitted = {
+                let method = req.method().as_str();
+                let path = req.uri().path();
+                match admit(self.service.routes(), method, path, |_| Ok(role)) {
+                    Ok((route, role)) => Ok((*route, role)),
+                    Err(refused) => Err(refused.reject),
+                }
+            };
+            let (route, role) = match admitted {
+                Ok(admitted) => admitted,
+                Err(reject) => {
+                    // Bodies are small: read it out, so that the client reads the refusal.
+                    drain(req.into_body(), MAX_SERVICE_BODY as u64).await;
+                    return reject.into_response();
+                }
+            };
+            match request_of(req).await {
+                Ok((query, body)) => {
+                    let service = self.service.clone();
+                    let call = move || service.call(&route, role, query.as_deref(), &body);
+                    reply(blocking(call).await)
+                }
+                Err(reject) => reject.into_response(),
+            }
+        })
+    }
+
+    fn log_api(&self, message: &str) {
+        self.service.log_api(message);
+    }
+}
+
+/// The query and the body of an admitted request, the body checked to be JSON so that a
+/// service's own errors are about what the document says, not its syntax.
+async fn request_of(req: Request<Incoming>) -> Result<(Option<String>, Vec<u8>), Reject> {
+    let query = req.uri().query().map(str::to_owned);
+    let body = read_body(req.into_body(), MAX_SERVICE_BODY).await?;
+    if !body.is_empty() {
+        serde_json::from_slice::<IgnoredAny>(&body)
+            .map_err(|e| Reject::invalid(format!("the request body is not JSON: {e}")))?;
+    }
+    Ok((query, body))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn malformed_route_tables_are_refused() {
+        let ok = [
+            ServiceRoute::new("GET", "/v1/rollouts", Role::Reader),
+            ServiceRoute::new("POST", "/v1/rollouts", Role::Admin),
+        ];
+        assert_eq!(check_routes(&ok), Ok(()));
+        for bad in [
+            [ok[0], ok[0]],
+            [ok[0], ServiceRoute::new("get", "/x", Role::Reader)],
+            [ok[0], ServiceRoute::new("", "/x", Role::Reader)],
+            [ok[0], ServiceRoute::new("GET", "x", Role::Reader)],
+            [ok[0], ServiceRoute::new("GET", "/x?y=1", Role::Reader)],
+        ] {
+            assert!(check_routes(&bad).is_err(), "{bad:?}");
+        }
+    }
+}
