@@ -9,6 +9,7 @@ mod bench;
 mod bench_apply;
 mod bench_boot;
 mod bench_fleetlock;
+mod bench_operator;
 mod bench_pull;
 mod kernel;
 mod registry;
@@ -77,6 +78,13 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
+    /// Benchmark: the rollout operator over 10,000 simulated nodes (3-member etcd): the
+    /// leader's decision latency per tick, etcd writes per node upgrade, and the rollout's
+    /// wall time vs the policy's theoretical minimum.
+    BenchOperator {
+        #[arg(long, default_value_t = 10_000)]
+        nodes: usize,
+    },
 }
 
 fn main() -> Result<()> {
@@ -96,5 +104,6 @@ fn main() -> Result<()> {
         Task::BenchPull => bench_pull::bench_pull(),
         Task::BenchApply => bench_apply::bench_apply(),
         Task::BenchFleetlock { quick } => bench_fleetlock::bench_fleetlock(quick),
+        Task::BenchOperator { nodes } => bench_operator::bench_operator(nodes),
     }
 }

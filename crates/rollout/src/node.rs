@@ -40,6 +40,11 @@ pub struct NodeReport {
     /// The last upgrade that failed and was reverted, if any.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_failure: Option<FailureReport>,
+    /// When the node took this report, by its own clock (Unix milliseconds): reports can
+    /// arrive out of order (a slow replica, a retry through another one), and an older one
+    /// must not overwrite a newer one.
+    #[serde(default)]
+    pub sent_at_ms: u64,
 }
 
 /// A node in the inventory: its last report and when the operator received it (Unix seconds).

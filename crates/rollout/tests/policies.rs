@@ -126,6 +126,7 @@ upgrade_timeout = "10m"
         healthy: true,
         busy: false,
         last_failure: None,
+        sent_at_ms: 0,
     };
     assert_eq!(set.channel_of(&db), Some(slate_release::Channel::Stable));
     assert_eq!(set.strategy_of(&db), Strategy::InPlace);

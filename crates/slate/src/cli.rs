@@ -8,6 +8,8 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::args::{NodeTarget, OutputFormat, RebootModeArg};
 use crate::boot_cmd::{self, BootCommand};
+#[cfg(feature = "etcd")]
+use crate::fleet_cmd::{self, FleetCommand, OperatorCommand};
 use crate::fleetlock_cmd::{self, FleetlockCommand};
 use crate::imager_cmd::{self, ImagerCommand};
 use crate::installer_cmd::{self, InstallerCommand};
@@ -115,6 +117,15 @@ pub enum Command {
     /// A FleetLock v1 lock server (zincati's reboot-slot protocol) and its admin commands.
     #[command(subcommand)]
     Fleetlock(FleetlockCommand),
+    /// The rollout operator: `operator run` is one replica (state in etcd).
+    #[cfg(feature = "etcd")]
+    #[command(subcommand)]
+    Operator(OperatorCommand),
+    /// The rollout operator's API (`--node` or SLATE_OPERATOR names a replica): status, plan,
+    /// pause/resume/abort, policies.
+    #[cfg(feature = "etcd")]
+    #[command(subcommand)]
+    Fleet(FleetCommand),
     /// Print a shell completion script.
     Completions {
         #[arg(value_enum)]
@@ -147,6 +158,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Logs { follow } => node_cmd::logs(&cli.target, follow, false),
         Command::Dmesg { follow } => node_cmd::logs(&cli.target, follow, true),
         Command::Fleetlock(cmd) => fleetlock_cmd::run(cmd),
+        #[cfg(feature = "etcd")]
+        Command::Operator(cmd) => fleet_cmd::run_operator(cmd),
+        #[cfg(feature = "etcd")]
+        Command::Fleet(cmd) => fleet_cmd::run_fleet(&cli.target, cmd),
         Command::Completions { shell } => {
             let mut out = std::io::stdout().lock();
             clap_complete::generate(shell, &mut Cli::command(), "slate", &mut out);

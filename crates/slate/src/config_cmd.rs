@@ -59,6 +59,20 @@ pub struct GenConfigArgs {
     /// The FleetLock group (default `default`).
     #[arg(long)]
     pub lock_group: Option<String>,
+    /// A rollout operator replica, HOST:PORT, repeatable (operator strategy; turns the update
+    /// agent on).
+    #[arg(long = "operator", value_name = "HOST:PORT")]
+    pub operators: Vec<String>,
+    /// The node group the operator rolls out by (default `default`).
+    #[arg(long)]
+    pub group: Option<String>,
+    /// A label the operator's policies select on, KEY=VALUE, repeatable.
+    #[arg(long = "label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+    /// Where the operator reaches this node's API, HOST:PORT (the node name and port 50000
+    /// by default).
+    #[arg(long)]
+    pub advertise: Option<String>,
     /// Paths under /etc kept when /etc is reset for a new version.
     #[arg(long = "keep-etc")]
     pub keep_etc: Vec<String>,
@@ -128,7 +142,7 @@ pub fn gen_config(args: GenConfigArgs) -> Result<()> {
             extra_sans: Vec::new(),
         },
         update: UpdateSettings {
-            enabled: args.image.is_some(),
+            enabled: args.image.is_some() || !args.operators.is_empty(),
             image: args.image,
             insecure: args.insecure_registry,
             channel: args.channel,
@@ -141,6 +155,18 @@ pub fn gen_config(args: GenConfigArgs) -> Result<()> {
                 .collect::<Result<_>>()?,
             lock_server: args.lock_server,
             lock_group: args.lock_group,
+            operator: args.operators,
+            group: args.group,
+            labels: args
+                .labels
+                .iter()
+                .map(|l| {
+                    l.split_once('=')
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .with_context(|| format!("--label {l:?}: expected KEY=VALUE"))
+                })
+                .collect::<Result<_>>()?,
+            advertise: args.advertise,
             ..UpdateSettings::default()
         },
         etc: Etc {

@@ -8,6 +8,8 @@ mod args;
 mod boot_cmd;
 mod cli;
 mod config_cmd;
+#[cfg(feature = "etcd")]
+mod fleet_cmd;
 mod fleetlock_cmd;
 mod imager_cmd;
 mod installer_cmd;

@@ -24,6 +24,7 @@ const PURE: &[&str] = &[
     "crates/machine-config/src",
     "crates/release/src",
     "crates/fleetlock/src",
+    "crates/rollout/src",
     // Only the policy of trust: keys.rs reads key files and key directories (std::fs).
     "crates/trust/src/policy.rs",
 ];

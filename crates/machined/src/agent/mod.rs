@@ -14,6 +14,7 @@
 
 mod decide;
 mod lock_client;
+mod operator_report;
 mod record;
 
 use std::sync::Arc;
@@ -30,6 +31,10 @@ use crate::node::{Node, Request, UpgradePlan};
 use decide::{decide, minute_of_week, newest_available, Inputs, Step};
 use lock_client::{LockClient, LockError};
 use record::{AgentRecord, Attempt, Outcome};
+
+/// How often a node with the operator strategy reports itself at least: the operator takes a
+/// node silent for a minute (its default `--stale-after`) as down.
+const OPERATOR_HEARTBEAT: Duration = Duration::from_secs(20);
 
 /// How soon a refused lock or an unreachable lock server is asked again (at most).
 const LOCK_RETRY: Duration = Duration::from_secs(30);
@@ -51,6 +56,8 @@ struct Agent<'a> {
     downloaded: Option<UpgradePlan>,
     /// The FleetLock slot was given back in this boot.
     lock_released: bool,
+    /// The operator strategy's heartbeat identity.
+    operator: operator_report::OperatorReporter,
 }
 
 impl<'a> Agent<'a> {
@@ -88,6 +95,7 @@ impl<'a> Agent<'a> {
             record,
             downloaded: None,
             lock_released: false,
+            operator: Default::default(),
         }
     }
 
@@ -114,14 +122,12 @@ impl<'a> Agent<'a> {
             return poll;
         }
         if settings.strategy == Strategy::Operator {
-            self.report(
-                settings,
-                "idle",
-                None,
-                None,
-                Some("the rollout operator decides"),
-            );
-            return poll;
+            let reason = match self.operator.report(self.node, &config) {
+                Ok(replica) => format!("the rollout operator decides (reported to {replica})"),
+                Err(err) => format!("cannot report to the rollout operator: {err}"),
+            };
+            self.report(settings, "idle", None, None, Some(&reason));
+            return poll.min(OPERATOR_HEARTBEAT);
         }
         let lock = (settings.strategy == Strategy::FleetLock).then(|| {
             LockClient::new(

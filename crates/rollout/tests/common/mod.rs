@@ -45,6 +45,7 @@ pub fn node(id: &str, group: &str, version: &str) -> NodeReport {
         healthy: true,
         busy: false,
         last_failure: None,
+        sent_at_ms: 0,
     }
 }
 

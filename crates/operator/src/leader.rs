@@ -1,0 +1,340 @@
+//! The leader: campaign, then tick until the leadership is lost or the replica stops.
+//!
+//! A tick reads everything from etcd (nothing is carried in memory from one tick to the next,
+//! so a new leader starts exactly where the old one stopped), decides with
+//! [`slate_rollout::tick`], stores the new rollouts fenced by the leadership, and only then
+//! sends the upgrade orders. A node is therefore recorded as upgrading before it is asked: a
+//! leader that dies after storing and before sending leaves an unconfirmed start, which the
+//! next leader sends again only when the node provably did not take it
+//! ([`slate_rollout::RESEND_AFTER`]).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use slate_release::ReleaseIndex;
+use slate_rollout::{tick, Event, EventKind, Order, PolicySet, Rollout, Step, Tick};
+
+use crate::drive::{DriveError, NodeDriver};
+use crate::etcd::{EtcdState, Fence, Outcome};
+use crate::state::{self, ELECTION};
+
+/// How the leader works.
+#[derive(Debug, Clone)]
+pub struct LeaderConfig {
+    /// This replica's name, shown as the leader.
+    pub name: String,
+    /// `REGISTRY/REPO` of the releases.
+    pub repository: String,
+    pub tick: Duration,
+    /// A node silent for longer is not started and fails its soak.
+    pub stale_after: Duration,
+    /// The leadership's lease: a dead leader is replaced within about this long.
+    pub lease_ttl: Duration,
+    /// How often the release index is read from the registry.
+    pub release_refresh: Duration,
+    /// Upgrade calls in flight at once.
+    pub parallel_orders: usize,
+}
+
+/// Where releases come from (the registry; a fixed index in tests).
+pub trait ReleaseSource: Send + Sync {
+    fn index(&self) -> Result<ReleaseIndex, String>;
+}
+
+/// A line for the operator's log.
+pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
+
+/// How long one tick of the leader took, phase by phase (for `xtask bench-operator`).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct TickTiming {
+    /// Reading the inventory, policies and rollouts from etcd.
+    pub read: Duration,
+    /// `slate_rollout::tick`.
+    pub decide: Duration,
+    /// The fenced commit of its decision.
+    pub commit: Duration,
+    /// Sending the orders and recording the answers.
+    pub send: Duration,
+    pub nodes: usize,
+    pub orders: usize,
+}
+
+/// Called after every tick the leader completes.
+pub type TickObserver = Arc<dyn Fn(&TickTiming) + Send + Sync>;
+
+pub fn now_unix() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+pub fn now_ms() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+/// Campaigns and leads until `stop`; a lost leadership campaigns again.
+pub fn run(
+    state: &EtcdState,
+    config: &LeaderConfig,
+    driver: &dyn NodeDriver,
+    releases: &dyn ReleaseSource,
+    stop: &AtomicBool,
+    log: &Log,
+    observer: Option<&TickObserver>,
+) {
+    let cache = IndexCache::default();
+    while !stop.load(Ordering::Relaxed) {
+        let leadership = match state.campaign(ELECTION, &config.name, config.lease_ttl, stop) {
+            Ok(Some(l)) => l,
+            Ok(None) => return,
+            Err(e) => {
+                log(&format!("campaign failed: {e}; trying again"));
+                std::thread::sleep(Duration::from_secs(1));
+                continue;
+            }
+        };
+        log(&format!("{} is the leader", config.name));
+        let fence = leadership.fence();
+        while !stop.load(Ordering::Relaxed) && !leadership.is_lost() {
+            let started = Instant::now();
+            let mut timing = TickTiming::default();
+            match lead_once(
+                state,
+                config,
+                driver,
+                releases,
+                &cache,
+                &fence,
+                log,
+                &mut timing,
+            ) {
+                Ok(Led::Deposed) => break,
+                Ok(Led::Ticked) => {
+                    if let Some(observe) = observer {
+                        observe(&timing);
+                    }
+                }
+                Err(e) => log(&format!("tick failed: {e}")),
+            }
+            if let Some(rest) = config.tick.checked_sub(started.elapsed()) {
+                std::thread::sleep(rest);
+            }
+        }
+        log(&format!("{} is no longer the leader", config.name));
+        if stop.load(Ordering::Relaxed) {
+            let _ = leadership.resign();
+            return;
+        }
+    }
+}
+
+enum Led {
+    Ticked,
+    Deposed,
+}
+
+#[derive(Default)]
+struct IndexCache {
+    held: Mutex<Option<(Instant, ReleaseIndex)>>,
+}
+
+impl IndexCache {
+    fn get(
+        &self,
+        source: &dyn ReleaseSource,
+        refresh: Duration,
+        log: &Log,
+    ) -> Option<ReleaseIndex> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = held.as_ref().is_some_and(|(at, _)| at.elapsed() < refresh);
+        if !fresh {
+            match source.index() {
+                Ok(index) => *held = Some((Instant::now(), index)),
+                // The last index read stays good: a registry outage stops nothing in flight.
+                Err(e) => log(&format!("cannot read the release index: {e}")),
+            }
+        }
+        held.as_ref().map(|(_, index)| index.clone())
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn lead_once(
+    state: &EtcdState,
+    config: &LeaderConfig,
+    driver: &dyn NodeDriver,
+    releases: &dyn ReleaseSource,
+    cache: &IndexCache,
+    fence: &Fence,
+    log: &Log,
+    timing: &mut TickTiming,
+) -> Result<Led, String> {
+    let started = Instant::now();
+    let inventory = state::inventory(state).map_err(|e| e.to_string())?;
+    let policies = PolicySet::parse(&state::policies_text(state).map_err(|e| e.to_string())?)
+        .map_err(|e| format!("the stored policies are refused: {e}"))?;
+    let stored = state::rollouts(state).map_err(|e| e.to_string())?;
+    let Some(index) = cache.get(releases, config.release_refresh, log) else {
+        return Ok(Led::Ticked);
+    };
+    let rollouts: BTreeMap<String, Rollout> = stored
+        .iter()
+        .map(|(g, s)| (g.clone(), s.value.clone()))
+        .collect();
+    let read_at: BTreeMap<String, i64> = stored
+        .iter()
+        .map(|(g, s)| (g.clone(), s.revision))
+        .collect();
+    timing.read = started.elapsed();
+    timing.nodes = inventory.len();
+    let decided = Instant::now();
+    let decision = tick(&Tick {
+        now: now_unix(),
+        inventory: &inventory,
+        policies: &policies,
+        index: &index,
+        repository: &config.repository,
+        rollouts: &rollouts,
+        stale_after: config.stale_after.as_secs(),
+    });
+    timing.decide = decided.elapsed();
+    let committed = Instant::now();
+    let outcome = state::commit_rollouts(
+        state,
+        Some(fence),
+        &decision.rollouts,
+        &read_at,
+        &decision.events,
+        now_ms(),
+    )
+    .map_err(|e| e.to_string())?;
+    timing.commit = committed.elapsed();
+    match outcome {
+        Outcome::Committed { .. } => {}
+        Outcome::Conflict => return Ok(Led::Ticked), // a pause or resume got in: decide again
+        Outcome::Deposed => return Ok(Led::Deposed),
+    }
+    for event in &decision.events {
+        log(&describe(event));
+    }
+    if decision.orders.is_empty() {
+        return Ok(Led::Ticked);
+    }
+    let sent = Instant::now();
+    timing.orders = decision.orders.len();
+    let answers = send(driver, &decision.orders, config.parallel_orders);
+    let recorded = record_answers(state, fence, &answers, log);
+    timing.send = sent.elapsed();
+    recorded
+}
+
+/// `group/rollout node: kind detail`.
+pub fn describe(e: &Event) -> String {
+    let node = e
+        .node
+        .as_deref()
+        .map(|n| format!(" {n}"))
+        .unwrap_or_default();
+    let detail = if e.detail.is_empty() {
+        String::new()
+    } else {
+        format!(": {}", e.detail)
+    };
+    format!("{}#{}{node} {:?}{detail}", e.group, e.rollout, e.kind)
+}
+
+/// Sends every order, `parallel` at a time.
+fn send(
+    driver: &dyn NodeDriver,
+    orders: &[Order],
+    parallel: usize,
+) -> Vec<(Order, Result<(), DriveError>)> {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let answers = Mutex::new(Vec::with_capacity(orders.len()));
+    std::thread::scope(|scope| {
+        for _ in 0..parallel.clamp(1, orders.len()) {
+            scope.spawn(|| loop {
+                let i = next.fetch_add(1, Ordering::Relaxed);
+                let Some(order) = orders.get(i) else { break };
+                let answer = driver.upgrade(order);
+                answers
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .push((order.clone(), answer));
+            });
+        }
+    });
+    answers.into_inner().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Marks accepted orders confirmed and refused ones failed, by compare-and-swap on the
+/// rollouts as they now stand (a few tries: a pause may get in between).
+fn record_answers(
+    state: &EtcdState,
+    fence: &Fence,
+    answers: &[(Order, Result<(), DriveError>)],
+    log: &Log,
+) -> Result<Led, String> {
+    for (order, answer) in answers {
+        if let Err(e) = answer {
+            log(&format!(
+                "{}: upgrade to {} not sent: {e}",
+                order.node, order.image
+            ));
+        }
+    }
+    for _ in 0..5 {
+        let stored = state::rollouts(state).map_err(|e| e.to_string())?;
+        let mut changed = BTreeMap::new();
+        let mut read_at = BTreeMap::new();
+        let mut events = Vec::new();
+        let now = now_unix();
+        for (order, answer) in answers {
+            let Some(s) = stored.get(&order.group) else {
+                continue;
+            };
+            if s.value.id != order.rollout {
+                continue;
+            }
+            let rollout: &mut Rollout = changed
+                .entry(order.group.clone())
+                .or_insert_with(|| s.value.clone());
+            read_at.insert(order.group.clone(), s.revision);
+            let Some(progress) = rollout.nodes.get_mut(&order.node) else {
+                continue;
+            };
+            let Step::Upgrading { issued, .. } = &mut progress.step else {
+                continue;
+            };
+            match answer {
+                Ok(()) => *issued = true,
+                Err(DriveError::Refused(reason)) => {
+                    let reason = format!("refused the upgrade: {reason}");
+                    events.push(Event {
+                        at: now,
+                        group: order.group.clone(),
+                        rollout: order.rollout,
+                        node: Some(order.node.clone()),
+                        kind: EventKind::Failed,
+                        detail: reason.clone(),
+                    });
+                    progress.step = Step::Failed { at: now, reason };
+                }
+                Err(DriveError::Unreachable(_)) => {}
+            }
+        }
+        changed.retain(|g, r| stored.get(g).is_some_and(|s| s.value != *r));
+        match state::commit_rollouts(state, Some(fence), &changed, &read_at, &events, now_ms())
+            .map_err(|e| e.to_string())?
+        {
+            Outcome::Committed { .. } => return Ok(Led::Ticked),
+            Outcome::Deposed => return Ok(Led::Deposed),
+            Outcome::Conflict => continue,
+        }
+    }
+    Err("could not record the nodes' answers: the rollouts kept changing".into())
+}

@@ -1,0 +1,94 @@
+//! The rollout operator (`slate operator run`): replicas elect a leader in etcd; the leader
+//! reads the inventory, policies and rollouts from etcd, decides with `slate-rollout`, writes
+//! its decisions back (fenced by its leadership) and drives nodes through their API. Every
+//! replica serves the operator API (`/v1/fleet/…`) over the node API's mutual TLS.
+//!
+//! - [`etcd`]: keys under a prefix, compare-and-swap commits with a leadership fence, election.
+//! - [`state`]: the typed keys (inventory, policies, rollouts, events).
+//! - [`leader`]: campaign and tick.
+//! - [`drive`]: upgrade orders through the node API.
+//! - [`service`]: the operator API.
+
+pub mod drive;
+pub mod etcd;
+pub mod leader;
+pub mod service;
+pub mod state;
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
+
+use slate_release::ReleaseIndex;
+use slate_transport::{fetch_release_index, Options, Reference};
+
+pub use drive::{ApiDriver, DriveError, NodeDriver};
+pub use etcd::{EtcdState, StateError};
+pub use leader::{LeaderConfig, Log, ReleaseSource, TickObserver, TickTiming};
+pub use service::{ControlRequest, FleetStatus, NodeStatus, OperatorService, PolicyText};
+
+/// The release index of a registry repository (an empty index while none is published).
+#[derive(Debug, Clone)]
+pub struct RegistryReleases {
+    pub repository: Reference,
+    pub options: Options,
+}
+
+impl ReleaseSource for RegistryReleases {
+    fn index(&self) -> Result<ReleaseIndex, String> {
+        fetch_release_index(&self.repository, &self.options)
+            .map(Option::unwrap_or_default)
+            .map_err(|e| e.to_string())
+    }
+}
+
+/// Everything `slate operator run` needs.
+pub struct Operator {
+    pub state: Arc<EtcdState>,
+    pub leader: LeaderConfig,
+    pub listen: std::net::SocketAddr,
+    /// `ca.crt`, the operator's serving `node.crt`/`node.key`, and `operator.crt`/`.key` to
+    /// call nodes with.
+    pub certs: PathBuf,
+    pub releases: Arc<dyn ReleaseSource>,
+    pub log: Log,
+    /// Sees every tick's timing while this replica leads (benchmarks).
+    pub observer: Option<TickObserver>,
+}
+
+impl std::fmt::Debug for Operator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Operator")
+            .field("leader", &self.leader)
+            .field("listen", &self.listen)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Serves the API and leads when elected, until `stop`.
+pub fn run(op: Operator, stop: &AtomicBool) -> Result<(), String> {
+    let config = slate_api::ServerConfig::from_dir(op.listen, &op.certs)
+        .map_err(|e| format!("operator certificates in {}: {e}", op.certs.display()))?;
+    let service = OperatorService {
+        state: op.state.clone(),
+        releases: op.releases.clone(),
+        repository: op.leader.repository.clone(),
+        stale_after: op.leader.stale_after,
+        log: op.log.clone(),
+    };
+    let server = slate_api::spawn_service(config, Arc::new(service))
+        .map_err(|e| format!("cannot serve the operator API on {}: {e}", op.listen))?;
+    (op.log)(&format!("operator API on {}", op.listen));
+    let driver = ApiDriver::new(&op.certs);
+    leader::run(
+        &op.state,
+        &op.leader,
+        &driver,
+        op.releases.as_ref(),
+        stop,
+        &op.log,
+        op.observer.as_ref(),
+    );
+    server.shutdown().map_err(|e| e.to_string())?;
+    Ok(())
+}

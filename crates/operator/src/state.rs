@@ -1,0 +1,183 @@
+//! The operator's state in etcd, typed (docs/operator.md "State in etcd"): every key is
+//! relative to the prefix (`/slate/operator/` by default).
+//!
+//! | key | value | written by |
+//! |---|---|---|
+//! | `nodes/<id>` | [`NodeRecord`] JSON | any replica, on a heartbeat or `fleet add-node` |
+//! | `policies` | the policy file (TOML), checked | any replica, `fleet policy set` |
+//! | `rollouts/<group>` | [`Rollout`] JSON | the leader (fenced), and any replica for pause/resume/abort, always by compare-and-swap |
+//! | `events/<ms>-<n>` | a JSON array of [`Event`]s | with the rollout change they record, in the same transaction |
+//! | `leader/<lease>` | the leader's name | etcd's election |
+
+use std::collections::BTreeMap;
+
+use serde::Serialize;
+use slate_rollout::{Event, Inventory, NodeRecord, Rollout};
+
+use crate::etcd::{Commit, EtcdState, Expect, Fence, Outcome, StateError};
+
+pub const NODES: &str = "nodes/";
+pub const POLICIES: &str = "policies";
+pub const ROLLOUTS: &str = "rollouts/";
+pub const EVENTS: &str = "events/";
+pub const ELECTION: &str = "leader";
+
+/// A value from etcd that does not parse: the store is refused, not guessed at.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error(transparent)]
+    Store(#[from] StateError),
+    #[error("etcd key {key:?} holds no valid {what}: {reason}")]
+    Corrupt {
+        key: String,
+        what: &'static str,
+        reason: String,
+    },
+}
+
+fn parse<T: serde::de::DeserializeOwned>(
+    key: &str,
+    value: &[u8],
+    what: &'static str,
+) -> Result<T, ReadError> {
+    serde_json::from_slice(value).map_err(|e| ReadError::Corrupt {
+        key: key.to_owned(),
+        what,
+        reason: e.to_string(),
+    })
+}
+
+fn json(value: &impl Serialize) -> Vec<u8> {
+    serde_json::to_vec(value).expect("state values serialize")
+}
+
+/// A rollout and the revision it was read at (what a compare-and-swap expects).
+#[derive(Debug, Clone)]
+pub struct Stored<T> {
+    pub value: T,
+    pub revision: i64,
+}
+
+pub fn inventory(state: &EtcdState) -> Result<Inventory, ReadError> {
+    let mut out = Inventory::new();
+    for entry in state.list(NODES)? {
+        let record: NodeRecord = parse(&entry.key, &entry.value, "node record")?;
+        out.insert(record.report.id.clone(), record);
+    }
+    Ok(out)
+}
+
+pub fn node(state: &EtcdState, id: &str) -> Result<Option<Stored<NodeRecord>>, ReadError> {
+    let key = format!("{NODES}{id}");
+    state
+        .get(&key)?
+        .map(|e| {
+            Ok(Stored {
+                value: parse(&key, &e.value, "node record")?,
+                revision: e.mod_revision,
+            })
+        })
+        .transpose()
+}
+
+/// Writes a node's record if its key still stands as `expect` says.
+pub fn put_node_if(
+    state: &EtcdState,
+    record: &NodeRecord,
+    expect: Expect,
+) -> Result<Outcome, StateError> {
+    let key = format!("{NODES}{}", record.report.id);
+    let commit = Commit {
+        checks: vec![(key.clone(), expect)],
+        puts: vec![(key, json(record))],
+        ..Commit::default()
+    };
+    state.commit(&commit)
+}
+
+pub fn rollouts(state: &EtcdState) -> Result<BTreeMap<String, Stored<Rollout>>, ReadError> {
+    let mut out = BTreeMap::new();
+    for entry in state.list(ROLLOUTS)? {
+        let rollout: Rollout = parse(&entry.key, &entry.value, "rollout")?;
+        out.insert(
+            rollout.group.clone(),
+            Stored {
+                value: rollout,
+                revision: entry.mod_revision,
+            },
+        );
+    }
+    Ok(out)
+}
+
+/// The policy file as stored (empty when none was set).
+pub fn policies_text(state: &EtcdState) -> Result<String, ReadError> {
+    match state.get(POLICIES)? {
+        None => Ok(String::new()),
+        Some(e) => String::from_utf8(e.value).map_err(|_| ReadError::Corrupt {
+            key: POLICIES.into(),
+            what: "policy file",
+            reason: "not UTF-8".into(),
+        }),
+    }
+}
+
+pub fn set_policies(state: &EtcdState, text: &str) -> Result<(), StateError> {
+    let commit = Commit {
+        puts: vec![(POLICIES.into(), text.as_bytes().to_vec())],
+        ..Commit::default()
+    };
+    state.commit(&commit).map(|_| ())
+}
+
+/// A key for a batch of events written at `now_ms`: in time order, and unique across
+/// replicas and calls (the process id and a counter).
+pub fn event_key(now_ms: u64) -> String {
+    static COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    format!("{EVENTS}{now_ms:015}-{}-{n}", std::process::id())
+}
+
+/// The last `limit` events, oldest first.
+pub fn events(state: &EtcdState, limit: usize) -> Result<Vec<Event>, ReadError> {
+    let mut out = Vec::new();
+    for entry in state.list(EVENTS)? {
+        let batch: Vec<Event> = parse(&entry.key, &entry.value, "event batch")?;
+        out.extend(batch);
+    }
+    let skip = out.len().saturating_sub(limit);
+    Ok(out.split_off(skip))
+}
+
+/// Rollouts changed together with the events that say why, in one transaction: each rollout
+/// only if it still stands at the revision it was read at (or is still absent), and with a
+/// fence only while that leadership stands.
+pub fn commit_rollouts(
+    state: &EtcdState,
+    fence: Option<&Fence>,
+    changed: &BTreeMap<String, Rollout>,
+    read_at: &BTreeMap<String, i64>,
+    events: &[Event],
+    now_ms: u64,
+) -> Result<Outcome, StateError> {
+    let mut commit = Commit {
+        fence: fence.cloned(),
+        ..Commit::default()
+    };
+    for (group, rollout) in changed {
+        let key = format!("{ROLLOUTS}{group}");
+        let expect = match read_at.get(group) {
+            Some(rev) => Expect::ModRevision(*rev),
+            None => Expect::Absent,
+        };
+        commit.checks.push((key.clone(), expect));
+        commit.puts.push((key, json(rollout)));
+    }
+    if !events.is_empty() {
+        commit.puts.push((event_key(now_ms), json(&events)));
+    }
+    if commit.puts.is_empty() {
+        return Ok(Outcome::Committed { revision: 0 });
+    }
+    state.commit(&commit)
+}
