@@ -118,3 +118,110 @@ fn node_report(node: &Node, config: &MachineConfig) -> NodeReport {
             .map_or(0, |d| d.as_millis() as u64),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::{Arc, Mutex};
+
+    use serde_json::{json, Value};
+    use slate_api::{BackendError, JsonService, ServerConfig, ServiceRoute};
+    use slate_machine_config::{Api, Etc, Network, Node as NodeSection, Strategy, UpdateSettings};
+
+    use super::*;
+
+    const HEARTBEAT: ServiceRoute =
+        ServiceRoute::new("POST", "/v1/fleet/heartbeat", Role::Operator);
+
+    /// The operator API's heartbeat route, recording what arrives and with which role.
+    #[derive(Default)]
+    struct Operator {
+        seen: Mutex<Vec<(Role, NodeReport)>>,
+    }
+
+    impl JsonService for Operator {
+        fn routes(&self) -> &[ServiceRoute] {
+            std::slice::from_ref(&HEARTBEAT)
+        }
+
+        fn call(
+            &self,
+            _: &ServiceRoute,
+            role: Role,
+            _: Option<&str>,
+            body: &[u8],
+        ) -> Result<Value, BackendError> {
+            let report = serde_json::from_slice(body)
+                .map_err(|e| BackendError::InvalidArgument(e.to_string()))?;
+            self.seen.lock().unwrap().push((role, report));
+            Ok(json!({ "written": true }))
+        }
+    }
+
+    #[test]
+    fn the_node_reports_itself_with_a_certificate_it_issued_from_its_ca() {
+        let pki = tempfile::tempdir().unwrap();
+        slate_api::gen_certs(pki.path(), &[]).unwrap();
+        let read = |name: &str| std::fs::read_to_string(pki.path().join(name)).unwrap();
+        let operator = Arc::new(Operator::default());
+        let server = slate_api::spawn_service(
+            ServerConfig::from_dir("127.0.0.1:0".parse().unwrap(), pki.path()).unwrap(),
+            operator.clone(),
+        )
+        .unwrap();
+        let config = MachineConfig {
+            version: slate_machine_config::CURRENT_VERSION,
+            node: NodeSection {
+                name: "node7".into(),
+                hostname: None,
+            },
+            network: Network::default(),
+            api: Api {
+                listen: None,
+                ca_cert: read(slate_api::CA_CERT),
+                ca_key: read(slate_api::CA_KEY),
+                client_ca: read(slate_api::CA_CERT),
+                extra_sans: Vec::new(),
+            },
+            update: UpdateSettings {
+                enabled: true,
+                strategy: Strategy::Operator,
+                // The first replica is down: the report goes to the next.
+                operator: vec!["127.0.0.1:1".into(), server.local_addr().to_string()],
+                group: Some("web".into()),
+                labels: [("zone".to_owned(), "a".to_owned())].into(),
+                advertise: Some("127.0.0.1:50007".into()),
+                ..UpdateSettings::default()
+            },
+            etc: Etc::default(),
+        };
+        let (node, _requests) = Node::for_tests("");
+        let mut reporter = OperatorReporter::default();
+        let replica = reporter.report(&node, &config).unwrap();
+        assert_eq!(replica, server.local_addr().to_string());
+        reporter.report(&node, &config).unwrap();
+        let seen = operator.seen.lock().unwrap().clone();
+        assert_eq!(seen.len(), 2);
+        let (role, report) = &seen[0];
+        assert_eq!(*role, Role::Operator);
+        assert_eq!(report.id, "node7");
+        assert_eq!(report.group, "web");
+        assert_eq!(report.labels["zone"], "a");
+        assert_eq!(report.endpoint, "127.0.0.1:50007");
+        assert_eq!(report.version, node.version);
+        assert!(report.committed && report.healthy && !report.busy);
+        assert!(seen[1].1.sent_at_ms >= report.sent_at_ms && report.sent_at_ms > 0);
+        // Another fleet's operator (another CA) is not reported to.
+        let other = tempfile::tempdir().unwrap();
+        slate_api::gen_certs(other.path(), &[]).unwrap();
+        let foreign = slate_api::spawn_service(
+            ServerConfig::from_dir("127.0.0.1:0".parse().unwrap(), other.path()).unwrap(),
+            Arc::new(Operator::default()),
+        )
+        .unwrap();
+        let mut elsewhere = config.clone();
+        elsewhere.update.operator = vec![foreign.local_addr().to_string()];
+        assert!(reporter.report(&node, &elsewhere).is_err());
+        server.shutdown().unwrap();
+        foreign.shutdown().unwrap();
+    }
+}
