@@ -234,7 +234,9 @@ pub struct RebootRequest {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct UpgradeRequest {
-    /// The image (installer bundle) reference to upgrade to.
+    /// The installer bundle to upgrade to: `bundle:sha256:<hex>` (uploaded), or a registry
+    /// reference pinned by version and digest, `REGISTRY/REPO:VERSION@sha256:<hex>`, that the
+    /// node pulls after it answers (immediate and forward only).
     pub image: String,
     /// Stage the upgrade for the next boot instead of running it now.
     #[serde(default)]

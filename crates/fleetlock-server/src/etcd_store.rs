@@ -22,47 +22,33 @@
 //! requests on a group this is the difference between one round trip per change and most of
 //! them wasted.
 //!
-//! The trait is synchronous and etcd's client is async: the store owns a small tokio runtime
-//! and every call runs as a task there while the calling thread waits on a channel. That is
-//! correct from any thread (the server calls from tokio's blocking pool; the CLI from main),
-//! and never nests one runtime's `block_on` inside another's.
+//! The trait is synchronous and etcd's client is async: the store owns a small runtime
+//! ([`slate_etcd_call::CallRuntime`]) and every call runs as a task there while the calling
+//! thread waits on a channel, which is correct from any thread (the server calls from tokio's
+//! blocking pool; the CLI from main). How calls reach etcd, the timeouts and which failures are
+//! repeated within [`RETRY_BUDGET`] are `slate-etcd-call`'s, shared with the operator.
 //!
-//! Failover: the client balances over every endpoint given. A call that fails because a member
-//! is unreachable, between leaders or too slow (a transport error, `Unavailable`, the request
-//! timeout) is repeated, with a short backoff, within [`RETRY_BUDGET`]; each attempt is bounded
-//! by the connect and request timeouts. Repeating a swap whose first attempt may have
-//! committed is safe: the repeat's compare then fails, the store answers "lost" with what
-//! stands, and the caller's retry finds its own change already made in it (locking again is
-//! "already held", unlocking again "not held").
+//! Failover: the client balances over every endpoint given, and a call that fails because a
+//! member is unreachable, between leaders or too slow is repeated. Repeating a swap whose first
+//! attempt may have committed is safe: the repeat's compare then fails, the store answers
+//! "lost" with what stands, and the caller's retry finds its own change already made in it
+//! (locking again is "already held", unlocking again "not held").
 
 use std::future::Future;
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, Error as EtcdError, GetOptions, GetResponse, Txn,
-    TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, Error as EtcdError, GetOptions, GetResponse, Txn, TxnOp,
+    TxnOpResponse,
 };
+use slate_etcd_call::CallRuntime;
 use slate_fleetlock::store::{Local, Swap};
 use slate_fleetlock::{GroupName, Semaphore, SemaphoreStore, StoreError, Version};
+
+pub use slate_etcd_call::{CONNECT_TIMEOUT, REQUEST_TIMEOUT, RETRY_BUDGET};
 
 /// airlock's key prefix; a group's key is `<prefix><group>/v1/semaphore`.
 pub const KEY_PREFIX: &str = "com.coreos.airlock/groups/";
 const KEY_SUFFIX: &str = "/v1/semaphore";
-
-/// Connecting to one member: an unreachable member's address fails over to another instead of
-/// hanging.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// One request to one member. Short enough to be repeated within [`RETRY_BUDGET`]: a swap that
-/// a follower forwarded to a leader that then died waits for etcd's own timeout (5 s and more)
-/// before it fails, while the repeat goes to the new leader (elected within about a second).
-/// A healthy cluster answers in milliseconds.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long one store call keeps repeating a request that found no member or no leader, or
-/// timed out.
-pub const RETRY_BUDGET: Duration = Duration::from_secs(5);
-const FIRST_BACKOFF: Duration = Duration::from_millis(20);
-const MAX_BACKOFF: Duration = Duration::from_millis(500);
 
 /// airlock's key of `group`.
 pub fn key(group: &GroupName) -> String {
@@ -82,8 +68,8 @@ pub struct EtcdStore {
     client: Client,
     /// This store value's callers take turns per group rather than race each other's swaps.
     local: Local,
-    /// `Some` until dropped; see `Drop`.
-    runtime: Option<tokio::runtime::Runtime>,
+    /// Where every call runs, the calling thread waiting for it (see the module documentation).
+    runtime: CallRuntime,
 }
 
 impl std::fmt::Debug for EtcdStore {
@@ -98,45 +84,22 @@ impl EtcdStore {
     /// A client of the cluster at `endpoints` (`http://host:port` each). Nothing is sent yet:
     /// a cluster that is down shows at the first call.
     pub fn connect(endpoints: &[String]) -> Result<Self, StoreError> {
-        let shown = endpoints.join(",");
-        if endpoints.is_empty() {
-            return Err(StoreError::backend(
-                "connecting to etcd",
-                "no endpoints given",
-            ));
-        }
-        if let Some(https) = endpoints.iter().find(|e| e.starts_with("https://")) {
-            return Err(StoreError::backend(
-                format!("connecting to etcd at {shown}"),
-                format!("{https}: TLS to etcd is not implemented yet; use http:// endpoints"),
-            ));
-        }
-        // Two workers: one is enough for the gRPC traffic; the second keeps a slow poll from
-        // stalling every other call.
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("slate-fleetlock-etcd")
-            .enable_all()
-            .build()
+        slate_etcd_call::check_endpoints(endpoints)
+            .map_err(|e| StoreError::backend(e.what(), e))?;
+        let runtime = CallRuntime::new("slate-fleetlock-etcd")
             .map_err(|e| StoreError::backend("starting the etcd client's runtime", e))?;
-        let options = ConnectOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            .with_timeout(REQUEST_TIMEOUT)
-            // A member cut off from the leader answers at once instead of waiting for one.
-            .with_require_leader(true);
-        let eps = endpoints.to_vec();
+        let (eps, options) = (endpoints.to_vec(), slate_etcd_call::connect_options());
         // Created on the store's runtime: the client's channel spawns its workers there.
-        let what = || format!("connecting to etcd at {shown}");
-        let client = wait(&runtime, async move {
-            Client::connect(eps, Some(options)).await
-        })
-        .ok_or_else(|| StoreError::backend(what(), "the connect task was abandoned"))?
-        .map_err(|e| StoreError::backend(what(), e))?;
+        let what = || format!("connecting to etcd at {}", endpoints.join(","));
+        let client = runtime
+            .wait(async move { Client::connect(eps, Some(options)).await })
+            .ok_or_else(|| StoreError::backend(what(), "the connect task was abandoned"))?
+            .map_err(|e| StoreError::backend(what(), e))?;
         Ok(EtcdStore {
             endpoints: endpoints.to_vec(),
             client,
             local: Local::new(),
-            runtime: Some(runtime),
+            runtime,
         })
     }
 
@@ -148,86 +111,17 @@ impl EtcdStore {
         format!("etcd {}: {what}", self.endpoints.join(","))
     }
 
-    /// Runs `call` (repeated per [`retrying`]) on the store's runtime and waits for it.
+    /// Runs `call` (repeated per [`slate_etcd_call::retrying`]) on the store's runtime and
+    /// waits for it.
     fn run<T, F, Fut>(&self, what: impl FnOnce() -> String, call: F) -> Result<T, StoreError>
     where
         T: Send + 'static,
         F: FnMut(Client) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, EtcdError>> + Send + 'static,
     {
-        let Some(runtime) = self.runtime.as_ref() else {
-            return Err(StoreError::backend(what(), "the store is shut down"));
-        };
-        match wait(runtime, retrying(self.client.clone(), call)) {
-            Some(result) => result.map_err(|e| StoreError::backend(what(), e)),
-            None => Err(StoreError::backend(what(), "the etcd call was abandoned")),
-        }
-    }
-}
-
-/// Runs `future` as a task on `runtime` and blocks this thread until it is done. Unlike
-/// `Runtime::block_on` this works from any thread, even one inside another runtime's async
-/// context (it then blocks that thread, but does not panic). `None`: the task panicked (a bug
-/// in the client) or the runtime is shutting down.
-fn wait<T: Send + 'static>(
-    runtime: &tokio::runtime::Runtime,
-    future: impl Future<Output = T> + Send + 'static,
-) -> Option<T> {
-    let (tx, rx) = mpsc::sync_channel(1);
-    runtime.spawn(async move {
-        let _ = tx.send(future.await);
-    });
-    rx.recv().ok()
-}
-
-/// Whether a failed call may succeed when repeated: nothing answered in time (refused, the
-/// connection broke mid-call, or [`REQUEST_TIMEOUT`] passed: tonic reports those with a
-/// transport error as the status' source), or the member that answered has no leader at the
-/// moment (etcd says `Unavailable`: "no leader", "leader changed", "request timed out").
-fn transient(e: &EtcdError) -> bool {
-    match e {
-        EtcdError::TransportError(_) | EtcdError::IoError(_) => true,
-        EtcdError::GRpcStatus(status) => {
-            status.code() == tonic::Code::Unavailable || {
-                let mut source = std::error::Error::source(status);
-                let mut broken = false;
-                while let Some(cause) = source {
-                    broken |= cause.is::<tonic::transport::Error>() || cause.is::<std::io::Error>();
-                    source = cause.source();
-                }
-                broken
-            }
-        }
-        _ => false,
-    }
-}
-
-async fn retrying<T, F, Fut>(client: Client, mut call: F) -> Result<T, EtcdError>
-where
-    F: FnMut(Client) -> Fut,
-    Fut: Future<Output = Result<T, EtcdError>>,
-{
-    let start = Instant::now();
-    let mut backoff = FIRST_BACKOFF;
-    loop {
-        match call(client.clone()).await {
-            Err(e) if transient(&e) && start.elapsed() + backoff < RETRY_BUDGET => {
-                tokio::time::sleep(backoff).await;
-                backoff = (backoff * 2).min(MAX_BACKOFF);
-            }
-            result => return result,
-        }
-    }
-}
-
-impl Drop for EtcdStore {
-    fn drop(&mut self) {
-        // The last reference may go away inside an async context (a server's accept loop
-        // ending), where dropping a runtime would wait on its workers and panic. Nothing in
-        // flight is worth waiting for: every call's caller waits for its own answer.
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
+        self.runtime
+            .call(&self.client, call)
+            .map_err(|e| StoreError::backend(what(), e))
     }
 }
 
@@ -415,8 +309,8 @@ mod tests {
         assert!(err.contains("TLS to etcd is not implemented"), "{err}");
     }
 
-    /// Also: the store is made, used and dropped inside another runtime's async context
-    /// (where `Runtime::block_on` or dropping a runtime would panic) without panicking.
+    /// After the retry budget (slate-etcd-call tests the repeats, and calls from inside
+    /// another runtime's async context).
     #[test]
     fn a_dead_cluster_is_an_error_naming_it() {
         // A port nobody listens on: bound, then closed.
@@ -426,23 +320,13 @@ mod tests {
             .unwrap()
             .port();
         let url = format!("http://127.0.0.1:{port}");
-        let outer = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let (err, took) = outer.block_on(async {
-            let store = EtcdStore::connect(std::slice::from_ref(&url)).unwrap();
-            let start = Instant::now();
-            let err = store.load(&GroupName::default_group()).unwrap_err();
-            (err.to_string(), start.elapsed())
-        });
+        let store = EtcdStore::connect(std::slice::from_ref(&url)).unwrap();
+        let err = store.load(&GroupName::default_group()).unwrap_err();
+        let err = err.to_string();
         assert!(
             err.contains(&url) && err.contains("reading group default"),
             "{err}"
         );
-        // Repeated, within the budget: refused connections are the transient kind.
-        assert!(took >= FIRST_BACKOFF * 3, "{took:?}: not repeated");
-        assert!(took < RETRY_BUDGET + REQUEST_TIMEOUT, "{took:?}");
     }
 
     fn locked(s: &Semaphore, id: &str) -> Semaphore {

@@ -36,6 +36,70 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// `POST /v1/upgrade` with a pinned registry reference (the rollout operator's order):
+    /// the lock is taken now, so the answer means the node took it; the pull and the checks
+    /// run after the answer, and a failure there is the node's last failure for that version
+    /// (what the operator watches for), the lock then given back.
+    fn upgrade_from_registry(&self, req: UpgradeRequest) -> Result<(), BackendError> {
+        let pinned = upgrade::pull::pinned(&req.image).map_err(BackendError::InvalidArgument)?;
+        if req.stage || req.allow_downgrade {
+            return Err(BackendError::InvalidArgument(
+                "a registry upgrade is immediate and forward only (stage or downgrade from an \
+                 uploaded bundle)"
+                    .into(),
+            ));
+        }
+        let options = slate_transport::Options {
+            insecure: self.0.machine.current().is_some_and(|c| c.update.insecure),
+            ..slate_transport::Options::default()
+        };
+        let guard = self
+            .0
+            .lock
+            .try_lock(SequenceKind::Upgrade)
+            .map_err(locked)?;
+        let node = self.0.clone();
+        node.journal.info(format_args!(
+            "upgrade to {} requested: pulling {}",
+            pinned.version, req.image
+        ));
+        let spawned = std::thread::Builder::new()
+            .name("registry-upgrade".into())
+            .spawn(
+                move || match upgrade::pull::pull(&node, &pinned, &options) {
+                    Ok((mut plan, fetched, cached)) => {
+                        node.journal.info(format_args!(
+                            "{} pulled and verified ({fetched} bytes fetched, {cached} cached)",
+                            pinned.version
+                        ));
+                        plan.tries = req.tries.unwrap_or(plan.tries);
+                        plan.reboot = req.reboot_mode;
+                        if let Err(err) = node.request(Request::Upgrade(plan, guard)) {
+                            node.journal
+                                .error(format_args!("upgrade to {}: {err}", pinned.version));
+                        }
+                    }
+                    Err(reason) => {
+                        node.journal.error(format_args!(
+                            "upgrade to {} refused: {reason}",
+                            pinned.version
+                        ));
+                        *node.last_failure.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some(slate_api::Failure {
+                                version: pinned.version.clone(),
+                                reason: format!("pulling {}: {reason}", req.image),
+                            });
+                        drop(guard);
+                    }
+                },
+            );
+        spawned
+            .map(drop)
+            .map_err(|e| BackendError::Failed(format!("cannot start the pull: {e}")))
+    }
+}
+
 impl NodeBackend for Backend {
     fn version(&self) -> VersionInfo {
         VersionInfo {
@@ -106,6 +170,9 @@ impl NodeBackend for Backend {
 
     fn upgrade(&self, req: UpgradeRequest) -> Result<(), BackendError> {
         self.require(Capabilities::UPGRADE, "upgrade")?;
+        if !req.image.starts_with(upgrade::BUNDLE_SCHEME) {
+            return self.upgrade_from_registry(req);
+        }
         let plan = upgrade::plan(&self.0, &req)?;
         let guard = self
             .0
@@ -259,6 +326,30 @@ mod tests {
         );
         assert!(requests.try_recv().is_err());
         assert_eq!(backend.status().running_sequence, None);
+    }
+
+    #[test]
+    fn a_registry_upgrade_must_be_pinned_forward_and_immediate() {
+        let (backend, requests) = backend("");
+        let hex = "ab".repeat(32);
+        let pinned = format!("10.0.2.2:5000/slate/os:2.0.0@sha256:{hex}");
+        for (image, stage, downgrade) in [
+            ("10.0.2.2:5000/slate/os:2.0.0".to_owned(), false, false),
+            (format!("10.0.2.2:5000/slate/os@sha256:{hex}"), false, false),
+            (pinned.clone(), true, false),
+            (pinned.clone(), false, true),
+        ] {
+            let mut req = UpgradeRequest::new(image.clone());
+            req.stage = stage;
+            req.allow_downgrade = downgrade;
+            assert!(
+                matches!(backend.upgrade(req), Err(BackendError::InvalidArgument(_))),
+                "{image} stage={stage} downgrade={downgrade}"
+            );
+        }
+        // Refused before the lock: nothing runs, nothing is asked of the main loop.
+        assert_eq!(backend.status().running_sequence, None);
+        assert!(requests.try_recv().is_err());
     }
 
     #[test]

@@ -32,45 +32,36 @@
 //!
 //! # Calls and retries
 //!
-//! The API is synchronous and etcd's client is async: the state owns a small tokio runtime and
-//! every call runs as a task there while the calling thread waits on a channel. That is correct
-//! from any thread, including one of another runtime's blocking pool, and never nests one
-//! runtime's `block_on` in another's.
+//! The API is synchronous and etcd's client is async: the state owns a small runtime
+//! ([`slate_etcd_call::CallRuntime`]) and every call runs as a task there while the calling
+//! thread waits on a channel, which is correct from any thread, including one of another
+//! runtime's blocking pool. How calls reach etcd, the timeouts ([`CONNECT_TIMEOUT`],
+//! [`REQUEST_TIMEOUT`]) and which failures are repeated within [`RETRY_BUDGET`] (a transport
+//! error, no leader, the request timeout) are `slate-etcd-call`'s, shared with
+//! fleetlock-server's etcd store.
 //!
-//! The client balances over every endpoint given. A call that fails because a member is
-//! unreachable, between leaders or too slow (a transport error, `Unavailable`, the request
-//! timeout) is repeated with a short backoff within [`RETRY_BUDGET`]; each attempt is bounded
-//! by [`CONNECT_TIMEOUT`] and [`REQUEST_TIMEOUT`]. Reads and checked commits are safe to
-//! repeat. A repeated commit whose first attempt may have committed answers
-//! [`Outcome::Conflict`] (its checks now fail on its own writes), so after a conflict the
-//! caller re-reads and decides again, and may find its own change already made. A commit with
-//! no checks is repeated as is (its puts and deletes write the same values again).
+//! Reads and checked commits are safe to repeat. A repeated commit whose first attempt may have
+//! committed answers [`Outcome::Conflict`] (its checks now fail on its own writes), so after a
+//! conflict the caller re-reads and decides again, and may find its own change already made. A
+//! commit with no checks is repeated as is (its puts and deletes write the same values again).
 
 mod election;
-mod retry;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, Error as EtcdError, GetOptions, SortOrder,
-    SortTarget, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, Error as EtcdError, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
+    TxnOpResponse,
 };
+use slate_etcd_call::{transient, CallError, CallRuntime};
 
 pub use election::Leadership;
-use retry::{retrying, transient, wait};
+pub use slate_etcd_call::{CONNECT_TIMEOUT, REQUEST_TIMEOUT, RETRY_BUDGET};
 
 /// Where the operator's keys are unless configured otherwise.
 pub const DEFAULT_PREFIX: &str = "/slate/operator/";
-/// Connecting to one member: an unreachable member fails over to another instead of hanging.
-pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
-/// One request to one member (the campaign, which waits for its turn, excepted). Short enough
-/// to be repeated within [`RETRY_BUDGET`] when a member or the leader died under it.
-pub const REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long one call keeps repeating a request that found no member or no leader, or timed
-/// out.
-pub const RETRY_BUDGET: Duration = Duration::from_secs(5);
 /// Keys per read when listing: a page of ~500-byte values is about 500 KB.
 const PAGE: i64 = 1000;
 /// The largest answer a read accepts (tonic's default is 4 MiB): a page of large values.
@@ -197,8 +188,8 @@ struct Shared {
     /// The campaign, which waits server-side until it wins: no request timeout (a timed-out
     /// campaign is cancelled, and etcd then withdraws the candidate).
     waiting: Client,
-    /// `Some` until dropped; see `Drop`.
-    runtime: Option<tokio::runtime::Runtime>,
+    /// Every call's and background task's (the campaign's, the lease keep-alive's).
+    runtime: CallRuntime,
 }
 
 impl std::fmt::Debug for EtcdState {
@@ -216,17 +207,8 @@ impl EtcdState {
     /// that is down shows at the first call.
     pub fn connect(endpoints: &[String], prefix: &str) -> Result<Self, StateError> {
         let shown = endpoints.join(",");
-        if endpoints.is_empty() {
-            return Err(StateError::Invalid(
-                "connecting to etcd: no endpoints given".into(),
-            ));
-        }
-        if let Some(https) = endpoints.iter().find(|e| e.starts_with("https://")) {
-            return Err(StateError::Invalid(format!(
-                "connecting to etcd at {shown}: {https}: TLS to etcd is not implemented yet; \
-                 use http:// endpoints"
-            )));
-        }
+        slate_etcd_call::check_endpoints(endpoints)
+            .map_err(|e| StateError::Invalid(format!("{}: {e}", e.what())))?;
         if prefix.is_empty() {
             return Err(StateError::Invalid(format!(
                 "etcd {shown}: an empty key prefix; the operator's keys need one of their own \
@@ -242,30 +224,22 @@ impl EtcdState {
             what: "connecting".into(),
             reason,
         };
-        // Two workers: the gRPC traffic needs one; the second keeps a slow call (a campaign's
-        // keep-alive, a large listing) from stalling the others.
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("slate-operator-etcd")
-            .enable_all()
-            .build()
+        let runtime = CallRuntime::new("slate-operator-etcd")
             .map_err(|e| failed(format!("starting the client's runtime: {e}")))?;
-        let options = ConnectOptions::new()
-            .with_connect_timeout(CONNECT_TIMEOUT)
-            // A member cut off from the leader answers at once instead of waiting for one.
-            .with_require_leader(true);
-        let bounded = options.clone().with_timeout(REQUEST_TIMEOUT);
         // A campaign may wait for hours on one connection: HTTP/2 pings notice a member that
         // vanished without closing it (no more often than etcd's 5 s ping policy allows).
-        let waiting = options.with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
+        let waiting = slate_etcd_call::waiting_options()
+            .with_keep_alive(Duration::from_secs(10), Duration::from_secs(5));
         let eps = endpoints.to_vec();
         // Created on the state's runtime: the clients' channels spawn their workers there.
-        let clients = wait(&runtime, async move {
-            let client = Client::connect(&eps, Some(bounded)).await?;
-            let waiting = Client::connect(&eps, Some(waiting)).await?;
-            Ok::<_, EtcdError>((client, waiting))
-        })
-        .ok_or_else(|| failed("the connect task was abandoned".into()))?;
+        let clients = runtime
+            .wait(async move {
+                let bounded = slate_etcd_call::connect_options();
+                let client = Client::connect(&eps, Some(bounded)).await?;
+                let waiting = Client::connect(&eps, Some(waiting)).await?;
+                Ok::<_, EtcdError>((client, waiting))
+            })
+            .ok_or_else(|| failed("the connect task was abandoned".into()))?;
         let (client, waiting) = clients.map_err(|e| failed(e.to_string()))?;
         Ok(EtcdState {
             shared: Arc::new(Shared {
@@ -273,7 +247,7 @@ impl EtcdState {
                 prefix,
                 client,
                 waiting,
-                runtime: Some(runtime),
+                runtime,
             }),
         })
     }
@@ -513,26 +487,10 @@ impl Shared {
         F: FnMut(Client) -> Fut + Send + 'static,
         Fut: Future<Output = Result<T, EtcdError>> + Send + 'static,
     {
-        match self.wait(retrying(self.client.clone(), call)) {
-            Ok(Ok(value)) => Ok(value),
-            Ok(Err(e)) => Err(self.error(what(), e)),
-            Err(reason) => Err(self.failed(what(), reason)),
-        }
-    }
-
-    /// Runs `future` as a task on the runtime and waits for it; see [`wait`].
-    fn wait<T: Send + 'static>(
-        &self,
-        future: impl Future<Output = T> + Send + 'static,
-    ) -> Result<T, String> {
-        let runtime = self.runtime()?;
-        wait(runtime, future).ok_or_else(|| "the etcd call was abandoned".into())
-    }
-
-    fn runtime(&self) -> Result<&tokio::runtime::Runtime, String> {
-        self.runtime
-            .as_ref()
-            .ok_or_else(|| "the client is shut down".into())
+        self.runtime.call(&self.client, call).map_err(|e| match e {
+            CallError::Etcd(e) => self.error(what(), e),
+            abandoned @ CallError::Abandoned => self.failed(what(), abandoned.to_string()),
+        })
     }
 
     fn error(&self, what: String, e: EtcdError) -> StateError {
@@ -569,21 +527,9 @@ impl Shared {
     }
 }
 
-impl Drop for Shared {
-    fn drop(&mut self) {
-        // The last reference may go away inside an async context, where dropping a runtime
-        // would wait on its workers and panic. Nothing in flight is worth waiting for: every
-        // call's caller waits for its own answer.
-        if let Some(runtime) = self.runtime.take() {
-            runtime.shutdown_background();
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::time::Instant;
 
     #[test]
     fn prefix_ends() {
@@ -608,33 +554,21 @@ mod tests {
         assert!(err.contains("empty key prefix"), "{err}");
     }
 
-    /// Also: made, used and dropped inside another runtime's async context without panicking.
+    /// After the retry budget (slate-etcd-call tests the repeats, and calls from inside
+    /// another runtime's async context).
     #[test]
-    fn a_dead_cluster_is_an_error_naming_it_and_the_key() {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let url = format!("http://127.0.0.1:{port}");
-        let outer = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap();
-        let (err, took) = outer.block_on(async {
-            let state = EtcdState::connect(std::slice::from_ref(&url), "/t").unwrap();
-            assert_eq!(state.prefix(), "/t/");
-            let start = Instant::now();
-            let err = state.get("rollouts/r1").unwrap_err();
-            (err, start.elapsed())
-        });
+    fn a_dead_cluster_is_unavailable_naming_it_and_the_key() {
+        let unused = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", unused.local_addr().unwrap());
+        drop(unused);
+        let state = EtcdState::connect(std::slice::from_ref(&url), "/t").unwrap();
+        assert_eq!(state.prefix(), "/t/");
+        let err = state.get("rollouts/r1").unwrap_err();
         assert!(matches!(err, StateError::Unavailable { .. }), "{err:?}");
         let err = err.to_string();
         assert!(
             err.contains(&url) && err.contains("/t/rollouts/r1"),
             "{err}"
         );
-        assert!(took >= Duration::from_millis(60), "{took:?}: not repeated");
-        assert!(took < RETRY_BUDGET + REQUEST_TIMEOUT, "{took:?}");
     }
 }

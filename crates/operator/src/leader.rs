@@ -25,7 +25,8 @@ use crate::state::{self, ELECTION};
 pub struct LeaderConfig {
     /// This replica's name, shown as the leader.
     pub name: String,
-    /// `REGISTRY/REPO` of the releases.
+    /// `REGISTRY/REPO` of the releases as the nodes reach it (orders name
+    /// `REGISTRY/REPO:VERSION@DIGEST`).
     pub repository: String,
     pub tick: Duration,
     /// A node silent for longer is not started and fails its soak.

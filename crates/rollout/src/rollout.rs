@@ -18,7 +18,7 @@ pub struct Rollout {
     pub id: u64,
     pub group: String,
     pub target: String,
-    /// The reference nodes upgrade to (`REGISTRY/REPO:VERSION`).
+    /// The reference nodes upgrade to (`REGISTRY/REPO:VERSION@sha256:…`).
     pub image: String,
     pub created: u64,
     pub state: RolloutState,

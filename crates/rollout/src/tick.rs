@@ -32,7 +32,8 @@ pub struct Tick<'a> {
     pub inventory: &'a Inventory,
     pub policies: &'a PolicySet,
     pub index: &'a ReleaseIndex,
-    /// `REGISTRY/REPO`: a release's image is `REGISTRY/REPO:VERSION`.
+    /// `REGISTRY/REPO` as the nodes reach it: a release's image is
+    /// `REGISTRY/REPO:VERSION@DIGEST`.
     pub repository: &'a str,
     /// The latest rollout of each group.
     pub rollouts: &'a BTreeMap<String, Rollout>,
@@ -184,7 +185,12 @@ impl<'t, 'd> GroupTick<'t, 'd> {
             id: previous.map_or(1, |p| p.id + 1),
             group: self.group.to_owned(),
             target: release.version.clone(),
-            image: format!("{}:{}", self.t.repository, release.version),
+            // Pinned: the tag names the version, the digest what is pulled (a moved tag
+            // cannot change what a node installs).
+            image: format!(
+                "{}:{}@{}",
+                self.t.repository, release.version, release.digest
+            ),
             created: now,
             state: RolloutState::Running,
             nodes: BTreeMap::new(),

@@ -38,7 +38,7 @@ fn waves_start_with_the_canaries_and_wait_for_their_soak() {
     assert!(d
         .orders
         .iter()
-        .all(|o| o.image == "registry.example/slate:2"));
+        .all(|o| o.image == format!("registry.example/slate:2@sha256:{:064}", 0)));
     assert!(d
         .waiting
         .values()

@@ -42,6 +42,10 @@ pub struct RunArgs {
     /// The release repository, REGISTRY/REPO (its `releases` index names the versions).
     #[arg(long)]
     image: String,
+    /// The same repository as the nodes reach it, when that differs (another address or
+    /// name); nodes are told `NODE_IMAGE:VERSION@DIGEST`.
+    #[arg(long)]
+    node_image: Option<String>,
     /// Talk to the registry over plain HTTP.
     #[arg(long)]
     insecure_registry: bool,
@@ -154,7 +158,10 @@ pub fn run_operator(cmd: OperatorCommand) -> Result<()> {
         state: Arc::new(state),
         leader: LeaderConfig {
             name,
-            repository: args.image.clone(),
+            repository: args
+                .node_image
+                .clone()
+                .unwrap_or_else(|| args.image.clone()),
             tick: args.tick,
             stale_after: args.stale_after,
             lease_ttl: args.lease,

@@ -24,7 +24,7 @@ const SETTLE: Duration = Duration::from_secs(75);
 
 /// The host build of slate, with the etcd store that the node's static binary leaves out (the
 /// test command's `cargo test` has built it already).
-fn host_slate() -> Result<PathBuf> {
+pub(super) fn host_slate() -> Result<PathBuf> {
     run(Command::new(env!("CARGO"))
         .args(["build", "--locked", "-q", "-p", "slate"])
         .current_dir(repo_root()))?;

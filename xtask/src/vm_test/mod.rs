@@ -3,6 +3,7 @@
 
 mod fleet;
 mod grub;
+mod operator;
 mod powercut;
 mod rollback;
 mod staged;
@@ -963,6 +964,7 @@ pub fn vm_test(only: &[String]) -> Result<()> {
         ),
         ("grub_upgrade_and_revert", grub::grub_upgrade_and_revert),
         ("upgrade_commit_and_revert", upgrade_commit_and_revert),
+        ("operator_rollout", operator::operator_rollout),
         ("fleet_lock_updates", fleet::fleet_lock_updates),
         ("staged_upgrades", staged::staged_upgrades),
         (

@@ -57,7 +57,7 @@ pub(super) fn without_health(text: &str) -> String {
 /// The demo profile with its `[health]` and `[watchdog]` sections replaced by `sections`. The
 /// copy lives in the work directory and a profile's relative paths resolve against its own
 /// directory, so the demo's (all `../…`) are made absolute.
-fn variant_profile(work: &Path, name: &str, sections: &str) -> Result<PathBuf> {
+pub(super) fn variant_profile(work: &Path, name: &str, sections: &str) -> Result<PathBuf> {
     let profiles = repo_root().join("profiles");
     let text = fs::read_to_string(profiles.join("demo.toml")).context("reading demo.toml")?;
     let absolute = format!("\"{}/../", profiles.display());

@@ -21,7 +21,6 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use slate_api::{AgentStatus, EventKind};
-use slate_bundle::Digest;
 use slate_machine_config::{Strategy, UpdateSettings};
 use slate_release::{Release, ReleaseIndex, GIVE_UP_AFTER};
 use slate_sequencer::{SequenceKind, REBOOT_REQUESTED};
@@ -290,30 +289,18 @@ impl<'a> Agent<'a> {
         options: &Options,
         release: &Release,
     ) -> Result<UpgradePlan, String> {
-        let digest = Digest::parse(&release.digest).map_err(|e| e.to_string())?;
-        let reference =
-            Reference::parse(&format!("{image}@{}", release.digest)).map_err(|e| e.to_string())?;
-        let dir = crate::upgrade::bundle_dir(&digest);
-        crate::upgrade::keep_only(&dir);
+        let pinned = crate::upgrade::pull::pinned(&format!(
+            "{image}:{}@{}",
+            release.version, release.digest
+        ))?;
         self.node.journal.info(format_args!(
             "update agent: downloading {} ({})",
             release.version, release.digest
         ));
-        let pulled = slate_transport::pull_with(&reference, &dir, options, &mut |_| {})
-            .map_err(|e| slate_sequencer::error_chain(&e))?;
-        let bundle = pulled
-            .open()
-            .map_err(|e| slate_sequencer::error_chain(&e))?;
-        let plan = crate::upgrade::plan_pulled(
-            self.node,
-            &dir,
-            &digest,
-            bundle.verified_blobs(),
-            &release.version,
-        )?;
+        let (plan, fetched, cached) = crate::upgrade::pull::pull(self.node, &pinned, options)?;
         self.node.journal.info(format_args!(
             "update agent: {} downloaded and verified ({} bytes fetched, {} cached)",
-            release.version, pulled.fetched_bytes, pulled.cached_bytes
+            release.version, fetched, cached
         ));
         Ok(plan)
     }

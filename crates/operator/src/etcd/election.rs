@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use etcd_client::{
     CampaignResponse, Client, Error as EtcdError, GetOptions, LeaseKeepAliveStream, LeaseKeeper,
 };
+use slate_etcd_call::{retrying, Backoff};
 use tokio::task::JoinHandle;
 
-use super::retry::{retrying, Backoff};
 use super::{EtcdState, Fence, Shared, StateError, REQUEST_TIMEOUT};
 
 /// How often a waiting campaign looks at its `stop` flag.
@@ -55,11 +55,7 @@ impl EtcdState {
                 value.to_owned(),
                 lease.id,
             );
-            let runtime = self
-                .shared
-                .runtime()
-                .map_err(|r| self.shared.failed(what(), r))?;
-            let task = Aborting(runtime.spawn(async move {
+            let task = Aborting(self.shared.runtime.spawn(async move {
                 let _ = tx.send(campaign.await);
             }));
             loop {
@@ -247,8 +243,7 @@ impl Lease {
         )?;
         let ttl = Duration::from_secs(u64::try_from(granted.ttl()).unwrap_or(0));
         let life = Arc::new(Life::new(sent + ttl));
-        let runtime = shared.runtime().map_err(|r| shared.failed(what(), r))?;
-        let keeper = Aborting(runtime.spawn(keep_alive(
+        let keeper = Aborting(shared.runtime.spawn(keep_alive(
             shared.client.clone(),
             granted.id(),
             ttl,
@@ -295,11 +290,8 @@ impl Drop for Lease {
             return;
         }
         let (mut client, id) = (self.shared.client.clone(), self.id);
-        let Ok(runtime) = self.shared.runtime() else {
-            return;
-        };
         let (tx, rx) = mpsc::sync_channel(1);
-        runtime.spawn(async move {
+        self.shared.runtime.spawn(async move {
             let _ = tx.send(client.lease_revoke(id).await);
         });
         let _ = rx.recv_timeout(REQUEST_TIMEOUT);

@@ -123,7 +123,8 @@ impl World {
         }
         self.events.extend(decision.events.iter().cloned());
         for order in &decision.orders {
-            let target = order.image.rsplit(':').next().unwrap().to_owned();
+            let pinned = order.image.split('@').next().unwrap();
+            let target = pinned.rsplit(':').next().unwrap().to_owned();
             let rec = self.inventory.get_mut(&order.node).unwrap();
             if rec.report.busy {
                 continue; // the node refuses: locked
