@@ -391,7 +391,7 @@ impl<'t, 'd> GroupTick<'t, 'd> {
             .copied()
             .filter(|rec| !rollout.nodes.contains_key(&rec.report.id))
             .collect();
-        candidates.sort_by_key(|rec| crate::waves::wave_key(&rec.report.id));
+        candidates.sort_by_cached_key(|rec| crate::waves::wave_key(&rec.report.id));
         let minute = minute_of_week(now);
         for rec in candidates {
             let r = &rec.report;
