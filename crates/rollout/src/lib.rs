@@ -10,6 +10,7 @@
 //! - [`plan`]: the dry run: which node in which wave, not before when.
 
 mod control;
+mod limits;
 mod node;
 mod plan;
 mod policy;

@@ -8,11 +8,12 @@
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
-use slate_machine_config::{minute_of_week, minutes_until_open};
+use slate_machine_config::minute_of_week;
 use slate_release::{choose, compare, Choice, Policy as ChoicePolicy, Release, ReleaseIndex};
 
+use crate::limits::Counts;
 use crate::node::{Inventory, NodeRecord};
-use crate::policy::{Policy, PolicySet};
+use crate::policy::PolicySet;
 use crate::rollout::{
     Event, EventKind, NodeProgress, Order, Rollout, RolloutState, Step, RATE_MEMORY_SECONDS,
 };
@@ -68,8 +69,8 @@ pub fn tick(t: &Tick<'_>) -> Decision {
     decision
 }
 
-struct GroupTick<'t, 'd> {
-    t: &'t Tick<'t>,
+pub(crate) struct GroupTick<'t, 'd> {
+    pub(crate) t: &'t Tick<'t>,
     group: &'t str,
     covered: Vec<&'t NodeRecord>,
     views: Vec<PolicyView<'t>>,
@@ -232,11 +233,11 @@ impl<'t, 'd> GroupTick<'t, 'd> {
         true
     }
 
-    fn record(&self, id: &str) -> Option<&'t NodeRecord> {
+    pub(crate) fn record(&self, id: &str) -> Option<&'t NodeRecord> {
         self.t.inventory.get(id)
     }
 
-    fn stale(&self, record: &NodeRecord) -> bool {
+    pub(crate) fn stale(&self, record: &NodeRecord) -> bool {
         record.last_seen + self.t.stale_after < self.t.now
     }
 
@@ -529,103 +530,5 @@ pub(crate) fn withdrawn(index: &ReleaseIndex, target: &str) -> Option<String> {
             .yanked
             .as_ref()
             .map(|why| format!("{target} was yanked: {why}")),
-    }
-}
-
-/// One policy's running totals over its members in a group, kept up to date as the tick
-/// starts nodes.
-struct Counts {
-    /// Upgrading, or down for another reason (silent, unhealthy, busy).
-    unavailable: usize,
-    /// Reporting, healthy, idle and not upgrading.
-    healthy_up: usize,
-    /// Starts inside the rate window.
-    recent_starts: usize,
-    /// The highest wave whose earlier waves have all finished.
-    open_wave: usize,
-}
-
-impl Counts {
-    fn of(view: &PolicyView<'_>, rollout: &Rollout, g: &GroupTick<'_, '_>) -> Counts {
-        let now = g.t.now;
-        let mut unavailable = 0;
-        let mut healthy_up = 0;
-        for id in &view.members {
-            let upgrading = matches!(
-                rollout.nodes.get(*id).map(|p| &p.step),
-                Some(Step::Upgrading { .. })
-            );
-            let up = g
-                .record(id)
-                .is_some_and(|rec| !g.stale(rec) && rec.report.healthy && !rec.report.busy);
-            if upgrading || !up {
-                unavailable += 1;
-            } else {
-                healthy_up += 1;
-            }
-        }
-        let members: BTreeSet<&str> = view.members.iter().copied().collect();
-        let recent_starts = view.policy.rate.map_or(0, |rate| {
-            rollout
-                .recent_starts
-                .iter()
-                .filter(|(id, at)| members.contains(id.as_str()) && at + rate.per_seconds > now)
-                .count()
-        });
-        let open_wave =
-            view.open_wave(|id| rollout.nodes.get(id).is_some_and(|p| p.step.is_finished()));
-        Counts {
-            unavailable,
-            healthy_up,
-            recent_starts,
-            open_wave,
-        }
-    }
-
-    /// Why this policy does not let `id` start now, if it does not.
-    fn blocks(&self, view: &PolicyView<'_>, id: &str, minute_of_week: u32) -> Option<String> {
-        let p: &Policy = view.policy;
-        let name = &p.name;
-        if !p.windows.is_empty() && minutes_until_open(&p.windows, minute_of_week) != Some(0) {
-            return Some(format!("policy {name:?}: outside its maintenance windows"));
-        }
-        if let Some(wave) = view.wave_of(id) {
-            if wave > self.open_wave {
-                return Some(format!(
-                    "policy {name:?}: in wave {}, wave {} has not finished and soaked",
-                    wave + 1,
-                    self.open_wave + 1
-                ));
-            }
-        }
-        if let Some(limit) = p.max_unavailable {
-            let allowed = limit.of(view.members.len());
-            if self.unavailable >= allowed {
-                return Some(format!(
-                    "policy {name:?}: {} of its nodes unavailable, at most {allowed}",
-                    self.unavailable
-                ));
-            }
-        }
-        if let Some(rate) = p.rate {
-            if self.recent_starts >= rate.starts as usize {
-                return Some(format!(
-                    "policy {name:?}: {} starts in the last {} s, at most {}",
-                    self.recent_starts, rate.per_seconds, rate.starts
-                ));
-            }
-        }
-        if p.quorum {
-            let majority = view.members.len() / 2 + 1;
-            if self.healthy_up < majority + 1 {
-                return Some(format!(
-                    "policy {name:?}: quorum: {} of {} members healthy, taking one down \
-                     leaves less than {majority}",
-                    self.healthy_up,
-                    view.members.len()
-                ));
-            }
-        }
-        None
     }
 }

@@ -1,0 +1,114 @@
+//! What each policy allows in a group: its running totals (unavailable, healthy and up,
+//! recent starts, the open wave) and why it blocks a node from starting now.
+
+use std::collections::BTreeSet;
+
+use slate_machine_config::minutes_until_open;
+
+use crate::policy::Policy;
+use crate::rollout::{Rollout, Step};
+use crate::tick::GroupTick;
+use crate::waves::PolicyView;
+
+/// One policy's running totals over its members in a group, kept up to date as the tick
+/// starts nodes.
+pub(crate) struct Counts {
+    /// Upgrading, or down for another reason (silent, unhealthy, busy).
+    pub(crate) unavailable: usize,
+    /// Reporting, healthy, idle and not upgrading.
+    pub(crate) healthy_up: usize,
+    /// Starts inside the rate window.
+    pub(crate) recent_starts: usize,
+    /// The highest wave whose earlier waves have all finished.
+    pub(crate) open_wave: usize,
+}
+
+impl Counts {
+    pub(crate) fn of(view: &PolicyView<'_>, rollout: &Rollout, g: &GroupTick<'_, '_>) -> Counts {
+        let now = g.t.now;
+        let mut unavailable = 0;
+        let mut healthy_up = 0;
+        for id in &view.members {
+            let upgrading = matches!(
+                rollout.nodes.get(*id).map(|p| &p.step),
+                Some(Step::Upgrading { .. })
+            );
+            let up = g
+                .record(id)
+                .is_some_and(|rec| !g.stale(rec) && rec.report.healthy && !rec.report.busy);
+            if upgrading || !up {
+                unavailable += 1;
+            } else {
+                healthy_up += 1;
+            }
+        }
+        let members: BTreeSet<&str> = view.members.iter().copied().collect();
+        let recent_starts = view.policy.rate.map_or(0, |rate| {
+            rollout
+                .recent_starts
+                .iter()
+                .filter(|(id, at)| members.contains(id.as_str()) && at + rate.per_seconds > now)
+                .count()
+        });
+        let open_wave =
+            view.open_wave(|id| rollout.nodes.get(id).is_some_and(|p| p.step.is_finished()));
+        Counts {
+            unavailable,
+            healthy_up,
+            recent_starts,
+            open_wave,
+        }
+    }
+
+    /// Why this policy does not let `id` start now, if it does not.
+    pub(crate) fn blocks(
+        &self,
+        view: &PolicyView<'_>,
+        id: &str,
+        minute_of_week: u32,
+    ) -> Option<String> {
+        let p: &Policy = view.policy;
+        let name = &p.name;
+        if !p.windows.is_empty() && minutes_until_open(&p.windows, minute_of_week) != Some(0) {
+            return Some(format!("policy {name:?}: outside its maintenance windows"));
+        }
+        if let Some(wave) = view.wave_of(id) {
+            if wave > self.open_wave {
+                return Some(format!(
+                    "policy {name:?}: in wave {}, wave {} has not finished and soaked",
+                    wave + 1,
+                    self.open_wave + 1
+                ));
+            }
+        }
+        if let Some(limit) = p.max_unavailable {
+            let allowed = limit.of(view.members.len());
+            if self.unavailable >= allowed {
+                return Some(format!(
+                    "policy {name:?}: {} of its nodes unavailable, at most {allowed}",
+                    self.unavailable
+                ));
+            }
+        }
+        if let Some(rate) = p.rate {
+            if self.recent_starts >= rate.starts as usize {
+                return Some(format!(
+                    "policy {name:?}: {} starts in the last {} s, at most {}",
+                    self.recent_starts, rate.per_seconds, rate.starts
+                ));
+            }
+        }
+        if p.quorum {
+            let majority = view.members.len() / 2 + 1;
+            if self.healthy_up < majority + 1 {
+                return Some(format!(
+                    "policy {name:?}: quorum: {} of {} members healthy, taking one down \
+                     leaves less than {majority}",
+                    self.healthy_up,
+                    view.members.len()
+                ));
+            }
+        }
+        None
+    }
+}
