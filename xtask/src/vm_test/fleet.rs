@@ -140,13 +140,7 @@ fn console_has(boot: &Running, text: &str) -> bool {
 /// v3 is yanked, the slot freed, and the node stays on v2.
 pub fn fleet_lock_updates(prepared: &Prepared, work: &Path) -> Result<String> {
     let slate = &prepared.slate;
-    let (v1, v2, v3) = (
-        work.join("bundle-v1"),
-        work.join("bundle-v2"),
-        work.join("bundle-v3"),
-    );
-    build_bundle(slate, "1.0.0", &[], &v1)?;
-    build_bundle(slate, "2.0.0", &[], &v2)?;
+    let (v1, v2, v3) = super::build_v1_v2(slate, work)?;
     build_bundle(slate, "3.0.0", &[], &v3)?;
 
     let registry = Registry::start(&work.join("registry"))?;

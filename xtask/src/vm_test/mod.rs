@@ -384,6 +384,18 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
 }
 
 /// An installer bundle of the demo profile, signed with the demo key.
+/// Bundles 1.0.0 and 2.0.0 of the demo profile in `work`, and where a third goes.
+fn build_v1_v2(slate: &Path, work: &Path) -> Result<(PathBuf, PathBuf, PathBuf)> {
+    let (v1, v2, v3) = (
+        work.join("bundle-v1"),
+        work.join("bundle-v2"),
+        work.join("bundle-v3"),
+    );
+    build_bundle(slate, "1.0.0", &[], &v1)?;
+    build_bundle(slate, "2.0.0", &[], &v2)?;
+    Ok((v1, v2, v3))
+}
+
 fn build_bundle(slate: &Path, version: &str, extra_args: &[&str], out: &Path) -> Result<()> {
     build_demo(slate, "installer", version, extra_args, out)
 }
@@ -396,13 +408,7 @@ fn build_upgrade_story(
     image: &Path,
     work: &Path,
 ) -> Result<(PathBuf, PathBuf, String)> {
-    let (v1, v2, v3) = (
-        work.join("bundle-v1"),
-        work.join("bundle-v2"),
-        work.join("bundle-v3"),
-    );
-    build_bundle(slate, "1.0.0", &[], &v1)?;
-    build_bundle(slate, "2.0.0", &[], &v2)?;
+    let (v1, v2, v3) = build_v1_v2(slate, work)?;
     build_bundle(slate, "3.0.0", &["slate.debug.fail-hook"], &v3)?;
     let _ = fs::remove_file(image);
     fs::File::create(image)?.set_len(256 << 20)?;

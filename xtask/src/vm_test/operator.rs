@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 
-use super::{build_bundle, demo_keys, demo_pki, Prepared};
+use super::{demo_keys, demo_pki, Prepared};
 use crate::registry::Registry;
 use crate::util::{output, run};
 use crate::vm::{Running, Vm};
@@ -152,13 +152,7 @@ fn publish(slate: &Path, bundle: &Path, repo: &str) -> Result<String> {
 
 pub fn operator_rollout(prepared: &Prepared, work: &Path) -> Result<String> {
     let slate = &prepared.slate;
-    let (v1, v2, v3) = (
-        work.join("bundle-v1"),
-        work.join("bundle-v2"),
-        work.join("bundle-v3"),
-    );
-    build_bundle(slate, "1.0.0", &[], &v1)?;
-    build_bundle(slate, "2.0.0", &[], &v2)?;
+    let (v1, v2, v3) = super::build_v1_v2(slate, work)?;
     let broken = super::rollback::variant_profile(
         work,
         "operator-health",
