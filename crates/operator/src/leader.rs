@@ -192,6 +192,8 @@ fn lead_once(
         .collect();
     timing.read = started.elapsed();
     timing.nodes = inventory.len();
+    let probes =
+        crate::probe::probe_soaking(&policies, &inventory, &rollouts, config.parallel_orders);
     let decided = Instant::now();
     let decision = tick(&Tick {
         now: now_unix(),
@@ -201,6 +203,7 @@ fn lead_once(
         repository: &config.repository,
         rollouts: &rollouts,
         stale_after: config.stale_after.as_secs(),
+        probes: &probes,
     });
     timing.decide = decided.elapsed();
     let committed = Instant::now();

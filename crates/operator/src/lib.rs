@@ -7,11 +7,13 @@
 //! - [`state`]: the typed keys (inventory, policies, rollouts, events).
 //! - [`leader`]: campaign and tick.
 //! - [`drive`]: upgrade orders through the node API.
+//! - [`probe`]: the policies' HTTP probes of soaking nodes.
 //! - [`service`]: the operator API.
 
 pub mod drive;
 pub mod etcd;
 pub mod leader;
+pub mod probe;
 pub mod service;
 pub mod state;
 

@@ -1,6 +1,7 @@
 //! The operator API (`/v1/fleet/…`), served by every replica with the node API's mutual TLS
 //! and roles: all state is in etcd, so a replica that is not the leader answers the same.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -287,6 +288,8 @@ impl OperatorService {
             repository: &self.repository,
             rollouts: &rollouts,
             stale_after: self.stale_after.as_secs(),
+            // The plan probes nothing: a probed soak shows as not yet ended.
+            probes: &BTreeMap::new(),
         }))
     }
 

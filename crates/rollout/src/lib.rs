@@ -22,8 +22,8 @@ pub use control::{abort, pause, resume, ControlError};
 pub use node::{FailureReport, Inventory, NodeRecord, NodeReport};
 pub use plan::{plan, PlanRow};
 pub use policy::{
-    Limit, Policy, PolicyError, PolicyFile, PolicySet, PolicySpec, Rate, Strategy, Wave, WaveSpec,
-    DEFAULT_UPGRADE_TIMEOUT,
+    probe_target, Limit, Policy, PolicyError, PolicyFile, PolicySet, PolicySpec, Rate, Strategy,
+    Wave, WaveSpec, DEFAULT_UPGRADE_TIMEOUT,
 };
 pub use rollout::{
     Event, EventKind, NodeProgress, Order, Rollout, RolloutState, Step, RATE_MEMORY_SECONDS,

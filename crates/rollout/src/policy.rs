@@ -77,8 +77,8 @@ pub struct PolicySpec {
     /// the healthy ones left would be no majority.
     #[serde(default)]
     pub quorum: bool,
-    /// An HTTP URL (`{host}` replaced by the node's host) that must answer 2xx for a node to
-    /// count as healthy, besides machined's own checks.
+    /// A plain HTTP URL (`{host}` replaced by the node's host) that must answer 2xx for a
+    /// soaking node to count as healthy, besides machined's own checks.
     #[serde(default)]
     pub probe: Option<String>,
     /// How long an upgrade may take to a committed boot before it counts as failed.
@@ -306,10 +306,13 @@ fn check(spec: &PolicySpec) -> Result<Policy, PolicyError> {
         ));
     }
     if let Some(probe) = &spec.probe {
-        if !(probe.starts_with("http://") || probe.starts_with("https://")) {
+        if probe_target(probe, "node").is_none() {
             return Err(invalid(
                 "probe",
-                format!("{probe:?} is not an http:// or https:// URL"),
+                format!(
+                    "{probe:?} is not an http://HOST[:PORT]/PATH URL (`{{host}}` is the node's \
+                     host; no TLS for probes)"
+                ),
             ));
         }
     }
@@ -374,4 +377,27 @@ fn parse_rate(text: &str) -> Result<Rate, String> {
         starts,
         per_seconds,
     })
+}
+
+/// Where a probe goes for a node on `host`: (`HOST:PORT`, path), from `http://…{host}…`, or
+/// `None` when the URL is not plain HTTP.
+pub fn probe_target(probe: &str, host: &str) -> Option<(String, String)> {
+    let url = probe.replace("{host}", host);
+    let rest = url.strip_prefix("http://")?;
+    let (authority, path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    if authority.is_empty() || authority.contains(['@', ' ']) || path.contains(' ') {
+        return None;
+    }
+    let authority = if authority
+        .rsplit_once(':')
+        .is_some_and(|(_, p)| p.parse::<u16>().is_ok())
+    {
+        authority.to_owned()
+    } else {
+        format!("{authority}:80")
+    };
+    Some((authority, path.to_owned()))
 }

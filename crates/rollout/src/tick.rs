@@ -40,6 +40,9 @@ pub struct Tick<'a> {
     pub rollouts: &'a BTreeMap<String, Rollout>,
     /// A node silent for longer is not started, and fails its soak.
     pub stale_after: u64,
+    /// The last answer of each soaking node's probe (a covering policy's `probe`), by node
+    /// id: `true` for a 2xx. A soak with a probe ends only on a `true`; a `false` fails it.
+    pub probes: &'a BTreeMap<String, bool>,
 }
 
 /// What a tick decided.
@@ -299,7 +302,14 @@ impl<'t, 'd> GroupTick<'t, 'd> {
                             Some(failed(now, format!("unhealthy while soaking on {target}")))
                         }
                         None => Some(failed(now, "left the inventory while soaking".into())),
-                        Some(_) if now >= committed + self.soak_of(&id) => {
+                        Some(_) if self.t.probes.get(&id) == Some(&false) => Some(failed(
+                            now,
+                            format!("its probe failed while soaking on {target}"),
+                        )),
+                        Some(_)
+                            if now >= committed + self.soak_of(&id)
+                                && (!self.probed(&id) || self.t.probes.get(&id) == Some(&true)) =>
+                        {
                             Some(Step::Done { at: now })
                         }
                         Some(_) => None,
@@ -337,6 +347,13 @@ impl<'t, 'd> GroupTick<'t, 'd> {
                 );
             }
         }
+    }
+
+    /// Whether a covering policy probes this node.
+    fn probed(&self, id: &str) -> bool {
+        self.views
+            .iter()
+            .any(|v| v.policy.probe.is_some() && v.position.contains_key(id))
     }
 
     /// The soak a node's waves ask for: the longest over its policies.

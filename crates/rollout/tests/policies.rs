@@ -49,6 +49,8 @@ fn every_bad_field_is_refused_naming_policy_and_field() {
         ("strategy = \"rebuild\"", "strategy"),
         ("failure_budget = 0", "failure_budget"),
         ("probe = \"ftp://x\"", "probe"),
+        ("probe = \"https://{host}/healthz\"", "probe"),
+        ("probe = \"http:///healthz\"", "probe"),
         ("upgrade_timeout = \"soon\"", "upgrade_timeout"),
         (
             "waves = [{ percent = 10 }, { percent = 5 }, { percent = 100 }]",
@@ -136,4 +138,18 @@ upgrade_timeout = "10m"
     assert_eq!(set.channel_of(&db), Some(slate_release::Channel::Alpha));
     assert_eq!(set.strategy_of(&db), Strategy::Replace);
     assert!(set.allows_unofficial(&db));
+}
+
+#[test]
+fn a_probe_url_names_the_nodes_host() {
+    use slate_rollout::probe_target;
+    assert_eq!(
+        probe_target("http://{host}:8080/healthz", "10.0.0.7"),
+        Some(("10.0.0.7:8080".into(), "/healthz".into()))
+    );
+    assert_eq!(
+        probe_target("http://lb.example/{host}", "n1"),
+        Some(("lb.example:80".into(), "/n1".into()))
+    );
+    assert_eq!(probe_target("https://{host}/", "n1"), None);
 }

@@ -356,3 +356,44 @@ fn the_plan_names_each_nodes_wave_and_why_it_waits() {
     );
     assert!(w.rollouts.is_empty(), "the plan stores nothing");
 }
+
+#[test]
+fn a_probe_gates_the_soak_and_a_failed_probe_fails_the_node() {
+    let policy = r#"
+[[policy]]
+name = "p"
+max_unavailable = "1"
+probe = "http://{host}:8080/healthz"
+waves = [{ percent = 50, soak = "30s" }, { percent = 100 }]
+"#;
+    let mut w = World::new(policy, &["1", "2"]);
+    w.add_group("g", 2, "1");
+    w.run(3);
+    let canary = w.accepted[0].0.clone();
+    assert!(matches!(
+        w.rollouts["g"].nodes[&canary].step,
+        Step::Soaking { .. }
+    ));
+    // The soak is over, but no probe has answered yet: still soaking.
+    w.advance(60);
+    w.tick();
+    assert!(matches!(
+        w.rollouts["g"].nodes[&canary].step,
+        Step::Soaking { .. }
+    ));
+    w.probes.insert(canary.clone(), true);
+    w.tick();
+    assert!(matches!(
+        w.rollouts["g"].nodes[&canary].step,
+        Step::Done { .. }
+    ));
+    // The second node's probe fails while it soaks.
+    w.run(3);
+    let second = w.accepted[1].0.clone();
+    w.probes.insert(second.clone(), false);
+    w.tick();
+    let Step::Failed { reason, .. } = &w.rollouts["g"].nodes[&second].step else {
+        panic!("{:?}", w.rollouts["g"].nodes[&second].step)
+    };
+    assert!(reason.contains("probe failed"), "{reason}");
+}

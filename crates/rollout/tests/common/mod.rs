@@ -65,6 +65,8 @@ pub struct World {
     /// Every order a node accepted, in order: (node, target).
     pub accepted: Vec<(String, String)>,
     pub step: u64,
+    /// The probe answers the leader would have gathered.
+    pub probes: BTreeMap<String, bool>,
 }
 
 impl World {
@@ -81,6 +83,7 @@ impl World {
             upgrading: BTreeMap::new(),
             accepted: Vec::new(),
             step: 10,
+            probes: BTreeMap::new(),
         }
     }
 
@@ -110,6 +113,7 @@ impl World {
             repository: REPO,
             rollouts: &self.rollouts,
             stale_after: 120,
+            probes: &self.probes,
         }
     }
 
