@@ -42,7 +42,13 @@ impl Backend {
     /// run after the answer, and a failure there is the node's last failure for that version
     /// (what the operator watches for), the lock then given back.
     fn upgrade_from_registry(&self, req: UpgradeRequest) -> Result<(), BackendError> {
-        let pinned = upgrade::pull::pinned(&req.image).map_err(BackendError::InvalidArgument)?;
+        let pinned = upgrade::pull::pinned(&req.image).map_err(|e| {
+            BackendError::InvalidArgument(format!(
+                "{e}; or upload the bundle first (POST /v1/bundles, or `slate upgrade --image …`) \
+                 and name it as {}<id>",
+                upgrade::BUNDLE_SCHEME
+            ))
+        })?;
         if req.stage || req.allow_downgrade {
             return Err(BackendError::InvalidArgument(
                 "a registry upgrade is immediate and forward only (stage or downgrade from an \
