@@ -79,10 +79,11 @@ pub fn get_ok(authority: &str, path: &str) -> bool {
         let mut tcp = TcpStream::connect_timeout(&addr, PROBE_TIMEOUT)?;
         tcp.set_read_timeout(Some(PROBE_TIMEOUT))?;
         tcp.set_write_timeout(Some(PROBE_TIMEOUT))?;
-        write!(
-            tcp,
-            "GET {path} HTTP/1.0\r\nHost: {authority}\r\nUser-Agent: slate-operator\r\n\r\n"
-        )?;
+        // One write: a server that answers after its first read and closes must not see
+        // the rest of the request arrive on a closed socket (a reset would lose its answer).
+        let request =
+            format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\nUser-Agent: slate-operator\r\n\r\n");
+        tcp.write_all(request.as_bytes())?;
         let mut head = [0u8; 16];
         let mut read = 0;
         while read < 12 {
@@ -113,8 +114,15 @@ mod tests {
         let addr = listener.local_addr().unwrap().to_string();
         std::thread::spawn(move || {
             for mut conn in listener.incoming().flatten() {
+                // The whole request head, as a real server reads it, before answering.
+                let mut head = Vec::new();
                 let mut buf = [0u8; 512];
-                let _ = conn.read(&mut buf);
+                while !head.ends_with(b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => head.extend_from_slice(&buf[..n]),
+                    }
+                }
                 let _ = write!(conn, "HTTP/1.1 {status}\r\nContent-Length: 0\r\n\r\n");
             }
         });
