@@ -81,8 +81,9 @@ pub fn get_ok(authority: &str, path: &str) -> bool {
         tcp.set_write_timeout(Some(PROBE_TIMEOUT))?;
         // One write: a server that answers after its first read and closes must not see
         // the rest of the request arrive on a closed socket (a reset would lose its answer).
-        let request =
-            format!("GET {path} HTTP/1.0\r\nHost: {authority}\r\nUser-Agent: slate-operator\r\n\r\n");
+        let request = format!(
+            "GET {path} HTTP/1.0\r\nHost: {authority}\r\nUser-Agent: slate-operator\r\n\r\n"
+        );
         tcp.write_all(request.as_bytes())?;
         let mut head = [0u8; 16];
         let mut read = 0;
