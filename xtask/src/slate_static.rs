@@ -29,6 +29,10 @@ pub fn slate_static() -> Result<PathBuf> {
         )
         // Cargo prefers the encoded form when set (e.g. when run from a build script).
         .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        // The test command lints while it compiles (scripts/test); the release build of the
+        // guest binary need not be linted a second time.
+        .env_remove("RUSTC_WORKSPACE_WRAPPER")
+        .env_remove("CLIPPY_ARGS")
         .args(["build", "--release", "-p", "slate", "--target", TARGET])
         // Without the etcd store: a node is a FleetLock client, never the server.
         .arg("--no-default-features")

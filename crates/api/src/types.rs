@@ -246,7 +246,10 @@ pub struct UpgradeRequest {
     /// Allow moving to an older version.
     #[serde(default)]
     pub allow_downgrade: bool,
-    /// Boot-counting tries for the new version (the node's default when absent).
+    /// Boot-counting tries for the new version (the node's default, 3, when absent): 1 to 15,
+    /// `slate_bootspec::INSTALL_TRIES`. The node answers anything else 400 `invalid_argument`
+    /// before it takes the upgrade: 0 would mark the version bad before it boots, and a counter
+    /// above `INT_MAX` is read as uncounted, so that version would never be rolled back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tries: Option<u32>,
 }

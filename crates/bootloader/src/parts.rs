@@ -68,9 +68,13 @@ pub(crate) fn with_esp<D: Disk, R>(
     Ok(out)
 }
 
-/// META opened for writing.
+/// META opened for writing. The partition was found by its label on a slate disk whose
+/// installer checked META before writing anything (`version_floor`); a node's commit or
+/// revert must still be able to record itself over copies that have since rotted.
 pub(crate) fn meta_mut<D: Disk>(disk: &mut D) -> Result<MetaStore<PartitionView<&mut D>>> {
-    Ok(MetaStore::open(open_partition(disk, META_LABEL)?)?)
+    let mut store = MetaStore::open(open_partition(disk, META_LABEL)?)?;
+    store.overwrite_unrecognized();
+    Ok(store)
 }
 
 /// META `Upgrade` (the entry or slot to fall back to) and META's read warnings.

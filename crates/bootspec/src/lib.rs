@@ -40,7 +40,19 @@ pub use grub_select::{grub_entry_index, grub_select, GrubMenuEntry, GrubReason, 
 pub use grubenv::{
     check_grubenv_name, GrubEnv, GrubEnvError, GRUBENV_LEN, GRUBENV_SIGNATURE, GRUBENV_WARNING,
 };
-pub use name::{BootCounter, BootState, EntryKind, EntryName, IdStyle, MAX_NAME_LEN, MAX_TRIES};
+pub use name::{
+    check_install_tries, BootCounter, BootState, EntryKind, EntryName, IdStyle, InstallTriesError,
+    DEFAULT_INSTALL_TRIES, INSTALL_TRIES, MAX_NAME_LEN, MAX_TRIES,
+};
 pub use policy::{newest_not_bad, prune_candidates, refers_to};
 pub use select::{compare_entries, menu_ids, select, sorted, Entry, Reason, Selection};
 pub use version::compare_versions;
+
+/// The menu timeouts, in seconds, slate writes into `loader.conf` (systemd-boot) and `grub.cfg`
+/// (GRUB): profile `[image] menu_timeout` and a bundle's install settings.
+///
+/// Finite and short, so an unattended machine always boots on its own: systemd-boot reads
+/// `4294967295` as `menu-force` (show the menu and wait for a key, forever) and `4294967294` as
+/// "unset"; GRUB waits as long as it is told. 0 boots at once (menu on a key press); 600 s (ten
+/// minutes) is more than anyone at a console needs to pick an entry.
+pub const MENU_TIMEOUT_SECS: std::ops::RangeInclusive<u32> = 0..=600;

@@ -1,6 +1,8 @@
 //! Boot-loader-entry file names with boot counters (`<stem>+LEFT[-DONE].<conf|efi>`), and the
 //! renames systemd-boot and systemd-bless-boot perform on them (docs/formats.md §2).
 
+use std::ops::RangeInclusive;
+
 use crate::error::NameError;
 
 /// Longest BLS file name, in characters (all of them ASCII, so also bytes).
@@ -9,6 +11,43 @@ pub const MAX_NAME_LEN: usize = 255;
 /// Largest counter value current systemd-boot accepts (`INT_MAX`); a name with a larger counter
 /// is treated as uncounted. (systemd-boot 252 parsed counters up to `u64::MAX`.)
 pub const MAX_TRIES: u32 = i32::MAX as u32;
+
+/// The boot-counting tries slate gives a version it installs (`+N` of a new entry, GRUB's
+/// attempts alike), wherever the number comes from: image profile, `slate installer upgrade
+/// --tries`, `slate upgrade --tries`, the node API's upgrade request, a bundle's install
+/// settings. [`check_install_tries`] is the one check.
+///
+/// Why 1 to 15, far below [`MAX_TRIES`]: 0 writes an entry that is bad before it ever boots,
+/// and a counter above `INT_MAX` reads as *uncounted*, so that version would never be rolled
+/// back. Between the two, every failed try is a whole boot attempt — up to an hour of watchdog
+/// plus an hour of health checks with the largest node settings — so 15 tries already keep a
+/// broken version in place for most of a day before the fallback boots; more buys nothing an
+/// unattended node wants.
+pub const INSTALL_TRIES: RangeInclusive<u32> = 1..=15;
+
+/// The tries a new version gets when nobody says otherwise.
+pub const DEFAULT_INSTALL_TRIES: u32 = 3;
+
+/// A boot-counting tries value outside [`INSTALL_TRIES`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "{tries} boot-counting tries is not {min} to {max} (0 marks the version bad before it boots; \
+     a counter too large is read as uncounted and never rolled back)",
+    min = INSTALL_TRIES.start(),
+    max = INSTALL_TRIES.end()
+)]
+pub struct InstallTriesError {
+    pub tries: u32,
+}
+
+/// `tries` when it is within [`INSTALL_TRIES`].
+pub fn check_install_tries(tries: u32) -> Result<u32, InstallTriesError> {
+    if INSTALL_TRIES.contains(&tries) {
+        Ok(tries)
+    } else {
+        Err(InstallTriesError { tries })
+    }
+}
 
 /// Which kind of entry a file name denotes, by its suffix (matched case-insensitively).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -276,6 +315,29 @@ mod tests {
             .unwrap()
             .counter()
             .map(|c| (c.tries_left, c.tries_done))
+    }
+
+    #[test]
+    fn install_tries_stay_counted_and_bounded() {
+        assert_eq!(check_install_tries(DEFAULT_INSTALL_TRIES), Ok(3));
+        assert_eq!(check_install_tries(1), Ok(1));
+        assert_eq!(check_install_tries(15), Ok(15));
+        for bad in [0, 16, 3_000_000_000, MAX_TRIES, u32::MAX] {
+            let err = check_install_tries(bad).unwrap_err();
+            assert_eq!(err, InstallTriesError { tries: bad });
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("{bad} boot-counting tries is not 1 to 15")),
+                "{err}"
+            );
+        }
+        // Every accepted value makes a counted name, as systemd-boot reads it.
+        let name = EntryName::new("slate-2.0.0", EntryKind::Type2Efi).unwrap();
+        for tries in INSTALL_TRIES {
+            let counted = name.with_tries(tries).unwrap();
+            assert_eq!(counted.state(), BootState::Indeterminate, "{counted}");
+        }
+        assert!(INSTALL_TRIES.contains(&DEFAULT_INSTALL_TRIES));
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use slate_disk::FileDisk;
 use slate_esp::loader_conf;
 use slate_installer::{write_grub_image, write_image, GrubImagePlan, ImagePlan};
-use slate_layout::{LayoutParams, MIB};
+use slate_layout::LayoutParams;
 
 use crate::artifacts::{build_cmdline, build_initramfs, build_rootfs, build_uki, uki_name};
 use crate::output::PendingOutput;
@@ -147,7 +147,7 @@ pub fn build(
             let p = &inputs.profile;
             let plan = ImagePlan {
                 image_id: inputs.image_id(),
-                layout: layout_params(p),
+                layout: layout_params(p)?,
                 source_date_epoch: inputs.source_date_epoch,
                 systemd_boot: std::fs::read(&inputs.systemd_boot).map_err(|source| {
                     ImagerError::MissingInput {
@@ -161,12 +161,10 @@ pub fn build(
                 loader_conf: loader_conf(&format!("{}-*", p.name), p.image.menu_timeout)?,
             };
             progress(Progress::Step("writing the disk image"));
-            let mut disk =
-                FileDisk::create(pending.path(), p.image.size_mib * MIB).map_err(|source| {
-                    ImagerError::Output {
-                        path: out.to_owned(),
-                        source,
-                    }
+            let mut disk = FileDisk::create(pending.path(), in_bytes(p.image.size_bytes())?)
+                .map_err(|source| ImagerError::Output {
+                    path: out.to_owned(),
+                    source,
                 })?;
             write_image(&mut disk, &plan, &mut |_| {})?;
         }
@@ -250,7 +248,7 @@ fn grub_image(
     let initramfs = build_initramfs(inputs, &rootfs)?;
     let plan = GrubImagePlan {
         image_id: inputs.image_id(),
-        layout: layout_params(p),
+        layout: layout_params(p)?,
         source_date_epoch: inputs.source_date_epoch,
         grub_efi: read("the GRUB EFI image", &grub_efi)?,
         kernel: read("the kernel image", &inputs.kernel_image)?,
@@ -260,11 +258,12 @@ fn grub_image(
         menu_timeout: p.image.menu_timeout,
     };
     progress(Progress::Step("writing the disk image (GRUB)"));
-    let mut disk =
-        FileDisk::create(dest, p.image.size_mib * MIB).map_err(|source| ImagerError::Output {
+    let mut disk = FileDisk::create(dest, in_bytes(p.image.size_bytes())?).map_err(|source| {
+        ImagerError::Output {
             path: out.to_owned(),
             source,
-        })?;
+        }
+    })?;
     write_grub_image(&mut disk, &plan, &mut |_| {})?;
     Ok(())
 }
@@ -278,10 +277,20 @@ fn uki(inputs: &Inputs, progress: &mut dyn FnMut(Progress)) -> Result<Vec<u8>, I
 }
 
 /// The partition sizes a profile asks for; the rest is slate's reference layout.
-fn layout_params(profile: &slate_profile::Profile) -> LayoutParams {
-    LayoutParams {
-        esp_size: profile.image.esp_mib * MIB,
-        state_size: profile.image.state_mib * MIB,
+fn layout_params(profile: &slate_profile::Profile) -> Result<LayoutParams, ImagerError> {
+    Ok(LayoutParams {
+        esp_size: in_bytes(profile.image.esp_bytes())?,
+        state_size: in_bytes(profile.image.state_bytes())?,
         ..LayoutParams::default()
-    }
+    })
+}
+
+/// A profile size in bytes. A parsed profile's sizes are bounded so that this never fails; the
+/// conversion is checked all the same, because a size that wrapped around would build an image
+/// of the wrong size without a word.
+fn in_bytes(size: Result<u64, slate_profile::ProfileError>) -> Result<u64, ImagerError> {
+    size.map_err(|e| ImagerError::BadInput {
+        what: "profile",
+        reason: e.to_string(),
+    })
 }

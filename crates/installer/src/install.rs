@@ -3,10 +3,11 @@
 
 use std::path::{Path, PathBuf};
 
-use slate_bundle::{BundleError, BundleManifest, NATIVE_ARCH};
+use slate_bootspec::{check_install_tries, MENU_TIMEOUT_SECS};
+use slate_bundle::{BundleError, BundleManifest, InstallDefaults, NATIVE_ARCH};
 use slate_disk::{Disk as _, DiskError, FileDisk};
 use slate_esp::{loader_conf, uki_file_name, EspError};
-use slate_layout::{LayoutError, LayoutParams, PlacedLayout};
+use slate_layout::{LayoutError, LayoutParams, PlacedLayout, MIB};
 
 use crate::{open_trusted, write_image, ImagePlan, ImageStep, InstallError};
 use crate::{OpenBundleError, Provenance, Trust};
@@ -71,6 +72,14 @@ pub enum InstallModeError {
         "the bundle {name} {version} carries no install settings (it was built for upgrades only)"
     )]
     NoInstallSettings { name: String, version: String },
+    /// A number in the bundle's install settings is out of range. slate's imager never writes
+    /// one (the profile's bounds are the same), but a bundle is input like any other.
+    #[error("the bundle's install settings: {field} = {value}: {reason}")]
+    BadSetting {
+        field: &'static str,
+        value: u64,
+        reason: String,
+    },
     /// A blob is missing or does not match its digest (the message names it).
     #[error(transparent)]
     Blob(#[from] BundleError),
@@ -131,13 +140,14 @@ pub fn install(
             version: manifest.version,
         });
     };
+    let (esp_size, state_size) = checked_settings(&defaults)?;
     let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
     let systemd_boot = bundle.read_blob(slate_bundle::SYSTEMD_BOOT_ROLE)?;
     let image = ImagePlan {
         image_id: install_id(&manifest)?,
         layout: LayoutParams {
-            esp_size: defaults.esp_mib << 20,
-            state_size: defaults.state_mib << 20,
+            esp_size,
+            state_size,
             ..LayoutParams::default()
         },
         source_date_epoch: std::time::SystemTime::now()
@@ -237,6 +247,44 @@ pub fn install(
     })
 }
 
+/// The install settings' numbers, each within its bounds, and the ESP and STATE sizes in bytes.
+/// Checked before the disk is opened: a size in MiB that does not fit 64 bits once in bytes
+/// would otherwise wrap around into a small partition, tries out of range would make an entry
+/// systemd-boot never counts down, and a menu timeout out of range one that waits for a key.
+fn checked_settings(defaults: &InstallDefaults) -> Result<(u64, u64), InstallModeError> {
+    let bad = |field, value: u64, reason: String| InstallModeError::BadSetting {
+        field,
+        value,
+        reason,
+    };
+    check_install_tries(defaults.tries)
+        .map_err(|e| bad("tries", defaults.tries.into(), e.to_string()))?;
+    if !MENU_TIMEOUT_SECS.contains(&defaults.menu_timeout) {
+        return Err(bad(
+            "menu_timeout",
+            defaults.menu_timeout.into(),
+            format!(
+                "not {} to {} seconds (an unattended machine must boot on its own)",
+                MENU_TIMEOUT_SECS.start(),
+                MENU_TIMEOUT_SECS.end()
+            ),
+        ));
+    }
+    let bytes = |field, mib: u64| {
+        mib.checked_mul(MIB).ok_or_else(|| {
+            bad(
+                field,
+                mib,
+                "MiB is more bytes than a 64-bit size holds".into(),
+            )
+        })
+    };
+    Ok((
+        bytes("esp_mib", defaults.esp_mib)?,
+        bytes("state_mib", defaults.state_mib)?,
+    ))
+}
+
 /// Where the disk first holds a non-zero byte, looking at its head and tail (where partition
 /// tables, filesystem superblocks and RAID/LVM labels live).
 fn first_data(disk: &FileDisk) -> Result<Option<u64>, InstallModeError> {
@@ -307,6 +355,23 @@ pub(crate) mod tests {
         uki: &[u8],
         keep_versions: u32,
     ) -> PathBuf {
+        let defaults = InstallDefaults {
+            esp_mib: 40,
+            state_mib: 16,
+            tries: 3,
+            menu_timeout: 1,
+            keep_versions,
+        };
+        write_bundle_with(out, version, arch, uki, defaults)
+    }
+
+    fn write_bundle_with(
+        out: &Path,
+        version: &str,
+        arch: &str,
+        uki: &[u8],
+        defaults: InstallDefaults,
+    ) -> PathBuf {
         let blob = |role, file_name, media_type, bytes| BlobInput {
             role,
             file_name,
@@ -321,13 +386,7 @@ pub(crate) mod tests {
                 arch,
                 variant: "demo",
             },
-            InstallDefaults {
-                esp_mib: 40,
-                state_mib: 16,
-                tries: 3,
-                menu_timeout: 1,
-                keep_versions,
-            },
+            defaults,
             &[
                 blob(
                     slate_bundle::UKI_ROLE,
@@ -424,6 +483,48 @@ pub(crate) mod tests {
         };
         let (seen, _) = run(&disk, &forced);
         assert!(seen.iter().any(|e| e.starts_with("wiping ")), "{seen:?}");
+    }
+
+    /// issue 18: numbers a bundle carries are bounded like the profile's, and refused before
+    /// the disk is opened (a missing disk shows it never was).
+    #[test]
+    fn out_of_range_install_settings_are_refused_before_the_disk_is_opened() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("no-such-disk");
+        let good = InstallDefaults {
+            esp_mib: 40,
+            state_mib: 16,
+            tries: 3,
+            menu_timeout: 1,
+            keep_versions: DEFAULT_KEEP_VERSIONS,
+        };
+        /// One setting changed to a value out of range.
+        type Change = fn(&mut InstallDefaults);
+        let cases: [(Change, &str); 5] = [
+            (|d| d.tries = 3_000_000_000, "tries = 3000000000"),
+            (|d| d.tries = 0, "tries = 0"),
+            (|d| d.menu_timeout = u32::MAX, "menu_timeout = 4294967295"),
+            // 2^44 + 256 MiB: shifted into bytes it wrapped around to 256 MiB.
+            (|d| d.esp_mib = (1 << 44) + 256, "esp_mib = 17592186044672"),
+            (
+                |d| d.state_mib = u64::MAX,
+                "state_mib = 18446744073709551615",
+            ),
+        ];
+        for (i, (change, expected)) in cases.into_iter().enumerate() {
+            let mut defaults = good;
+            change(&mut defaults);
+            let out = dir.path().join(format!("bundle-{i}"));
+            let bundle = write_bundle_with(&out, "1.0.0", NATIVE_ARCH, b"MZ pretend UKI", defaults);
+            let err = install(&missing, &request(bundle), &mut |_| {}).unwrap_err();
+            assert!(matches!(err, InstallModeError::BadSetting { .. }), "{err}");
+            let text = err.to_string();
+            assert!(
+                text.starts_with(&format!("the bundle's install settings: {expected}:")),
+                "{text}"
+            );
+        }
+        assert_eq!(checked_settings(&good).unwrap(), (40 * MIB, 16 * MIB));
     }
 
     #[test]

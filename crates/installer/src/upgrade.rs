@@ -8,6 +8,7 @@ use std::path::{Path, PathBuf};
 use slate_bootloader::{
     Bootloader, BootloaderError, Grub, LoaderKind, MemEfiVars, SystemdBoot, UpgradeOutcome,
 };
+use slate_bootspec::{check_install_tries, InstallTriesError};
 use slate_bundle::{BundleError, NATIVE_ARCH};
 use slate_disk::{Disk, DiskError, FileDisk};
 use slate_layout::LayoutError;
@@ -28,7 +29,7 @@ pub struct UpgradeRequest {
     pub variant: Option<String>,
     /// Allow an older version than the running one (META `VersionFloor` still applies).
     pub allow_downgrade: bool,
-    /// Boot-counting tries for the new entry.
+    /// Boot-counting tries for the new entry, within [`slate_bootspec::INSTALL_TRIES`].
     pub tries: u32,
     /// Check everything with the disk opened read-only, write nothing.
     pub dry_run: bool,
@@ -63,6 +64,10 @@ pub struct UpgradeReport {
 /// Why an upgrade was refused or failed. Every refusal comes before the first write.
 #[derive(Debug, thiserror::Error)]
 pub enum UpgradeModeError {
+    /// `tries` is outside [`slate_bootspec::INSTALL_TRIES`]: the entry would be bad from the
+    /// start, or read as uncounted and never rolled back.
+    #[error(transparent)]
+    Tries(#[from] InstallTriesError),
     #[error(transparent)]
     Bundle(#[from] OpenBundleError),
     /// A blob is missing or does not match its digest (the message names it).
@@ -129,6 +134,8 @@ pub fn upgrade(
     request: &UpgradeRequest,
     progress: &mut dyn FnMut(UpgradeEvent<'_>),
 ) -> Result<UpgradeReport, UpgradeModeError> {
+    // First of all: whoever called (CLI, machined, a test) may pass any number.
+    check_install_tries(request.tries)?;
     let (bundle, provenance) = open_trusted(&request.bundle, &request.trust)?;
     progress(UpgradeEvent::Opened(&provenance));
     let manifest = bundle.manifest().clone();
@@ -256,6 +263,9 @@ fn version_floor(disk: &Path) -> Result<Option<String>, UpgradeModeError> {
         }
     })?;
     let store = MetaStore::open(meta).map_err(UpgradeModeError::ReadMeta)?;
+    // The upgrade ends by writing META: refused here, before the ESP is touched, when META is
+    // neither valid nor blank (what it holds would be lost).
+    store.check_writable().map_err(UpgradeModeError::ReadMeta)?;
     Ok(store
         .get(slate_meta::tags::VERSION_FLOOR)
         .map(|v| String::from_utf8_lossy(v).trim().to_string()))
@@ -333,6 +343,51 @@ mod tests {
             "{err}"
         );
         assert_eq!(hash(&disk), before, "a refusal wrote");
+    }
+
+    /// issue 18: tries out of range are refused before anything is read or written, whoever
+    /// passes them (the CLI checks too; machined runs this installer).
+    #[test]
+    fn tries_out_of_range_are_refused_before_anything_is_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let disk = blank_disk(dir.path());
+        let v1 = bundle(dir.path(), "1.0.0", NATIVE_ARCH);
+        crate::install(&disk, &install_request(v1), &mut |_| {}).unwrap();
+        let v2 = bundle(dir.path(), "2.0.0", NATIVE_ARCH);
+        let before = hash(&disk);
+        for tries in [0, 16, 3_000_000_000, u32::MAX] {
+            let err = upgrade(
+                &disk,
+                &UpgradeRequest {
+                    tries,
+                    ..request(v2.clone())
+                },
+                &mut |_| panic!("the bundle was opened with {tries} tries"),
+            )
+            .unwrap_err();
+            assert!(
+                matches!(err, UpgradeModeError::Tries(e) if e.tries == tries),
+                "{err}"
+            );
+            assert!(
+                err.to_string()
+                    .starts_with(&format!("{tries} boot-counting tries")),
+                "{err}"
+            );
+        }
+        assert_eq!(hash(&disk), before);
+        let report = upgrade(
+            &disk,
+            &UpgradeRequest {
+                tries: 15,
+                ..request(v2)
+            },
+            &mut |_| {},
+        );
+        assert_eq!(
+            report.unwrap().outcome.unwrap().file_name,
+            "slate-2.0.0+15.efi"
+        );
     }
 
     #[test]

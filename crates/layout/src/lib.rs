@@ -8,17 +8,23 @@
 //!   crate over [`slate_disk::DiskIo`]); [`verify_gpt`] reads them back independently.
 //! - GUIDs are derived from the image id ([`partition_guid`], [`disk_guid`]), so the same image
 //!   built twice is the same bytes.
-//! - [`partitions`], [`find_partition`] and [`open_partition`] find partitions by label on any
-//!   GPT disk (the `gpt` crate's reader), for the code that runs on a node.
+//! - [`read_gpt`] reads a GPT disk with slate's own decoder (`read.rs`), falling back to the
+//!   backup copy when the primary is damaged and refusing a table whose partitions overlap each
+//!   other or the table itself; [`partitions`], [`find_partition`] and [`open_partition`] find
+//!   partitions by label through it, for the code that runs on a node. The reader is
+//!   hand-written because the `gpt` crate's reader panics on valid entry sizes other than 128
+//!   and does not fall back to the backup when the primary partition array is damaged.
 
 mod guid;
+mod read;
 mod spec;
 mod verify;
 mod write;
 
-use slate_disk::{Disk, DiskError, DiskIo, PartitionView};
+use slate_disk::{Disk, DiskError, PartitionView};
 
 pub use guid::{derived_u32, disk_guid, partition_guid};
+pub use read::{read_gpt_with_sector_size, GptSource, GptTable, DEFAULT_SECTOR_SIZE};
 pub use spec::{
     DiskLayout, LayoutParams, PartitionSize, PartitionSpec, PlacedLayout, PlacedPartition,
     EFI_LABEL, EPHEMERAL_LABEL, ESP_TYPE, LINUX_DATA_TYPE, META_LABEL, META_SIZE, MIB, STATE_LABEL,
@@ -28,13 +34,23 @@ pub use uuid::Uuid;
 pub use verify::verify_gpt;
 pub use write::write_gpt;
 
-use write::Opaque;
-
 /// Errors met while planning, writing, reading or checking a partition table.
 #[derive(Debug, thiserror::Error)]
 pub enum LayoutError {
     #[error("the disk has no valid GPT: {0}")]
     NoGpt(String),
+    #[error("neither copy of the GPT is usable: primary: {primary}; backup: {backup}")]
+    BadGpt { primary: String, backup: String },
+    #[error(
+        "the {which} GPT lists partitions slate cannot safely use: {}",
+        problems.join("; ")
+    )]
+    InvalidTable {
+        /// `"primary"` or `"backup"`: the copy whose entries these are.
+        which: &'static str,
+        /// One sentence per problem, naming the partitions by label and LBA range.
+        problems: Vec<String>,
+    },
     #[error("no partition labelled {label:?} (found: {found})")]
     NoSuchPartition { label: String, found: String },
     #[error("more than one partition is labelled {0:?}")]
@@ -57,40 +73,29 @@ pub enum LayoutError {
     Mismatch(String),
 }
 
-/// Where a partition lies on its disk, in bytes.
+/// Where a partition lies on its disk, in bytes, and what kind of partition it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartitionInfo {
     pub label: String,
+    pub type_guid: Uuid,
     pub start: u64,
     pub len: u64,
 }
 
-/// Every used partition of the disk's GPT (primary header, or the backup when the primary is
-/// damaged), in table order.
+/// The GPT of `disk` (512-byte sectors): the primary copy, or the backup when the primary is
+/// damaged (the returned [`GptTable`] says which, and why). Refused: a disk where neither copy is
+/// valid ([`LayoutError::NoGpt`] when neither even has a GPT signature, otherwise
+/// [`LayoutError::BadGpt`] naming the problem of each), and a table whose used entries are
+/// reversed, lie outside its usable area or overlap each other ([`LayoutError::InvalidTable`],
+/// every problem listed). The accepted formats are those of docs/formats.md §5.
+pub fn read_gpt<D: Disk>(disk: D) -> Result<GptTable, LayoutError> {
+    read_gpt_with_sector_size(disk, DEFAULT_SECTOR_SIZE)
+}
+
+/// Every used partition of the disk's GPT (see [`read_gpt`]: the primary, or the backup when
+/// the primary is damaged), in table order.
 pub fn partitions<D: Disk>(disk: D) -> Result<Vec<PartitionInfo>, LayoutError> {
-    let gpt = gpt::GptConfig::new()
-        .writable(false)
-        .open_from_device(DiskIo::new(Opaque(disk)))
-        .map_err(|e| LayoutError::NoGpt(e.to_string()))?;
-    let block = *gpt.logical_block_size();
-    gpt.partitions()
-        .values()
-        .filter(|p| p.is_used())
-        .map(|p| {
-            let start = p.bytes_start(block);
-            let len = p.bytes_len(block);
-            match (start, len) {
-                (Ok(start), Ok(len)) => Ok(PartitionInfo {
-                    label: p.name.clone(),
-                    start,
-                    len,
-                }),
-                _ => Err(LayoutError::OutOfDisk {
-                    label: p.name.clone(),
-                }),
-            }
-        })
-        .collect()
+    Ok(read_gpt(disk)?.partitions)
 }
 
 /// The unique partition labelled `label`.

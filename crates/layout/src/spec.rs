@@ -241,32 +241,50 @@ impl DiskLayout {
         (first <= last).then_some((first, last))
     }
 
-    /// Partition starts and minimal ends, and the disk size they need, in sectors.
-    fn starts(&self) -> (Vec<(u64, u64)>, u64) {
+    /// Partition starts and minimal lengths, and the disk size they need, in sectors. Sizes come
+    /// from profiles and bundles, so every sum is checked: a layout that would need more than
+    /// 2^64 bytes is refused, naming the partition where the count ran out, rather than wrapping
+    /// around into a small disk that seems to fit.
+    fn starts(&self) -> Result<(Vec<(u64, u64)>, u64), LayoutError> {
         let lb = self.sector_size;
         let align = self.alignment / lb;
         let array_lba = (ENTRIES * ENTRY_SIZE).div_ceil(lb);
+        let too_large = |label: &str| {
+            LayoutError::InvalidLayout(format!(
+                "partition {label:?} ends beyond 2^64 bytes: the partition sizes add up to more \
+                 than any disk"
+            ))
+        };
+        let align_up = |sectors: u64| sectors.div_ceil(align).checked_mul(align);
         let mut cursor = 2 + array_lba;
         let mut spans = Vec::new();
         for p in &self.partitions {
-            let start = cursor.div_ceil(align) * align;
+            let start = align_up(cursor).ok_or_else(|| too_large(&p.label))?;
             let len = match p.size {
                 PartitionSize::Bytes(n) => n / lb,
                 PartitionSize::RestOfDisk { min } => {
-                    min.div_ceil(lb).max(1).div_ceil(align) * align
+                    align_up(min.div_ceil(lb).max(1)).ok_or_else(|| too_large(&p.label))?
                 }
             };
             spans.push((start, len));
-            cursor = start + len;
+            cursor = start
+                .checked_add(len)
+                .filter(|end| end.checked_mul(lb).is_some())
+                .ok_or_else(|| too_large(&p.label))?;
         }
         // The backup array and header follow the last usable sector.
-        (spans, cursor + array_lba + 1)
+        let total = cursor
+            .checked_add(array_lba + 1)
+            .filter(|sectors| sectors.checked_mul(lb).is_some())
+            .ok_or_else(|| too_large(self.partitions.last().map_or("", |p| p.label.as_str())))?;
+        Ok((spans, total))
     }
 
     /// The smallest disk, in bytes, this layout fits on.
     pub fn min_disk_len(&self) -> Result<u64, LayoutError> {
         self.validate()?;
-        Ok(self.starts().1 * self.sector_size)
+        // `starts` checked that the sector count times the sector size fits.
+        Ok(self.starts()?.1 * self.sector_size)
     }
 
     /// Where every partition lands on a disk of `disk_len` bytes. Fails, before anything is
@@ -291,7 +309,7 @@ impl DiskLayout {
                 have: disk_len,
                 needed,
             })?;
-        let (spans, _) = self.starts();
+        let (spans, _) = self.starts()?;
         let align = self.alignment / lb;
         let aligned_end = (last_usable + 1) / align * align - 1;
         let partitions = self
@@ -424,6 +442,41 @@ mod tests {
         let mut l = reference();
         l.sector_size = 1024;
         assert!(l.validate().is_err());
+    }
+
+    /// issue 18: sizes near 2^64 bytes once wrapped around (a huge layout "fitting" a small
+    /// disk, or a panic in a debug build); now the layout is refused naming the partition.
+    #[test]
+    fn sizes_that_overflow_are_refused_naming_the_partition() {
+        let huge = u64::MAX / MIB * MIB;
+        let mut l = reference();
+        l.partitions[0].size = PartitionSize::Bytes(huge);
+        let err = l.min_disk_len().unwrap_err().to_string();
+        assert!(err.contains("\"EFI\" ends beyond 2^64 bytes"), "{err}");
+        assert!(l.place(512 * MIB).is_err());
+
+        let mut l = reference();
+        l.partitions[2].size = PartitionSize::Bytes(1 << 62);
+        l.partitions[3].size = PartitionSize::RestOfDisk { min: 3 << 62 };
+        let err = l.place(u64::MAX / 512 * 512).unwrap_err().to_string();
+        assert!(
+            err.contains("\"EPHEMERAL\" ends beyond 2^64 bytes"),
+            "{err}"
+        );
+
+        // Each size alone fits in sectors, but not the disk in bytes.
+        let mut l = reference();
+        l.partitions[3].size = PartitionSize::RestOfDisk {
+            min: u64::MAX - MIB,
+        };
+        let err = l.min_disk_len().unwrap_err().to_string();
+        assert!(err.contains("EPHEMERAL"), "{err}");
+
+        // The largest layout that fits is still placed.
+        let mut l = reference();
+        l.partitions[2].size = PartitionSize::Bytes(1 << 62);
+        let min = l.min_disk_len().unwrap();
+        assert!(l.place(min).is_ok());
     }
 
     proptest::proptest! {

@@ -178,6 +178,36 @@ fn bad_fields_are_named() {
             "update.poll_interval",
         ),
         (
+            "poll_interval = \"15m\"",
+            "poll_interval = \"8days\"",
+            "update.poll_interval",
+        ),
+        (
+            "poll_interval = \"15m\"",
+            "poll_interval = \"500000000000years\"",
+            "update.poll_interval",
+        ),
+        (
+            "listen = \"0.0.0.0:50000\"",
+            "listen = \"0.0.0.0:0\"",
+            "api.listen",
+        ),
+        (
+            "strategy = \"fleet-lock\"",
+            "strategy = \"operator\"\noperator = [\"10.0.0.5:0\"]",
+            "update.operator",
+        ),
+        (
+            "strategy = \"fleet-lock\"",
+            "strategy = \"operator\"\noperator = [\"10.0.0.5:50100\"]\nadvertise = \"node1:0\"",
+            "update.advertise",
+        ),
+        (
+            "strategy = \"fleet-lock\"",
+            "strategy = \"operator\"\noperator = [\"10.0.0.5:65536\"]",
+            "update.operator",
+        ),
+        (
             "keep = [\"ssh/ssh_host_ed25519_key\"]",
             "keep = [\"../shadow\"]",
             "etc.keep[0]",
@@ -345,4 +375,25 @@ fn the_operator_strategy_names_replicas_group_labels_and_address() {
     assert_eq!(c.update.labels["zone"], "a");
     assert_eq!(c.update.advertise.as_deref(), Some("127.0.0.1:50001"));
     assert_eq!(parse(&c.to_toml()).unwrap().config, c);
+}
+
+#[test]
+fn poll_interval_and_ports_are_bounded_both_ways() {
+    for ok in ["10s", "7days"] {
+        let text = edited(
+            "poll_interval = \"15m\"",
+            &format!("poll_interval = \"{ok}\""),
+        );
+        parse(&text).unwrap();
+    }
+    let err = refused(&edited(
+        "poll_interval = \"15m\"",
+        "poll_interval = \"7days 1s\"",
+    ));
+    assert!(err.to_string().contains("at most 7 days"), "{err}");
+    parse(&edited(
+        "listen = \"0.0.0.0:50000\"",
+        "listen = \"0.0.0.0:65535\"",
+    ))
+    .unwrap();
 }

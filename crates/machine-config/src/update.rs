@@ -28,8 +28,8 @@ pub struct UpdateSettings {
     pub channel: String,
     #[serde(default)]
     pub strategy: Strategy,
-    /// How often the registry is asked (`"1h"`, `"15m"`); a random jitter of up to a tenth is
-    /// added.
+    /// How often the registry is asked (`"1h"`, `"15m"`; 10 s to 7 days); a random jitter of up
+    /// to a tenth is added.
     #[serde(default = "default_poll_interval")]
     pub poll_interval: String,
     /// When updates may be applied (periodic and fleet-lock strategies).

@@ -10,6 +10,10 @@ use crate::{ConfigError, MachineConfig, NetworkMode, Strategy, CURRENT_VERSION};
 
 /// Largest file the configuration may place into /etc.
 const MAX_ETC_FILE_BYTES: usize = 64 * 1024;
+/// Bounds of `update.poll_interval`. At least 10 s, not to hammer the registry; at most a week
+/// (the cycle of maintenance windows), so a node still hears of a release, and the agent's
+/// jitter and wake-up arithmetic on the interval stay far from overflowing a `Duration`.
+const POLL_INTERVAL_SECS: std::ops::RangeInclusive<u64> = 10..=7 * 24 * 3600;
 
 pub(crate) fn validate(config: &MachineConfig) -> Result<(), ConfigError> {
     if config.version != CURRENT_VERSION {
@@ -155,6 +159,13 @@ fn api(config: &MachineConfig) -> Result<(), ConfigError> {
             ));
         }
     }
+    // Port 0 asks the kernel for any free port: nobody could find the API there.
+    if let Some(listen) = api.listen.filter(|addr| addr.port() == 0) {
+        return Err(ConfigError::invalid(
+            "api.listen",
+            format!("{listen} has port 0; give the port the API listens on (default 50000)"),
+        ));
+    }
     for name in &api.extra_sans {
         if name.parse::<IpAddr>().is_err() && !is_hostname(name) {
             return Err(ConfigError::invalid(
@@ -238,10 +249,13 @@ fn update(config: &MachineConfig) -> Result<(), ConfigError> {
         _ => {}
     }
     let interval = parse_duration(&update.poll_interval, "update.poll_interval")?;
-    if interval.as_secs() < 10 {
+    if !POLL_INTERVAL_SECS.contains(&interval.as_secs()) {
         return Err(ConfigError::invalid(
             "update.poll_interval",
-            "must be at least 10s",
+            format!(
+                "{:?} must be at least 10s and at most 7 days",
+                update.poll_interval
+            ),
         ));
     }
     for (i, window) in update.windows.iter().enumerate() {
@@ -364,10 +378,12 @@ fn etc(config: &MachineConfig) -> Result<(), ConfigError> {
     Ok(())
 }
 
-/// `HOST:PORT` with a port.
+/// `HOST:PORT` with a port one can connect to (1 to 65535).
 fn is_host_port(text: &str) -> bool {
     text.rsplit_once(':').is_some_and(|(host, port)| {
-        !host.is_empty() && !host.contains(char::is_whitespace) && port.parse::<u16>().is_ok()
+        !host.is_empty()
+            && !host.contains(char::is_whitespace)
+            && port.parse::<u16>().is_ok_and(|port| port != 0)
     })
 }
 

@@ -56,6 +56,8 @@ impl Backend {
                     .into(),
             ));
         }
+        // Checked now, while the caller still gets the refusal: the pull runs after the answer.
+        let tries = upgrade::requested_tries(&req)?;
         let options = slate_transport::Options {
             insecure: self.0.machine.current().is_some_and(|c| c.update.insecure),
             ..slate_transport::Options::default()
@@ -79,7 +81,7 @@ impl Backend {
                             "{} pulled and verified ({fetched} bytes fetched, {cached} cached)",
                             pinned.version
                         ));
-                        plan.tries = req.tries.unwrap_or(plan.tries);
+                        plan.tries = tries;
                         plan.reboot = req.reboot_mode;
                         if let Err(err) = node.request(Request::Upgrade(plan, guard)) {
                             node.journal

@@ -22,7 +22,13 @@ pub fn open_meta_on(part: &BlockPartition, writable: bool) -> Result<MetaStore<F
         FileDisk::open_read_only(&part.device)
     }
     .map_err(|e| format!("opening {}: {e}", part.device.display()))?;
-    MetaStore::open(disk).map_err(|e| error_chain(&e))
+    let mut store = MetaStore::open(disk).map_err(|e| error_chain(&e))?;
+    if writable {
+        // The node's own META, found by label: a commit or revert must record itself even
+        // over rotted copies (the reader's warning says what they held).
+        store.overwrite_unrecognized();
+    }
+    Ok(store)
 }
 
 /// META on the system disk.

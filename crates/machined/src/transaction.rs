@@ -212,6 +212,8 @@ pub fn record_failure(node: &Node, reason: &str) -> Result<(), String> {
     let view = slate_layout::open_partition(disk, crate::system_disk::META_LABEL)
         .map_err(|e| error_chain(&e))?;
     let mut store = slate_meta::MetaStore::open(view).map_err(|e| error_chain(&e))?;
+    // As in system_disk::open_meta_on: the record of a failure must not be lost to rot.
+    store.overwrite_unrecognized();
     let json = failure_record(&node.version, reason).map_err(|e| e.to_string())?;
     store
         .set(slate_meta::tags::LAST_BOOT_FAILURE, json.into_bytes())

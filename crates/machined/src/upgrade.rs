@@ -35,7 +35,7 @@ pub const BUNDLES_DIR: &str = "/var/lib/slate/bundles";
 pub use slate_profile::image_contract::TRUSTED_KEYS;
 /// The prefix of an upgrade image that names a received bundle: `bundle:sha256:<hex>`.
 pub const BUNDLE_SCHEME: &str = "bundle:";
-const DEFAULT_TRIES: u32 = 3;
+const DEFAULT_TRIES: u32 = slate_bootspec::DEFAULT_INSTALL_TRIES;
 
 /// META `StagedUpgradeInstallOptions`: what the staged upgrade needs besides the image.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -106,6 +106,16 @@ pub fn plan_pulled(
         allow_downgrade: false,
         stage: false,
     })
+}
+
+/// The tries of `POST /v1/upgrade` (the default when it names none), or a bad request (HTTP
+/// 400) when they are outside [`slate_bootspec::INSTALL_TRIES`]: 0 would mark the version bad
+/// before it boots, and a counter above `INT_MAX` reads as uncounted, so the version would never
+/// be rolled back. Refused before the lock is taken or a bundle looked at: the bundle's own
+/// installer checks again, but only after the request was answered "accepted".
+pub fn requested_tries(req: &slate_api::UpgradeRequest) -> Result<u32, BackendError> {
+    slate_bootspec::check_install_tries(req.tries.unwrap_or(DEFAULT_TRIES))
+        .map_err(|e| invalid(format!("the upgrade is refused: {e}")))
 }
 
 /// The bundle `bundle:sha256:<hex>` names (lower-case hex only, as its directory is named).
@@ -279,6 +289,7 @@ fn locate(image: &str) -> Result<(Digest, Bundle), BackendError> {
 /// The plan for `POST /v1/upgrade` with `image` = `bundle:<id>` of a received bundle, refused
 /// here (synchronously, before the lock) when the update policy says no.
 pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan, BackendError> {
+    let tries = requested_tries(req)?;
     let (id, bundle) = locate(&req.image)?;
     check_policy(node, bundle.manifest(), req.allow_downgrade)
         .map_err(|e| invalid(format!("the upgrade is refused: {e}")))?;
@@ -287,7 +298,7 @@ pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan,
         bundle_id: id,
         verified: bundle.verified_blobs(),
         version: bundle.manifest().version.clone(),
-        tries: req.tries.unwrap_or(DEFAULT_TRIES),
+        tries,
         reboot: req.reboot_mode,
         allow_downgrade: req.allow_downgrade,
         stage: req.stage,
@@ -355,6 +366,9 @@ pub fn consume_staged(
 /// located here; the staged phases mount /var and check it (digests, signature, policy).
 pub fn staged_plan(staged: &Staged) -> Result<UpgradePlan, String> {
     let id = bundle_id(&staged.image)?;
+    // Written by this node's machined after the same check; META is a disk all the same.
+    slate_bootspec::check_install_tries(staged.options.tries)
+        .map_err(|e| format!("META StagedUpgradeInstallOptions: {e}"))?;
     Ok(UpgradePlan {
         bundle_dir: bundle_dir(&id),
         bundle_id: id,
@@ -535,5 +549,41 @@ mod tests {
         }
         let err = locate(&format!("bundle:sha256:{}", hex.to_uppercase())).unwrap_err();
         assert!(err.to_string().contains("not a bundle id"), "{err}");
+    }
+
+    /// issue 18: `tries` of the API's upgrade request once went unchecked into the installer's
+    /// `--tries`, and `slate-2.0.0+3000000000.efi` is never rolled back. Now it is a 400.
+    #[test]
+    fn upgrade_tries_out_of_range_are_a_bad_request() {
+        let hex = "ab".repeat(32);
+        let req = |tries| slate_api::UpgradeRequest {
+            tries,
+            ..slate_api::UpgradeRequest::new(format!("bundle:sha256:{hex}"))
+        };
+        assert_eq!(requested_tries(&req(None)).unwrap(), DEFAULT_TRIES);
+        assert_eq!(requested_tries(&req(Some(1))).unwrap(), 1);
+        assert_eq!(requested_tries(&req(Some(15))).unwrap(), 15);
+        for bad in [0, 16, 3_000_000_000, u32::MAX] {
+            match requested_tries(&req(Some(bad))) {
+                Err(BackendError::InvalidArgument(message)) => assert!(
+                    message.starts_with(&format!(
+                        "the upgrade is refused: {bad} boot-counting tries is not 1 to 15"
+                    )),
+                    "{message}"
+                ),
+                other => panic!("{bad}: {other:?}"),
+            }
+        }
+        let staged = |tries| Staged {
+            image: format!("bundle:sha256:{hex}"),
+            options: StagedOptions {
+                version: "2.0.0".into(),
+                tries,
+                allow_downgrade: false,
+            },
+        };
+        assert_eq!(staged_plan(&staged(3)).unwrap().tries, 3);
+        let err = staged_plan(&staged(3_000_000_000)).unwrap_err();
+        assert!(err.contains("3000000000 boot-counting tries"), "{err}");
     }
 }

@@ -20,6 +20,14 @@ pub enum MetaError {
     Write(#[source] DiskError),
     #[error(transparent)]
     Value(#[from] AdvError),
+    /// Neither copy holds an ADV and the area is not blank: it may be another filesystem or a
+    /// partition table, so nothing is written over it unless the caller says so.
+    #[error(
+        "this is not a META area: neither copy holds an ADV and it is not blank \
+         (copy 1: {copy1}; copy 2: {copy2}); refusing to write over it \
+         (`slate meta format` lays down an empty META deliberately, `--force` writes anyway)"
+    )]
+    Unrecognized { copy1: String, copy2: String },
 }
 
 /// Which copy the values were read from.
@@ -27,8 +35,11 @@ pub enum MetaError {
 pub enum Source {
     Copy1,
     Copy2,
-    /// Neither copy was valid (a blank or destroyed partition): the store starts empty.
-    Empty,
+    /// Both copies are all zero (a partition that was never written): the store starts empty.
+    Blank,
+    /// Neither copy is valid and the area is not blank: read as empty, but not written unless
+    /// [`MetaStore::overwrite_unrecognized`] says so.
+    Unrecognized,
 }
 
 /// A tag as seen by a reader: Talos ADV tags shadow legacy ones of the same number.
@@ -49,14 +60,19 @@ pub struct MetaStore<D> {
     adv: Adv,
     legacy: Option<LegacyAdv>,
     source: Source,
+    /// What each copy held when neither was valid (for [`MetaError::Unrecognized`]).
+    unrecognized: Option<(String, String)>,
+    overwrite: bool,
     warnings: Vec<String>,
 }
 
 impl<D: Disk> MetaStore<D> {
-    /// Read META: copy 1 if valid, else copy 2, else empty with a warning.
+    /// Read META: copy 1 if valid, else copy 2, else empty with a warning. A store whose
+    /// copies are neither valid nor blank reads as empty but refuses to [`flush`](Self::flush).
     pub fn open(disk: D) -> Result<Self, MetaError> {
         let len = check_len(&disk)?;
         let mut warnings = Vec::new();
+        let mut unrecognized = None;
         let copy1 = disk.read_vec(0, ADV_LEN).map_err(MetaError::Read)?;
         let (adv, source) = match Adv::parse(&copy1) {
             Ok(adv) => (adv, Source::Copy1),
@@ -67,12 +83,18 @@ impl<D: Disk> MetaStore<D> {
                         warnings.push(format!("META copy 1 is invalid ({err1}); using copy 2"));
                         (adv, Source::Copy2)
                     }
+                    Err(_) if is_blank(&copy1) && is_blank(&copy2) => {
+                        (Adv::default(), Source::Blank)
+                    }
                     Err(err2) => {
+                        let (held1, held2) =
+                            (describe_copy(&copy1, &err1), describe_copy(&copy2, &err2));
                         warnings.push(format!(
-                            "both META copies are invalid (copy 1: {err1}; copy 2: {err2}); \
-                             starting empty"
+                            "both META copies are invalid (copy 1: {held1}; copy 2: {held2}); \
+                             reading as empty"
                         ));
-                        (Adv::default(), Source::Empty)
+                        unrecognized = Some((held1, held2));
+                        (Adv::default(), Source::Unrecognized)
                     }
                 }
             }
@@ -85,8 +107,36 @@ impl<D: Disk> MetaStore<D> {
             disk,
             adv,
             source,
+            unrecognized,
+            overwrite: false,
             warnings,
         })
+    }
+
+    /// [`open`](Self::open) for a change: refused at once, before the caller writes anything
+    /// anywhere, when the area is not META ([`MetaError::Unrecognized`]).
+    pub fn open_for_update(disk: D) -> Result<Self, MetaError> {
+        let store = Self::open(disk)?;
+        store.check_writable()?;
+        Ok(store)
+    }
+
+    /// Allow [`flush`](Self::flush) over an area whose copies were neither valid nor blank
+    /// (what each held is lost): `--force`, or a node rewriting the META partition it found
+    /// by its own label and type.
+    pub fn overwrite_unrecognized(&mut self) {
+        self.overwrite = true;
+    }
+
+    /// `Err(Unrecognized)` when a flush would write over something that is not META.
+    pub fn check_writable(&self) -> Result<(), MetaError> {
+        match &self.unrecognized {
+            Some((copy1, copy2)) if !self.overwrite => Err(MetaError::Unrecognized {
+                copy1: copy1.clone(),
+                copy2: copy2.clone(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// Lay down an empty META over the whole area (both copies, zeroed middle, empty legacy ADV)
@@ -171,18 +221,35 @@ impl<D: Disk> MetaStore<D> {
     /// before the other is touched, so at every instant at least one copy is valid and holds
     /// either the old or the new tag set, whatever the device does with unflushed writes.
     pub fn flush(&mut self) -> Result<(), MetaError> {
+        self.check_writable()?;
         let block = self.adv.serialize();
         for at in [0, COPY2_AT] {
             self.disk.write_at(at, &block).map_err(MetaError::Write)?;
             self.disk.flush().map_err(MetaError::Write)?;
         }
         self.source = Source::Copy1;
+        self.unrecognized = None;
         Ok(())
     }
 
     pub fn into_disk(self) -> D {
         self.disk
     }
+}
+
+fn is_blank(bytes: &[u8]) -> bool {
+    bytes.iter().all(|&b| b == 0)
+}
+
+/// What an invalid, non-blank copy held: the parse error and its first bytes, which tell a
+/// filesystem or partition table from a damaged ADV.
+fn describe_copy(bytes: &[u8], err: &AdvError) -> String {
+    if is_blank(bytes) {
+        return "blank".into();
+    }
+    let head: String = bytes.iter().take(16).map(|b| format!("{b:02x}")).collect();
+    let nonzero = bytes.iter().filter(|&&b| b != 0).count();
+    format!("{err}; {nonzero} non-zero bytes, starting {head}")
 }
 
 fn check_len(disk: &impl Disk) -> Result<u64, MetaError> {

@@ -41,16 +41,72 @@ fn both_copies_corrupted_reads_as_empty_with_a_warning() {
     let mut disk = with_values(&[(tags::UPGRADE, b"A")]);
     disk.write_at(100, b"garbage").unwrap();
     disk.write_at(ADV_LEN as u64 + 100, b"garbage").unwrap();
-    let store = MetaStore::open(disk).unwrap();
-    assert_eq!(store.source(), Source::Empty);
+    let before = disk.as_bytes().to_vec();
+    let mut store = MetaStore::open(RecordingDisk::new(disk.into_bytes())).unwrap();
+    assert_eq!(store.source(), Source::Unrecognized);
     assert!(store.entries().is_empty());
     assert!(store.warnings()[0].contains("both META copies are invalid"));
+    // Whatever the copies held is not thrown away by the next write.
+    store.set(tags::UPGRADE, b"B".to_vec()).unwrap();
+    let err = store.flush().unwrap_err();
+    assert!(matches!(err, MetaError::Unrecognized { .. }), "{err}");
+    assert!(err.to_string().contains("non-zero bytes"), "{err}");
+    let disk = store.into_disk();
+    assert!(disk.log().is_empty(), "no write was issued");
+    assert_eq!(disk.current(), &before[..]);
+}
+
+#[test]
+fn a_copy_with_a_duplicated_record_beside_a_blank_one_is_not_overwritten() {
+    // Copy 1 holds Upgrade twice and VersionFloor (invalid as a whole), copy 2 is blank: the
+    // old reader started empty and the next set dropped VersionFloor.
+    let mut copy1 = vec![0u8; ADV_LEN];
+    let mut at = 4;
+    for (tag, value) in [
+        (6u32, &b"A"[..]),
+        (6, b"A"),
+        (tags::VERSION_FLOOR.into(), b"2.0.0"),
+    ] {
+        copy1[at..at + 4].copy_from_slice(&tag.to_be_bytes());
+        copy1[at + 4..at + 8].copy_from_slice(&(value.len() as u32).to_be_bytes());
+        copy1[at + 8..at + 8 + value.len()].copy_from_slice(value);
+        at += 8 + value.len();
+    }
+    slate_meta::Adv::seal(&mut copy1);
+    let mut disk = formatted();
+    disk.write_at(0, &copy1).unwrap();
+    disk.write_at(ADV_LEN as u64, &vec![0; ADV_LEN]).unwrap();
+    let err = MetaStore::open_for_update(disk).unwrap_err();
+    assert!(matches!(err, MetaError::Unrecognized { .. }), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("appears twice") && text.contains("copy 2: blank"),
+        "{text}"
+    );
+}
+
+#[test]
+fn a_filesystem_is_not_meta_and_force_overwrites_it() {
+    let mut bytes = vec![0u8; META_LEN as usize];
+    // An ext4 superblock's magic at 1080, as a data partition would hold.
+    bytes[1080..1082].copy_from_slice(&[0x53, 0xEF]);
+    bytes[0..4].copy_from_slice(b"\xeb\x3c\x90M");
+    let err = MetaStore::open_for_update(MemDisk::from_bytes(bytes.clone())).unwrap_err();
+    assert!(err.to_string().contains("not a META area"), "{err}");
+    let mut store = MetaStore::open(MemDisk::from_bytes(bytes)).unwrap();
+    store.overwrite_unrecognized();
+    store.set(tags::UPGRADE, b"A".to_vec()).unwrap();
+    store.flush().unwrap();
+    let store = MetaStore::open(store.into_disk()).unwrap();
+    assert_eq!(store.source(), Source::Copy1);
+    assert_eq!(store.get(tags::UPGRADE), Some(&b"A"[..]));
 }
 
 #[test]
 fn a_blank_partition_reads_as_empty() {
-    let store = MetaStore::open(MemDisk::zeroed(META_LEN as usize)).unwrap();
-    assert_eq!(store.source(), Source::Empty);
+    let store = MetaStore::open_for_update(MemDisk::zeroed(META_LEN as usize)).unwrap();
+    assert_eq!(store.source(), Source::Blank);
+    assert!(store.warnings().is_empty());
     assert!(store.get(tags::UPGRADE).is_none());
 }
 

@@ -7,6 +7,7 @@
 //! The optional `[health]` and `[watchdog]` sections are the node's runtime configuration
 //! ([`NodeConfig`]): the imager writes them into the image for machined to read.
 
+mod image;
 pub mod image_contract;
 mod node;
 
@@ -14,6 +15,7 @@ use std::path::PathBuf;
 
 use serde::Deserialize;
 
+pub use image::{Image, KEEP_VERSIONS_RANGE, MAX_ESP_MIB, MAX_IMAGE_MIB};
 pub use node::{
     Health, HealthCheck, NodeConfig, Watchdog, HEALTH_TIMEOUT_RANGE, NODE_CONFIG_PATH,
     WATCHDOG_TIMEOUT_RANGE,
@@ -140,71 +142,12 @@ pub struct Boot {
     pub grub_efi: Option<PathBuf>,
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Image {
-    #[serde(default = "default_size")]
-    pub size_mib: u64,
-    #[serde(default = "default_esp")]
-    pub esp_mib: u64,
-    #[serde(default = "default_state")]
-    pub state_mib: u64,
-    /// Boot-counting tries given to a newly installed UKI.
-    #[serde(default = "default_tries")]
-    pub tries: u32,
-    /// systemd-boot menu timeout in seconds; finite, so an unattended machine never waits.
-    #[serde(default = "default_timeout")]
-    pub menu_timeout: u32,
-    /// How many versions an upgrade leaves on the ESP ([`KEEP_VERSIONS_RANGE`], default 2): the
-    /// new one, the running one, the pending fallback, then the newest others up to this count;
-    /// older ones are pruned, bad ones first (docs/update-transaction.md, "Pruning"). Carried in
-    /// the installer bundle, so the new version's installer applies it. GRUB has two slots: only
-    /// 2 is valid with `bootloader = "grub"`.
-    #[serde(default = "default_keep_versions")]
-    pub keep_versions: u32,
-}
-
-impl Default for Image {
-    fn default() -> Self {
-        Self {
-            size_mib: default_size(),
-            esp_mib: default_esp(),
-            state_mib: default_state(),
-            tries: default_tries(),
-            menu_timeout: default_timeout(),
-            keep_versions: default_keep_versions(),
-        }
-    }
-}
-
 fn default_variant() -> String {
     "default".into()
 }
 fn default_zstd_level() -> u32 {
     15
 }
-fn default_size() -> u64 {
-    512
-}
-fn default_esp() -> u64 {
-    100
-}
-fn default_state() -> u64 {
-    64
-}
-fn default_tries() -> u32 {
-    3
-}
-fn default_timeout() -> u32 {
-    1
-}
-fn default_keep_versions() -> u32 {
-    2
-}
-
-/// The valid `[image] keep_versions`: at least the new version and the running one; at most
-/// what an ESP sensibly holds.
-pub const KEEP_VERSIONS_RANGE: std::ops::RangeInclusive<u32> = 2..=16;
 
 impl Profile {
     /// Parse and validate profile text.
@@ -264,39 +207,7 @@ impl Profile {
         if self.rootfs.zstd_level == 0 || self.rootfs.zstd_level > 22 {
             return Err(invalid("rootfs.zstd_level", "must be 1 to 22"));
         }
-        if !(1..=15).contains(&self.image.tries) {
-            return Err(invalid("image.tries", "must be 1 to 15"));
-        }
-        if !KEEP_VERSIONS_RANGE.contains(&self.image.keep_versions) {
-            return Err(ProfileError::Invalid {
-                field: "image.keep_versions",
-                reason: format!(
-                    "{} is not {} to {} (the new version and the running one are always kept)",
-                    self.image.keep_versions,
-                    KEEP_VERSIONS_RANGE.start(),
-                    KEEP_VERSIONS_RANGE.end()
-                ),
-            });
-        }
-        if self.bootloader == Bootloader::Grub && self.image.keep_versions != 2 {
-            return Err(ProfileError::Invalid {
-                field: "image.keep_versions",
-                reason: format!(
-                    "{} with bootloader = \"grub\": GRUB keeps exactly 2 versions (slots A and B)",
-                    self.image.keep_versions
-                ),
-            });
-        }
-        let min = self.image.esp_mib + self.image.state_mib + 1 + 2 + 16;
-        if self.image.size_mib < min {
-            return Err(ProfileError::Invalid {
-                field: "image.size_mib",
-                reason: format!(
-                    "{} MiB is below the {min} MiB the partitions need",
-                    self.image.size_mib
-                ),
-            });
-        }
+        image::validate(&self.image, self.bootloader)?;
         if self.trust.keys.iter().any(|k| k.as_os_str().is_empty()) {
             return Err(invalid("trust.keys", "a key path is empty"));
         }
@@ -406,6 +317,52 @@ slate = "slate"
             "{MINIMAL}[[health.checks]]\nfile = \"/a\"\ncommand = [\"/b\"]\n"
         ))
         .contains("exactly one of `file`, `command` or `tcp`"));
+    }
+
+    /// issue 18: sizes that wrapped around in the imager's arithmetic, a timeout that waits
+    /// forever, tries read as uncounted.
+    #[test]
+    fn numbers_out_of_bounds_are_refused_naming_the_field() {
+        let err = |image: &str| {
+            Profile::parse(&format!("{MINIMAL}[image]\n{image}\n"))
+                .unwrap_err()
+                .to_string()
+        };
+        // 2^44 + 256 MiB is 2^64 + 256 MiB bytes: a 256 MiB image once it wrapped.
+        let e = err("size_mib = 17592186044672");
+        assert!(
+            e.starts_with("image.size_mib: 17592186044672 MiB is not 1 to"),
+            "{e}"
+        );
+        let e = err("esp_mib = 9223372036854775807\nsize_mib = 1024");
+        assert!(
+            e.starts_with("image.esp_mib: 9223372036854775807 MiB"),
+            "{e}"
+        );
+        let e = err("esp_mib = 9223372036854775000\nstate_mib = 9223372036854775000");
+        assert!(e.starts_with("image.esp_mib:"), "{e}");
+        let e = err("state_mib = 9223372036854775807");
+        assert!(e.starts_with("image.state_mib:"), "{e}");
+        let e = err("menu_timeout = 4294967295");
+        assert!(
+            e.starts_with("image.menu_timeout: 4294967295 seconds is not 0 to 600"),
+            "{e}"
+        );
+        let e = err("menu_timeout = 601");
+        assert!(e.starts_with("image.menu_timeout:"), "{e}");
+        let e = err("tries = 3000000000");
+        assert!(
+            e.starts_with("image.tries: 3000000000 boot-counting tries"),
+            "{e}"
+        );
+        assert!(err("tries = 0").starts_with("image.tries:"));
+        let e = err("size_mib = -1");
+        assert!(e.contains("size_mib"), "{e}");
+        let p = Profile::parse(&format!(
+            "{MINIMAL}[image]\nsize_mib = 16777216\nmenu_timeout = 600\ntries = 15\n"
+        ))
+        .unwrap();
+        assert_eq!(p.image.size_bytes().unwrap(), 1 << 44);
     }
 
     #[test]

@@ -91,12 +91,22 @@ impl TryFrom<RawCheck> for HealthCheck {
                 }
                 Ok(HealthCheck::Command(command))
             }
-            (None, None, Some(tcp)) => tcp.parse().map(HealthCheck::Tcp).map_err(|_| {
-                format!(
-                    "health check `tcp`: {tcp:?} is not an IP address and port \
-                     (e.g. \"127.0.0.1:50000\"; names are not resolved at boot)"
-                )
-            }),
+            (None, None, Some(tcp)) => {
+                let addr: SocketAddr = tcp.parse().map_err(|_| {
+                    format!(
+                        "health check `tcp`: {tcp:?} is not an IP address and port \
+                         (e.g. \"127.0.0.1:50000\"; names are not resolved at boot)"
+                    )
+                })?;
+                // Nothing accepts connections on port 0: the check could never pass, and every
+                // boot of the image would be rolled back.
+                if addr.port() == 0 {
+                    return Err(format!(
+                        "health check `tcp`: {tcp:?} has port 0, which no service listens on"
+                    ));
+                }
+                Ok(HealthCheck::Tcp(addr))
+            }
             _ => Err("a health check has exactly one of `file`, `command` or `tcp`".into()),
         }
     }
@@ -317,6 +327,15 @@ timeout_secs = 45
         assert!(e.contains("names no program"), "{e}");
         let e = err("[[health.checks]]\ntcp = \"localhost:50000\"\n");
         assert!(e.contains("not an IP address and port"), "{e}");
+        let e = err("[[health.checks]]\ntcp = \"127.0.0.1:0\"\n");
+        assert!(e.contains("port 0"), "{e}");
+        let e = err("[[health.checks]]\ntcp = \"127.0.0.1:65536\"\n");
+        assert!(e.contains("not an IP address and port"), "{e}");
+        let e = err("[health]\ntimeout_secs = 4294967295\n");
+        assert!(
+            e.starts_with("health.timeout_secs: 4294967295 is outside"),
+            "{e}"
+        );
         let e = err("[[health.checks]]\nhttp = \"x\"\n");
         assert!(e.contains("unknown field `http`"), "{e}");
         let e = err("[health]\ntimeout = 5\n");

@@ -95,11 +95,21 @@ pub struct UpgradeArgs {
     /// Allow an older version than the running one (META `VersionFloor` still applies).
     #[arg(long)]
     allow_downgrade: bool,
-    /// Boot-counting tries for the new entry.
-    #[arg(long, default_value_t = 3)]
+    /// Boot-counting tries for the new entry, 1 to 15.
+    #[arg(long, default_value_t = slate_bootspec::DEFAULT_INSTALL_TRIES, value_parser = parse_tries)]
     tries: u32,
     #[arg(long)]
     dry_run: bool,
+}
+
+/// `--tries`: a number within [`slate_bootspec::INSTALL_TRIES`], refused while the arguments
+/// are parsed, before anything is opened. 0 would mark the version bad before it boots, and a
+/// counter above `INT_MAX` is read as uncounted, so that version would never be rolled back.
+pub(crate) fn parse_tries(text: &str) -> Result<u32, String> {
+    let tries: u32 = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not a number of boot-counting tries: {e}"))?;
+    slate_bootspec::check_install_tries(tries).map_err(|e| e.to_string())
 }
 
 pub fn run(cmd: InstallerCommand) -> Result<()> {

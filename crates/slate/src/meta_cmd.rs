@@ -1,7 +1,7 @@
 //! `slate meta`: list, get, set and delete META values on a disk, and encode or decode the
 //! kernel-argument payload.
 
-use std::io::Write as _;
+use std::io::Write;
 use std::path::PathBuf;
 
 use anyhow::{bail, Context as _, Result};
@@ -42,6 +42,8 @@ pub enum MetaCommand {
         /// Check that the value fits and show what would change, without writing.
         #[arg(long)]
         dry_run: bool,
+        #[command(flatten)]
+        force: Force,
     },
     /// Delete one value and write META.
     Delete {
@@ -50,6 +52,18 @@ pub enum MetaCommand {
         target: Target,
         #[arg(long)]
         dry_run: bool,
+        #[command(flatten)]
+        force: Force,
+    },
+    /// Lay down an empty META (both ADV copies and the legacy area), erasing what the area held.
+    Format {
+        #[command(flatten)]
+        target: Target,
+        /// Say what would be erased, without writing.
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        force: Force,
     },
     /// Encode TAG=VALUE pairs as a kernel-argument payload.
     Encode {
@@ -78,6 +92,15 @@ pub struct Target {
     raw: bool,
 }
 
+/// Writing where slate's format is not: refused unless asked for.
+#[derive(Debug, Args)]
+pub struct Force {
+    /// Write even into a partition not labelled META with the Linux data type, over an area
+    /// whose copies are neither valid nor blank, or (format) over values META holds.
+    #[arg(long)]
+    force: bool,
+}
+
 fn parse_tag_arg(text: &str) -> Result<u8> {
     parse_tag(text)
         .with_context(|| format!("{text:?} is neither a known tag name nor a number from 0 to 255"))
@@ -90,8 +113,34 @@ fn describe(tag: u8) -> String {
     }
 }
 
-fn open(target: &Target, writable: bool) -> Result<MetaStore<Box<dyn Disk>>> {
-    let file = if writable {
+/// How META is opened: to read, or for a change (`--dry-run` opens read-only but is refused
+/// exactly as the change would be).
+#[derive(Debug, Clone, Copy)]
+struct Access {
+    write: bool,
+    /// Refuse a partition that is not labelled META with the Linux data type.
+    check_partition: bool,
+    /// Refuse an area whose copies are neither valid nor blank.
+    check_content: bool,
+}
+
+const READ: Access = Access {
+    write: false,
+    check_partition: false,
+    check_content: false,
+};
+
+/// The access a set or delete needs.
+fn change(dry_run: bool, force: &Force) -> Access {
+    Access {
+        write: !dry_run,
+        check_partition: !force.force,
+        check_content: !force.force,
+    }
+}
+
+fn open(target: &Target, access: Access) -> Result<MetaStore<Box<dyn Disk>>> {
+    let mut file = if access.write {
         FileDisk::open(&target.disk)
     } else {
         FileDisk::open_read_only(&target.disk)
@@ -100,16 +149,53 @@ fn open(target: &Target, writable: bool) -> Result<MetaStore<Box<dyn Disk>>> {
     let disk: Box<dyn Disk> = if target.raw {
         Box::new(file)
     } else {
+        // The table's own warnings (a damaged primary read through the backup) are worth
+        // knowing before anything else is said about META.
+        if let Ok(table) = slate_layout::read_gpt(&mut file) {
+            for warning in &table.warnings {
+                eprintln!("warning: {warning}");
+            }
+        }
+        if access.check_partition {
+            check_meta_partition(&mut file, target)?;
+        }
         Box::new(
             slate_layout::open_partition(file, &target.partition)
                 .with_context(|| format!("finding META on {}", target.disk.display()))?,
         )
     };
-    let store = MetaStore::open(disk).with_context(|| "reading META".to_string())?;
+    let mut store = MetaStore::open(disk).with_context(|| "reading META".to_string())?;
     for warning in store.warnings() {
         eprintln!("warning: {warning}");
     }
+    if access.check_content {
+        store
+            .check_writable()
+            .with_context(|| format!("META on {}", target.disk.display()))?;
+    }
+    if access.write {
+        // Checked above, or --force: the caller's write goes ahead.
+        store.overwrite_unrecognized();
+    }
     Ok(store)
+}
+
+fn check_meta_partition(disk: &mut FileDisk, target: &Target) -> Result<()> {
+    let info = slate_layout::find_partition(&mut *disk, &target.partition)
+        .with_context(|| format!("finding META on {}", target.disk.display()))?;
+    if info.label != slate_layout::META_LABEL || info.type_guid != slate_layout::LINUX_DATA_TYPE {
+        bail!(
+            "partition {:?} on {} is not a META partition (label {:?}, type {}; META is labelled \
+             {:?} with type {}): refusing to write there without --force",
+            target.partition,
+            target.disk.display(),
+            info.label,
+            info.type_guid,
+            slate_layout::META_LABEL,
+            slate_layout::LINUX_DATA_TYPE
+        );
+    }
+    Ok(())
 }
 
 #[derive(Debug, Serialize)]
@@ -125,7 +211,7 @@ pub fn run(cmd: MetaCommand) -> Result<()> {
     let mut out = std::io::stdout().lock();
     match cmd {
         MetaCommand::List { target, output } => {
-            let store = open(&target, false)?;
+            let store = open(&target, READ)?;
             let entries = store.entries();
             match output {
                 OutputFormat::Json => {
@@ -157,7 +243,7 @@ pub fn run(cmd: MetaCommand) -> Result<()> {
         }
         MetaCommand::Get { tag, target } => {
             let tag = parse_tag_arg(&tag)?;
-            let store = open(&target, false)?;
+            let store = open(&target, READ)?;
             let Some(value) = store.get(tag) else {
                 bail!("tag {} is not set", describe(tag));
             };
@@ -170,6 +256,7 @@ pub fn run(cmd: MetaCommand) -> Result<()> {
             from_file,
             target,
             dry_run,
+            force,
         } => {
             let tag = parse_tag_arg(&tag)?;
             let value = match (value, from_file) {
@@ -178,7 +265,7 @@ pub fn run(cmd: MetaCommand) -> Result<()> {
                     .with_context(|| format!("reading the value from {}", path.display()))?,
                 (None, None) => bail!("give a VALUE or --from-file"),
             };
-            let mut store = open(&target, !dry_run)?;
+            let mut store = open(&target, change(dry_run, &force))?;
             let old = store
                 .get(tag)
                 .map(|v| String::from_utf8_lossy(v).into_owned());
@@ -198,9 +285,10 @@ pub fn run(cmd: MetaCommand) -> Result<()> {
             tag,
             target,
             dry_run,
+            force,
         } => {
             let tag = parse_tag_arg(&tag)?;
-            let mut store = open(&target, !dry_run)?;
+            let mut store = open(&target, change(dry_run, &force))?;
             if !store.delete(tag) {
                 bail!("tag {} is not set", describe(tag));
             }
@@ -212,6 +300,11 @@ pub fn run(cmd: MetaCommand) -> Result<()> {
                 .flush()
                 .with_context(|| format!("writing META on {}", target.disk.display()))?;
         }
+        MetaCommand::Format {
+            target,
+            dry_run,
+            force,
+        } => format(&target, dry_run, &force, &mut out)?,
         MetaCommand::Encode { values } => {
             let pairs = values
                 .iter()
@@ -248,5 +341,43 @@ pub fn run(cmd: MetaCommand) -> Result<()> {
             }
         }
     }
+    Ok(())
+}
+
+/// `slate meta format`: the deliberate overwrite of what the area holds, but only of a
+/// partition that says it is META (a raw area only if it is not recognizably something else),
+/// and not over values META holds, unless `--force`.
+fn format(target: &Target, dry_run: bool, force: &Force, out: &mut impl Write) -> Result<()> {
+    let store = open(
+        target,
+        Access {
+            write: !dry_run,
+            check_partition: !force.force,
+            check_content: target.raw && !force.force,
+        },
+    )?;
+    let held = store.entries();
+    if !held.is_empty() && !force.force {
+        let tags: Vec<String> = held.iter().map(|e| describe(e.tag)).collect();
+        bail!(
+            "META on {} holds {} value(s) ({}); formatting erases them: add --force to do it",
+            target.disk.display(),
+            held.len(),
+            tags.join(", ")
+        );
+    }
+    let disk = store.into_disk();
+    if dry_run {
+        writeln!(
+            out,
+            "would format META on {} ({} bytes)",
+            target.disk.display(),
+            disk.len()
+        )?;
+        return Ok(());
+    }
+    MetaStore::format(disk)
+        .with_context(|| format!("formatting META on {}", target.disk.display()))?;
+    writeln!(out, "formatted META on {}", target.disk.display())?;
     Ok(())
 }

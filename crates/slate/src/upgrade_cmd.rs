@@ -31,8 +31,8 @@ pub struct UpgradeArgs {
     /// Apply it on the next boot, before the OS comes up.
     #[arg(long)]
     pub stage: bool,
-    /// Boot-counting tries for the new version (the node's default, 3, when absent).
-    #[arg(long)]
+    /// Boot-counting tries for the new version, 1 to 15 (the node's default, 3, when absent).
+    #[arg(long, value_parser = crate::installer_cmd::parse_tries)]
     pub tries: Option<u32>,
     /// Allow an older version (the node's version floor still applies).
     #[arg(long)]
@@ -175,6 +175,34 @@ mod tests {
             reboot_mode: RebootModeArg::Default,
             dry_run: true,
         }
+    }
+
+    /// issue 18: `--tries` reaches the node's installer as a boot counter; out of range it is
+    /// refused while the arguments are parsed, before anything is pulled or sent.
+    #[test]
+    fn tries_are_refused_out_of_range_while_parsing() {
+        use clap::Parser as _;
+        #[derive(Debug, clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            upgrade: UpgradeArgs,
+        }
+        let parse = |tries: &str| {
+            let tries = format!("--tries={tries}");
+            Cli::try_parse_from(["slate", "--image", "bundle:sha256:00", &tries])
+                .map(|cli| cli.upgrade.tries)
+                .map_err(|e| e.to_string())
+        };
+        assert_eq!(parse("15").unwrap(), Some(15));
+        for bad in ["0", "16", "3000000000", "99999999999", "-1"] {
+            let err = parse(bad).unwrap_err();
+            assert!(err.contains("--tries"), "{bad}: {err}");
+        }
+        let err = parse("3000000000").unwrap_err();
+        assert!(
+            err.contains("3000000000 boot-counting tries is not 1 to 15"),
+            "{err}"
+        );
     }
 
     #[test]
