@@ -9,10 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 
 use sha2::{Digest, Sha256};
-use slate_bundle::{
-    write_installable_bundle, BlobInput, BundleSpec, InstallDefaults, BINARY_MEDIA_TYPE,
-    EFI_MEDIA_TYPE, UKI_MEDIA_TYPE,
-};
+use slate_bundle::{BundleSpec, InstallDefaults};
 
 mod common;
 use common::{ok, s, slate};
@@ -145,13 +142,6 @@ fn upgrade_refuses_tries_out_of_range_before_contacting_the_node() {
 fn install_refuses_a_bundle_whose_settings_are_out_of_range() {
     let dir = tempfile::tempdir().unwrap();
     let disk = blank_disk(dir.path());
-    let good = InstallDefaults {
-        esp_mib: 40,
-        state_mib: 16,
-        tries: 3,
-        menu_timeout: 1,
-        keep_versions: slate_bundle::DEFAULT_KEEP_VERSIONS,
-    };
     /// One setting changed to a value out of range.
     type Change = fn(&mut InstallDefaults);
     let cases: [(Change, &str); 3] = [
@@ -162,10 +152,15 @@ fn install_refuses_a_bundle_whose_settings_are_out_of_range() {
     ];
     let before = disk_hash(&disk);
     for (i, (change, expected)) in cases.into_iter().enumerate() {
-        let mut defaults = good;
+        let mut defaults = common::TEST_INSTALL;
         change(&mut defaults);
-        let out = dir.path().join(format!("bundle-{i}"));
-        write_installable_bundle(&out, spec("1.0.0"), defaults, &blobs()).unwrap();
+        let out = common::write_bundle_with(
+            &dir.path().join(format!("bundle-{i}")),
+            spec("1.0.0"),
+            defaults,
+            b"MZ pretend UKI",
+            b"MZ pretend systemd-boot",
+        );
         let run = slate(&[
             "installer",
             "install",
@@ -178,29 +173,6 @@ fn install_refuses_a_bundle_whose_settings_are_out_of_range() {
         refused(expected, &run, &["the bundle's install settings", expected]);
     }
     assert_eq!(disk_hash(&disk), before, "a refused install wrote");
-}
-
-fn blobs() -> [BlobInput<'static>; 3] {
-    [
-        BlobInput {
-            role: "uki",
-            file_name: "slate.efi",
-            media_type: UKI_MEDIA_TYPE,
-            bytes: b"MZ pretend UKI",
-        },
-        BlobInput {
-            role: "installer",
-            file_name: "slate",
-            media_type: BINARY_MEDIA_TYPE,
-            bytes: b"\x7fELF pretend slate",
-        },
-        BlobInput {
-            role: "systemd-boot",
-            file_name: "systemd-bootx64.efi",
-            media_type: EFI_MEDIA_TYPE,
-            bytes: b"MZ pretend systemd-boot",
-        },
-    ]
 }
 
 #[test]

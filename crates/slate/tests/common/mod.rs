@@ -34,19 +34,33 @@ pub fn s(path: &Path) -> &str {
     path.to_str().unwrap()
 }
 
+/// The install settings of the tests' bundles: 40 MiB ESP, 16 MiB STATE, 3 tries.
+pub const TEST_INSTALL: InstallDefaults = InstallDefaults {
+    esp_mib: 40,
+    state_mib: 16,
+    tries: 3,
+    menu_timeout: 1,
+    keep_versions: slate_bundle::DEFAULT_KEEP_VERSIONS,
+};
+
 /// An installer bundle at `out` of `spec` with the given UKI and systemd-boot bytes (a pretend
-/// slate binary: nothing here runs it), 40 MiB ESP, 16 MiB STATE, 3 tries.
+/// slate binary: nothing here runs it) and [`TEST_INSTALL`].
 pub fn write_bundle(out: &Path, spec: BundleSpec<'_>, uki: &[u8], systemd_boot: &[u8]) -> PathBuf {
+    write_bundle_with(out, spec, TEST_INSTALL, uki, systemd_boot)
+}
+
+/// [`write_bundle`] with other install settings.
+pub fn write_bundle_with(
+    out: &Path,
+    spec: BundleSpec<'_>,
+    install: InstallDefaults,
+    uki: &[u8],
+    systemd_boot: &[u8],
+) -> PathBuf {
     write_installable_bundle(
         out,
         spec,
-        InstallDefaults {
-            esp_mib: 40,
-            state_mib: 16,
-            tries: 3,
-            menu_timeout: 1,
-            keep_versions: slate_bundle::DEFAULT_KEEP_VERSIONS,
-        },
+        install,
         &[
             BlobInput {
                 role: "uki",
