@@ -56,6 +56,9 @@ enum Task {
     },
     /// Build the slate binary statically linked (target/static/...) and check it is static.
     SlateStatic,
+    /// What every VM scenario needs, built ahead (kernel cache, static slate, keys, base
+    /// root): the test command runs it beside the host tests, which leave a core idle.
+    VmPrep,
     /// Build images and boot them in QEMU; every scenario judged by what the guest printed.
     VmTest {
         /// Run only these scenarios (all when none is named).
@@ -97,6 +100,7 @@ fn main() -> Result<()> {
             replace,
         } => base_rootfs::base_rootfs(&out, &version, slate_bin.as_deref(), replace),
         Task::SlateStatic => slate_static::slate_static().map(drop),
+        Task::VmPrep => vm_test::prepare().map(drop),
         Task::VmTest { only } => vm_test::vm_test(&only),
         Task::Demo => vm_test::demo(),
         Task::BenchRootfs => bench::bench_rootfs(),

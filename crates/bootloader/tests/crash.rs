@@ -67,7 +67,7 @@ fn record(
     base: &MemDisk,
     op: impl FnOnce(&mut SystemdBoot<RecordingDisk, slate_bootloader::MemEfiVars>),
 ) -> RecordingDisk {
-    let mut boot = sdboot(RecordingDisk::new(base.as_bytes().to_vec()));
+    let mut boot = sdboot(RecordingDisk::on(base.clone()));
     op(&mut boot);
     boot.into_parts().0
 }
@@ -138,7 +138,7 @@ fn the_matrix_catches_writing_the_final_name_in_place() {
     let (v1, v2) = (uki(1, V1_LEN), uki(2, V2_LEN));
     let versions: [(&str, &[u8]); 2] = [("1", &v1), ("2", &v2)];
     let base = running_v1(&v1);
-    let mut rec = RecordingDisk::new(base.into_bytes());
+    let mut rec = RecordingDisk::on(base);
     {
         let esp = slate_layout::open_partition(&mut rec, slate_layout::EFI_LABEL).unwrap();
         let fs = fat::mount(esp, EPOCH).unwrap();

@@ -110,7 +110,7 @@ fn record(
     order: GrubWriteOrder,
     op: impl FnOnce(&mut Grub<RecordingDisk>),
 ) -> RecordingDisk {
-    let mut g = grub(RecordingDisk::new(base.as_bytes().to_vec())).with_write_order(order);
+    let mut g = grub(RecordingDisk::on(base.clone())).with_write_order(order);
     op(&mut g);
     g.into_disk()
 }
@@ -279,7 +279,7 @@ fn a_bad_grubenv_is_refused_before_any_write() {
     let env_offset = {
         // Find the grubenv's bytes on the disk by content.
         let env = g.read_file("grub/grubenv").unwrap();
-        let hay = base.as_bytes();
+        let hay = base.to_bytes();
         hay.windows(env.len())
             .position(|w| w == env.as_slice())
             .unwrap()
@@ -296,7 +296,7 @@ fn a_bad_grubenv_is_refused_before_any_write() {
             "neither a comment",
         ),
     ] {
-        let mut bytes = base.as_bytes().to_vec();
+        let mut bytes = base.to_bytes();
         bytes[env_offset..env_offset + patch.len()].copy_from_slice(&patch);
         let rec = RecordingDisk::new(bytes.clone());
         let mut g = grub(rec);
@@ -331,7 +331,7 @@ fn a_bad_grubenv_is_refused_before_any_write() {
         slate_esp::fat::write_file_atomically(&fs, "grub/grubenv", &long).unwrap();
         slate_esp::fat::unmount(fs).unwrap();
     }
-    let g = grub(RecordingDisk::new(disk.into_bytes()));
+    let g = grub(RecordingDisk::on(disk));
     let err = g.status().unwrap_err();
     let text = std::error::Error::source(&err).unwrap().to_string();
     assert!(text.contains("1536 bytes, too long"), "{text}");

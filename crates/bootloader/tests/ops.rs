@@ -114,7 +114,7 @@ fn revert_marks_v2_bad_and_returns_to_v1() {
     );
     // Nothing left to revert: no write at all.
     let (disk, _) = boot.into_parts();
-    let mut again = sdboot(RecordingDisk::new(disk.into_bytes()));
+    let mut again = sdboot(RecordingDisk::on(disk));
     assert_eq!(again.revert("slate-1.efi").unwrap(), None);
     assert!(again.disk().log().is_empty());
 }
@@ -241,7 +241,7 @@ fn refused_upgrades_write_nothing() {
         let err = boot.upgrade(&req).unwrap_err();
         assert!(expected(&err), "{req:?}: {err:?}");
         assert!(boot.disk().log().is_empty(), "{req:?} wrote");
-        assert!(boot.disk().current() == &bytes[..]);
+        assert!(boot.disk().current().to_bytes() == bytes);
     }
     let mut zero_tries = request(&big, "4", "slate-1.efi");
     zero_tries.tries = 0;
@@ -359,7 +359,7 @@ fn a_refusal_for_room_names_the_numbers_and_writes_nothing() {
         "{err}"
     );
     assert!(boot.disk().log().is_empty(), "the refusal wrote");
-    assert!(boot.disk().current() == &bytes[..]);
+    assert!(boot.disk().current().to_bytes() == bytes);
 }
 
 #[test]

@@ -111,48 +111,118 @@ impl<D: Disk + ?Sized> Disk for Box<D> {
 }
 
 /// An in-memory disk. Writes are durable at once, so `flush` does nothing.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Its bytes are held in fixed-size chunks shared copy-on-write: a clone costs one reference
+/// count per chunk, and a write copies only the chunks it touches. The crash matrix clones a
+/// 64 MiB disk for every crash state it checks; copying the bytes each time was most of its run
+/// time.
+#[derive(Clone)]
 pub struct MemDisk {
-    bytes: Vec<u8>,
+    chunks: Vec<std::sync::Arc<[u8]>>,
+    len: usize,
 }
 
+/// Bytes per shared chunk of a [`MemDisk`].
+const MEM_CHUNK: usize = 16 * 1024;
+
 impl MemDisk {
-    /// A zero-filled disk of `len` bytes.
+    /// A zero-filled disk of `len` bytes (every chunk shares one zero block until written).
     pub fn zeroed(len: usize) -> Self {
-        Self {
-            bytes: vec![0; len],
+        let zero: std::sync::Arc<[u8]> = vec![0; MEM_CHUNK].into();
+        let mut chunks = vec![zero; len / MEM_CHUNK];
+        if len % MEM_CHUNK != 0 {
+            chunks.push(vec![0; len % MEM_CHUNK].into());
         }
+        Self { chunks, len }
     }
 
     pub fn from_bytes(bytes: Vec<u8>) -> Self {
-        Self { bytes }
+        Self {
+            len: bytes.len(),
+            chunks: bytes.chunks(MEM_CHUNK).map(Into::into).collect(),
+        }
     }
 
-    pub fn as_bytes(&self) -> &[u8] {
-        &self.bytes
+    /// Every byte of the disk, in one buffer.
+    pub fn to_bytes(&self) -> Vec<u8> {
+        let mut bytes = Vec::with_capacity(self.len);
+        for chunk in &self.chunks {
+            bytes.extend_from_slice(chunk);
+        }
+        bytes
     }
 
     pub fn into_bytes(self) -> Vec<u8> {
-        self.bytes
+        self.to_bytes()
+    }
+
+    /// The chunks touched by `len` bytes at `offset`, each with the range within it.
+    fn spans(offset: usize, len: usize) -> impl Iterator<Item = (usize, std::ops::Range<usize>)> {
+        let end = offset + len;
+        let mut at = offset;
+        std::iter::from_fn(move || {
+            (at < end).then(|| {
+                let index = at / MEM_CHUNK;
+                let start = at % MEM_CHUNK;
+                let stop = (end - index * MEM_CHUNK).min(MEM_CHUNK);
+                at = index * MEM_CHUNK + stop;
+                (index, start..stop)
+            })
+        })
+    }
+}
+
+impl PartialEq for MemDisk {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len
+            && self
+                .chunks
+                .iter()
+                .zip(&other.chunks)
+                .all(|(a, b)| std::sync::Arc::ptr_eq(a, b) || a == b)
+    }
+}
+
+impl Eq for MemDisk {}
+
+impl std::fmt::Debug for MemDisk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MemDisk").field("len", &self.len).finish()
     }
 }
 
 impl Disk for MemDisk {
     fn len(&self) -> u64 {
-        self.bytes.len() as u64
+        self.len as u64
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), DiskError> {
         check_bounds(offset, buf.len(), self.len())?;
-        let start = offset as usize;
-        buf.copy_from_slice(&self.bytes[start..start + buf.len()]);
+        let mut done = 0;
+        for (index, range) in Self::spans(offset as usize, buf.len()) {
+            let n = range.len();
+            buf[done..done + n].copy_from_slice(&self.chunks[index][range]);
+            done += n;
+        }
         Ok(())
     }
 
     fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), DiskError> {
         check_bounds(offset, data.len(), self.len())?;
-        let start = offset as usize;
-        self.bytes[start..start + data.len()].copy_from_slice(data);
+        let mut done = 0;
+        for (index, range) in Self::spans(offset as usize, data.len()) {
+            let n = range.len();
+            let chunk = &mut self.chunks[index];
+            match std::sync::Arc::get_mut(chunk) {
+                Some(bytes) => bytes[range].copy_from_slice(&data[done..done + n]),
+                None => {
+                    let mut bytes = chunk.to_vec();
+                    bytes[range].copy_from_slice(&data[done..done + n]);
+                    *chunk = bytes.into();
+                }
+            }
+            done += n;
+        }
         Ok(())
     }
 
@@ -178,11 +248,33 @@ mod tests {
         ));
         assert!(disk.read_at(u64::MAX, &mut [0; 1]).is_err());
         assert_eq!(
-            disk.as_bytes(),
-            &[0; 1024][..],
+            disk.to_bytes(),
+            vec![0; 1024],
             "a refused write changes nothing"
         );
         disk.write_at(1016, &[7; 8]).unwrap();
         assert_eq!(disk.read_vec(1016, 8).unwrap(), vec![7; 8]);
+    }
+
+    #[test]
+    fn mem_disk_chunks_are_copied_on_write_only() {
+        let len = 3 * MEM_CHUNK + 100;
+        let mut original = MemDisk::zeroed(len);
+        let across = MEM_CHUNK as u64 - 3;
+        original.write_at(across, &[1, 2, 3, 4, 5, 6]).unwrap();
+        let copy = original.clone();
+        original.write_at(across + 1, &[9]).unwrap();
+        original.write_at(len as u64 - 2, &[8, 8]).unwrap();
+        assert_eq!(copy.read_vec(across, 6).unwrap(), [1, 2, 3, 4, 5, 6]);
+        assert_eq!(original.read_vec(across, 6).unwrap(), [1, 9, 3, 4, 5, 6]);
+        assert_eq!(copy.read_vec(len as u64 - 2, 2).unwrap(), [0, 0]);
+        assert_ne!(copy, original);
+        let flat = original.to_bytes();
+        assert_eq!(flat.len(), len);
+        assert_eq!(flat[len - 2..], [8, 8]);
+        assert_eq!(MemDisk::from_bytes(flat), original);
+        let mut whole = vec![0; len];
+        original.read_at(0, &mut whole).unwrap();
+        assert_eq!(whole, original.to_bytes());
     }
 }

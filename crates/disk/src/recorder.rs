@@ -42,19 +42,29 @@ pub struct CrashPoint {
 /// A disk that records what is written to it. See the module documentation.
 #[derive(Debug, Clone)]
 pub struct RecordingDisk {
-    base: Vec<u8>,
-    current: Vec<u8>,
+    base: MemDisk,
+    current: MemDisk,
     log: Vec<Op>,
+    /// The durable content after each flush, keyed by the number of operations logged then
+    /// (copy-on-write clones of `current`): a crash state starts from one of these instead of
+    /// replaying the whole log onto the base.
+    after_flush: Vec<(usize, MemDisk)>,
     refuse_from: Option<usize>,
 }
 
 impl RecordingDisk {
     /// Start recording on top of `base`, the durable content before the first logged operation.
     pub fn new(base: Vec<u8>) -> Self {
+        Self::on(MemDisk::from_bytes(base))
+    }
+
+    /// [`RecordingDisk::new`] over an in-memory disk, without copying its bytes.
+    pub fn on(base: MemDisk) -> Self {
         Self {
             current: base.clone(),
             base,
             log: Vec::new(),
+            after_flush: Vec::new(),
             refuse_from: None,
         }
     }
@@ -71,7 +81,7 @@ impl RecordingDisk {
     }
 
     /// The content every read sees: the base with every logged write applied.
-    pub fn current(&self) -> &[u8] {
+    pub fn current(&self) -> &MemDisk {
         &self.current
     }
 
@@ -140,13 +150,17 @@ impl RecordingDisk {
     pub fn materialize(&self, point: CrashPoint) -> MemDisk {
         let ops_done = point.ops_done.min(self.log.len());
         let unflushed = self.unflushed_writes(ops_done);
-        let durable = &self.log[..ops_done - unflushed.len()];
-        let mut bytes = self.base.clone();
-        for op in durable {
-            if let Op::Write { offset, data } = op {
-                apply(&mut bytes, *offset, data);
+        let durable_ops = ops_done - unflushed.len();
+        let mut disk = match durable_ops {
+            0 => self.base.clone(),
+            n => {
+                let at = self
+                    .after_flush
+                    .binary_search_by_key(&n, |(ops, _)| *ops)
+                    .expect("a durable prefix ends with a flush, and every flush is snapshotted");
+                self.after_flush[at].1.clone()
             }
-        }
+        };
         let mut rng = XorShift(match point.mode {
             CutMode::RandomSectors { seed } => seed | 1,
             _ => 1,
@@ -158,31 +172,32 @@ impl RecordingDisk {
             let is_last = index + 1 == unflushed.len();
             match point.mode {
                 CutMode::DropUnflushed => {}
-                CutMode::KeepUnflushed => apply(&mut bytes, *offset, data),
+                CutMode::KeepUnflushed => apply(&mut disk, *offset, data),
                 CutMode::TornLastWrite { sectors_kept } => {
                     let keep = if is_last {
                         (sectors_kept * SECTOR).min(data.len())
                     } else {
                         data.len()
                     };
-                    apply(&mut bytes, *offset, &data[..keep]);
+                    apply(&mut disk, *offset, &data[..keep]);
                 }
                 CutMode::RandomSectors { .. } => {
                     for (i, chunk) in data.chunks(SECTOR).enumerate() {
                         if rng.next() & 1 == 1 {
-                            apply(&mut bytes, offset + (i * SECTOR) as u64, chunk);
+                            apply(&mut disk, offset + (i * SECTOR) as u64, chunk);
                         }
                     }
                 }
             }
         }
-        MemDisk::from_bytes(bytes)
+        disk
     }
 }
 
-fn apply(bytes: &mut [u8], offset: u64, data: &[u8]) {
-    let start = offset as usize;
-    bytes[start..start + data.len()].copy_from_slice(data);
+/// A logged write, replayed: it was in bounds when it was logged.
+fn apply(disk: &mut MemDisk, offset: u64, data: &[u8]) {
+    disk.write_at(offset, data)
+        .expect("a logged write lies within the disk");
 }
 
 /// A tiny deterministic generator; crash states must be reproducible from their seed.
@@ -201,14 +216,11 @@ impl XorShift {
 
 impl Disk for RecordingDisk {
     fn len(&self) -> u64 {
-        self.current.len() as u64
+        self.current.len()
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), DiskError> {
-        check_bounds(offset, buf.len(), self.len())?;
-        let start = offset as usize;
-        buf.copy_from_slice(&self.current[start..start + buf.len()]);
-        Ok(())
+        self.current.read_at(offset, buf)
     }
 
     fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), DiskError> {
@@ -225,6 +237,8 @@ impl Disk for RecordingDisk {
     fn flush(&mut self) -> Result<(), DiskError> {
         self.admit()?;
         self.log.push(Op::Flush);
+        self.after_flush
+            .push((self.log.len(), self.current.clone()));
         Ok(())
     }
 }
@@ -258,7 +272,7 @@ mod tests {
         assert_eq!(torn[2 * SECTOR..3 * SECTOR], [2; SECTOR]);
         assert_eq!(torn[3 * SECTOR..], [0; SECTOR]);
         let kept = at(3, CutMode::KeepUnflushed);
-        assert_eq!(kept, disk.current());
+        assert_eq!(kept, disk.current().to_bytes());
     }
 
     #[test]
@@ -294,6 +308,6 @@ mod tests {
         assert!(matches!(disk.flush(), Err(DiskError::Injected { op: 1 })));
         assert!(disk.write_at(4, &[2; 4]).is_err());
         assert_eq!(disk.log().len(), 1);
-        assert_eq!(disk.current()[4..8], [0; 4]);
+        assert_eq!(disk.current().read_vec(4, 4).unwrap(), [0; 4]);
     }
 }

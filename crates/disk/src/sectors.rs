@@ -119,6 +119,6 @@ mod tests {
         expected.write_at(10, &[1, 1, 1, 1, 2, 2]).unwrap();
         expected.write_at(SECTOR as u64 - 1, &[3, 3]).unwrap();
         expected.write_at(3 * SECTOR as u64, &[4]).unwrap();
-        assert_eq!(rec.current(), expected.as_bytes());
+        assert_eq!(rec.current(), &expected);
     }
 }

@@ -71,7 +71,7 @@ mod tests {
             assert!(view.write_at(510, b"abc").is_err());
             assert_eq!(view.len(), 512);
         }
-        assert_eq!(&disk.as_bytes()[1024..1027], b"abc");
+        assert_eq!(&disk.to_bytes()[1024..1027], b"abc");
         assert!(PartitionView::new(&mut disk, 4000, 512).is_err());
     }
 }

@@ -78,13 +78,17 @@ pub fn fat_space(esp: &impl Disk) -> io::Result<FatSpace> {
     let fat = esp
         .read_vec(reserved * bytes_per_sector, (entries * 4) as usize)
         .map_err(io_err)?;
-    let free = fat
-        .chunks_exact(4)
-        .skip(2)
-        .filter(|e| u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & 0x0FFF_FFFF == 0)
-        .count() as u64;
     Ok(FatSpace {
         cluster_size: bytes_per_sector * sectors_per_cluster,
-        free_clusters: free,
+        free_clusters: free_entries(&fat),
     })
+}
+
+/// The free entries of a FAT32 table (after the two reserved ones). Not generic, so it is
+/// compiled (and optimized) here rather than in every caller of [`fat_space`].
+fn free_entries(fat: &[u8]) -> u64 {
+    fat.chunks_exact(4)
+        .skip(2)
+        .filter(|e| u32::from_le_bytes([e[0], e[1], e[2], e[3]]) & 0x0FFF_FFFF == 0)
+        .count() as u64
 }

@@ -97,7 +97,7 @@ fn same_layout_same_bytes_and_other_image_other_guids() {
             &DiskLayout::reference(id, &LayoutParams::default()),
         )
         .unwrap();
-        Sha256::digest(disk.as_bytes())
+        Sha256::digest(disk.to_bytes())
     };
     assert_eq!(image("a"), image("a"));
     assert_ne!(image("a"), image("b"));
@@ -189,6 +189,6 @@ fn four_k_sector_disks_round_trip() {
     let mut disk = MemDisk::zeroed(300 * MIB as usize);
     let placed = write_gpt(&mut disk, &layout).unwrap();
     assert_eq!(verify_gpt(&mut disk, &layout).unwrap(), placed);
-    assert_eq!(&disk.as_bytes()[4096..4104], b"EFI PART");
+    assert_eq!(&disk.to_bytes()[4096..4104], b"EFI PART");
     assert_eq!(placed.get("EFI").unwrap().start(), MIB);
 }

@@ -41,8 +41,8 @@ fn both_copies_corrupted_reads_as_empty_with_a_warning() {
     let mut disk = with_values(&[(tags::UPGRADE, b"A")]);
     disk.write_at(100, b"garbage").unwrap();
     disk.write_at(ADV_LEN as u64 + 100, b"garbage").unwrap();
-    let before = disk.as_bytes().to_vec();
-    let mut store = MetaStore::open(RecordingDisk::new(disk.into_bytes())).unwrap();
+    let before = disk.to_bytes();
+    let mut store = MetaStore::open(RecordingDisk::on(disk)).unwrap();
     assert_eq!(store.source(), Source::Unrecognized);
     assert!(store.entries().is_empty());
     assert!(store.warnings()[0].contains("both META copies are invalid"));
@@ -53,7 +53,7 @@ fn both_copies_corrupted_reads_as_empty_with_a_warning() {
     assert!(err.to_string().contains("non-zero bytes"), "{err}");
     let disk = store.into_disk();
     assert!(disk.log().is_empty(), "no write was issued");
-    assert_eq!(disk.current(), &before[..]);
+    assert_eq!(disk.current().to_bytes(), before);
 }
 
 #[test]
@@ -113,8 +113,8 @@ fn a_blank_partition_reads_as_empty() {
 #[test]
 fn a_value_that_does_not_fit_is_refused_and_nothing_is_written() {
     let disk = with_values(&[(tags::UPGRADE, b"A")]);
-    let before = Sha256::digest(disk.as_bytes());
-    let mut store = MetaStore::open(RecordingDisk::new(disk.into_bytes())).unwrap();
+    let before = Sha256::digest(disk.to_bytes());
+    let mut store = MetaStore::open(RecordingDisk::on(disk)).unwrap();
     let err = store
         .set(tags::USER_RESERVED_1, vec![0; DATA_LEN])
         .unwrap_err();
@@ -122,7 +122,7 @@ fn a_value_that_does_not_fit_is_refused_and_nothing_is_written() {
     assert!(err.to_string().contains("an ADV holds"), "{err}");
     let disk = store.into_disk();
     assert!(disk.log().is_empty(), "no write was issued");
-    assert_eq!(Sha256::digest(disk.current()), before);
+    assert_eq!(Sha256::digest(disk.current().to_bytes()), before);
 }
 
 #[test]
@@ -160,7 +160,7 @@ fn every_crash_state_of_a_set_reads_as_old_or_new() {
     ] {
         let base = with_values(&old_values);
         let old = tag_set(&MetaStore::open(base.clone()).unwrap());
-        let mut store = MetaStore::open(RecordingDisk::new(base.into_bytes())).unwrap();
+        let mut store = MetaStore::open(RecordingDisk::on(base)).unwrap();
         store.set(change.0, change.1.clone()).unwrap();
         let new = tag_set(&store);
         assert_ne!(old, new);
@@ -195,7 +195,7 @@ fn the_crash_matrix_catches_a_writer_without_a_flush_between_copies() {
     let mut next = slate_meta::Adv::default();
     next.set(tags::UPGRADE, b"B".to_vec()).unwrap();
     let block = next.serialize();
-    let mut recorder = RecordingDisk::new(base.into_bytes());
+    let mut recorder = RecordingDisk::on(base);
     recorder.write_at(0, &block).unwrap();
     recorder.write_at(ADV_LEN as u64, &block).unwrap();
     recorder.flush().unwrap();
