@@ -32,6 +32,21 @@ pub struct Running {
     started: Instant,
 }
 
+/// Every boot that ended, by log file and how long QEMU ran: VM time is most of the VM tests'
+/// wall time, and the run reports it per scenario (issue 17).
+static BOOTS: std::sync::Mutex<Vec<(PathBuf, Duration)>> = std::sync::Mutex::new(Vec::new());
+
+/// The boots under `dir` that have ended: how many, and their QEMU time added up.
+pub fn boots_under(dir: &Path) -> (usize, Duration) {
+    let boots = BOOTS.lock().unwrap_or_else(|p| p.into_inner());
+    boots
+        .iter()
+        .filter(|(log, _)| log.starts_with(dir))
+        .fold((0, Duration::ZERO), |(n, total), (_, took)| {
+            (n + 1, total + *took)
+        })
+}
+
 fn free_port() -> Result<u16> {
     Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
 }
@@ -162,6 +177,10 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.kill();
+        BOOTS
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((self.log.clone(), self.started.elapsed()));
     }
 }
 

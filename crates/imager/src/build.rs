@@ -8,7 +8,9 @@ use slate_esp::loader_conf;
 use slate_installer::{write_grub_image, write_image, GrubImagePlan, ImagePlan};
 use slate_layout::LayoutParams;
 
-use crate::artifacts::{build_cmdline, build_initramfs, build_rootfs, build_uki, uki_name};
+use crate::artifacts::{
+    build_cmdline, build_initramfs, build_rootfs, build_uki, compress_initramfs, uki_name,
+};
 use crate::output::PendingOutput;
 use crate::{ImagerError, Inputs, OutputKind, Progress};
 use slate_bundle::{
@@ -245,7 +247,7 @@ fn grub_image(
     };
     let rootfs = build_rootfs(inputs, progress)?;
     progress(Progress::Step("packing the initramfs"));
-    let initramfs = build_initramfs(inputs, &rootfs)?;
+    let initramfs = compress_initramfs(&build_initramfs(inputs, &rootfs)?)?;
     let plan = GrubImagePlan {
         image_id: inputs.image_id(),
         layout: layout_params(p)?,
@@ -271,7 +273,7 @@ fn grub_image(
 fn uki(inputs: &Inputs, progress: &mut dyn FnMut(Progress)) -> Result<Vec<u8>, ImagerError> {
     let rootfs = build_rootfs(inputs, progress)?;
     progress(Progress::Step("packing the initramfs"));
-    let initramfs = build_initramfs(inputs, &rootfs)?;
+    let initramfs = compress_initramfs(&build_initramfs(inputs, &rootfs)?)?;
     progress(Progress::Step("assembling the UKI"));
     build_uki(inputs, &initramfs)
 }

@@ -11,7 +11,9 @@ mod build;
 mod inputs;
 mod output;
 
-pub use artifacts::{build_cmdline, build_initramfs, build_rootfs, build_uki, uki_name};
+pub use artifacts::{
+    build_cmdline, build_initramfs, build_rootfs, build_uki, compress_initramfs, uki_name,
+};
 pub use build::{build, plan};
 pub use inputs::{Inputs, OutputKind};
 pub use output::{write_output, PendingOutput};
@@ -47,6 +49,8 @@ pub enum ImagerError {
     Rootfs(#[from] slate_rootfs::RootfsError),
     #[error("building the initramfs")]
     Cpio(#[from] slate_cpio::CpioError),
+    #[error("compressing the initramfs")]
+    CompressInitramfs(#[source] std::io::Error),
     #[error("assembling the UKI")]
     Uki(#[from] slate_uki::UkiError),
     #[error("writing the disk image")]

@@ -1013,14 +1013,19 @@ pub fn vm_test(only: &[String]) -> Result<()> {
                     .and_then(|()| scenario(&prepared, &dir))
                     .with_context(|| format!("scenario {name}"));
                 let took = began.elapsed().as_secs_f64();
+                let (boots, vm_time) = crate::vm::boots_under(&dir);
+                let took = format!(
+                    "{took:.0} s ({boots} boots, {:.0} s of them in QEMU)",
+                    vm_time.as_secs_f64()
+                );
                 match result {
                     Ok(detail) => {
                         passed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        println!("vm {name} ... ok in {took:.0} s: {detail}");
+                        println!("vm {name} ... ok in {took}: {detail}");
                     }
                     Err(err) => {
                         failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        println!("vm {name} ... FAILED in {took:.0} s: {err:#}");
+                        println!("vm {name} ... FAILED in {took}: {err:#}");
                     }
                 }
             });
