@@ -1,10 +1,12 @@
 //! Reading blobs by digest: the size is checked before a byte is read, the hash as the bytes go
 //! by, and a blob that matched once is remembered ([`VerifiedBlobs`]) so that the same process
-//! never hashes it again.
+//! never hashes it again. Only regular files are opened ([`open_regular`]): a FIFO, a device, a
+//! socket or a symbolic link in a layout is refused, never waited on.
 
 use std::collections::BTreeMap;
-use std::fs::File;
+use std::fs::{File, Metadata};
 use std::io::{self, Read};
+use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -44,9 +46,65 @@ impl VerifiedBlobs {
         self.0.iter().map(|(d, s)| (d, *s))
     }
 
-    /// The sum of the sizes: how many bytes were hashed to fill the set.
+    /// The sum of the sizes: how many bytes were hashed to fill the set (saturating).
     pub fn total_bytes(&self) -> u64 {
-        self.0.values().sum()
+        self.0
+            .values()
+            .fold(0, |sum, size| sum.saturating_add(*size))
+    }
+}
+
+/// No file is larger (`off_t` is signed): a descriptor declaring more names no blob.
+pub(crate) const MAX_FILE_BYTES: u64 = i64::MAX as u64;
+
+/// What kind of file `meta` describes, when it is not a regular file.
+fn irregular_kind(meta: &Metadata) -> Option<&'static str> {
+    let kind = meta.file_type();
+    if kind.is_file() {
+        None
+    } else if kind.is_symlink() {
+        Some("a symbolic link")
+    } else if kind.is_dir() {
+        Some("a directory")
+    } else if kind.is_fifo() {
+        Some("a FIFO (named pipe)")
+    } else if kind.is_socket() {
+        Some("a socket")
+    } else if kind.is_block_device() {
+        Some("a block device")
+    } else if kind.is_char_device() {
+        Some("a character device")
+    } else {
+        Some("not a regular file")
+    }
+}
+
+/// Open `path` for reading, only if it is a regular file: a FIFO would block the open until a
+/// writer came (`slate verify` hung on a FIFO `index.json`), a device could be read without
+/// end, a link points anywhere. The name is looked at without following a link before it is
+/// opened, and what was opened is checked again. A refusal is an `Io` error of kind
+/// `InvalidInput` saying what the file is.
+pub(crate) fn open_regular(path: &Path) -> Result<File, BundleError> {
+    let refuse = |kind: &str| BundleError::Io {
+        path: path.to_owned(),
+        source: io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("it is {kind}, not a regular file: refused"),
+        ),
+    };
+    let io = |source| BundleError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = std::fs::symlink_metadata(path).map_err(io)?;
+    if let Some(kind) = irregular_kind(&meta) {
+        return Err(refuse(kind));
+    }
+    let file = File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    match irregular_kind(&meta) {
+        Some(kind) => Err(refuse(kind)),
+        None => Ok(file),
     }
 }
 
@@ -110,11 +168,11 @@ impl<'a> BlobReader<'a> {
         size: u64,
         verified: &'a Mutex<VerifiedBlobs>,
     ) -> Result<Self, BundleError> {
+        if size > MAX_FILE_BYTES {
+            return Err(declared_too_large(what, size));
+        }
         let path = blob_path(dir, digest);
-        let file = File::open(&path).map_err(|source| BundleError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let file = open_regular(&path)?;
         let actual = file
             .metadata()
             .map_err(|source| BundleError::Io {
@@ -202,6 +260,16 @@ pub(crate) fn lock(verified: &Mutex<VerifiedBlobs>) -> std::sync::MutexGuard<'_,
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// A descriptor whose size no file can have, refused with the size it declares.
+pub(crate) fn declared_too_large(what: &str, size: u64) -> BundleError {
+    BundleError::Malformed {
+        what: what.to_owned(),
+        reason: format!(
+            "its descriptor declares {size} bytes, more than any file can hold ({MAX_FILE_BYTES})"
+        ),
+    }
+}
+
 /// The blob `digest` of `size` bytes, read whole and verified (size first, then hash unless it
 /// was verified before); at most `limit` bytes.
 pub(crate) fn read_blob(
@@ -214,7 +282,7 @@ pub(crate) fn read_blob(
 ) -> Result<Vec<u8>, BundleError> {
     if size > limit {
         return Err(BundleError::Oversize {
-            what: what.to_owned(),
+            what: format!("{what} (it declares {size} bytes)"),
             limit,
         });
     }

@@ -8,6 +8,7 @@ use clap::{CommandFactory as _, Parser, Subcommand};
 
 use crate::args::{NodeTarget, OutputFormat, RebootModeArg};
 use crate::boot_cmd::{self, BootCommand};
+use crate::bundle_cmd::{self, BundleCommand};
 #[cfg(feature = "etcd")]
 use crate::fleet_cmd::{self, FleetCommand, OperatorCommand};
 use crate::fleetlock_cmd::{self, FleetlockCommand};
@@ -64,6 +65,9 @@ pub enum Command {
     Sign(trust_cmd::SignArgs),
     /// Verify an installer bundle's signature against trusted keys, and every blob's digest.
     Verify(trust_cmd::VerifyArgs),
+    /// Installer bundles offline: `bundle diff A B` shows what changed between two versions.
+    #[command(subcommand)]
+    Bundle(BundleCommand),
     /// Push an installer bundle (every tag in it) to an OCI registry or another OCI layout.
     Push(transport_cmd::PushArgs),
     /// Pull an installer bundle (and its signature) from an OCI registry or layout into a local
@@ -145,6 +149,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Keygen(args) => trust_cmd::keygen(args),
         Command::Sign(args) => trust_cmd::sign(args),
         Command::Verify(args) => trust_cmd::verify(args),
+        Command::Bundle(cmd) => bundle_cmd::run(cmd),
         Command::Push(args) => transport_cmd::push(args),
         Command::Pull(args) => transport_cmd::pull(args),
         Command::Release(cmd) => release_cmd::run(cmd),

@@ -6,6 +6,7 @@
 
 mod args;
 mod boot_cmd;
+mod bundle_cmd;
 mod cli;
 mod config_cmd;
 #[cfg(feature = "etcd")]

@@ -52,6 +52,9 @@ enum Source {
     Layout(PathBuf, Option<String>),
     /// The pull cache and the pulled tag: every blob was verified as it was written there.
     Pulled(PathBuf, String),
+    /// A dry run's registry image: resolved (manifest and bundle manifest verified), nothing
+    /// pulled.
+    Resolved(Box<slate_transport::Resolved>),
 }
 
 fn parse_image(args: &UpgradeArgs) -> Result<Source> {
@@ -76,7 +79,16 @@ fn parse_image(args: &UpgradeArgs) -> Result<Source> {
         ));
     }
     if args.dry_run {
-        println!("would pull {reference} into {}", args.cache.display());
+        let resolved = slate_transport::resolve_with(&reference, &args.registry.options()?)
+            .with_context(|| format!("resolving {reference} (dry run: nothing is pulled)"))?;
+        println!(
+            "would pull {reference} ({}, {} bytes of blobs, {} already in {})",
+            resolved.manifest_digest,
+            resolved.total_bytes,
+            resolved.cached_bytes(&args.cache),
+            args.cache.display()
+        );
+        return Ok(Source::Resolved(Box::new(resolved)));
     }
     let pulled = pull_to_cache(&reference, &args.cache, &args.registry)?;
     Ok(Source::Pulled(pulled.layout_dir, pulled.tag))
@@ -107,6 +119,22 @@ pub fn run(target: &NodeTarget, args: UpgradeArgs) -> Result<()> {
         // Not read again to check: the pull hashed each blob on its way into the cache.
         Source::Pulled(dir, tag) => slate_transport::open_cached(&dir, &tag)
             .with_context(|| format!("opening {}", dir.display()))?,
+        Source::Resolved(resolved) => {
+            let (what, payload) = resolved.bundle.as_ref().map_or_else(
+                || ("(not a slate bundle)".to_owned(), 0),
+                |b| {
+                    let payload: u64 = b.blobs.values().map(|x| x.size).sum();
+                    (format!("{} {}", b.name, b.version), payload)
+                },
+            );
+            println!(
+                "would upload {what} ({}, {payload} bytes of blobs) to {} and upgrade it: \
+                 {request:?}",
+                resolved.manifest_digest,
+                client.addr()
+            );
+            return Ok(());
+        }
     };
     let bundle = Arc::new(bundle);
     let manifest = bundle.manifest();

@@ -76,6 +76,40 @@ pub enum TransportError {
     },
     #[error("{0}")]
     Usage(String),
+    /// Credentials would have gone over plain HTTP to a host that is not this machine.
+    #[error("{url}: refusing to send the registry credentials in clear (plain http) to {host}, which is not this machine; use https")]
+    CleartextCredentials { url: String, host: String },
+    /// The registry's token service is on another host, which was not allowed to receive the
+    /// registry's credentials, and it refused an anonymous token.
+    #[error("{url}: the token service on {host} wants credentials, but they belong to {registry} and are sent to no other host; allow that host explicitly (--auth-host {host}) if it is the registry's token service{detail}")]
+    CredentialsWithheld {
+        url: String,
+        host: String,
+        registry: String,
+        /// The token service's own explanation, when it gave one (`: CODE: message`).
+        detail: String,
+    },
+    /// The TLS handshake failed on the server's certificate.
+    #[error("{method} {url}: the registry's TLS certificate is not trusted ({reason}); if it is issued by a private CA, trust that CA with --ca-file")]
+    Certificate {
+        method: String,
+        url: String,
+        reason: String,
+    },
+    /// A CA file that holds no usable certificate.
+    #[error("{path}: not a PEM CA certificate file: {reason}")]
+    CaFile { path: PathBuf, reason: String },
+    /// What the manifest declares is more than the pull may fetch; nothing was fetched.
+    #[error("{what} declares {declared} bytes, more than the limit of {limit} bytes{}", if *limit == crate::MAX_FILE_BYTES { " (the largest file size)" } else { " (raise it with --max-image-size)" })]
+    TooLarge {
+        what: String,
+        /// The declared size (a sum of descriptors, which can exceed `u64`).
+        declared: u128,
+        limit: u64,
+    },
+    /// A file in a layout that is not a regular file (a FIFO, device, socket or symbolic link).
+    #[error("{path} is {kind}, not a regular file: refused")]
+    NotRegularFile { path: PathBuf, kind: &'static str },
 }
 
 #[cfg_attr(not(feature = "client"), allow(dead_code))]

@@ -4,20 +4,24 @@
 //! are hashed as they are written; the file is flushed and renamed to `blobs/sha256/<hex>` only
 //! once its size and digest match. So a file under `blobs/sha256` is always a verified blob, an
 //! interrupted transfer leaves a partial that the next one continues, and `index.json` (rewritten
-//! by rename) only ever names blobs that are already in place.
+//! by rename) only ever names blobs that are already in place. Files are read only when they
+//! are regular files (`files.rs`); writers hold the layout's lock (`cache.rs`).
 
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
+use nix::fcntl::OFlag;
 use oci_spec::image::{Descriptor, ImageIndex, ImageIndexBuilder, MediaType};
 use slate_bundle::{Digest, Hasher, MAX_DOCUMENT_BYTES, REF_NAME_ANNOTATION};
 
+use crate::files::{irregular_kind, open_regular};
 use crate::{Event, TransportError};
 
 const OCI_LAYOUT: &[u8] = br#"{"imageLayoutVersion":"1.0.0"}"#;
-const INCOMING: &str = "incoming";
+pub(crate) const INCOMING: &str = "incoming";
 const BUFFER: usize = 256 * 1024;
 
 /// A digest from a document or a caller, held to the canonical rule before it names a file.
@@ -42,7 +46,7 @@ pub(crate) fn read_capped(
 ) -> Result<Vec<u8>, TransportError> {
     let mut bytes = Vec::new();
     reader
-        .take(limit + 1)
+        .take(limit.saturating_add(1))
         .read_to_end(&mut bytes)
         .map_err(TransportError::io(io_path))?;
     if bytes.len() as u64 > limit {
@@ -97,7 +101,7 @@ impl Layout {
     /// An existing layout (it must have an `index.json`).
     pub fn open(dir: &Path) -> Result<Self, TransportError> {
         let index = dir.join("index.json");
-        if !index.is_file() {
+        if fs::symlink_metadata(&index).is_err() {
             return Err(TransportError::NotFound {
                 what: "an OCI image layout".into(),
                 location: format!("{} has no index.json", dir.display()),
@@ -112,15 +116,7 @@ impl Layout {
     /// empty (so a mistyped path never gets blobs sprinkled into it).
     pub fn create(dir: &Path) -> Result<Self, TransportError> {
         let marker = dir.join("oci-layout");
-        if dir.is_dir() && !marker.exists() {
-            let mut entries = fs::read_dir(dir).map_err(TransportError::io(dir))?;
-            if entries.next().is_some() {
-                return Err(TransportError::Usage(format!(
-                    "{} is neither an OCI image layout (no oci-layout file) nor empty",
-                    dir.display()
-                )));
-            }
-        }
+        check_writable(dir)?;
         for sub in ["blobs/sha256", INCOMING] {
             let path = dir.join(sub);
             fs::create_dir_all(&path).map_err(TransportError::io(&path))?;
@@ -148,11 +144,12 @@ impl Layout {
             .join(parse_digest(digest)?.hex()))
     }
 
-    /// Whether the blob is in place with the right size. A file of the wrong size under its
-    /// digest is not that blob: it is removed so that it is fetched again.
+    /// Whether the blob is in place with the right size. A file of the wrong size (or anything
+    /// but a regular file) under its digest is not that blob: it is removed so that it is
+    /// fetched again.
     pub fn has_blob(&self, digest: &str, size: u64) -> Result<bool, TransportError> {
         let path = self.blob_path(digest)?;
-        match fs::metadata(&path) {
+        match fs::symlink_metadata(&path) {
             Ok(meta) if meta.is_file() && meta.len() == size => Ok(true),
             Ok(_) => {
                 fs::remove_file(&path).map_err(TransportError::io(&path))?;
@@ -177,7 +174,7 @@ impl Layout {
             });
         }
         let path = self.blob_path(digest)?;
-        let file = File::open(&path).map_err(TransportError::io(&path))?;
+        let file = open_regular(&path)?;
         let bytes = read_capped(file, what, MAX_DOCUMENT_BYTES, &path)?;
         verify(&bytes, what, digest, size)?;
         Ok(bytes)
@@ -201,15 +198,17 @@ impl Layout {
         offset: u64,
     ) -> Result<File, TransportError> {
         let path = self.blob_path(digest)?;
-        let mut file = match File::open(&path) {
+        let mut file = match open_regular(&path) {
             Ok(file) => file,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            Err(TransportError::Io { source, .. })
+                if source.kind() == std::io::ErrorKind::NotFound =>
+            {
                 return Err(TransportError::NotFound {
                     what: what.to_owned(),
                     location: path.display().to_string(),
                 })
             }
-            Err(e) => return Err(TransportError::io(path)(e)),
+            Err(e) => return Err(e),
         };
         let actual = file.metadata().map_err(TransportError::io(&path))?.len();
         if actual != size {
@@ -226,7 +225,7 @@ impl Layout {
 
     pub fn read_index(&self) -> Result<ImageIndex, TransportError> {
         let path = self.dir.join("index.json");
-        let file = File::open(&path).map_err(TransportError::io(&path))?;
+        let file = open_regular(&path)?;
         let bytes = read_capped(file, "index.json", MAX_DOCUMENT_BYTES, &path)?;
         serde_json::from_slice(&bytes)
             .map_err(|e| TransportError::malformed(format!("{}", path.display()), e))
@@ -278,6 +277,26 @@ impl Layout {
         }
         sync_dir(path.parent().unwrap_or(&self.dir))
     }
+}
+
+/// A directory a layout may be written into: missing, empty, a layout (it has `oci-layout`), or
+/// one slate is making a layout of (it has the lock file, created only in such directories), so
+/// a mistyped path never gets blobs sprinkled into it.
+pub(crate) fn check_writable(dir: &Path) -> Result<(), TransportError> {
+    if !dir.is_dir()
+        || dir.join("oci-layout").exists()
+        || dir.join(crate::cache::LOCK_FILE).exists()
+    {
+        return Ok(());
+    }
+    let mut entries = fs::read_dir(dir).map_err(TransportError::io(dir))?;
+    if entries.next().is_some() {
+        return Err(TransportError::Usage(format!(
+            "{} is neither an OCI image layout (no oci-layout file) nor empty",
+            dir.display()
+        )));
+    }
+    Ok(())
 }
 
 pub(crate) fn empty_index() -> Result<ImageIndex, TransportError> {
@@ -348,10 +367,18 @@ impl Incoming {
             .write(true)
             .create(true)
             .truncate(false)
+            .custom_flags((OFlag::O_NOFOLLOW | OFlag::O_NONBLOCK).bits())
             .open(&partial)
             .map_err(TransportError::io(&partial))?;
+        let meta = file.metadata().map_err(TransportError::io(&partial))?;
+        if let Some(kind) = irregular_kind(&meta) {
+            return Err(TransportError::NotRegularFile {
+                path: partial,
+                kind,
+            });
+        }
         let mut hasher = Hasher::new();
-        let mut written = file.metadata().map_err(TransportError::io(&partial))?.len();
+        let mut written = meta.len();
         if written > size {
             file.set_len(0).map_err(TransportError::io(&partial))?;
             written = 0;

@@ -9,6 +9,11 @@
 //!   `Range` request. The cosign signature tag of the image (`sha256-<hex>.sig`) comes along when
 //!   the source has one. The result opens with `slate_bundle::Bundle::open(dir, Some(tag))`, or
 //!   with [`open_cached`] ([`Pulled::open`]) without hashing the blobs a second time.
+//!   Pulls into one cache take turns (an exclusive `flock` on `<cache>/.lock`); a manifest
+//!   declaring more than [`Client::max_image_bytes`] is refused before any blob is fetched.
+//! - [`Client::resolve`] ([`resolve_with`]): the dry run of a pull — the manifest digest and the
+//!   declared sizes, nothing written.
+//! - [`gc`]: keep the last pulls of a cache, remove the rest.
 //! - [`push`]: every tag of a layout to a registry (blobs the registry has are skipped) or into
 //!   another layout.
 //! - [`releases`]: a repository's release index (tag `releases`), read, written and changed
@@ -18,10 +23,19 @@
 //! The reference parser alone (for fuzzing) builds without the `client` feature, which brings
 //! the HTTP stack.
 //!
-//! Blocking, on `ureq` (rustls with ring, webpki roots); plain HTTP for loopback registries or
-//! with [`Options::insecure`]. ARCHITECTURE.md says why this is not `oci-client`.
+//! Blocking, on `ureq` (rustls with ring, webpki roots, and [`Client::ca`] for a private CA);
+//! plain HTTP for loopback registries or with [`Options::insecure`]. Credentials go only to
+//! their registry's host (and hosts named in [`Client::credential_hosts`]), never in clear to
+//! another machine. Layouts are read through regular files only (no FIFO, device or link).
+//! ARCHITECTURE.md says why this is not `oci-client`.
 
+#[cfg(feature = "client")]
+mod cache;
+#[cfg(feature = "client")]
+mod client;
 mod error;
+#[cfg(feature = "client")]
+mod files;
 #[cfg(feature = "client")]
 mod layout;
 #[cfg(feature = "client")]
@@ -35,9 +49,15 @@ mod registry;
 pub mod releases;
 #[cfg(feature = "client")]
 mod source;
+#[cfg(feature = "client")]
+mod tls;
 
 use std::path::{Path, PathBuf};
 
+#[cfg(feature = "client")]
+pub use cache::{gc, GcReport, DEFAULT_KEEP};
+#[cfg(feature = "client")]
+pub use client::{Client, Resolved, DEFAULT_MAX_IMAGE_BYTES};
 pub use error::TransportError;
 #[cfg(feature = "client")]
 pub use pull::signature_tag;
@@ -48,6 +68,12 @@ pub use reference::{Location, Reference, ReferenceError, LAYOUT_PREFIX};
 pub use releases::{
     fetch_release_index, store_release_index, tag_manifest, update_release_index, RELEASE_INDEX_TAG,
 };
+#[cfg(feature = "client")]
+pub use tls::CaCertificates;
+
+/// No file is larger (`off_t` is signed): a descriptor declaring more names no blob, and is
+/// refused before anything is fetched or summed.
+pub const MAX_FILE_BYTES: u64 = i64::MAX as u64;
 
 /// What a transfer is doing, for progress displays. Events come in order: for each blob
 /// `BlobPresent`, or `BlobStart`, `Bytes`…, `BlobDone` (a resumed blob that fails its digest
@@ -148,6 +174,7 @@ pub fn open_cached(
         source,
     };
     let mut verified = slate_bundle::VerifiedBlobs::new();
+    // `DirEntry::metadata` does not follow links: only regular files count as verified.
     for entry in std::fs::read_dir(&blobs).map_err(io)? {
         let entry = entry.map_err(io)?;
         let name = entry.file_name();
@@ -173,18 +200,25 @@ pub fn pull(
     cache_dir: &Path,
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<Pulled, TransportError> {
-    pull::pull(reference, cache_dir, &Options::default(), progress)
+    Client::default().pull(reference, cache_dir, progress)
 }
 
 #[cfg(feature = "client")]
-/// [`pull`] with explicit [`Options`].
+/// [`pull`] with explicit [`Options`] (and the defaults of the rest of a [`Client`]).
 pub fn pull_with(
     reference: &Reference,
     cache_dir: &Path,
     options: &Options,
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<Pulled, TransportError> {
-    pull::pull(reference, cache_dir, options, progress)
+    Client::new(options.clone()).pull(reference, cache_dir, progress)
+}
+
+#[cfg(feature = "client")]
+/// The dry run of [`pull_with`]: what `reference` resolves to, nothing written
+/// ([`Client::resolve`]).
+pub fn resolve_with(reference: &Reference, options: &Options) -> Result<Resolved, TransportError> {
+    Client::new(options.clone()).resolve(reference)
 }
 
 #[cfg(feature = "client")]
@@ -196,7 +230,7 @@ pub fn push(
     reference: &Reference,
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<Pushed, TransportError> {
-    push::push(layout_dir, reference, &Options::default(), progress)
+    Client::default().push(layout_dir, reference, progress)
 }
 
 #[cfg(feature = "client")]
@@ -207,5 +241,5 @@ pub fn push_with(
     options: &Options,
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<Pushed, TransportError> {
-    push::push(layout_dir, reference, options, progress)
+    Client::new(options.clone()).push(layout_dir, reference, progress)
 }

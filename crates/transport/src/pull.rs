@@ -1,21 +1,53 @@
-//! Pulling an image (and its signature tag) into a layout cache.
+//! Pulling an image (and its signature tag) into a layout cache, under the cache's lock; what
+//! a manifest declares is checked against the size limit before any of its blobs is fetched.
 
 use std::path::Path;
 
-use oci_spec::image::{Descriptor, DescriptorBuilder, MediaType};
+use oci_spec::image::{Descriptor, DescriptorBuilder, ImageManifest, MediaType};
 use slate_bundle::is_signature_tag;
 
+use crate::files::is_regular;
 use crate::layout::{parse_digest, set_entry, Incoming, Layout};
 use crate::reference::Location;
 use crate::registry::{Manifest, Registry, OCI_MANIFEST};
 use crate::source::{parse_manifest, LayoutSource, Source};
-use crate::{Event, Options, Pulled, Reference, TransportError};
+use crate::{Client, Event, Pulled, Reference, TransportError, MAX_FILE_BYTES};
 
 /// cosign's tag for the signature of the manifest `digest`: `sha256-<hex>.sig`.
 pub fn signature_tag(manifest_digest: &str) -> Result<String, TransportError> {
     Ok(slate_bundle::signature_tag_of(&parse_digest(
         manifest_digest,
     )?))
+}
+
+/// The blob bytes `manifest` declares (config and layers), refused — before anything is
+/// fetched — when one descriptor is larger than any file can be or all of them more than
+/// `limit`. The sum is taken in `u128`, so no declared size can overflow it.
+pub(crate) fn declared_bytes(
+    what: &str,
+    manifest: &ImageManifest,
+    limit: u64,
+) -> Result<u64, TransportError> {
+    let mut total: u128 = 0;
+    for d in std::iter::once(manifest.config()).chain(manifest.layers()) {
+        if d.size() > MAX_FILE_BYTES {
+            return Err(TransportError::TooLarge {
+                what: format!("{what}: its blob {}", d.digest()),
+                declared: d.size().into(),
+                limit: MAX_FILE_BYTES,
+            });
+        }
+        total += u128::from(d.size());
+    }
+    let limit = limit.min(MAX_FILE_BYTES);
+    match u64::try_from(total) {
+        Ok(total) if total <= limit => Ok(total),
+        _ => Err(TransportError::TooLarge {
+            what: format!("{what} (its config and layers together)"),
+            declared: total,
+            limit,
+        }),
+    }
 }
 
 /// Byte counts of one transfer.
@@ -37,7 +69,7 @@ pub(crate) fn fetch_blob(
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<(), TransportError> {
     if dest.has_blob(digest, size)? {
-        stats.cached += size;
+        stats.cached = stats.cached.saturating_add(size);
         progress(Event::BlobPresent { digest, size });
         return Ok(());
     }
@@ -57,7 +89,7 @@ pub(crate) fn fetch_blob(
             Ok(())
         };
         let result = received();
-        stats.fetched += incoming.received;
+        stats.fetched = stats.fetched.saturating_add(incoming.received);
         if let Err(e) = result {
             if incoming.offset() == 0 {
                 incoming.discard();
@@ -67,7 +99,7 @@ pub(crate) fn fetch_blob(
         let kept = incoming.offset() - incoming.received;
         match incoming.finish() {
             Ok(()) => {
-                stats.cached += kept;
+                stats.cached = stats.cached.saturating_add(kept);
                 progress(Event::BlobDone { digest });
                 return Ok(());
             }
@@ -79,12 +111,14 @@ pub(crate) fn fetch_blob(
 }
 
 /// Copy the image manifest `reference` (tag or digest), its config and layers from `source` into
-/// `dest`. `None` when the source has no such manifest. The index is the caller's.
+/// `dest`, refusing a manifest that declares more than `limit` bytes of blobs before any is
+/// fetched. `None` when the source has no such manifest. The index is the caller's.
 pub(crate) fn copy_image(
     source: &dyn Source,
     dest: &Layout,
     reference: &str,
     name: &str,
+    limit: u64,
     stats: &mut Stats,
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<Option<Descriptor>, TransportError> {
@@ -93,7 +127,7 @@ pub(crate) fn copy_image(
     let mut cached = None;
     if reference.starts_with("sha256:") {
         let path = dest.blob_path(reference)?;
-        if path.is_file() {
+        if is_regular(&path) {
             match dest.read_document(&format!("the manifest {reference}"), reference, None) {
                 Ok(bytes) => {
                     cached = Some(Manifest {
@@ -121,6 +155,7 @@ pub(crate) fn copy_image(
         source.describe()
     );
     let parsed = parse_manifest(&what, &manifest)?;
+    declared_bytes(&what, &parsed, limit)?;
     progress(Event::Manifest {
         name,
         digest: &manifest.digest,
@@ -144,15 +179,15 @@ pub(crate) fn copy_image(
 }
 
 pub(crate) enum AnySource {
-    Registry(Registry),
+    Registry(Box<Registry>),
     Layout(Box<LayoutSource>),
 }
 
 impl AnySource {
-    pub fn open(reference: &Reference, options: &Options) -> Result<Self, TransportError> {
+    pub fn open(reference: &Reference, client: &Client) -> Result<Self, TransportError> {
         Ok(match reference.location() {
             Location::Registry { host, repository } => {
-                AnySource::Registry(Registry::new(host, repository, options, false))
+                AnySource::Registry(Box::new(Registry::new(host, repository, client, false)?))
             }
             Location::Layout { path } => AnySource::Layout(Box::new(LayoutSource::open(path)?)),
         })
@@ -160,50 +195,57 @@ impl AnySource {
 
     pub fn as_source(&self) -> &dyn Source {
         match self {
-            AnySource::Registry(r) => r,
+            AnySource::Registry(r) => &**r,
             AnySource::Layout(l) => &**l,
         }
+    }
+
+    /// What to fetch for `reference` (its digest, else its tag) and the name it gets in the
+    /// cache (its tag, else its digest); a layout's only image when the reference names none.
+    pub fn target(&self, reference: &Reference) -> Result<(String, String), TransportError> {
+        Ok(match (reference.tag(), reference.digest()) {
+            (tag, Some(digest)) => (digest.to_owned(), tag.unwrap_or(digest).to_owned()),
+            (Some(tag), None) => (tag.to_owned(), tag.to_owned()),
+            (None, None) => match self {
+                AnySource::Layout(layout) => {
+                    let tag = layout.default_tag()?;
+                    (tag.clone(), tag)
+                }
+                AnySource::Registry(_) => {
+                    return Err(TransportError::Usage(format!(
+                        "{reference}: name a tag (:TAG) or a digest (@sha256:…) to pull"
+                    )))
+                }
+            },
+        })
     }
 }
 
 pub(crate) fn pull(
+    client: &Client,
     reference: &Reference,
     cache_dir: &Path,
-    options: &Options,
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<Pulled, TransportError> {
-    let any = AnySource::open(reference, options)?;
+    let any = AnySource::open(reference, client)?;
     let source = any.as_source();
-    let (fetch, name) = match (reference.tag(), reference.digest()) {
-        (tag, Some(digest)) => (digest.to_owned(), tag.unwrap_or(digest).to_owned()),
-        (Some(tag), None) => (tag.to_owned(), tag.to_owned()),
-        (None, None) => match &any {
-            AnySource::Layout(layout) => {
-                let tag = layout.default_tag()?;
-                (tag.clone(), tag)
-            }
-            AnySource::Registry(_) => {
-                return Err(TransportError::Usage(format!(
-                    "{reference}: name a tag (:TAG) or a digest (@sha256:…) to pull"
-                )))
-            }
-        },
-    };
+    let (fetch, name) = any.target(reference)?;
+    let limit = client.max_image_bytes;
+    // Held until the index names the image: pulls into one cache take turns.
+    let _lock = crate::cache::lock(cache_dir)?;
     let cache = Layout::create(cache_dir)?;
     let mut stats = Stats::default();
-    let image =
-        copy_image(source, &cache, &fetch, &name, &mut stats, progress)?.ok_or_else(|| {
-            TransportError::NotFound {
-                what: format!("the image {name}"),
-                location: source.describe(),
-            }
+    let image = copy_image(source, &cache, &fetch, &name, limit, &mut stats, progress)?
+        .ok_or_else(|| TransportError::NotFound {
+            what: format!("the image {name}"),
+            location: source.describe(),
         })?;
     let manifest_digest = image.digest().to_string();
     let signature = if is_signature_tag(&name) {
         None
     } else {
         let tag = signature_tag(&manifest_digest)?;
-        copy_image(source, &cache, &tag, &tag, &mut stats, progress)?.map(|d| (tag, d))
+        copy_image(source, &cache, &tag, &tag, limit, &mut stats, progress)?.map(|d| (tag, d))
     };
     let mut index = cache.read_index()?;
     set_entry(&mut index, &image, Some(&name));

@@ -6,11 +6,11 @@ use std::path::Path;
 use slate_bundle::is_signature_tag;
 
 use crate::layout::{set_entry, tag_of, Layout};
-use crate::pull::{copy_image, Stats};
+use crate::pull::{copy_image, declared_bytes, Stats};
 use crate::reference::Location;
 use crate::registry::{Manifest, Registry, DEFAULT_CHUNK};
 use crate::source::{parse_manifest, LayoutSource};
-use crate::{Event, Options, Pushed, Reference, TransportError};
+use crate::{Client, Event, Pushed, Reference, TransportError, MAX_FILE_BYTES};
 
 /// One image of a push: which manifest, under which name at the destination.
 #[derive(Debug, Clone)]
@@ -43,9 +43,13 @@ pub struct PushPlan {
 }
 
 impl PushPlan {
-    /// Blob bytes a push sends when the destination has none of them.
+    /// Blob bytes a push sends when the destination has none of them (each blob is at most
+    /// [`MAX_FILE_BYTES`], the sum saturates).
     pub fn total_bytes(&self) -> u64 {
-        self.blobs.iter().map(|b| b.size).sum()
+        self.blobs
+            .iter()
+            .map(|b| b.size)
+            .fold(0, u64::saturating_add)
     }
 }
 
@@ -102,6 +106,7 @@ pub fn plan_push(layout_dir: &Path, reference: &Reference) -> Result<PushPlan, T
             layout_dir.display()
         );
         let parsed = parse_manifest(&what, &manifest)?;
+        declared_bytes(&what, &parsed, MAX_FILE_BYTES)?;
         for blob in std::iter::once(parsed.config()).chain(parsed.layers()) {
             let digest = blob.digest().to_string();
             if seen.insert(digest.clone()) {
@@ -132,17 +137,17 @@ pub fn plan_push(layout_dir: &Path, reference: &Reference) -> Result<PushPlan, T
 }
 
 pub(crate) fn push(
+    client: &Client,
     layout_dir: &Path,
     reference: &Reference,
-    options: &Options,
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<Pushed, TransportError> {
     let plan = plan_push(layout_dir, reference)?;
     match reference.location() {
         Location::Registry { host, repository } => {
-            let registry = Registry::new(host, repository, options, true);
+            let registry = Registry::new(host, repository, client, true)?;
             let source = Layout::open(layout_dir)?;
-            let chunk = options.chunk_size.unwrap_or(DEFAULT_CHUNK);
+            let chunk = client.options.chunk_size.unwrap_or(DEFAULT_CHUNK);
             let (mut uploaded, mut skipped) = (0, 0);
             for PlannedBlob { digest, size } in &plan.blobs {
                 let what = format!("blob {digest}");
@@ -151,7 +156,7 @@ pub(crate) fn push(
                         digest,
                         size: *size,
                     });
-                    skipped += size;
+                    skipped = u64::saturating_add(skipped, *size);
                     continue;
                 }
                 progress(Event::BlobStart {
@@ -162,7 +167,7 @@ pub(crate) fn push(
                 let mut file = source.open_blob(&what, digest, *size, 0)?;
                 registry.upload_blob(&what, digest, *size, &mut file, chunk, progress)?;
                 progress(Event::BlobDone { digest });
-                uploaded += size;
+                uploaded = u64::saturating_add(uploaded, *size);
             }
             let mut references = Vec::new();
             for image in &plan.images {
@@ -185,6 +190,7 @@ pub(crate) fn push(
         }
         Location::Layout { path } => {
             let source = LayoutSource::open(layout_dir)?;
+            let _lock = crate::cache::lock(path)?;
             let dest = Layout::create(path)?;
             let mut stats = Stats::default();
             let mut index = dest.read_index()?;
@@ -195,6 +201,7 @@ pub(crate) fn push(
                     &dest,
                     &image.manifest_digest,
                     &image.destination,
+                    MAX_FILE_BYTES,
                     &mut stats,
                     progress,
                 )?

@@ -1,18 +1,20 @@
 //! The OCI distribution protocol, the part slate needs, over blocking `ureq` (rustls on ring,
 //! webpki roots): manifests by tag or digest (capped, typed, verified), blobs with `Range`
 //! resumption, HEAD checks, monolithic and chunked uploads, manifests by tag; anonymous or basic
-//! bearer-token authentication. Plain HTTP for loopback registries or with `insecure`.
+//! bearer-token authentication (`auth.rs`: where credentials may go; `upload.rs`: blob uploads).
+//! Plain HTTP for loopback registries or with `insecure`.
+
+mod auth;
+mod upload;
 
 use std::io::Read;
 use std::sync::Mutex;
-use std::time::Duration;
 
-use base64::Engine as _;
-use slate_bundle::{Digest, Hasher, MAX_DOCUMENT_BYTES};
+use slate_bundle::{Digest, MAX_DOCUMENT_BYTES};
 use ureq::http::{self, Response};
 use ureq::SendBody;
 
-use crate::{Credentials, Event, Options, TransportError};
+use crate::{Client, TransportError};
 
 /// What slate reads as a manifest, in order of preference. Indexes and Docker manifests are
 /// accepted on the wire only to be refused with a precise message rather than a 404.
@@ -33,34 +35,6 @@ pub(crate) struct Manifest {
     pub media_type: String,
 }
 
-/// Whether `host` (with its port) is this machine: such registries are spoken to over plain
-/// HTTP, as Docker does.
-pub(crate) fn is_loopback(host: &str) -> bool {
-    let name = if let Some(v6) = host.strip_prefix('[') {
-        v6.split(']').next().unwrap_or_default()
-    } else {
-        host.split(':').next().unwrap_or_default()
-    };
-    name == "localhost"
-        || name == "::1"
-        || name
-            .parse::<std::net::Ipv4Addr>()
-            .is_ok_and(|ip| ip.is_loopback())
-}
-
-pub(crate) fn agent() -> ureq::Agent {
-    let config = ureq::Agent::config_builder()
-        .http_status_as_error(false)
-        .max_redirects(5)
-        .redirect_auth_headers(ureq::config::RedirectAuthHeaders::SameHost)
-        .user_agent(concat!("slate/", env!("CARGO_PKG_VERSION")))
-        .timeout_connect(Some(Duration::from_secs(30)))
-        .timeout_recv_response(Some(Duration::from_secs(120)))
-        .timeout_per_read(Some(Duration::from_secs(60)))
-        .build();
-    ureq::Agent::new_with_config(config)
-}
-
 /// A request body.
 enum Body<'a> {
     Empty,
@@ -74,7 +48,8 @@ pub(crate) struct Registry {
     agent: ureq::Agent,
     base: String,
     repository: String,
-    credentials: Option<Credentials>,
+    /// Where the credentials may go.
+    auth: auth::Policy,
     push: bool,
     /// The `Authorization` value earned from the last challenge.
     authorization: Mutex<Option<String>>,
@@ -86,19 +61,6 @@ impl std::fmt::Debug for Registry {
             .field("base", &self.base)
             .field("repository", &self.repository)
             .finish_non_exhaustive()
-    }
-}
-
-/// The `Location` of an upload, made absolute against `base`.
-fn absolute(base: &str, location: &str) -> Result<String, String> {
-    if location.starts_with("http://") || location.starts_with("https://") {
-        Ok(location.to_owned())
-    } else if location.starts_with('/') {
-        Ok(format!("{base}{location}"))
-    } else {
-        Err(format!(
-            "the upload location {location:?} is not a URL or an absolute path"
-        ))
     }
 }
 
@@ -168,76 +130,39 @@ fn error_detail(body: &[u8]) -> String {
     }
 }
 
-/// `key="value"` pairs of a `WWW-Authenticate` challenge, and its scheme.
-pub(crate) fn parse_challenge(value: &str) -> (String, Vec<(String, String)>) {
-    let value = value.trim();
-    let (scheme, rest) = value.split_once(' ').unwrap_or((value, ""));
-    let mut params = Vec::new();
-    let mut chars = rest.chars().peekable();
-    loop {
-        while chars.peek().is_some_and(|c| *c == ',' || c.is_whitespace()) {
-            chars.next();
-        }
-        let key: String =
-            std::iter::from_fn(|| chars.next_if(|c| *c != '=' && *c != ',')).collect();
-        if key.is_empty() {
-            break;
-        }
-        if chars.next() != Some('=') {
-            params.push((key.trim().to_ascii_lowercase(), String::new()));
-            continue;
-        }
-        let mut val = String::new();
-        if chars.peek() == Some(&'"') {
-            chars.next();
-            while let Some(c) = chars.next() {
-                match c {
-                    '\\' => val.extend(chars.next()),
-                    '"' => break,
-                    c => val.push(c),
-                }
-            }
-        } else {
-            val = std::iter::from_fn(|| chars.next_if(|c| *c != ',')).collect();
-        }
-        params.push((key.trim().to_ascii_lowercase(), val.trim().to_owned()));
-    }
-    (scheme.to_ascii_lowercase(), params)
-}
-
-/// Progress and a running hash over what is sent.
-struct Sending<'a, 'p> {
-    inner: &'a mut dyn Read,
-    hasher: &'a mut Hasher,
-    progress: &'a mut (dyn FnMut(Event<'_>) + 'p),
-}
-
-impl Read for Sending<'_, '_> {
-    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.hasher.update(&buf[..n]);
-        if n > 0 {
-            (self.progress)(Event::Bytes(n as u64));
-        }
-        Ok(n)
-    }
-}
-
 impl Registry {
-    pub fn new(host: &str, repository: &str, options: &Options, push: bool) -> Self {
-        let scheme = if options.insecure || is_loopback(host) {
+    pub fn new(
+        host: &str,
+        repository: &str,
+        client: &Client,
+        push: bool,
+    ) -> Result<Self, TransportError> {
+        let scheme = if client.options.insecure || auth::is_loopback(host) {
             "http"
         } else {
             "https"
         };
-        Registry {
-            agent: agent(),
+        let auth = auth::Policy::new(
+            client.options.credentials.clone(),
+            scheme,
+            host,
+            &client.credential_hosts,
+        )?;
+        Ok(Registry {
+            agent: crate::tls::agent(&client.ca),
             base: format!("{scheme}://{host}"),
             repository: repository.to_owned(),
-            credentials: options.credentials.clone(),
+            auth,
             push,
             authorization: Mutex::new(None),
-        }
+        })
+    }
+
+    /// Whether `url` is on this registry (same scheme, host and port): the only place its
+    /// `Authorization` goes.
+    fn is_own(&self, url: &str) -> bool {
+        url.strip_prefix(&self.base)
+            .is_some_and(|rest| rest.starts_with('/'))
     }
 
     pub fn describe(&self) -> String {
@@ -249,6 +174,13 @@ impl Registry {
     }
 
     fn http_error(method: &str, url: &str, source: ureq::Error) -> TransportError {
+        if let Some(reason) = crate::tls::certificate_problem(&source) {
+            return TransportError::Certificate {
+                method: method.to_owned(),
+                url: url.to_owned(),
+                reason,
+            };
+        }
         if matches!(source, ureq::Error::Protocol(_)) {
             return TransportError::NotHttp {
                 method: method.to_owned(),
@@ -291,8 +223,10 @@ impl Registry {
         for (name, value) in headers {
             request = request.header(*name, *value);
         }
-        if let Some(auth) = self.authorization.lock().expect("not poisoned").clone() {
-            request = request.header("Authorization", auth);
+        if self.is_own(url) {
+            if let Some(auth) = self.authorization.lock().expect("not poisoned").clone() {
+                request = request.header("Authorization", auth);
+            }
         }
         let fail = |e: http::Error| Self::http_error(method, url, ureq::Error::Http(e));
         let result = match body {
@@ -351,84 +285,6 @@ impl Registry {
         Ok(response)
     }
 
-    fn authenticate(&self, url: &str, challenge: &str) -> Result<(), TransportError> {
-        let unauthorized = || TransportError::Unauthorized {
-            url: url.to_owned(),
-            challenge: challenge.to_owned(),
-        };
-        let basic = self.credentials.as_ref().map(|c| {
-            let pair = format!("{}:{}", c.username, c.password);
-            format!(
-                "Basic {}",
-                base64::engine::general_purpose::STANDARD.encode(pair)
-            )
-        });
-        let (scheme, params) = parse_challenge(challenge);
-        let param = |key: &str| {
-            params
-                .iter()
-                .find(|(k, _)| k == key)
-                .map(|(_, v)| v.as_str())
-        };
-        let value = match scheme.as_str() {
-            "basic" => basic.ok_or_else(unauthorized)?,
-            "bearer" => {
-                let realm = param("realm").ok_or_else(unauthorized)?;
-                if !(realm.starts_with("https://") || realm.starts_with("http://")) {
-                    return Err(TransportError::malformed(
-                        format!("the authentication challenge of {url}"),
-                        format!("its realm {realm:?} is not an http(s) URL"),
-                    ));
-                }
-                let actions = if self.push { "pull,push" } else { "pull" };
-                let scope = format!("repository:{}:{actions}", self.repository);
-                let mut token_url = with_query(realm, "scope", &scope);
-                if let Some(service) = param("service") {
-                    token_url = with_query(&token_url, "service", service);
-                }
-                let mut request = http::Request::builder().method("GET").uri(&token_url);
-                if let Some(basic) = &basic {
-                    request = request.header("Authorization", basic);
-                }
-                let request = request
-                    .body(SendBody::none())
-                    .map_err(|e| Self::http_error("GET", &token_url, ureq::Error::Http(e)))?;
-                let response = self
-                    .agent
-                    .run(request)
-                    .map_err(|e| Self::http_error("GET", &token_url, e))?;
-                if response.status() != 200 {
-                    return Err(Self::status_error("GET", &token_url, response));
-                }
-                let body = self.read_small(
-                    response,
-                    "GET",
-                    &token_url,
-                    "the token answer",
-                    MAX_SMALL_BODY,
-                )?;
-                #[derive(serde::Deserialize)]
-                struct Token {
-                    token: Option<String>,
-                    access_token: Option<String>,
-                }
-                let token: Token = serde_json::from_slice(&body).map_err(|e| {
-                    TransportError::malformed(format!("the token answer of {token_url}"), e)
-                })?;
-                let token = token.token.or(token.access_token).ok_or_else(|| {
-                    TransportError::malformed(
-                        format!("the token answer of {token_url}"),
-                        "it has no token",
-                    )
-                })?;
-                format!("Bearer {token}")
-            }
-            _ => return Err(unauthorized()),
-        };
-        *self.authorization.lock().expect("not poisoned") = Some(value);
-        Ok(())
-    }
-
     fn read_small(
         &self,
         response: Response<ureq::Body>,
@@ -441,7 +297,7 @@ impl Registry {
         response
             .into_body()
             .into_reader()
-            .take(limit + 1)
+            .take(limit.saturating_add(1))
             .read_to_end(&mut bytes)
             .map_err(|e| Self::http_error(method, url, ureq::Error::Io(e)))?;
         if bytes.len() as u64 > limit {
@@ -574,12 +430,22 @@ impl Registry {
             _ => return Err(Self::status_error("GET", &url, response)),
         };
         if let Some(length) = response.body().content_length() {
-            if from + length != size {
-                return Err(TransportError::SizeMismatch {
-                    what: format!("{what} (as announced by the registry's Content-Length)"),
-                    expected: size,
-                    actual: from + length,
-                });
+            // A hostile length must not overflow: past u64 it is no blob's size.
+            match from.checked_add(length) {
+                Some(total) if total == size => {}
+                Some(total) => {
+                    return Err(TransportError::SizeMismatch {
+                        what: format!("{what} (as announced by the registry's Content-Length)"),
+                        expected: size,
+                        actual: total,
+                    })
+                }
+                None => {
+                    return Err(TransportError::malformed(
+                        format!("the answer for {what}"),
+                        format!("its Content-Length, {length} bytes from byte {from}, is more than any blob"),
+                    ))
+                }
             }
         }
         Ok((from, Box::new(response.into_body().into_reader())))
@@ -601,102 +467,6 @@ impl Registry {
             404 => Ok(false),
             _ => Err(Self::status_error("HEAD", &url, response)),
         }
-    }
-
-    /// Upload `size` bytes of `reader` as `digest`: one PUT when it fits in `chunk`, PATCHes of
-    /// `chunk` bytes and a closing PUT otherwise. What is sent is hashed, so a corrupt local blob
-    /// is named as such.
-    pub fn upload_blob(
-        &self,
-        what: &str,
-        digest: &str,
-        size: u64,
-        reader: &mut dyn Read,
-        chunk: u64,
-        progress: &mut dyn FnMut(Event<'_>),
-    ) -> Result<(), TransportError> {
-        let start_url = self.url("blobs/uploads/");
-        let response = self.send("POST", &start_url, &[], Body::Empty)?;
-        if response.status() != 202 {
-            return Err(Self::status_error("POST", &start_url, response));
-        }
-        let mut location = self.location(&response, "POST", &start_url)?;
-        let mut hasher = Hasher::new();
-        let chunk = chunk.max(1);
-        let octets = ("Content-Type", "application/octet-stream");
-        let check_local = |hasher: Hasher| -> Result<(), TransportError> {
-            let actual = hasher.finish();
-            if actual != digest {
-                return Err(TransportError::DigestMismatch {
-                    what: format!("{what} (the local copy)"),
-                    expected: digest.to_owned(),
-                    actual: actual.to_string(),
-                });
-            }
-            Ok(())
-        };
-        if size <= chunk {
-            let url = with_query(&location, "digest", digest);
-            let mut limited = reader.take(size);
-            let mut sending = Sending {
-                inner: &mut limited,
-                hasher: &mut hasher,
-                progress,
-            };
-            let response = self.send("PUT", &url, &[octets], Body::Reader(&mut sending, size))?;
-            let status = response.status().as_u16();
-            check_local(hasher)?;
-            if status != 201 {
-                return Err(Self::status_error("PUT", &url, response));
-            }
-            return Ok(());
-        }
-        let mut sent = 0u64;
-        while sent < size {
-            let len = chunk.min(size - sent);
-            let range = format!("{sent}-{}", sent + len - 1);
-            let mut limited = (&mut *reader).take(len);
-            let mut sending = Sending {
-                inner: &mut limited,
-                hasher: &mut hasher,
-                progress: &mut *progress,
-            };
-            let response = self.send(
-                "PATCH",
-                &location,
-                &[octets, ("Content-Range", &range)],
-                Body::Reader(&mut sending, len),
-            )?;
-            if response.status() != 202 {
-                return Err(Self::status_error("PATCH", &location, response));
-            }
-            location = self.location(&response, "PATCH", &location)?;
-            sent += len;
-        }
-        check_local(hasher)?;
-        let url = with_query(&location, "digest", digest);
-        let response = self.send("PUT", &url, &[octets], Body::Empty)?;
-        if response.status() != 201 {
-            return Err(Self::status_error("PUT", &url, response));
-        }
-        Ok(())
-    }
-
-    fn location(
-        &self,
-        response: &Response<ureq::Body>,
-        method: &str,
-        url: &str,
-    ) -> Result<String, TransportError> {
-        let location = header(response, "location").ok_or_else(|| {
-            TransportError::malformed(
-                format!("the answer to {method} {url}"),
-                "it has no Location",
-            )
-        })?;
-        absolute(&self.base, location).map_err(|reason| {
-            TransportError::malformed(format!("the answer to {method} {url}"), reason)
-        })
     }
 
     /// Store a manifest under `reference` (a tag, or its digest).
@@ -727,86 +497,27 @@ impl Registry {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn loopback_hosts_use_plain_http() {
-        for host in [
-            "localhost",
-            "localhost:5000",
-            "127.0.0.1:5000",
-            "127.1.2.3",
-            "[::1]:5000",
-            "[::1]",
-        ] {
-            assert!(is_loopback(host), "{host}");
-        }
-        for host in [
-            "registry.example",
-            "10.0.0.1:5000",
-            "[fe80::1]:5000",
-            "localhost.example",
-        ] {
-            assert!(!is_loopback(host), "{host}");
-        }
-    }
+    use crate::Options;
 
     #[test]
     fn https_unless_loopback_or_insecure() {
-        let remote = Registry::new("registry.example:5000", "os", &Options::default(), false);
-        assert_eq!(remote.describe(), "https://registry.example:5000/v2/os");
-        let insecure = Options {
-            insecure: true,
-            ..Options::default()
+        let client = |insecure| {
+            Client::new(Options {
+                insecure,
+                ..Options::default()
+            })
         };
-        let plain = Registry::new("registry.example:5000", "os", &insecure, false);
+        let remote = Registry::new("registry.example:5000", "os", &client(false), false).unwrap();
+        assert_eq!(remote.describe(), "https://registry.example:5000/v2/os");
+        assert!(remote.is_own("https://registry.example:5000/v2/os/blobs/x"));
+        assert!(!remote.is_own("https://registry.example:5000.evil/v2/"));
+        assert!(!remote.is_own("http://registry.example:5000/v2/os/blobs/x"));
+        let plain = Registry::new("registry.example:5000", "os", &client(true), false).unwrap();
         assert_eq!(plain.describe(), "http://registry.example:5000/v2/os");
-        let local = Registry::new("[::1]:5000", "a/b", &Options::default(), false);
+        let local = Registry::new("[::1]:5000", "a/b", &client(false), false).unwrap();
         assert_eq!(
             local.url("blobs/uploads/"),
             "http://[::1]:5000/v2/a/b/blobs/uploads/"
-        );
-    }
-
-    #[test]
-    fn challenges_parse() {
-        let (scheme, params) = parse_challenge(
-            r#"Bearer realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#,
-        );
-        assert_eq!(scheme, "bearer");
-        assert_eq!(
-            params,
-            [
-                ("realm".into(), "https://auth.example/token".into()),
-                ("service".into(), "registry.example".into()),
-                ("scope".into(), "repository:a/b:pull,push".into()),
-            ]
-        );
-        let (scheme, params) =
-            parse_challenge(r#"Basic realm="a \"quoted\" realm", charset=UTF-8"#);
-        assert_eq!(scheme, "basic");
-        assert_eq!(params[0], ("realm".into(), r#"a "quoted" realm"#.into()));
-        assert_eq!(params[1], ("charset".into(), "UTF-8".into()));
-        assert_eq!(parse_challenge("").1, []);
-    }
-
-    #[test]
-    fn upload_locations_and_queries() {
-        assert_eq!(
-            absolute("http://h:1", "/v2/x/blobs/uploads/u?a=b").unwrap(),
-            "http://h:1/v2/x/blobs/uploads/u?a=b"
-        );
-        assert_eq!(
-            absolute("http://h:1", "https://o/u").unwrap(),
-            "https://o/u"
-        );
-        assert!(absolute("http://h:1", "u").is_err());
-        assert_eq!(
-            with_query("http://h/u?a=b", "digest", "sha256:ab"),
-            "http://h/u?a=b&digest=sha256%3Aab"
-        );
-        assert_eq!(
-            with_query("http://h/u", "scope", "repository:a/b:pull"),
-            "http://h/u?scope=repository%3Aa%2Fb%3Apull"
         );
     }
 

@@ -31,7 +31,7 @@ use slate_release::{Channel, Release, ReleaseIndex, INDEX_MEDIA_TYPE, MAX_INDEX_
 
 use crate::reference::{check_tag, Location, ReferenceError};
 use crate::registry::{Manifest, Registry, DEFAULT_CHUNK, OCI_MANIFEST};
-use crate::{Options, Reference, TransportError};
+use crate::{Client, Options, Reference, TransportError};
 
 /// The tag of the release index in a repository.
 pub const RELEASE_INDEX_TAG: &str = "releases";
@@ -139,7 +139,7 @@ fn repository_of(
                 )));
             }
             Ok((
-                Registry::new(host, repository, options, push),
+                Registry::new(host, repository, &Client::new(options.clone()), push)?,
                 format!("{host}/{repository}"),
             ))
         }

@@ -5,86 +5,15 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use slate_bundle::Bundle;
 use slate_transport::{pull, pull_with, Credentials, Options, Reference, TransportError};
+use support::fake::{honest, OCI_MANIFEST};
 use support::http::{header_value, response, FakeServer, Request};
 use support::{assert_only_verified_blobs, incoming, noise, write_test_bundle};
-
-const OCI_MANIFEST: &str = "application/vnd.oci.image.manifest.v1+json";
-
-fn find_tag(dir: &Path, tag: &str) -> Option<String> {
-    let index: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(dir.join("index.json")).unwrap()).unwrap();
-    index["manifests"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|m| m["annotations"]["org.opencontainers.image.ref.name"] == tag)
-        .map(|m| m["digest"].as_str().unwrap().to_owned())
-}
-
-fn blob(dir: &Path, digest: &str) -> Option<Vec<u8>> {
-    std::fs::read(
-        dir.join("blobs/sha256")
-            .join(digest.strip_prefix("sha256:")?),
-    )
-    .ok()
-}
-
-fn not_found() -> Vec<u8> {
-    response(
-        "404 Not Found",
-        &[("Content-Type", "application/json")],
-        br#"{"errors":[{"code":"MANIFEST_UNKNOWN","message":"manifest unknown"}]}"#,
-    )
-}
-
-/// An honest registry serving the layout at `dir` as repository `os` (with `Range`).
-fn honest(dir: &Path, req: &Request) -> Vec<u8> {
-    if let Some(reference) = req.path.strip_prefix("/v2/os/manifests/") {
-        let digest = if reference.starts_with("sha256:") {
-            Some(reference.to_owned())
-        } else {
-            find_tag(dir, reference)
-        };
-        return match digest.as_deref().and_then(|d| blob(dir, d)) {
-            Some(bytes) => response(
-                "200 OK",
-                &[
-                    ("Content-Type", OCI_MANIFEST),
-                    ("Docker-Content-Digest", &digest.unwrap()),
-                ],
-                &bytes,
-            ),
-            None => not_found(),
-        };
-    }
-    if let Some(digest) = req.path.strip_prefix("/v2/os/blobs/") {
-        let Some(bytes) = blob(dir, digest) else {
-            return not_found();
-        };
-        let from = header_value(&req.head, "range")
-            .and_then(|r| r.strip_prefix("bytes="))
-            .and_then(|r| r.strip_suffix('-'))
-            .and_then(|n| n.parse::<usize>().ok());
-        return match from {
-            Some(from) if from < bytes.len() => {
-                let range = format!("bytes {from}-{}/{}", bytes.len() - 1, bytes.len());
-                response(
-                    "206 Partial Content",
-                    &[("Content-Range", &range)],
-                    &bytes[from..],
-                )
-            }
-            _ => response("200 OK", &[], &bytes),
-        };
-    }
-    not_found()
-}
 
 struct Case {
     _work: tempfile::TempDir,

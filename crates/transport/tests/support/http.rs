@@ -148,8 +148,8 @@ pub struct Request {
     pub head: String,
 }
 
-/// A fake registry: every request gets the raw bytes `answer` returns, and the connection is
-/// closed after each answer.
+/// A fake registry: every request (its body read first) gets the raw bytes `answer` returns,
+/// and the connection is closed after each answer.
 #[derive(Debug)]
 pub struct FakeServer {
     pub host: String,
@@ -173,6 +173,13 @@ impl FakeServer {
                 thread::spawn(move || {
                     let mut reader = BufReader::new(stream.try_clone().expect("a stream"));
                     if let Some(head) = read_head(&mut reader) {
+                        // The body is read before answering: closing a socket with unread
+                        // bytes would reset the connection under the client.
+                        let length: u64 = header_value(&head, "content-length")
+                            .and_then(|v| v.parse().ok())
+                            .unwrap_or(0);
+                        let _ =
+                            std::io::copy(&mut (&mut reader).take(length), &mut std::io::sink());
                         let line = head.lines().next().unwrap_or_default().to_owned();
                         let mut parts = line.split(' ');
                         let request = Request {

@@ -1,6 +1,7 @@
 //! Shared by the transport tests: bundles, signatures, progress counting, cache checks.
 #![allow(dead_code)]
 
+pub mod fake;
 pub mod http;
 pub mod registry;
 
@@ -177,6 +178,62 @@ pub fn incoming(layout: &Path) -> Vec<(String, u64)> {
                 .collect()
         })
         .unwrap_or_default();
+    out.sort();
+    out
+}
+
+/// Run `f` on another thread and wait at most `seconds` for it: a hang fails the test instead
+/// of stalling the run (the stuck thread is left behind).
+pub fn within_seconds<T: Send + 'static>(
+    seconds: u64,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(seconds))
+        .unwrap_or_else(|_| panic!("no answer within {seconds} s: it waits on something"))
+}
+
+/// Replace the file at `path` with a FIFO.
+pub fn make_fifo(path: &Path) {
+    let _ = std::fs::remove_file(path);
+    let made = std::process::Command::new("mkfifo")
+        .arg(path)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success(), "mkfifo {}", path.display());
+}
+
+/// Every file under `dir` with its bytes (symlinks as their target), sorted: for checking
+/// that something wrote nothing.
+pub fn snapshot(dir: &Path) -> Vec<(std::path::PathBuf, Vec<u8>)> {
+    fn walk(dir: &Path, out: &mut Vec<(std::path::PathBuf, Vec<u8>)>) {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return;
+        };
+        for entry in entries {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            if meta.is_dir() {
+                out.push((path.clone(), b"<dir>".to_vec()));
+                walk(&path, out);
+            } else if meta.file_type().is_symlink() {
+                out.push((
+                    path.clone(),
+                    std::fs::read_link(&path)
+                        .unwrap()
+                        .into_os_string()
+                        .into_encoded_bytes(),
+                ));
+            } else {
+                out.push((path.clone(), std::fs::read(&path).unwrap()));
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, &mut out);
     out.sort();
     out
 }

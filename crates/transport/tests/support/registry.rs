@@ -1,5 +1,6 @@
 //! A real OCI registry for tests: Debian's `docker-registry` (distribution 2.8) serving a
-//! temporary directory on a free 127.0.0.1 port, stopped when dropped.
+//! temporary directory on a free 127.0.0.1 port — or, over TLS with a given certificate, on
+//! another address of this machine ([`TestRegistry::start_tls`]) — stopped when dropped.
 //!
 //! When the binary is missing the harness installs the package (as root, or with `sudo -n`);
 //! only when that fails too does a test skip, saying why. Under `CI=true` it fails instead
@@ -63,15 +64,26 @@ pub struct TestRegistry {
     dir: tempfile::TempDir,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
+fn free_port(ip: &str) -> u16 {
+    TcpListener::bind(format!("{ip}:0"))
         .and_then(|l| l.local_addr())
         .expect("a free port")
         .port()
 }
 
-/// Whether `GET /v2/` answers 200.
-fn answers(host: &str) -> bool {
+/// An address of this machine that is not loopback (the source address of its default route;
+/// no packet is sent), for a registry that must be spoken to over HTTPS.
+#[allow(dead_code)] // this file is included by test crates that need only a plain registry
+pub fn non_loopback_ip() -> Option<std::net::IpAddr> {
+    let socket = std::net::UdpSocket::bind("0.0.0.0:0").ok()?;
+    socket.connect("203.0.113.1:9").ok()?;
+    let ip = socket.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// Whether the server answers like an HTTP server: `GET /v2/` answers 200, or (a TLS port
+/// spoken to in plain HTTP) anything at all.
+fn answers(host: &str, tls: bool) -> bool {
     let Ok(mut stream) = TcpStream::connect(host) else {
         return false;
     };
@@ -82,12 +94,22 @@ fn answers(host: &str) -> bool {
     }
     let mut answer = Vec::new();
     let _ = stream.read_to_end(&mut answer);
-    answer.starts_with(b"HTTP/1.1 200")
+    answer.starts_with(b"HTTP/1.1 200") || (tls && answer.starts_with(b"HTTP/1."))
 }
 
 impl TestRegistry {
     /// Start a registry, or `None` (with the reason printed) when there is none to be had.
     pub fn start() -> Option<Self> {
+        Self::start_on("127.0.0.1", None)
+    }
+
+    /// A registry on `ip` serving HTTPS with the PEM certificate and key given.
+    #[allow(dead_code)] // as `non_loopback_ip`
+    pub fn start_tls(ip: &str, cert: &Path, key: &Path) -> Option<Self> {
+        Self::start_on(ip, Some((cert, key)))
+    }
+
+    fn start_on(ip: &str, tls: Option<(&Path, &Path)>) -> Option<Self> {
         // Skipped, saying why; failed under CI=true.
         let available = availability();
         let why = available.as_ref().err().map_or("", String::as_str);
@@ -97,14 +119,21 @@ impl TestRegistry {
         let mut last_log = String::new();
         for _ in 0..3 {
             let dir = tempfile::tempdir().expect("a temporary directory");
-            let host = format!("127.0.0.1:{}", free_port());
+            let host = format!("{ip}:{}", free_port(ip));
+            let tls_config = tls.map_or(String::new(), |(cert, key)| {
+                format!(
+                    "  tls:\n    certificate: {}\n    key: {}\n",
+                    cert.display(),
+                    key.display()
+                )
+            });
             let config = dir.path().join("config.yml");
             std::fs::write(
                 &config,
                 format!(
                     "version: 0.1\nlog:\n  level: warn\n  accesslog:\n    disabled: true\n\
                      storage:\n  filesystem:\n    rootdirectory: {}\n  delete:\n    enabled: true\n\
-                     http:\n  addr: {host}\n",
+                     http:\n  addr: {host}\n{tls_config}",
                     dir.path().join("storage").display()
                 ),
             )
@@ -121,7 +150,7 @@ impl TestRegistry {
             let mut registry = TestRegistry { host, child, dir };
             let deadline = Instant::now() + Duration::from_secs(30);
             while Instant::now() < deadline {
-                if answers(&registry.host) {
+                if answers(&registry.host, tls.is_some()) {
                     return Some(registry);
                 }
                 if let Ok(Some(_)) = registry.child.try_wait() {

@@ -1,0 +1,387 @@
+//! The initramfs of a slate UKI, taken apart (docs/formats.md §6.2): one newc archive — `init`
+//! (the slate binary), the module closure under `lib/modules/<release>/`,
+//! `etc/slate/modules.load`, `rootfs.sqsh` — followed, when the image has system extensions, by
+//! a compressed archive of `extensions/`; in a UKI the whole of it is one zstd stream. The zstd
+//! stream is decompressed (with a limit); the extensions' compressed members are not unpacked:
+//! `diff` compares their bytes as one blob.
+
+use std::borrow::Cow;
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read as _;
+
+use serde::Serialize;
+use slate_bundle::Digest;
+use slate_cpio::{parse_newc, CpioError, Entry, EntryKind};
+use slate_profile::image_contract::ROOTFS_IMAGE_PATH;
+
+/// The initramfs init: the kernel runs `/init`.
+pub const INIT_PATH: &str = "init";
+/// Where the kernel modules live, one directory per kernel release.
+pub const MODULES_DIR: &str = "lib/modules";
+
+/// A zstd frame's magic number: how the imager stores the initramfs in a UKI.
+pub const ZSTD_MAGIC: &[u8] = b"\x28\xb5\x2f\xfd";
+/// How many times its compressed size a zstd initramfs may decompress to (the imager's is about
+/// two: a static binary and an already compressed squashfs), plus [`INITRAMFS_ALLOWANCE`].
+pub const MAX_INITRAMFS_EXPANSION: u64 = 64;
+/// Added to the decompression limit, so that small initramfs images are read.
+pub const INITRAMFS_ALLOWANCE: u64 = 64 << 20;
+/// The largest decompressed initramfs read, whatever its compressed size.
+pub const MAX_INITRAMFS_BYTES: u64 = 4 << 30;
+
+/// The magic numbers of the compressed initrd members the kernel accepts (gzip, zstd, xz, lz4,
+/// bzip2, lzma, lzo).
+const COMPRESSED_MAGICS: &[&[u8]] = &[
+    b"\x1f\x8b",
+    b"\x28\xb5\x2f\xfd",
+    b"\xfd7zXZ\0",
+    b"\x02\x21\x4c\x18",
+    b"BZh",
+    b"\x5d\x00\x00",
+    b"\x89LZO",
+];
+
+/// A file of the initramfs: its path (absolute, as on the booted initramfs), size and digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct FileInfo {
+    pub path: String,
+    pub size: u64,
+    pub digest: Digest,
+}
+
+/// A run of bytes compared as a whole: size and digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Blob {
+    pub size: u64,
+    pub digest: Digest,
+}
+
+impl Blob {
+    pub fn of(bytes: &[u8]) -> Self {
+        Blob {
+            size: bytes.len() as u64,
+            digest: Digest::of(bytes),
+        }
+    }
+}
+
+/// What `diff` takes from an initramfs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Initramfs {
+    pub init: FileInfo,
+    /// Each regular file under `lib/modules/<release>/`, by its path below that directory
+    /// (below `lib/modules/` when there are several releases), with its digest.
+    pub modules: BTreeMap<String, Digest>,
+    /// The directory names under `lib/modules/`, sorted: the kernel releases the modules are
+    /// for.
+    pub module_releases: Vec<String>,
+    /// The root squashfs image, `rootfs.sqsh`.
+    pub rootfs: Vec<u8>,
+    /// The compressed members after the uncompressed archive (system extensions), if any.
+    pub compressed: Option<Blob>,
+}
+
+/// Why an initramfs could not be taken apart.
+#[derive(Debug, thiserror::Error)]
+pub enum InitramfsError {
+    #[error("not a newc archive slate can read: {0}")]
+    Cpio(#[source] CpioError),
+    #[error("it holds no /{0}")]
+    Missing(&'static str),
+    #[error("/{0} is not a regular file")]
+    NotAFile(String),
+    #[error("/{0} is in it twice")]
+    Duplicate(String),
+    #[error("its zstd compression cannot be read: {0}")]
+    Zstd(#[source] std::io::Error),
+    #[error("decompressed, it is larger than {limit} bytes: refused as a decompression bomb")]
+    Expansion { limit: u64 },
+}
+
+/// The initrd as the kernel unpacks it: as it is when it starts with anything but a zstd
+/// frame, else the zstd stream (one or more frames, nothing after them) decompressed, at most
+/// [`MAX_INITRAMFS_EXPANSION`] times its size plus [`INITRAMFS_ALLOWANCE`], and at most
+/// [`MAX_INITRAMFS_BYTES`].
+pub fn decompress_initrd(initrd: &[u8]) -> Result<Cow<'_, [u8]>, InitramfsError> {
+    if !initrd.starts_with(ZSTD_MAGIC) {
+        return Ok(Cow::Borrowed(initrd));
+    }
+    let limit = u64::try_from(initrd.len())
+        .unwrap_or(u64::MAX)
+        .saturating_mul(MAX_INITRAMFS_EXPANSION)
+        .saturating_add(INITRAMFS_ALLOWANCE)
+        .min(MAX_INITRAMFS_BYTES);
+    let decoder = zstd::stream::read::Decoder::new(initrd).map_err(InitramfsError::Zstd)?;
+    let mut out = Vec::new();
+    decoder
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut out)
+        .map_err(InitramfsError::Zstd)?;
+    if out.len() as u64 > limit {
+        return Err(InitramfsError::Expansion { limit });
+    }
+    Ok(Cow::Owned(out))
+}
+
+/// The entries of the uncompressed archives at the start of `initrd`, and the compressed
+/// members after them (empty if none). The strict reader refuses what is not newc; a refusal
+/// at an archive boundary where a compressed member starts is where the uncompressed part ends.
+pub fn leading_archives(initrd: &[u8]) -> Result<(Vec<Entry>, &[u8]), CpioError> {
+    let error = match parse_newc(initrd) {
+        Ok(entries) => return Ok((entries, &[])),
+        Err(error) => error,
+    };
+    // Where a header was expected: no newc magic there, or too few bytes for a header.
+    let offset = match &error {
+        CpioError::BadMagic { offset, .. } => *offset,
+        CpioError::Truncated {
+            what: "header",
+            offset,
+            ..
+        } => *offset,
+        _ => return Err(error),
+    };
+    let rest = initrd.get(offset..).unwrap_or_default();
+    if offset == 0 || !COMPRESSED_MAGICS.iter().any(|m| rest.starts_with(m)) {
+        return Err(error);
+    }
+    // Mid-archive, this fails for want of a trailer.
+    let entries = parse_newc(&initrd[..offset])?;
+    Ok((entries, rest))
+}
+
+/// `./init`, `/init` and `init` are the same file to the kernel.
+fn normalize(name: &[u8]) -> String {
+    let mut name = String::from_utf8_lossy(name).into_owned();
+    loop {
+        if let Some(rest) = name.strip_prefix("./") {
+            name = rest.to_owned();
+        } else if let Some(rest) = name.strip_prefix('/') {
+            name = rest.to_owned();
+        } else {
+            return name;
+        }
+    }
+}
+
+/// Take `initrd` (the UKI's `.initrd` section, zstd-compressed or not) apart.
+pub fn split_initramfs(initrd: &[u8]) -> Result<Initramfs, InitramfsError> {
+    let initrd = decompress_initrd(initrd)?;
+    let (entries, rest) = leading_archives(&initrd).map_err(InitramfsError::Cpio)?;
+    let mut init = None;
+    let mut rootfs = None;
+    let mut module_files = Vec::new();
+    let mut module_releases = BTreeSet::new();
+    for entry in entries {
+        let name = normalize(&entry.name);
+        let is_file = entry.kind() == Some(EntryKind::File);
+        if name == INIT_PATH || name == ROOTFS_IMAGE_PATH {
+            if !is_file {
+                return Err(InitramfsError::NotAFile(name));
+            }
+            let slot = if name == INIT_PATH {
+                &mut init
+            } else {
+                &mut rootfs
+            };
+            if slot.replace(entry.data).is_some() {
+                return Err(InitramfsError::Duplicate(name));
+            }
+        } else if let Some(below) = name
+            .strip_prefix(MODULES_DIR)
+            .and_then(|r| r.strip_prefix('/'))
+        {
+            match below.split_once('/') {
+                None if entry.kind() == Some(EntryKind::Directory) => {
+                    module_releases.insert(below.to_owned());
+                }
+                Some((_, path)) if is_file && !path.is_empty() => {
+                    module_files.push((below.to_owned(), Digest::of(&entry.data)));
+                }
+                _ => {}
+            }
+        }
+    }
+    let init = init.ok_or(InitramfsError::Missing(INIT_PATH))?;
+    let rootfs = rootfs.ok_or(InitramfsError::Missing(ROOTFS_IMAGE_PATH))?;
+    // One release (slate's images): modules by their path below it, so that a kernel update
+    // compares module by module.
+    let strip = module_releases.len() == 1;
+    let mut modules = BTreeMap::new();
+    for (below, digest) in module_files {
+        let key = match below.split_once('/') {
+            Some((_, path)) if strip => path.to_owned(),
+            _ => below,
+        };
+        if modules.insert(key.clone(), digest).is_some() {
+            return Err(InitramfsError::Duplicate(format!("{MODULES_DIR}/{key}")));
+        }
+    }
+    Ok(Initramfs {
+        init: FileInfo {
+            path: format!("/{INIT_PATH}"),
+            size: init.len() as u64,
+            digest: Digest::of(&init),
+        },
+        modules,
+        module_releases: module_releases.into_iter().collect(),
+        rootfs,
+        compressed: (!rest.is_empty()).then(|| Blob::of(rest)),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slate_cpio::{concat_initrds, CpioWriter};
+
+    fn archive(init: &[u8], release: &str, modules: &[(&str, &[u8])]) -> Vec<u8> {
+        let mut w = CpioWriter::new();
+        w.dir("lib", 0o755).unwrap();
+        w.dir("lib/modules", 0o755).unwrap();
+        w.dir(&format!("lib/modules/{release}"), 0o755).unwrap();
+        w.dir(&format!("lib/modules/{release}/kernel"), 0o755)
+            .unwrap();
+        for (path, data) in modules {
+            w.file(
+                &format!("lib/modules/{release}/{path}"),
+                0o644,
+                data.to_vec(),
+            )
+            .unwrap();
+        }
+        w.file("init", 0o755, init.to_vec()).unwrap();
+        w.file("rootfs.sqsh", 0o644, b"squashfs".to_vec()).unwrap();
+        w.finish()
+    }
+
+    #[test]
+    fn modules_init_and_rootfs_are_found() {
+        let bytes = archive(b"\x7fELF", "6.1.0-test", &[("kernel/a.ko", b"a")]);
+        let x = split_initramfs(&bytes).unwrap();
+        assert_eq!(x.init.path, "/init");
+        assert_eq!(x.init.size, 4);
+        assert_eq!(x.init.digest, Digest::of(b"\x7fELF"));
+        assert_eq!(x.module_releases, ["6.1.0-test"]);
+        assert_eq!(
+            x.modules.keys().collect::<Vec<_>>(),
+            ["kernel/a.ko"],
+            "keyed below the release"
+        );
+        assert_eq!(x.rootfs, b"squashfs");
+        assert_eq!(x.compressed, None);
+    }
+
+    #[test]
+    fn a_compressed_member_after_the_archive_is_one_blob() {
+        let main = archive(b"init", "6.1", &[]);
+        let gz = b"\x1f\x8b\x08\x00pretend gzip";
+        let joined = concat_initrds(&[&main, gz]);
+        let x = split_initramfs(&joined).unwrap();
+        assert_eq!(x.init.size, 4);
+        let rest = &joined[main.len()..];
+        assert_eq!(x.compressed, Some(Blob::of(rest)));
+        // Garbage that is no compressed member stays an error.
+        let joined = concat_initrds(&[&main, b"garbage!"]);
+        assert!(matches!(
+            split_initramfs(&joined),
+            Err(InitramfsError::Cpio(CpioError::Truncated { .. }))
+        ));
+        let joined = concat_initrds(&[&main, &[b'x'; 200]]);
+        assert!(matches!(
+            split_initramfs(&joined),
+            Err(InitramfsError::Cpio(CpioError::BadMagic { .. }))
+        ));
+        // And so does a gzip magic where an entry of the archive should be.
+        let mut cut = main[..main.len() - 124].to_vec();
+        cut.extend_from_slice(gz);
+        assert!(split_initramfs(&cut).is_err());
+    }
+
+    #[test]
+    fn a_zstd_initramfs_is_read_as_its_archive() {
+        let main = archive(b"init", "6.1", &[("kernel/a.ko", b"a")]);
+        let joined = concat_initrds(&[&main, b"\x1f\x8b\x08\x00pretend gzip"]);
+        let plain = split_initramfs(&joined).unwrap();
+        // As the imager compresses it: one frame at level 3.
+        let compressed = zstd::bulk::compress(&joined, 3).unwrap();
+        assert!(compressed.starts_with(ZSTD_MAGIC));
+        assert_eq!(split_initramfs(&compressed).unwrap(), plain);
+        // Two frames are one stream.
+        let half = joined.len() / 2;
+        let mut two = zstd::bulk::compress(&joined[..half], 3).unwrap();
+        two.extend(zstd::bulk::compress(&joined[half..], 3).unwrap());
+        assert_eq!(split_initramfs(&two).unwrap(), plain);
+
+        // Cut short, or followed by garbage: an error.
+        let cut = &compressed[..compressed.len() - 3];
+        assert!(matches!(split_initramfs(cut), Err(InitramfsError::Zstd(_))));
+        let mut trailing = compressed.clone();
+        trailing.extend_from_slice(b"garbage");
+        assert!(matches!(
+            split_initramfs(&trailing),
+            Err(InitramfsError::Zstd(_))
+        ));
+    }
+
+    #[test]
+    fn a_zstd_bomb_is_refused() {
+        // 80 MiB of zeros in a few KiB: past 64 MiB + 64 times the frame.
+        let bomb = zstd::bulk::compress(&vec![0u8; 80 << 20], 3).unwrap();
+        assert!(bomb.len() < 64 << 10, "{}", bomb.len());
+        let limit = bomb.len() as u64 * MAX_INITRAMFS_EXPANSION + INITRAMFS_ALLOWANCE;
+        assert_eq!(
+            decompress_initrd(&bomb).unwrap_err().to_string(),
+            format!(
+                "decompressed, it is larger than {limit} bytes: refused as a decompression bomb"
+            )
+        );
+    }
+
+    #[test]
+    fn missing_or_doubled_parts_are_named() {
+        let mut w = CpioWriter::new();
+        w.file("rootfs.sqsh", 0o644, b"x".to_vec()).unwrap();
+        assert_eq!(
+            split_initramfs(&w.finish()).unwrap_err().to_string(),
+            "it holds no /init"
+        );
+        let mut w = CpioWriter::new();
+        w.file("init", 0o755, b"x".to_vec()).unwrap();
+        assert_eq!(
+            split_initramfs(&w.finish()).unwrap_err().to_string(),
+            "it holds no /rootfs.sqsh"
+        );
+        let one = archive(b"a", "6.1", &[]);
+        let two = concat_initrds(&[&one, &one]);
+        assert_eq!(
+            split_initramfs(&two).unwrap_err().to_string(),
+            "/init is in it twice"
+        );
+        let mut w = CpioWriter::new();
+        w.dir("init", 0o755).unwrap();
+        assert_eq!(
+            split_initramfs(&w.finish()).unwrap_err().to_string(),
+            "/init is not a regular file"
+        );
+    }
+
+    #[test]
+    fn several_releases_key_modules_by_release() {
+        let a = archive(b"i", "6.1", &[("kernel/a.ko", b"a")]);
+        let mut w = CpioWriter::new();
+        w.dir("lib", 0o755).unwrap();
+        w.dir("lib/modules", 0o755).unwrap();
+        w.dir("lib/modules/6.2", 0o755).unwrap();
+        w.dir("lib/modules/6.2/kernel", 0o755).unwrap();
+        w.file("lib/modules/6.2/kernel/a.ko", 0o644, b"b".to_vec())
+            .unwrap();
+        let joined = concat_initrds(&[&a, &w.finish()]);
+        let x = split_initramfs(&joined).unwrap();
+        assert_eq!(x.module_releases, ["6.1", "6.2"]);
+        assert_eq!(
+            x.modules.keys().collect::<Vec<_>>(),
+            ["6.1/kernel/a.ko", "6.2/kernel/a.ko"]
+        );
+    }
+}

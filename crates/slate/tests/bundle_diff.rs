@@ -1,0 +1,246 @@
+//! `slate bundle diff A B` end to end: two bundles (real UKIs on Debian's systemd-stub, holding a
+//! zstd initramfs laid out as the imager lays it out, with a real root squashfs) that differ by
+//! exactly one added and one changed file in the root, shown as exactly that in text and JSON;
+//! and bundles with a bad digest or a truncated squashfs refused with an error naming the
+//! bundle and the part, exit status non-zero.
+
+use std::fs;
+use std::io::Cursor;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+
+use slate_bundle::{BundleSpec, Digest};
+use slate_cpio::CpioWriter;
+use slate_profile::image_contract::{MODULES_LOAD_PATH, ROOTFS_IMAGE_PATH};
+use slate_rootfs::{build_squashfs, SquashfsOptions};
+
+mod common;
+use common::{ok, s, slate};
+
+const STUB: &str = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub";
+const PACKAGE: &str = "Debian's systemd-boot-efi; scripts/install-deps installs it";
+const RELEASE: &str = "6.1.0-test";
+const OS_RELEASE_A: &[u8] = b"NAME=slate\nVERSION_ID=1\n";
+const OS_RELEASE_B: &[u8] = b"NAME=slate\nVERSION_ID=1.1\n";
+const NEW_TOOL: &[u8] = b"#!/bin/sh\necho new\n";
+
+/// A root tree: A's, or B's with `/usr/bin/new-tool` added and `/etc/os-release` changed.
+fn root_squashfs(dir: &Path, b: bool) -> Vec<u8> {
+    let root = dir.join(if b { "root-b" } else { "root-a" });
+    let file = |rel: &str, content: &[u8], mode: u32| {
+        let path = root.join(rel);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(&path, content).unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode)).unwrap();
+    };
+    file(
+        "etc/os-release",
+        if b { OS_RELEASE_B } else { OS_RELEASE_A },
+        0o644,
+    );
+    file("usr/bin/tool", b"#!/bin/sh\necho tool\n", 0o755);
+    if b {
+        file("usr/bin/new-tool", NEW_TOOL, 0o755);
+    }
+    std::os::unix::fs::symlink("tool", root.join("usr/bin/alias")).unwrap();
+    for d in ["", "etc", "usr", "usr/bin"] {
+        fs::set_permissions(root.join(d), fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let opts = SquashfsOptions {
+        compression: slate_rootfs::Compression::Zstd { level: 3 },
+        ..SquashfsOptions::default()
+    };
+    let mut out = Cursor::new(Vec::new());
+    build_squashfs(&root, &mut out, &opts).unwrap();
+    out.into_inner()
+}
+
+/// The initramfs as `slate_imager::build_initramfs` lays it out and its UKI carries it
+/// (docs/formats.md §6.2): compressed by the imager's own `compress_initramfs`.
+fn initramfs(rootfs: &[u8]) -> Vec<u8> {
+    let mut cpio = CpioWriter::new();
+    for dir in ["dev", "etc", "etc/slate", "lib", "lib/modules"] {
+        cpio.dir(dir, 0o755).unwrap();
+    }
+    cpio.file("init", 0o755, b"\x7fELF pretend slate".to_vec())
+        .unwrap();
+    for dir in ["", "/kernel", "/kernel/fs"] {
+        cpio.dir(&format!("lib/modules/{RELEASE}{dir}"), 0o755)
+            .unwrap();
+    }
+    cpio.file(
+        &format!("lib/modules/{RELEASE}/kernel/fs/alpha.ko"),
+        0o644,
+        b"alpha module".to_vec(),
+    )
+    .unwrap();
+    cpio.file(MODULES_LOAD_PATH, 0o644, b"kernel/fs/alpha.ko\n".to_vec())
+        .unwrap();
+    cpio.file(ROOTFS_IMAGE_PATH, 0o644, rootfs.to_vec())
+        .unwrap();
+    slate_imager::compress_initramfs(&cpio.finish()).unwrap()
+}
+
+/// A bundle at `dir/name` whose root filesystem is `rootfs`; everything else is the same in
+/// every bundle of this test.
+fn bundle(dir: &Path, name: &str, rootfs: &[u8]) -> PathBuf {
+    let stub = fs::read(STUB).unwrap();
+    let uki = slate_uki::UkiBuilder::new(&stub)
+        .osrel("NAME=slate\nID=slate\nIMAGE_VERSION=1.0.0\n")
+        .cmdline("console=ttyS0 panic=10")
+        .uname(RELEASE)
+        .initrd(initramfs(rootfs))
+        .linux(b"pretend kernel".repeat(100))
+        .build()
+        .unwrap();
+    common::write_bundle(
+        &dir.join(name),
+        BundleSpec {
+            name: "slate",
+            version: "1.0.0",
+            arch: slate_bundle::NATIVE_ARCH,
+            variant: "demo",
+        },
+        &uki,
+        b"pretend systemd-boot",
+    )
+}
+
+fn fixture() -> Option<(tempfile::TempDir, PathBuf, PathBuf)> {
+    if !slate_testkit::require_path(STUB, PACKAGE) {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let a = bundle(dir.path(), "a", &root_squashfs(dir.path(), false));
+    let b = bundle(dir.path(), "b", &root_squashfs(dir.path(), true));
+    Some((dir, a, b))
+}
+
+#[test]
+fn one_added_and_one_changed_file_are_all_it_shows() {
+    let Some((_dir, a, b)) = fixture() else {
+        return;
+    };
+    let text = ok(&["bundle", "diff", s(&a), s(&b)]);
+    assert_eq!(
+        text,
+        format!(
+            "root filesystem:\n\
+             + /usr/bin/new-tool ({} bytes)\n\
+             ~ /etc/os-release ({} -> {} bytes)\n\
+             1 added, 0 removed, 1 changed\n",
+            NEW_TOOL.len(),
+            OS_RELEASE_A.len(),
+            OS_RELEASE_B.len()
+        )
+    );
+
+    let json: serde_json::Value =
+        serde_json::from_str(&ok(&["bundle", "diff", s(&a), s(&b), "--output", "json"])).unwrap();
+    let rootfs = &json["rootfs"];
+    assert_eq!(
+        rootfs["added"],
+        serde_json::json!([{
+            "path": "/usr/bin/new-tool",
+            "kind": "file",
+            "mode": "0755",
+            "uid": 0,
+            "gid": 0,
+            "size": NEW_TOOL.len(),
+            "digest": Digest::of(NEW_TOOL).to_string(),
+        }])
+    );
+    assert_eq!(rootfs["removed"], serde_json::json!([]));
+    let changed = rootfs["changed"].as_array().unwrap();
+    assert_eq!(changed.len(), 1);
+    assert_eq!(changed[0]["path"], "/etc/os-release");
+    assert_eq!(changed[0]["what"], serde_json::json!(["size", "content"]));
+    assert_eq!(changed[0]["old"]["size"], OS_RELEASE_A.len());
+    assert_eq!(changed[0]["new"]["size"], OS_RELEASE_B.len());
+    // Everything else is the same, and says what it is.
+    for key in [
+        "name",
+        "version",
+        "arch",
+        "variant",
+        "kernel_release",
+        "kernel",
+        "cmdline",
+        "init",
+        "slate_binary",
+        "extensions",
+    ] {
+        assert_eq!(json[key]["changed"], false, "{key}: {}", json[key]);
+    }
+    assert_eq!(json["version"]["new"], "1.0.0");
+    assert_eq!(json["kernel_release"]["old"], RELEASE);
+    assert_eq!(json["cmdline"]["old"], "console=ttyS0 panic=10");
+    assert_eq!(json["init"]["old"]["path"], "/init");
+    assert_eq!(
+        json["modules"],
+        serde_json::json!({"added": [], "removed": [], "changed": []})
+    );
+
+    // A bundle against itself: no differences, exit 0.
+    assert_eq!(
+        ok(&["bundle", "diff", s(&a), s(&a)]),
+        "no differences\n0 added, 0 removed, 0 changed\n"
+    );
+}
+
+fn fails(args: &[&str]) -> String {
+    let out = slate(args);
+    assert!(!out.status.success(), "slate {args:?} succeeded");
+    assert!(out.stdout.is_empty(), "printed a diff anyway");
+    String::from_utf8(out.stderr).unwrap()
+}
+
+#[test]
+fn a_bad_bundle_is_named_with_its_bad_part() {
+    let Some((dir, a, b)) = fixture() else {
+        return;
+    };
+    // A truncated squashfs (half of what its superblock's bytes_used counts, before the
+    // padding), in a bundle whose digests are all right.
+    fs::remove_dir_all(dir.path().join("root-a")).unwrap();
+    let whole = root_squashfs(dir.path(), false);
+    let used = u64::from_le_bytes(whole[40..48].try_into().unwrap()) as usize;
+    let cut = bundle(dir.path(), "cut", &whole[..used / 2]);
+    let err = fails(&["bundle", "diff", s(&a), s(&cut)]);
+    assert!(
+        err.contains(&format!(
+            "bundle B ({}): the root filesystem (rootfs.sqsh in the initramfs): not a squashfs \
+             image slate can read",
+            cut.display()
+        )),
+        "{err}"
+    );
+
+    // One byte of B's UKI changed: its digest no longer matches.
+    let uki = slate_bundle::Bundle::open(&b, None)
+        .unwrap()
+        .blob_ref("uki")
+        .unwrap()
+        .digest
+        .clone();
+    let path = b.join("blobs/sha256").join(&uki["sha256:".len()..]);
+    let mut bytes = fs::read(&path).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    fs::write(&path, bytes).unwrap();
+    let err = fails(&["bundle", "diff", s(&a), s(&b), "--output", "json"]);
+    assert!(
+        err.contains(&format!(
+            "bundle B ({}): the uki blob does not match its digest",
+            b.display()
+        )),
+        "{err}"
+    );
+
+    // Not a bundle at all, on side A.
+    let err = fails(&["bundle", "diff", s(dir.path()), s(&a)]);
+    assert!(
+        err.contains(&format!("bundle A ({})", dir.path().display())),
+        "{err}"
+    );
+}
