@@ -1,8 +1,8 @@
 //! What the server asks of the node: [`NodeBackend`], implemented by machined.
 
 use crate::types::{
-    ApplyConfigRequest, ApplyConfigResult, ConfigView, Event, RebootMode, Status, UpgradeRequest,
-    UploadedBundle, VersionInfo,
+    ApplyConfigRequest, ApplyConfigResult, ConfigView, Event, RebootMode, RollbackRequest,
+    RollbackResult, Status, UpgradeRequest, UploadedBundle, VersionInfo,
 };
 
 /// Lines of a log, consumed on a dedicated thread (blocking in `next` is fine).
@@ -64,6 +64,14 @@ pub trait NodeBackend: Send + Sync {
     fn reset(&self) -> Result<(), BackendError>;
     /// `POST /v1/upgrade` (operator).
     fn upgrade(&self, req: UpgradeRequest) -> Result<(), BackendError>;
+    /// `POST /v1/rollback` (admin): the previous version boots next, on trial, and the node
+    /// reboots after the answer (not on a dry run).
+    fn rollback(&self, req: RollbackRequest) -> Result<RollbackResult, BackendError> {
+        let _ = req;
+        Err(BackendError::Unsupported(
+            "this node cannot roll back".into(),
+        ))
+    }
     /// `POST /v1/bundles` (admin): an installer bundle as a tar stream of its OCI layout. The
     /// backend unpacks and checks it and answers what it kept; `body` ends with an error if the
     /// upload breaks or exceeds [`crate::MAX_UPLOAD_BYTES`].

@@ -24,7 +24,8 @@ use crate::server::DEFAULT_PORT;
 use crate::tls;
 use crate::types::{
     ApiError, ApplyConfigRequest, ApplyConfigResult, ConfigView, ErrorCode, Event, RebootMode,
-    RebootRequest, Role, Status, UpgradeRequest, UploadedBundle, VersionInfo,
+    RebootRequest, Role, RollbackRequest, RollbackResult, Status, UpgradeRequest, UploadedBundle,
+    VersionInfo,
 };
 use crate::upload::{ChannelWriter, UPLOAD_CHANNEL};
 
@@ -214,6 +215,11 @@ impl Client {
     pub fn upgrade(&self, req: &UpgradeRequest) -> Result<(), ClientError> {
         self.unary::<serde_json::Value, _>(Endpoint::Upgrade, Some(req))
             .map(drop)
+    }
+
+    /// `POST /v1/rollback` (admin): what boots next; the node then reboots (not on a dry run).
+    pub fn rollback(&self, req: &RollbackRequest) -> Result<RollbackResult, ClientError> {
+        self.unary(Endpoint::Rollback, Some(req))
     }
 
     /// `GET /v1/boot` (reader): the node's boot entries and its next boot, as JSON.

@@ -18,8 +18,8 @@ use crate::http::{
 };
 use crate::routes::{self, Endpoint, Route, ROUTES};
 use crate::types::{
-    Accepted, ApplyConfigRequest, ErrorCode, Event, RebootRequest, Role, UpgradeRequest,
-    UploadedBundle,
+    Accepted, ApplyConfigRequest, ErrorCode, Event, RebootRequest, Role, RollbackRequest,
+    UpgradeRequest, UploadedBundle,
 };
 use crate::upload::{ChannelReader, MAX_UPLOAD_BYTES, UPLOAD_CHANNEL};
 
@@ -142,6 +142,12 @@ async fn dispatch(
                 )
                 .into_response(),
                 Ok(body) => accepted("upgrade", call(node, move |b| b.upgrade(body)).await),
+                Err(reject) => reject.into_response(),
+            }
+        }
+        Endpoint::Rollback => {
+            match read_json::<RollbackRequest>(req, true, MAX_REQUEST_BODY).await {
+                Ok(body) => reply(call(node, move |b| b.rollback(body)).await),
                 Err(reject) => reject.into_response(),
             }
         }

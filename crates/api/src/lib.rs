@@ -73,7 +73,7 @@ pub use server::{
 pub use service::{serve_service, spawn_service, JsonService, ServiceRoute, MAX_SERVICE_BODY};
 pub use types::{
     Accepted, AgentStatus, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, ConfigView,
-    ErrorCode, Event, EventKind, Failure, Mode, RebootMode, RebootRequest, Role, Stage, Status,
-    UpgradeRequest, UploadedBundle, VersionInfo,
+    ErrorCode, Event, EventKind, Failure, Mode, RebootMode, RebootRequest, Role, RollbackRequest,
+    RollbackResult, Stage, Status, UpgradeRequest, UploadedBundle, VersionInfo,
 };
 pub use upload::MAX_UPLOAD_BYTES;

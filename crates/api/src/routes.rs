@@ -11,6 +11,7 @@ pub enum Endpoint {
     Reboot,
     Reset,
     Upgrade,
+    Rollback,
     UploadBundle,
     Events,
     Logs,
@@ -50,6 +51,8 @@ pub const ROUTES: &[Route] = &[
     // Operator: the rollout operator upgrades nodes with an operator certificate; what may be
     // installed is still bounded by the node's signature policy.
     route("POST", "/v1/upgrade", Role::Operator, Endpoint::Upgrade),
+    // Admin: going back to an older version is the admin's call, as a downgrade is.
+    route("POST", "/v1/rollback", Role::Admin, Endpoint::Rollback),
     route("POST", "/v1/bundles", Role::Admin, Endpoint::UploadBundle),
     route("GET", "/v1/events", Role::Reader, Endpoint::Events),
     route("GET", "/v1/logs", Role::Reader, Endpoint::Logs),

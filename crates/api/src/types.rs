@@ -230,6 +230,35 @@ pub struct RebootRequest {
     pub mode: RebootMode,
 }
 
+/// `POST /v1/rollback` body (admin). An empty body means a rollback with the defaults.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RollbackRequest {
+    /// Check and answer what would happen; write nothing, do not reboot.
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Boot-counting tries for the previous version on systemd-boot (the node's default, 3,
+    /// when absent; 1 to 15). GRUB boots it once (`next_entry`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tries: Option<u32>,
+    #[serde(default)]
+    pub reboot_mode: RebootMode,
+}
+
+/// `POST /v1/rollback` answer: what boots next. The node reboots after answering (not on a dry
+/// run); the previous version's Running then commits it, or its failure returns the node to
+/// `from`, exactly as after an upgrade.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RollbackResult {
+    /// The entry running now, recorded as the fallback (a UKI file name, or a GRUB slot).
+    pub from: String,
+    /// The previous version's entry, as it boots next (on trial).
+    pub to: String,
+    /// The previous version.
+    pub version: String,
+    pub dry_run: bool,
+}
+
 /// `POST /v1/upgrade` body.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]

@@ -113,6 +113,23 @@ pub struct UpgradeOutcome {
     pub cleared_vars: Vec<&'static str>,
 }
 
+/// A rollback by hand ([`Bootloader::rollback`]): the previous version boots next, on trial,
+/// with the running one recorded in META `Upgrade` as its fallback.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct RollbackPlan {
+    /// The running entry, recorded as the fallback (systemd-boot: its file name; GRUB: its
+    /// slot).
+    pub from: String,
+    /// What it is renamed to: marked bad, so that it sorts after the previous version
+    /// (systemd-boot); the same label on GRUB.
+    pub from_marked: String,
+    /// The previous version's entry as it is, and as it will be while on trial.
+    pub to: String,
+    pub to_on_trial: String,
+    /// The previous version.
+    pub version: String,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CommitOutcome {
     /// The running entry's file name after blessing.
@@ -167,6 +184,22 @@ pub trait Bootloader {
     /// The running entry failed: return to the label in META `Upgrade` (returned), marking the
     /// failed entry bad, then drop the tag. `None` when there was nothing to revert to.
     fn revert(&mut self, failed_entry: &str) -> Result<Option<String>, BootloaderError>;
+    /// Go back by hand: the previous version still on the disk boots next on trial (`tries`
+    /// boot-counting attempts on systemd-boot, GRUB's one-shot `next_entry`), with the
+    /// running entry recorded as its fallback, as an upgrade records it. Its boot is then
+    /// committed or reverted like an upgrade's. Refused, before any write, while an upgrade
+    /// is pending or when there is no previous version to go back to.
+    fn rollback(
+        &mut self,
+        running_entry: &str,
+        tries: u32,
+    ) -> Result<RollbackPlan, BootloaderError>;
+    /// The checks and the plan of [`Bootloader::rollback`], nothing written (a dry run).
+    fn plan_rollback(
+        &self,
+        running_entry: &str,
+        tries: u32,
+    ) -> Result<RollbackPlan, BootloaderError>;
     /// Every entry in menu order and which one boots next, and why (pure read; see
     /// [`explain`]).
     fn explain(&self) -> Result<BootExplanation, BootloaderError>;

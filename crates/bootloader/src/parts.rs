@@ -86,6 +86,25 @@ pub(crate) fn read_upgrade_tag<D: Disk>(disk: &D) -> Result<(Option<String>, Vec
     Ok((tag, meta.warnings().to_vec()))
 }
 
+/// A rollback may not go below META `VersionFloor` (the anti-rollback floor an upgrade can
+/// raise): refused, naming both versions.
+pub(crate) fn check_rollback_floor<D: Disk>(disk: &D, version: &str) -> Result<()> {
+    let meta = MetaStore::open(open_partition(ReadOnly(disk), META_LABEL)?)?;
+    let Some(floor) = meta
+        .get(tags::VERSION_FLOOR)
+        .map(|v| String::from_utf8_lossy(v).trim().to_owned())
+    else {
+        return Ok(());
+    };
+    if slate_bootspec::compare_versions(version, &floor) == std::cmp::Ordering::Less {
+        return Err(invalid(format!(
+            "the previous version {version} is below this disk's version floor {floor} \
+             (META VersionFloor)"
+        )));
+    }
+    Ok(())
+}
+
 /// META `Upgrade` set to `label` (`Some`) or deleted (`None`), flushed (both copies).
 pub(crate) fn set_upgrade_tag<D: Disk>(disk: &mut D, label: Option<&str>) -> Result<()> {
     let mut meta = meta_mut(disk)?;

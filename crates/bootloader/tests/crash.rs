@@ -99,8 +99,17 @@ fn systemd_boot_crash_matrix() {
         let out = b.upgrade(&request(&v3, "3", "slate-2.efi")).unwrap();
         assert_eq!(out.removed, ["slate-1.efi"]);
     });
+    // A rollback by hand from v2 (committed) to v1: v1 on trial, v2 marked bad.
+    let rollback = record(&two_committed(&v1, &v2), |b| {
+        let plan = b.rollback("slate-2.efi", 3).unwrap();
+        assert_eq!(
+            (plan.to_on_trial.as_str(), plan.from_marked.as_str()),
+            ("slate-1+3.efi", "slate-2+0.efi")
+        );
+    });
     for (what, rec, must_see, versions) in [
         ("upgrade", &upgrade, &["1", "2"][..], &versions),
+        ("rollback", &rollback, &["1", "2"][..], &versions),
         ("commit", &commit, &["2"][..], &versions),
         ("revert", &revert, &["1", "2"][..], &versions),
         ("pruning upgrade", &pruning, &["2", "3"][..], &later),

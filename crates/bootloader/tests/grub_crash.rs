@@ -188,6 +188,16 @@ fn grub_crash_matrix() {
             vec![1, 2],
             vec![1],
         ),
+        (
+            "rollback v3 -> v2 (slot B)",
+            record(&later, order, |g| {
+                let plan = g.rollback("A", 3).unwrap();
+                assert_eq!((plan.from.as_str(), plan.to.as_str()), ("A", "B"));
+                assert_eq!(plan.version, "2");
+            }),
+            vec![2, 3],
+            vec![2, 3],
+        ),
     ];
     let mut total = 0;
     let mut report = Vec::new();

@@ -404,3 +404,117 @@ fn another_os_entries_are_never_pruned() {
         ]
     );
 }
+
+/// v1 and v2 committed, v2 running.
+fn v2_committed() -> SystemdBoot<MemDisk, MemEfiVars> {
+    let mut boot = upgraded_to_v2();
+    let booted = boot.simulate_boot_attempt().unwrap().unwrap();
+    boot.commit(&booted).unwrap();
+    assert_eq!(boot.status().unwrap().selected_file(), Some("slate-2.efi"));
+    boot
+}
+
+#[test]
+fn rollback_puts_the_previous_version_on_trial_and_its_commit_keeps_it() {
+    let mut boot = v2_committed();
+    let plan = boot.plan_rollback("slate-2.efi", 3).unwrap();
+    assert_eq!(
+        boot.status().unwrap().selected_file(),
+        Some("slate-2.efi"),
+        "planning writes nothing"
+    );
+    assert_eq!(boot.rollback("slate-2.efi", 3).unwrap(), plan);
+    assert_eq!(
+        (
+            plan.to.as_str(),
+            plan.to_on_trial.as_str(),
+            plan.version.as_str()
+        ),
+        ("slate-1.efi", "slate-1+3.efi", "1")
+    );
+    let status = boot.status().unwrap();
+    assert_eq!(status.selected_file(), Some("slate-1+3.efi"));
+    assert_eq!(status.upgrade_tag.as_deref(), Some("slate-2.efi"));
+    assert_eq!(boot.read_entry("slate-2+0.efi").unwrap(), uki(2, 30_000));
+    // v1 boots on trial and its Running commits it: from then on v1 is the default.
+    assert_eq!(
+        boot.simulate_boot_attempt().unwrap().as_deref(),
+        Some("slate-1+2-1.efi")
+    );
+    let out = boot.commit("slate-1+2-1.efi").unwrap();
+    assert_eq!(out.blessed, "slate-1.efi");
+    assert_eq!(out.previous.as_deref(), Some("slate-2.efi"));
+    for _ in 0..3 {
+        assert_eq!(
+            boot.simulate_boot_attempt().unwrap().as_deref(),
+            Some("slate-1.efi")
+        );
+    }
+    // Nothing left to go back to: v2 is marked bad.
+    let err = boot.rollback("slate-1.efi", 3).unwrap_err().to_string();
+    assert!(err.contains("nothing to roll back to"), "{err}");
+}
+
+#[test]
+fn a_rollback_whose_version_fails_returns_to_the_running_one() {
+    let mut boot = v2_committed();
+    boot.rollback("slate-2.efi", 3).unwrap();
+    let tried = boot.simulate_boot_attempt().unwrap().unwrap();
+    assert_eq!(tried, "slate-1+2-1.efi");
+    // Its health check failed: machined's revert returns to v2.
+    assert_eq!(boot.revert(&tried).unwrap().as_deref(), Some("slate-2.efi"));
+    // Both are marked bad now; among bad entries the newer version sorts first.
+    assert_eq!(
+        boot.simulate_boot_attempt().unwrap().as_deref(),
+        Some("slate-2+0-1.efi")
+    );
+    // And v2's Running commits it again (the counter-bearing name is blessed).
+    assert_eq!(
+        boot.commit("slate-2+0-1.efi").unwrap().blessed,
+        "slate-2.efi"
+    );
+    assert_eq!(
+        boot.simulate_boot_attempt().unwrap().as_deref(),
+        Some("slate-2.efi")
+    );
+}
+
+#[test]
+fn rollback_is_refused_before_any_write() {
+    // Only one version on the disk.
+    let disk = running_v1(&uki(1, 20_000));
+    let mut boot = sdboot(RecordingDisk::on(disk));
+    let err = boot.rollback("slate-1.efi", 3).unwrap_err().to_string();
+    assert!(err.contains("nothing to roll back to"), "{err}");
+    assert!(boot.into_parts().0.log().is_empty());
+    // An upgrade pending.
+    let pending = upgraded_to_v2().into_parts().0;
+    let mut boot = sdboot(RecordingDisk::on(pending));
+    let err = boot.rollback("slate-1.efi", 3).unwrap_err().to_string();
+    assert!(err.contains("an upgrade is pending"), "{err}");
+    assert!(boot.into_parts().0.log().is_empty());
+    // An entry that is not on the disk.
+    let mut boot = sdboot(RecordingDisk::on(v2_committed().into_parts().0));
+    assert!(matches!(
+        boot.rollback("slate-9.efi", 3),
+        Err(BootloaderError::EntryNotFound(_))
+    ));
+    assert!(boot.into_parts().0.log().is_empty());
+}
+
+#[test]
+fn rollback_below_the_version_floor_is_refused() {
+    let (mut disk, _) = v2_committed().into_parts();
+    {
+        let meta = slate_layout::open_partition(&mut disk, slate_layout::META_LABEL).unwrap();
+        let mut store = slate_meta::MetaStore::open(meta).unwrap();
+        store
+            .set(slate_meta::tags::VERSION_FLOOR, b"2".to_vec())
+            .unwrap();
+        store.flush().unwrap();
+    }
+    let mut boot = sdboot(RecordingDisk::on(disk));
+    let err = boot.rollback("slate-2.efi", 3).unwrap_err().to_string();
+    assert!(err.contains("below this disk's version floor 2"), "{err}");
+    assert!(boot.into_parts().0.log().is_empty());
+}

@@ -57,8 +57,9 @@ impl VerifiedBlobs {
 /// No file is larger (`off_t` is signed): a descriptor declaring more names no blob.
 pub(crate) const MAX_FILE_BYTES: u64 = i64::MAX as u64;
 
-/// What kind of file `meta` describes, when it is not a regular file.
-fn irregular_kind(meta: &Metadata) -> Option<&'static str> {
+/// What kind of file `meta` describes, when it is not a regular file (for refusals: "it is a
+/// FIFO (named pipe), not a regular file"). The transport's layout reader applies it too.
+pub fn irregular_kind(meta: &Metadata) -> Option<&'static str> {
     let kind = meta.file_type();
     if kind.is_file() {
         None

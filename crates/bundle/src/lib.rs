@@ -28,7 +28,7 @@ use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
 
-pub use blob::{BlobReader, VerifiedBlobs};
+pub use blob::{irregular_kind, BlobReader, VerifiedBlobs};
 pub use digest::{hashed_on_this_thread, Digest, DigestError, DigestWriter, Hasher, SHA256_PREFIX};
 pub use import::{import_tar, ImportError, Imported, JudgeError, Refusal};
 pub use read::{is_signature_tag, parse_documents, Bundle, MAX_DOCUMENT_BYTES};

@@ -25,6 +25,7 @@
 mod grub_image;
 mod image;
 mod install;
+mod rollback;
 mod state;
 mod upgrade;
 
@@ -42,6 +43,7 @@ pub use image::{write_image, ImagePlan, ImageStep, CLEARED_HEAD};
 pub use install::{
     install, InstallEvent, InstallModeError, InstallPlan, InstallReport, InstallRequest,
 };
+pub use rollback::{rollback, RollbackModeError};
 pub use state::{seed_config, SeedReport, StateError, StateFilesystem};
 pub use upgrade::{upgrade, UpgradeEvent, UpgradeModeError, UpgradeReport, UpgradeRequest};
 

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slate_api::{
-    BackendError, EventStream, LineStream, NodeBackend, Status, UpgradeRequest, UploadedBundle,
-    VersionInfo,
+    BackendError, EventStream, LineStream, NodeBackend, RollbackRequest, RollbackResult, Status,
+    UpgradeRequest, UploadedBundle, VersionInfo,
 };
 use slate_sequencer::{Capabilities, LockError, RebootMode, SequenceKind};
 
@@ -167,6 +167,41 @@ impl NodeBackend for Backend {
         self.0
             .request(Request::Reboot(mode, guard))
             .map_err(BackendError::Failed)
+    }
+
+    /// The loader's writes are made here, under the reboot lock, so that the answer says what
+    /// boots next; the reboot follows the answer like any other.
+    fn rollback(&self, req: RollbackRequest) -> Result<RollbackResult, BackendError> {
+        self.require(Capabilities::UPGRADE, "rollback")?;
+        let tries = slate_bootspec::check_install_tries(
+            req.tries.unwrap_or(slate_bootspec::DEFAULT_INSTALL_TRIES),
+        )
+        .map_err(|e| BackendError::InvalidArgument(format!("the rollback is refused: {e}")))?;
+        let guard = self.0.lock.try_lock(SequenceKind::Reboot).map_err(locked)?;
+        let plan =
+            crate::transaction::rollback(&self.0, tries, req.dry_run).map_err(|e| match e {
+                crate::transaction::RollbackError::Refused(why) => {
+                    BackendError::InvalidArgument(why)
+                }
+                crate::transaction::RollbackError::Failed(why) => BackendError::Failed(why),
+            })?;
+        let result = RollbackResult {
+            from: plan.from,
+            to: plan.to_on_trial,
+            version: plan.version,
+            dry_run: req.dry_run,
+        };
+        if req.dry_run {
+            return Ok(result);
+        }
+        self.0.journal.info(format_args!(
+            "rollback to {} requested: {} boots next on trial, {} recorded to return to; rebooting",
+            result.version, result.to, result.from
+        ));
+        self.0
+            .request(Request::Reboot(req.reboot_mode, guard))
+            .map_err(BackendError::Failed)?;
+        Ok(result)
     }
 
     fn reset(&self) -> Result<(), BackendError> {

@@ -46,6 +46,47 @@ fn system_loader() -> Result<Box<dyn Bootloader>, String> {
     slate_bootloader::probe(disk, FirmwareVars).map_err(|e| error_chain(&e))
 }
 
+/// Why a rollback was not made: refused as asked (nothing to go back to, an upgrade pending),
+/// or the boot loader could not be read or written.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RollbackError {
+    Refused(String),
+    Failed(String),
+}
+
+/// `POST /v1/rollback`: the previous version on trial with the booted entry as its fallback
+/// ([`Bootloader::rollback`]); with `dry_run`, the same checks and plan, nothing written.
+pub fn rollback(
+    node: &Node,
+    tries: u32,
+    dry_run: bool,
+) -> Result<slate_bootloader::RollbackPlan, RollbackError> {
+    let running = booted_entry(node).ok_or_else(|| {
+        RollbackError::Refused(
+            "the firmware did not say which entry booted (LoaderEntrySelected): nothing to \
+             roll back from"
+                .into(),
+        )
+    })?;
+    let mut loader = system_loader().map_err(RollbackError::Failed)?;
+    let outcome = if dry_run {
+        loader.plan_rollback(&running, tries)
+    } else {
+        loader.rollback(&running, tries)
+    };
+    outcome.map_err(|e| {
+        let chain = format!("the rollback is refused: {}", error_chain(&e));
+        match e {
+            slate_bootloader::BootloaderError::Invalid(_)
+            | slate_bootloader::BootloaderError::EntryNotFound(_)
+            | slate_bootloader::BootloaderError::WouldNotBoot { .. } => {
+                RollbackError::Refused(chain)
+            }
+            _ => RollbackError::Failed(chain),
+        }
+    })
+}
+
 /// `GET /v1/boot`: the system disk's boot entries, with the firmware's variables.
 pub fn explain() -> Result<serde_json::Value, String> {
     let explanation = system_loader()?.explain().map_err(|e| error_chain(&e))?;

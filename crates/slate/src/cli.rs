@@ -94,6 +94,22 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// Go back to the previous version still on the node's disk (admin): it boots next on trial
+    /// with the running version recorded to return to, and the node reboots. Its health
+    /// checks then commit it, or a failure brings the node back, as after an upgrade.
+    Rollback {
+        /// Boot-counting tries for the previous version, 1 to 15 (the node's default, 3, when
+        /// absent; systemd-boot only: GRUB boots it once).
+        #[arg(long, value_parser = crate::installer_cmd::parse_tries)]
+        tries: Option<u32>,
+        #[arg(long, value_enum, default_value_t)]
+        reboot_mode: RebootModeArg,
+        /// Ask the node what would boot next; nothing is written, nothing reboots.
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
     /// Reset the node: wipe STATE and EPHEMERAL, reboot.
     Reset {
         #[arg(long)]
@@ -156,6 +172,20 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Status { output } => node_cmd::status(&cli.target, output),
         Command::Version { output } => node_cmd::version(&cli.target, output),
         Command::Reboot { mode, dry_run } => node_cmd::reboot(&cli.target, mode, dry_run),
+        Command::Rollback {
+            tries,
+            reboot_mode,
+            dry_run,
+            output,
+        } => node_cmd::rollback(
+            &cli.target,
+            &slate_api::RollbackRequest {
+                dry_run,
+                tries,
+                reboot_mode: reboot_mode.into(),
+            },
+            output,
+        ),
         Command::Reset { dry_run } => node_cmd::reset(&cli.target, dry_run),
         Command::Upgrade(args) => upgrade_cmd::run(&cli.target, args),
         Command::ApplyConfig(args) => config_cmd::apply_config(&cli.target, args),

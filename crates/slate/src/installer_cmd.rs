@@ -36,6 +36,17 @@ pub enum InstallerCommand {
     },
     /// Upgrade the slate installation on DISK to the bundle's version.
     Upgrade(UpgradeArgs),
+    /// Go back to the previous version on DISK: it boots next on trial, with the version the
+    /// disk boots now recorded to return to (as `slate rollback` does on a running node).
+    Rollback {
+        #[arg(long)]
+        disk: PathBuf,
+        /// Boot-counting tries for the previous version, 1 to 15 (systemd-boot only).
+        #[arg(long, value_parser = parse_tries, default_value_t = slate_bootspec::DEFAULT_INSTALL_TRIES)]
+        tries: u32,
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Put a machine configuration onto the STATE partition of an installed slate disk
     /// (formatting STATE: refused when it holds data, unless --force).
     Configure {
@@ -138,6 +149,32 @@ pub fn run(cmd: InstallerCommand) -> Result<()> {
             Ok(())
         }
         InstallerCommand::Upgrade(args) => upgrade(args),
+        InstallerCommand::Rollback {
+            disk,
+            tries,
+            dry_run,
+        } => {
+            let plan = slate_installer::rollback(&disk, tries, dry_run)?;
+            println!(
+                "{} {}: {} (version {}) boots next on trial, {} {} to return to{}",
+                if dry_run {
+                    "would roll back"
+                } else {
+                    "rolled back"
+                },
+                disk.display(),
+                plan.to_on_trial,
+                plan.version,
+                plan.from,
+                if dry_run { "kept" } else { "recorded" },
+                if dry_run {
+                    " (dry run: nothing written)"
+                } else {
+                    ""
+                }
+            );
+            Ok(())
+        }
         InstallerCommand::Configure {
             disk,
             config,

@@ -160,6 +160,37 @@ pub fn reboot(target: &NodeTarget, mode: RebootModeArg, dry_run: bool) -> Result
     Ok(())
 }
 
+pub fn rollback(
+    target: &NodeTarget,
+    req: &slate_api::RollbackRequest,
+    output: OutputFormat,
+) -> Result<()> {
+    let client = target.client()?;
+    let result = client
+        .rollback(req)
+        .with_context(|| format!("rolling back {}", client.addr()))?;
+    match output {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&result)?),
+        OutputFormat::Text if result.dry_run => println!(
+            "would roll back {} to {}: {} boots next on trial, {} kept to return to (dry run: \
+             nothing written)",
+            client.addr(),
+            result.version,
+            result.to,
+            result.from
+        ),
+        OutputFormat::Text => println!(
+            "rollback to {} accepted by {}: {} boots next on trial, {} kept to return to; the \
+             node reboots",
+            result.version,
+            client.addr(),
+            result.to,
+            result.from
+        ),
+    }
+    Ok(())
+}
+
 pub fn reset(target: &NodeTarget, dry_run: bool) -> Result<()> {
     let client = target.client()?;
     if dry_run {

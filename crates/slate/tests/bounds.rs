@@ -231,3 +231,53 @@ slate = "slate"
         assert!(!out_path.exists(), "{line}: an image was written");
     }
 }
+
+#[test]
+fn installer_rollback_is_refused_before_anything_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = blank_disk(dir.path());
+    let v1 = bundle(dir.path(), "1.0.0");
+    ok(&[
+        "installer",
+        "install",
+        "--disk",
+        s(&disk),
+        "--bundle",
+        s(&v1),
+        "--no-verify",
+    ]);
+    let rollback = |extra: &[&str]| {
+        let mut args = vec!["installer", "rollback", "--disk", s(&disk)];
+        args.extend_from_slice(extra);
+        slate(&args)
+    };
+    let before = disk_hash(&disk);
+    refused("--tries 16", &rollback(&["--tries", "16"]), &["--tries"]);
+    // One version only.
+    refused(
+        "a rollback with one version",
+        &rollback(&[]),
+        &["nothing to roll back to", "slate-1.0.0"],
+    );
+    assert_eq!(disk_hash(&disk), before, "a refused rollback wrote");
+    // v2 installed offline and not booted yet: its upgrade is pending.
+    let v2 = bundle(dir.path(), "2.0.0");
+    ok(&[
+        "installer",
+        "upgrade",
+        "--disk",
+        s(&disk),
+        "--bundle",
+        s(&v2),
+        "--no-verify",
+    ]);
+    let before = disk_hash(&disk);
+    for extra in [&[][..], &["--dry-run"][..]] {
+        refused(
+            "a rollback while an upgrade is pending",
+            &rollback(extra),
+            &["an upgrade is pending", "slate-1.0.0"],
+        );
+    }
+    assert_eq!(disk_hash(&disk), before, "a refused rollback wrote");
+}

@@ -4,34 +4,14 @@
 //! (`slate_bundle` applies the same rule when it opens a bundle.)
 
 use std::fs::{File, Metadata, OpenOptions};
-use std::os::unix::fs::{FileTypeExt as _, OpenOptionsExt as _};
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 
 use nix::fcntl::OFlag;
 
 use crate::TransportError;
 
-/// What kind of file `meta` describes, when it is not a regular file.
-pub(crate) fn irregular_kind(meta: &Metadata) -> Option<&'static str> {
-    let kind = meta.file_type();
-    if kind.is_file() {
-        None
-    } else if kind.is_symlink() {
-        Some("a symbolic link")
-    } else if kind.is_dir() {
-        Some("a directory")
-    } else if kind.is_fifo() {
-        Some("a FIFO (named pipe)")
-    } else if kind.is_socket() {
-        Some("a socket")
-    } else if kind.is_block_device() {
-        Some("a block device")
-    } else if kind.is_char_device() {
-        Some("a character device")
-    } else {
-        Some("not a regular file")
-    }
-}
+pub(crate) use slate_bundle::irregular_kind;
 
 /// Open `path` for reading if it is a regular file. The link is not followed (`O_NOFOLLOW`) and
 /// the open does not wait for a FIFO's writer (`O_NONBLOCK`, which changes nothing for a regular

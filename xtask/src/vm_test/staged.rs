@@ -1,7 +1,8 @@
 //! Staged upgrades: `slate upgrade --stage` records the bundle in META and reboots; the next
 //! boot's Install sequence consumes the tags (deleted and flushed first), runs the bundle's own
 //! installer before the OS comes up, and reboots into the new version. A staged upgrade to a
-//! broken version returns to the previous one and is not tried again.
+//! broken version returns to the previous one and is not tried again. `slate rollback` returns
+//! to the previous version by hand, on trial.
 
 use std::path::Path;
 use std::time::Duration;
@@ -88,6 +89,30 @@ pub(super) fn staged_upgrades(prepared: &Prepared, work: &Path) -> Result<String
     )?;
     ensure!(node.status()?["version"] == "4.0.0");
 
+    // Back to v1 by hand: a dry run first (nothing written, no reboot), then the rollback: v1
+    // boots on trial with v4 recorded to return to, and its Running commits it.
+    let dry = node.ok(&["rollback", "--dry-run"])?;
+    ensure!(
+        dry.contains("would roll back") && dry.contains("slate-1.0.0+3.efi"),
+        "slate rollback --dry-run: {dry}"
+    );
+    let answer = node.ok(&["rollback"])?;
+    ensure!(
+        answer.contains("rollback to 1.0.0 accepted")
+            && answer.contains("slate-1.0.0+3.efi")
+            && answer.contains("slate-4.0.0.efi"),
+        "slate rollback: {answer}"
+    );
+    boot.wait_exit(Duration::from_secs(90))?;
+    ensure_logged(&boot, "rollback to 1.0.0 requested")?;
+    let mut boot = running(&mut vm)?;
+    let rolled_back = boot.expect(
+        &["committed: slate-1.0.0"],
+        Duration::from_secs(60),
+        "v1 committed after the rollback",
+    )?;
+    ensure!(node.status()?["version"] == "1.0.0");
+
     stage(&node, &mut boot, &mut vm, &v5, "5.0.0")?;
     let mut broken = vm.start()?;
     let reverted = broken.expect(
@@ -95,20 +120,27 @@ pub(super) fn staged_upgrades(prepared: &Prepared, work: &Path) -> Result<String
         BOOT_TIMEOUT,
         "v5 reverted",
     )?;
-    ensure!(reverted.contains("slate-4.0.0.efi"), "{reverted}");
+    ensure!(reverted.contains("slate-1.0.0.efi"), "{reverted}");
     broken.wait_exit(Duration::from_secs(90))?;
     let boot = running(&mut vm)?;
     let status = node.status()?;
     ensure!(
-        status["version"] == "4.0.0" && status["last_failure"]["version"] == "5.0.0",
+        status["version"] == "1.0.0" && status["last_failure"]["version"] == "5.0.0",
         "after v5: {status}"
     );
     ensure!(
         !boot.serial().contains("staged upgrade"),
         "the failed staged upgrade must not be tried again"
     );
+    // v4 was pruned by v5's install and v5 failed: nothing left to go back to.
+    let refused = node.refused(&["rollback"])?;
+    ensure!(
+        refused.contains("nothing to roll back to"),
+        "slate rollback with nothing to go back to: {refused}"
+    );
     Ok(format!(
-        "v1 -> staged v4 (installed by the next boot before the OS, committed); staged broken v5 \
-         -> reverted to v4 and not retried ({reverted})"
+        "v1 -> staged v4 (installed by the next boot before the OS, committed); `slate rollback` \
+         -> v1 on trial, committed ({rolled_back}); staged broken v5 -> reverted to v1 and not \
+         retried ({reverted}); a second rollback refused: nothing to roll back to"
     ))
 }

@@ -12,6 +12,7 @@
 //! fault-injecting disk and asks that model, for every power-cut state, which slot boots.
 
 pub mod config;
+mod rollback;
 
 use config::{grub_entry_title, parse_slot_cmdline_cfg, slot_cmdline_cfg};
 
@@ -576,6 +577,16 @@ impl<D: Disk> Bootloader for Grub<D> {
     /// cut before the grubenv write changes nothing (after a one-shot, saved_entry already
     /// names the previous slot; the tag is still there for the next failure or commit); after
     /// it, the previous slot boots with the tag naming itself, and its commit clears it.
+    fn rollback(&mut self, running_entry: &str, _tries: u32) -> Result<crate::RollbackPlan> {
+        let plan = self.plan_slot_rollback(running_entry)?;
+        self.execute_slot_rollback(&plan)?;
+        Ok(plan)
+    }
+
+    fn plan_rollback(&self, running_entry: &str, _tries: u32) -> Result<crate::RollbackPlan> {
+        self.plan_slot_rollback(running_entry)
+    }
+
     fn revert(&mut self, failed_entry: &str) -> Result<Option<String>> {
         let status = self.grub_status()?;
         let Some(tag) = status.upgrade_tag.clone() else {

@@ -5,6 +5,7 @@
 mod image;
 mod plan;
 mod prune;
+mod rollback;
 
 pub use image::image_files;
 pub use plan::UpgradePlan;
@@ -395,6 +396,16 @@ impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
     /// again, and boot counting still ends it); after the mark, the previous version boots
     /// with the tag naming itself and its commit clears it. The other order could leave the
     /// failed version booting with no way back recorded.
+    fn rollback(&mut self, running_entry: &str, tries: u32) -> Result<crate::RollbackPlan> {
+        let plan = self.plan_rollback(running_entry, tries)?;
+        self.execute_rollback(&plan)?;
+        Ok(plan)
+    }
+
+    fn plan_rollback(&self, running_entry: &str, tries: u32) -> Result<crate::RollbackPlan> {
+        SystemdBoot::plan_rollback(self, running_entry, tries)
+    }
+
     fn revert(&mut self, failed_entry: &str) -> Result<Option<String>> {
         let scan = self.scan()?;
         let Some(label) = scan.tag.clone() else {
