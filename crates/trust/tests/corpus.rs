@@ -395,7 +395,10 @@ fn oversize_manifest() {
     assert!(matches!(err, BundleError::Oversize { .. }), "{err}");
     assert_eq!(
         err.to_string(),
-        format!("the image manifest is larger than {MAX_DOCUMENT_BYTES} bytes")
+        format!(
+            "the image manifest (it declares {} bytes) is larger than {MAX_DOCUMENT_BYTES} bytes",
+            huge.len()
+        )
     );
     // So is an oversize signature payload.
     let dir = bundle("2.0.0", None);
