@@ -30,6 +30,7 @@ pub struct Running {
     child: Child,
     log: PathBuf,
     started: Instant,
+    started_at: std::time::SystemTime,
 }
 
 /// Every boot that ended, by log file and how long QEMU ran: VM time is most of the VM tests'
@@ -99,6 +100,7 @@ impl Vm {
             child,
             log,
             started: Instant::now(),
+            started_at: std::time::SystemTime::now(),
         })
     }
 }
@@ -177,10 +179,17 @@ impl Running {
 impl Drop for Running {
     fn drop(&mut self) {
         self.kill();
+        // Until the guest's last console line (the log's modification time), not until the
+        // drop: a scenario may keep a boot's handle long after QEMU exited.
+        let ran = fs::metadata(&self.log)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|last| last.duration_since(self.started_at).ok())
+            .map_or_else(|| self.started.elapsed(), |d| d.min(self.started.elapsed()));
         BOOTS
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .push((self.log.clone(), self.started.elapsed()));
+            .push((self.log.clone(), ran));
     }
 }
 

@@ -8,8 +8,8 @@ use serde::Serialize;
 use serde_yaml::Value;
 use slate_api::{
     Accepted, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, ConfigView, ErrorCode,
-    Event, EventKind, Failure, Mode, RebootMode, RebootRequest, Stage, Status, UpgradeRequest,
-    UploadedBundle, VersionInfo, ROUTES,
+    Event, EventKind, Failure, Mode, RebootMode, RebootRequest, RollbackRequest, RollbackResult,
+    Stage, Status, UpgradeRequest, UploadedBundle, VersionInfo, ROUTES,
 };
 
 fn spec() -> Value {
@@ -191,6 +191,26 @@ fn schemas_match_the_types() {
         RebootRequest::default()
     );
 
+    let rollback = RollbackRequest {
+        dry_run: true,
+        tries: Some(2),
+        reboot_mode: RebootMode::Default,
+    };
+    let s = schema(&spec, "RollbackRequest");
+    assert_eq!(property_names(s), json_keys(&rollback));
+    assert!(strings(&s["required"]).is_empty());
+    assert_eq!(
+        serde_json::from_str::<RollbackRequest>("{}").unwrap(),
+        RollbackRequest::default()
+    );
+    let rolled = RollbackResult {
+        from: "slate-2.0.0.efi".into(),
+        to: "slate-1.0.0+3.efi".into(),
+        version: "1.0.0".into(),
+        dry_run: false,
+    };
+    check_object(&spec, "RollbackResult", &rolled, &rolled);
+
     let apply = ApplyConfigRequest {
         config: "version = 1".into(),
         mode: ApplyMode::NoReboot,
@@ -242,10 +262,13 @@ fn schemas_match_the_types() {
     let codes = strings(&schema(&spec, "Error")["properties"]["code"]["enum"]);
     assert_eq!(codes, json_strings(ErrorCode::ALL));
     let operations = strings(&schema(&spec, "Accepted")["properties"]["operation"]["enum"]);
-    // Every POST answers 202 Accepted, except the upload, which answers what it received.
+    // Every POST answers 202 Accepted, except the upload, which answers what it received, the
+    // configuration and the rollback, which answer what they did.
     let mutating: BTreeSet<_> = ROUTES
         .iter()
-        .filter(|r| r.method == "POST" && !["/v1/bundles", "/v1/config"].contains(&r.path))
+        .filter(|r| {
+            r.method == "POST" && !["/v1/bundles", "/v1/config", "/v1/rollback"].contains(&r.path)
+        })
         .map(|r| r.path.trim_start_matches("/v1/").to_owned())
         .collect();
     assert_eq!(operations, mutating);
