@@ -39,31 +39,28 @@ pub enum RollbackModeError {
 /// Roll `disk` back (or, with `dry_run`, plan it with the disk opened read-only).
 pub fn rollback(disk: &Path, tries: u32, dry_run: bool) -> Result<RollbackPlan, RollbackModeError> {
     let tries = slate_bootspec::check_install_tries(tries)?;
-    let open = |write: bool| {
-        if write {
-            FileDisk::open(disk)
-        } else {
-            FileDisk::open_read_only(disk)
-        }
-        .map_err(|source| RollbackModeError::Open {
-            disk: disk.to_owned(),
-            source,
-        })
-    };
+    let opened = if dry_run {
+        FileDisk::open_read_only(disk)
+    } else {
+        FileDisk::open(disk)
+    }
+    .map_err(|source| RollbackModeError::Open {
+        disk: disk.to_owned(),
+        source,
+    })?;
     let entries_error = |source| RollbackModeError::BootEntries {
         disk: disk.to_owned(),
         source,
     };
-    let running = slate_bootloader::probe(open(false)?, MemEfiVars::new())
-        .and_then(|loader| loader.status())
+    let mut loader = slate_bootloader::probe(opened, MemEfiVars::new()).map_err(entries_error)?;
+    let running = loader
+        .status()
         .map_err(entries_error)?
         .selected_file()
         .map(str::to_owned)
         .ok_or_else(|| RollbackModeError::NothingBoots {
             disk: disk.to_owned(),
         })?;
-    let mut loader =
-        slate_bootloader::probe(open(!dry_run)?, MemEfiVars::new()).map_err(entries_error)?;
     let outcome = if dry_run {
         loader.plan_rollback(&running, tries)
     } else {

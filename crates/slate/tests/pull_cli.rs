@@ -4,6 +4,7 @@
 //! here by `slate_api::gen_certs`), and `slate verify` refuses a FIFO `index.json` at once
 //! instead of hanging.
 
+mod common;
 #[path = "../../transport/tests/support/registry.rs"]
 mod registry;
 
@@ -11,18 +12,9 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use common::{s, slate};
 use registry::TestRegistry;
 use slate_bundle::{write_bundle, BlobInput, BundleSpec, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE};
-
-fn slate(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_slate"))
-        .args(args)
-        .env_remove("SLATE_REGISTRY_USERNAME")
-        .env_remove("SLATE_NODE")
-        .stdin(Stdio::null())
-        .output()
-        .expect("run slate")
-}
 
 fn ok(out: &Output) -> String {
     assert!(
@@ -40,10 +32,6 @@ fn fails(out: &Output) -> String {
         String::from_utf8_lossy(&out.stdout)
     );
     String::from_utf8(out.stderr.clone()).unwrap()
-}
-
-fn s(path: &Path) -> &str {
-    path.to_str().unwrap()
 }
 
 fn bundle(dir: &Path, version: &str, uki_byte: u8) {

@@ -10,10 +10,14 @@ use slate_bundle::{
 };
 use std::process::{Command, Output};
 
-/// Run the built `slate` with `args`.
+/// Run the built `slate` with `args`: no stdin, and none of the environment's defaults for a
+/// node or registry credentials.
 pub fn slate(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_slate"))
         .args(args)
+        .env_remove("SLATE_REGISTRY_USERNAME")
+        .env_remove("SLATE_NODE")
+        .stdin(std::process::Stdio::null())
         .output()
         .expect("run slate")
 }
