@@ -1,8 +1,8 @@
 //! What the server asks of the node: [`NodeBackend`], implemented by machined.
 
 use crate::types::{
-    ApplyConfigRequest, ApplyConfigResult, ConfigView, Event, RebootMode, RollbackRequest,
-    RollbackResult, Status, UpgradeRequest, UploadedBundle, VersionInfo,
+    ApplyConfigRequest, ApplyConfigResult, ConfigView, Event, PinRequest, PinResult, RebootMode,
+    RollbackRequest, RollbackResult, Status, UpgradeRequest, UploadedBundle, VersionInfo,
 };
 
 /// Lines of a log, consumed on a dedicated thread (blocking in `next` is fine).
@@ -72,6 +72,13 @@ pub trait NodeBackend: Send + Sync {
             "this node cannot roll back".into(),
         ))
     }
+    /// `POST /v1/pins` (admin): pin or unpin a version on the ESP.
+    fn pin(&self, req: PinRequest) -> Result<PinResult, BackendError> {
+        let _ = req;
+        Err(BackendError::Unsupported(
+            "this node cannot pin versions".into(),
+        ))
+    }
     /// `POST /v1/bundles` (admin): an installer bundle as a tar stream of its OCI layout. The
     /// backend unpacks and checks it and answers what it kept; `body` ends with an error if the
     /// upload breaks or exceeds [`crate::MAX_UPLOAD_BYTES`].
@@ -102,6 +109,14 @@ pub trait NodeBackend: Send + Sync {
             "this node cannot explain its boot".into(),
         ))
     }
+    /// `GET /v1/image` (reader): the running version taken apart as `slate upgrade --check`
+    /// compares it with a bundle (`slate_bundle_diff::Summary` as JSON; the API does not
+    /// depend on it). Reads only; one at a time (another request meanwhile: `Locked`).
+    fn image_summary(&self) -> Result<serde_json::Value, BackendError> {
+        Err(BackendError::Unsupported(
+            "this node cannot describe its running image".into(),
+        ))
+    }
     /// `GET /v1/events`: a new subscription; see [`EventStream`] for the contract.
     fn events(&self) -> EventStream;
     /// `GET /v1/logs`: machined's own log lines (without trailing newlines). With `follow`,
@@ -110,8 +125,9 @@ pub trait NodeBackend: Send + Sync {
     /// `GET /v1/dmesg`: kernel log lines, like [`NodeBackend::logs`].
     fn dmesg(&self, follow: bool) -> Result<LineStream, BackendError>;
     /// A line the server wants logged: refused handshakes, denied and failed requests,
-    /// mutating requests. The default drops it; machined puts it in its log. Unlike the other
-    /// methods this one is called on the executor: it must not block (append to a buffer).
+    /// mutating requests. The default drops it; machined puts it in its log. Called on the
+    /// server's logging thread, behind a bounded queue that drops (and counts) lines when full,
+    /// so a slow log never stalls a request.
     fn log_api(&self, message: &str) {
         let _ = message;
     }

@@ -23,9 +23,9 @@ use crate::routes::{route_of, Endpoint};
 use crate::server::DEFAULT_PORT;
 use crate::tls;
 use crate::types::{
-    ApiError, ApplyConfigRequest, ApplyConfigResult, ConfigView, ErrorCode, Event, RebootMode,
-    RebootRequest, Role, RollbackRequest, RollbackResult, Status, UpgradeRequest, UploadedBundle,
-    VersionInfo,
+    ApiError, ApplyConfigRequest, ApplyConfigResult, ConfigView, ErrorCode, Event, PinRequest,
+    PinResult, RebootMode, RebootRequest, Role, RollbackRequest, RollbackResult, Status,
+    UpgradeRequest, UploadedBundle, VersionInfo,
 };
 use crate::upload::{ChannelWriter, UPLOAD_CHANNEL};
 
@@ -215,6 +215,11 @@ impl Client {
     pub fn upgrade(&self, req: &UpgradeRequest) -> Result<(), ClientError> {
         self.unary::<serde_json::Value, _>(Endpoint::Upgrade, Some(req))
             .map(drop)
+    }
+
+    /// `POST /v1/pins` (admin): the pins after pinning or unpinning a version.
+    pub fn pin(&self, req: &PinRequest) -> Result<PinResult, ClientError> {
+        self.unary(Endpoint::Pin, Some(req))
     }
 
     /// `POST /v1/rollback` (admin): what boots next; the node then reboots (not on a dry run).

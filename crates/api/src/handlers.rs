@@ -12,24 +12,27 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use crate::backend::{BackendError, LineStream, NodeBackend};
-use crate::body::{next_chunk, Body};
+use crate::body::Body;
 use crate::http::{
-    admit, backend_error, blocking, drain, json, read_body, reply, response, Answer, Reject, Site,
+    admit, backend_error, blocking, body_reject, drain, drain_paced, json, limits, read_body,
+    reply, response, too_large, Answer, Reject, Site, DRAIN_REFUSED,
 };
+use crate::pace::Paced;
 use crate::routes::{self, Endpoint, Route, ROUTES};
 use crate::types::{
-    Accepted, ApplyConfigRequest, ErrorCode, Event, RebootRequest, Role, RollbackRequest,
-    UpgradeRequest, UploadedBundle,
+    Accepted, ApplyConfigRequest, ErrorCode, Event, PinRequest, RebootRequest, Role,
+    RollbackRequest, UpgradeRequest,
 };
-use crate::upload::{ChannelReader, MAX_UPLOAD_BYTES, UPLOAD_CHANNEL};
+use crate::upload::{upload_room, ChannelReader, MAX_UPLOAD_BYTES, UPLOAD_CHANNEL};
 
 const MAX_REQUEST_BODY: usize = 64 * 1024;
 /// A machine configuration (at most 256 KiB of TOML) as a JSON string, escapes included.
 const MAX_CONFIG_BODY: usize = 640 * 1024;
 /// The header that carries the maintenance token.
 pub const MAINTENANCE_TOKEN_HEADER: &str = "x-slate-maintenance-token";
-/// Chunks buffered per streaming response before the producer waits for the client.
-const STREAM_BUFFER: usize = 256;
+/// Chunks (lines) buffered per streaming response before the producer waits for the client:
+/// with machined's lines of at most 4 KiB, 256 KiB per stream a client does not read.
+const STREAM_BUFFER: usize = 64;
 
 /// The node routes over a [`NodeBackend`], as one server serves them.
 pub(crate) struct NodeSite {
@@ -53,8 +56,9 @@ impl Site for NodeSite {
                         .route
                         .is_some_and(|r| r.endpoint == Endpoint::UploadBundle)
                     {
-                        // The client is still sending: read it out, or it sees a broken pipe
-                        // instead of this answer.
+                        // The client may still be sending: read it out, or it sees a broken
+                        // pipe instead of this answer (`drain`: after the answer when the body
+                        // has a length; a trickle is cut by the body timeouts).
                         drain(req.into_body(), MAX_UPLOAD_BYTES).await;
                     }
                     refused.reject.into_response()
@@ -145,18 +149,23 @@ async fn dispatch(
                 Err(reject) => reject.into_response(),
             }
         }
+        Endpoint::Pin => match read_json::<PinRequest>(req, false, MAX_REQUEST_BODY).await {
+            Ok(body) => reply(call(node, move |b| b.pin(body)).await),
+            Err(reject) => reject.into_response(),
+        },
         Endpoint::Rollback => {
             match read_json::<RollbackRequest>(req, true, MAX_REQUEST_BODY).await {
                 Ok(body) => reply(call(node, move |b| b.rollback(body)).await),
                 Err(reject) => reject.into_response(),
             }
         }
-        Endpoint::UploadBundle => reply(upload(req, node).await),
+        Endpoint::UploadBundle => upload(req, node).await,
         Endpoint::Events => events(node, follow).await,
         Endpoint::Logs => lines(node, follow, |b, f| b.logs(f)).await,
         Endpoint::Dmesg => lines(node, follow, |b, f| b.dmesg(f)).await,
         Endpoint::ShowConfig => reply(call(node, |b| b.show_config()).await),
         Endpoint::BootExplain => reply(call(node, |b| b.boot_explain()).await),
+        Endpoint::ImageSummary => reply(call(node, |b| b.image_summary()).await),
         Endpoint::ApplyConfig => {
             match read_json::<ApplyConfigRequest>(req, false, MAX_CONFIG_BODY).await {
                 Ok(body) => reply(call(node, move |b| b.apply_config(body)).await),
@@ -166,28 +175,63 @@ async fn dispatch(
     }
 }
 
-/// Streams the request body to [`NodeBackend::receive_bundle`] on the blocking pool. If the
-/// backend stops reading (it refused the bundle), the rest of the body is not read.
-async fn upload(req: Request<Incoming>, node: &NodeSite) -> Result<UploadedBundle, BackendError> {
+/// Streams the request body to [`NodeBackend::receive_bundle`] on the blocking pool, with the
+/// body timeouts and at most [`MAX_UPLOAD_BYTES`] — or, with `Limits::upload_dir`, the free
+/// space there: a declared length over either is refused before a byte is read. If the backend
+/// stops reading (it refused the bundle), the rest of the body is read out ([`drain`]).
+async fn upload(req: Request<Incoming>, node: &NodeSite) -> Response<Body> {
+    let limits = limits();
+    let mut body = Paced::new(req.into_body(), &limits);
+    let room = limits
+        .upload_dir
+        .as_deref()
+        .and_then(|dir| upload_room(dir).ok().map(|room| (dir, room)));
+    let cap = room.map_or(MAX_UPLOAD_BYTES, |(_, room)| room.min(MAX_UPLOAD_BYTES));
+    if let Some(declared) = body.declared() {
+        if declared > MAX_UPLOAD_BYTES {
+            return too_large(format!(
+                "the upload is {declared} bytes; the node takes at most {MAX_UPLOAD_BYTES}"
+            ))
+            .into_response();
+        }
+        if let Some((dir, room)) = room.filter(|&(_, room)| declared > room) {
+            // Answered now; a small body still being sent is read out after the answer.
+            drain_paced(body, DRAIN_REFUSED).await;
+            return Reject::new(
+                StatusCode::INSUFFICIENT_STORAGE,
+                ErrorCode::PayloadTooLarge,
+                format!(
+                    "the upload is {declared} bytes; the node has {room} bytes free for bundles \
+                     (in {})",
+                    dir.display()
+                ),
+            )
+            .into_response();
+        }
+    }
     let (tx, rx) = mpsc::channel::<Result<Bytes, String>>(UPLOAD_CHANNEL);
     let backend = node.backend.clone();
     let receiving =
         tokio::task::spawn_blocking(move || backend.receive_bundle(&mut ChannelReader::new(rx)));
-    let mut body = req.into_body();
-    let mut total = 0u64;
+    // Set when the body, not the backend, ended the upload: that is the answer.
+    let mut cut = None;
+    // Whether the rest of the body is to be read out before the answer.
+    let mut read_out = false;
     loop {
-        let chunk = match next_chunk(&mut body).await {
+        let chunk = match body.next().await {
+            Ok(Some(_)) if body.total > cap => {
+                let message = format!("the upload exceeds {cap} bytes");
+                cut = Some(too_large(message.clone()));
+                read_out = true;
+                Err(message)
+            }
             Ok(Some(chunk)) => Ok(chunk),
             Ok(None) => break,
-            Err(e) => Err(format!("the upload broke: {e}")),
-        };
-        if let Ok(chunk) = &chunk {
-            total += chunk.len() as u64;
-        }
-        let chunk = if total > MAX_UPLOAD_BYTES {
-            Err(format!("the upload exceeds {MAX_UPLOAD_BYTES} bytes"))
-        } else {
-            chunk
+            Err(e) => {
+                let message = format!("the upload broke: {e}");
+                cut = Some(body_reject(e));
+                Err(message)
+            }
         };
         let stop = chunk.is_err();
         if stop {
@@ -195,18 +239,25 @@ async fn upload(req: Request<Incoming>, node: &NodeSite) -> Result<UploadedBundl
             break;
         }
         if tx.send(chunk).await.is_err() {
-            // The backend refused the bundle and stopped reading; read out the rest so the
-            // client gets the answer rather than a broken pipe.
-            drain(body, MAX_UPLOAD_BYTES).await;
+            // The backend refused the bundle and stopped reading.
+            read_out = true;
             break;
         }
     }
     drop(tx);
-    receiving.await.unwrap_or_else(|e| {
+    let result = receiving.await.unwrap_or_else(|e| {
         Err(BackendError::Failed(format!(
             "the node failed to take the upload: {e}"
         )))
-    })
+    });
+    if read_out {
+        // So that the client gets the answer rather than a broken pipe.
+        drain_paced(body, MAX_UPLOAD_BYTES).await;
+    }
+    match cut {
+        Some(reject) => reject.into_response(),
+        None => reply(result),
+    }
 }
 
 /// Runs a backend call on the blocking pool.

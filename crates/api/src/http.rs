@@ -1,6 +1,7 @@
 //! The request path the node routes and services share, so that both refuse, log and answer
-//! errors the same way: matching a route table, the role check, the log line, request bodies,
-//! JSON answers and the mapping of [`BackendError`] to a status and [`ErrorCode`].
+//! errors the same way: matching a route table, the role check, the log line, request bodies
+//! (read against the clock and a cap, refusals answered before the rest is read), JSON answers
+//! and the mapping of [`BackendError`] to a status and [`ErrorCode`].
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -14,14 +15,17 @@ use hyper::{Request, Response, StatusCode};
 use serde::Serialize;
 
 use crate::backend::BackendError;
-use crate::body::{collect, next_chunk, Body, CollectError};
+use crate::body::Body;
+use crate::limits::Limits;
+use crate::logq::{for_log, LogQueue, MAX_LOGGED_FIELD};
+use crate::pace::{BodyError, Paced};
 use crate::routes::{lookup, Match, TableRoute};
 use crate::types::{ApiError, ErrorCode, Role};
 
-/// How much of a refused body is read out before answering: enough that a client sending a
-/// somewhat oversized JSON body reads the answer rather than a reset, not so much that a
-/// refused client can keep the connection busy for long.
-const DRAIN_REFUSED: u64 = 16 << 20;
+/// How much of a refused body is read out, after the answer is sent: enough that a client
+/// sending a somewhat oversized JSON body reads the answer rather than a reset, not so much
+/// that a refused client keeps the connection busy for long (the body timeouts apply too).
+pub(crate) const DRAIN_REFUSED: u64 = 16 << 20;
 
 /// The answer of a [`Site`], boxed so that sites can sit behind one `dyn` in the server.
 pub(crate) type Answer = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
@@ -32,29 +36,53 @@ pub(crate) trait Site: Send + Sync + 'static {
     /// Answers one request. `role` comes from the verified client certificate (`None`: it
     /// names no role, or maintenance mode asked for no certificate).
     fn respond(self: Arc<Self>, req: Request<Incoming>, role: Option<Role>) -> Answer;
-    /// Called on the executor: must not block.
+    /// Called on the server's logging thread (`logq.rs`), one line at a time; a slow log
+    /// delays only later lines (a full queue drops them and counts them).
     fn log_api(&self, message: &str);
 }
 
+/// What every request of one server shares: the site, its log and its limits.
+pub(crate) struct Served {
+    pub(crate) site: Arc<dyn Site>,
+    pub(crate) log: LogQueue,
+    pub(crate) limits: Arc<Limits>,
+}
+
+tokio::task_local! {
+    /// The limits of the server a request came to, for the body readers below (a site's
+    /// dispatch does not pass them along).
+    static LIMITS: Arc<Limits>;
+}
+
+/// The limits of the server this request runs in (the defaults outside one).
+pub(crate) fn limits() -> Arc<Limits> {
+    LIMITS
+        .try_with(Arc::clone)
+        .unwrap_or_else(|_| Arc::new(Limits::default()))
+}
+
 /// Every request of every site: answered by the site, then logged if it changed something or
-/// failed (a reader polling status would otherwise flood the log).
+/// failed (a reader polling status would otherwise flood the log). The method and path are
+/// the client's: escaped and cut before they are logged.
 pub(crate) async fn handle(
     req: Request<Incoming>,
-    site: Arc<dyn Site>,
+    served: Arc<Served>,
     addr: SocketAddr,
     role: Option<Role>,
 ) -> Result<Response<Body>, Infallible> {
-    let method = req.method().as_str().to_owned();
-    let path = req.uri().path().to_owned();
-    let response = site.clone().respond(req, role).await;
+    let is_get = req.method() == hyper::Method::GET;
+    let method = for_log(req.method().as_str(), MAX_LOGGED_FIELD);
+    let path = for_log(req.uri().path(), MAX_LOGGED_FIELD);
+    let answer = served.site.clone().respond(req, role);
+    let response = LIMITS.scope(served.limits.clone(), answer).await;
     let status = response.status();
-    if method != "GET" || status.is_client_error() || status.is_server_error() {
+    if !is_get || status.is_client_error() || status.is_server_error() {
         let role = role.map_or("no role", Role::as_str);
         let line = format!(
             "api: {addr} ({role}) {method} {path} -> {}",
             status.as_u16()
         );
-        site.log_api(&line);
+        served.log.push(line);
     }
     Ok(response)
 }
@@ -75,6 +103,11 @@ pub(crate) fn admit<'a, R: TableRoute>(
     path: &str,
     role_for: impl FnOnce(&R) -> Result<Option<Role>, Reject>,
 ) -> Result<(&'a R, Role), Refused<'a, R>> {
+    // What the client named goes back in the answer: escaped and cut like a log line.
+    let (shown_method, shown_path) = (
+        for_log(method, MAX_LOGGED_FIELD),
+        for_log(path, MAX_LOGGED_FIELD),
+    );
     let route = match lookup(table, method, path) {
         Match::Found(route) => route,
         Match::NotFound => {
@@ -83,7 +116,7 @@ pub(crate) fn admit<'a, R: TableRoute>(
                 reject: Reject::new(
                     StatusCode::NOT_FOUND,
                     ErrorCode::NotFound,
-                    format!("no endpoint {path}"),
+                    format!("no endpoint {shown_path}"),
                 ),
             })
         }
@@ -91,7 +124,7 @@ pub(crate) fn admit<'a, R: TableRoute>(
             let mut reject = Reject::new(
                 StatusCode::METHOD_NOT_ALLOWED,
                 ErrorCode::MethodNotAllowed,
-                format!("{path} does not take {method}"),
+                format!("{shown_path} does not take {shown_method}"),
             );
             reject.allow = HeaderValue::from_str(&allowed.join(", ")).ok();
             return Err(Refused {
@@ -110,7 +143,8 @@ pub(crate) fn admit<'a, R: TableRoute>(
             StatusCode::FORBIDDEN,
             ErrorCode::PermissionDenied,
             format!(
-                "{method} {path} requires role {} or higher; this client's certificate grants {}",
+                "{shown_method} {shown_path} requires role {} or higher; this client's \
+                 certificate grants {}",
                 route.role(),
                 role.map_or("no role".to_owned(), |r| format!("role {r}")),
             ),
@@ -150,32 +184,76 @@ impl Reject {
     }
 }
 
-/// The whole request body, at most `limit` bytes. An oversized body is read out (up to a
-/// bound) before the 413, so that the client sees the answer and not a broken pipe.
-pub(crate) async fn read_body(mut body: Incoming, limit: usize) -> Result<Vec<u8>, Reject> {
-    match collect(&mut body, limit).await {
-        Ok(data) => Ok(data),
-        Err(CollectError::TooLarge) => {
-            drain(body, DRAIN_REFUSED).await;
-            Err(Reject::new(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                ErrorCode::PayloadTooLarge,
-                format!("request body over {limit} bytes"),
-            ))
-        }
-        Err(CollectError::Body(e)) => Err(Reject::invalid(format!(
-            "cannot read the request body: {e}"
-        ))),
+/// The whole request body, at most `limit` bytes, read with the server's body timeouts. A
+/// body that declares more is refused before a byte is read, one that sends more when it does;
+/// either is then read out ([`drain`], up to [`DRAIN_REFUSED`]) so that the client sees the
+/// 413 and not a broken pipe.
+pub(crate) async fn read_body(body: Incoming, limit: usize) -> Result<Vec<u8>, Reject> {
+    let mut body = Paced::new(body, &limits());
+    if let Some(declared) = body.declared().filter(|&n| n > limit as u64) {
+        // Answered now; a body the client is still sending is read out after the answer.
+        drain_paced(body, DRAIN_REFUSED).await;
+        return Err(too_large(format!(
+            "the request body is {declared} bytes; this endpoint takes at most {limit}"
+        )));
     }
+    let mut data = Vec::new();
+    while let Some(chunk) = body.next().await.map_err(body_reject)? {
+        if data.len() + chunk.len() > limit {
+            drain_paced(body, DRAIN_REFUSED).await;
+            return Err(too_large(format!("request body over {limit} bytes")));
+        }
+        data.extend_from_slice(&chunk);
+    }
+    Ok(data)
 }
 
-/// Reads and discards what is left of a request body, up to `limit` bytes: a client still
-/// sending when refused would otherwise see a broken pipe instead of the answer.
-pub(crate) async fn drain(mut body: Incoming, limit: u64) {
-    let mut total = 0u64;
-    while let Ok(Some(chunk)) = next_chunk(&mut body).await {
-        total += chunk.len() as u64;
-        if total > limit {
+pub(crate) fn too_large(message: String) -> Reject {
+    Reject::new(
+        StatusCode::PAYLOAD_TOO_LARGE,
+        ErrorCode::PayloadTooLarge,
+        message,
+    )
+}
+
+/// The answer to a body that was not read to its end: too slow (408), or broken (400).
+pub(crate) fn body_reject(e: BodyError) -> Reject {
+    let status = if e.is_timeout() {
+        StatusCode::REQUEST_TIMEOUT
+    } else {
+        StatusCode::BAD_REQUEST
+    };
+    Reject::new(status, ErrorCode::InvalidArgument, e.to_string())
+}
+
+/// Reads out and discards what is left of a refused request body, up to `limit` bytes, under
+/// the body timeouts, so that a client still sending reads the answer instead of a broken pipe.
+///
+/// A body of declared length is read on a task of its own, after the answer (hyper writes it
+/// while the body still arrives): the refusal is never held back by the body. One that declares
+/// more than [`DRAIN_REFUSED`] is not read at all; the connection closes after the answer.
+///
+/// A chunked body (no length; slate's own client streams uploads so) is read out *before* the
+/// answer, as it always was: that client stops sending once it has an answer, and its writer
+/// would then wait forever. The body timeouts bound the wait: a silent or trickling body is
+/// cut within `body_timeout`, a steady one at `body_min_rate` by `limit`.
+pub(crate) async fn drain(body: Incoming, limit: u64) {
+    drain_paced(Paced::new(body, &limits()), limit).await;
+}
+
+/// [`drain`] for a body already being read.
+pub(crate) async fn drain_paced(mut body: Paced, limit: u64) {
+    let limit = match body.declared() {
+        None => limit,
+        Some(declared) if declared > limit.min(DRAIN_REFUSED) => return,
+        Some(_) => {
+            tokio::spawn(async move { while let Ok(Some(_)) = body.next().await {} });
+            return;
+        }
+    };
+    let start = body.total;
+    while let Ok(Some(_)) = body.next().await {
+        if body.total - start > limit {
             break;
         }
     }

@@ -48,6 +48,9 @@ mod client;
 mod handlers;
 mod http;
 mod identity;
+mod limits;
+mod logq;
+mod pace;
 mod routes;
 mod server;
 mod service;
@@ -66,14 +69,18 @@ pub use identity::{
     fingerprint, generate_key_pem, issue_client_cert, issue_serving_cert, self_signed_cert,
     serving_names,
 };
+pub use logq::{LOG_QUEUE, MAX_LOGGED_FIELD, MAX_LOG_LINE};
 pub use routes::{route_of, Endpoint, Route, MAINTENANCE_ENDPOINTS, ROUTES};
 pub use server::{
-    serve, serve_blocking, spawn, ServerConfig, ServerError, ServerHandle, Shutdown, DEFAULT_PORT,
+    serve, serve_blocking, spawn, Limits, ServerConfig, ServerError, ServerHandle, Shutdown,
+    BODY_MIN_RATE, BODY_TIMEOUT, CONNECTIONS_PER_CLIENT, DEFAULT_PORT, HEADER_TIMEOUT,
+    MAX_CONNECTIONS, MAX_HEAD_BYTES,
 };
 pub use service::{serve_service, spawn_service, JsonService, ServiceRoute, MAX_SERVICE_BODY};
 pub use types::{
     Accepted, AgentStatus, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, ConfigView,
-    ErrorCode, Event, EventKind, Failure, Mode, RebootMode, RebootRequest, Role, RollbackRequest,
-    RollbackResult, Stage, Status, UpgradeRequest, UploadedBundle, VersionInfo,
+    ErrorCode, Event, EventKind, Failure, Mode, PinRequest, PinResult, RebootMode, RebootRequest,
+    Role, RollbackRecord, RollbackRequest, RollbackResult, Stage, Status, UpgradeRequest,
+    UploadedBundle, VersionInfo,
 };
-pub use upload::MAX_UPLOAD_BYTES;
+pub use upload::{upload_room, MAX_UPLOAD_BYTES};

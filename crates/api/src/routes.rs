@@ -12,6 +12,7 @@ pub enum Endpoint {
     Reset,
     Upgrade,
     Rollback,
+    Pin,
     UploadBundle,
     Events,
     Logs,
@@ -19,6 +20,7 @@ pub enum Endpoint {
     ShowConfig,
     ApplyConfig,
     BootExplain,
+    ImageSummary,
 }
 
 /// One route: method, path and the least role allowed to call it.
@@ -53,6 +55,8 @@ pub const ROUTES: &[Route] = &[
     route("POST", "/v1/upgrade", Role::Operator, Endpoint::Upgrade),
     // Admin: going back to an older version is the admin's call, as a downgrade is.
     route("POST", "/v1/rollback", Role::Admin, Endpoint::Rollback),
+    // Admin: a pin holds ESP space that upgrades would otherwise reclaim.
+    route("POST", "/v1/pins", Role::Admin, Endpoint::Pin),
     route("POST", "/v1/bundles", Role::Admin, Endpoint::UploadBundle),
     route("GET", "/v1/events", Role::Reader, Endpoint::Events),
     route("GET", "/v1/logs", Role::Reader, Endpoint::Logs),
@@ -60,6 +64,9 @@ pub const ROUTES: &[Route] = &[
     route("GET", "/v1/config", Role::Reader, Endpoint::ShowConfig),
     route("POST", "/v1/config", Role::Admin, Endpoint::ApplyConfig),
     route("GET", "/v1/boot", Role::Reader, Endpoint::BootExplain),
+    // Reader: what the running image holds is what its bundle holds, nothing of the node's
+    // own; the work it costs (reading and hashing the booted UKI) runs one at a time.
+    route("GET", "/v1/image", Role::Reader, Endpoint::ImageSummary),
 ];
 
 /// What a node in maintenance mode (no machine configuration yet) serves, to a client that

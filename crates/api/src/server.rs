@@ -1,17 +1,45 @@
 //! The HTTPS server shared by the node API and services: mutual TLS, handshake and header
-//! timeouts, the role from the client certificate, connections and graceful shutdown. What is
-//! served over it is a `Site` (`http.rs`): the node routes here, a `JsonService` in
-//! `service.rs`.
+//! timeouts, the role from the client certificate, connections and their limits, and graceful
+//! shutdown. What is served over it is a `Site` (`http.rs`): the node routes here, a
+//! `JsonService` in `service.rs`.
+//!
+//! # What a client can make the server hold
+//!
+//! No client, of any role, grows the server's memory without bound (issue 19: a reader's
+//! 400 KB methods, kept and printed whole, took a node down). With the default [`Limits`]:
+//!
+//! - at most [`MAX_CONNECTIONS`] (64) connections, half of them at most in their TLS handshake
+//!   (10 s), [`CONNECTIONS_PER_CLIENT`] (8) per client certificate; more are closed or
+//!   answered 429 at once;
+//! - per connection: hyper's read buffer, which holds the request head, at most
+//!   [`MAX_HEAD_BYTES`] (64 KiB; a longer head is refused with 431 by the parser), as much for
+//!   its write buffer, rustls' buffers (about 100 KiB: records in and out), and the request
+//!   being served: a JSON body of at most 64 KiB (node), 640 KiB (a machine configuration,
+//!   admin) or 1 MiB (a service), or an upload's channel of 16 chunks of at most 64 KiB
+//!   (admin), or a log or event stream's 64 queued lines plus the backend's batch (machined:
+//!   64 journal lines of at most 4 KiB), 512 KiB;
+//! - the log queue: 256 lines of at most 1 KiB (`logq.rs`), whatever the site does with them;
+//!
+//! so at most 64 × (64 + 64 + 100 + 1024) KiB ≈ 80 MiB, reached only with admins' bodies; a
+//! reader holds at most 8 × (228 + 512) KiB ≈ 6 MiB per certificate (following logs it does
+//! not read). machined's journal adds its own bound (1 MiB of lines of at most 4 KiB,
+//! `crates/machined/src/journal.rs`), and each stream a thread of its own. Time is bounded
+//! too: a head within [`Limits::header_timeout`], a body at [`Limits::body_min_rate`] with no
+//! gap longer than [`Limits::body_timeout`]; a refusal is answered before a body of declared
+//! length is read (a chunked one, as slate's client streams uploads, is read out first, within
+//! those timeouts).
 
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioIo, TokioTimer};
+use sha2::Digest as _;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
@@ -21,14 +49,21 @@ use tokio_rustls::TlsAcceptor;
 use crate::backend::NodeBackend;
 use crate::certs::{self, CertError};
 use crate::handlers::NodeSite;
-use crate::http::{handle, Site};
+use crate::http::{handle, Served, Site};
+use crate::limits::{more, refuse_over_limit, ClientKey, PerClient, Quiet};
+pub use crate::limits::{
+    Limits, BODY_MIN_RATE, BODY_TIMEOUT, CONNECTIONS_PER_CLIENT, HEADER_TIMEOUT, MAX_CONNECTIONS,
+    MAX_HEAD_BYTES,
+};
+use crate::logq::LogQueue;
 use crate::tls;
 
 /// The port the node API listens on by default (Talos' apid port).
 pub const DEFAULT_PORT: u16 = 50000;
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+/// At most one log line per this interval for each kind of refusal a flood repeats.
+const QUIET: Duration = Duration::from_secs(10);
 /// How long open connections get to finish after shutdown before they are cut.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
@@ -45,6 +80,8 @@ pub struct ServerConfig {
     /// Maintenance mode: no client certificate is asked for (`ca_pem` is unused) and only
     /// requests carrying this token reach the maintenance endpoints.
     pub maintenance_token: Option<String>,
+    /// Timeouts, sizes and connection counts ([`Limits::default`] unless changed).
+    pub limits: Limits,
 }
 
 impl ServerConfig {
@@ -61,6 +98,7 @@ impl ServerConfig {
             cert_pem: read(certs::NODE_CERT)?,
             key_pem: read(certs::NODE_KEY)?,
             maintenance_token: None,
+            limits: Limits::default(),
         })
     }
 
@@ -72,6 +110,7 @@ impl ServerConfig {
             cert_pem: cert_pem.to_vec(),
             key_pem: key_pem.to_vec(),
             maintenance_token: None,
+            limits: Limits::default(),
         }
     }
 
@@ -84,7 +123,13 @@ impl ServerConfig {
             cert_pem: cert_pem.to_vec(),
             key_pem: key_pem.to_vec(),
             maintenance_token: Some(token.to_owned()),
+            limits: Limits::default(),
         }
+    }
+
+    /// The same configuration with other [`Limits`].
+    pub fn with_limits(self, limits: Limits) -> Self {
+        ServerConfig { limits, ..self }
     }
 }
 
@@ -94,6 +139,7 @@ impl std::fmt::Debug for ServerConfig {
             .field("listen", &self.listen)
             .field("key_pem", &"<redacted>")
             .field("maintenance", &self.maintenance_token.is_some())
+            .field("limits", &self.limits)
             .finish_non_exhaustive()
     }
 }
@@ -292,20 +338,53 @@ fn runtime() -> Result<tokio::runtime::Runtime, ServerError> {
 #[derive(Clone)]
 struct Listening {
     acceptor: TlsAcceptor,
-    site: Arc<dyn Site>,
+    served: Arc<Served>,
+    /// Maintenance mode: no client certificate, so connections are counted per address.
+    per_peer: bool,
+    per_client: Arc<PerClient>,
+    handshaking: Arc<AtomicUsize>,
+    quiet: Arc<Notes>,
+}
+
+/// The refusals a flood repeats, each logged at most once per [`QUIET`].
+struct Notes {
+    full: Quiet,
+    handshakes: Quiet,
+    over_limit: Quiet,
+    refused_tls: Quiet,
+    bad_request: Quiet,
 }
 
 impl Listening {
-    fn new(config: &ServerConfig, site: Arc<dyn Site>) -> Result<Self, CertError> {
+    fn new(config: &ServerConfig, site: Arc<dyn Site>) -> Result<Self, ServerError> {
         let client_ca = match config.maintenance_token {
             Some(_) => None,
             None => Some(config.ca_pem.as_slice()),
         };
         let tls = tls::server_config(client_ca, &config.cert_pem, &config.key_pem)?;
+        let log = LogQueue::start(site.clone()).map_err(ServerError::Runtime)?;
         Ok(Listening {
             acceptor: TlsAcceptor::from(Arc::new(tls)),
-            site,
+            served: Arc::new(Served {
+                site,
+                log,
+                limits: Arc::new(config.limits.clone()),
+            }),
+            per_peer: client_ca.is_none(),
+            per_client: Arc::default(),
+            handshaking: Arc::default(),
+            quiet: Arc::new(Notes {
+                full: Quiet::new(QUIET),
+                handshakes: Quiet::new(QUIET),
+                over_limit: Quiet::new(QUIET),
+                refused_tls: Quiet::new(QUIET),
+                bad_request: Quiet::new(QUIET),
+            }),
         })
+    }
+
+    fn log(&self, line: String) {
+        self.served.log.push(line);
     }
 }
 
@@ -313,15 +392,27 @@ async fn run(listener: TcpListener, listening: Listening, shutdown: impl Future<
     tokio::pin!(shutdown);
     let (drain_tx, drain_rx) = watch::channel(false);
     let mut conns = JoinSet::new();
+    let max = listening.served.limits.max_connections;
     loop {
         tokio::select! {
             () = &mut shutdown => break,
             accepted = listener.accept() => match accepted {
+                Ok((tcp, peer)) if conns.len() >= max => {
+                    // Closed at once: a connection held open here would be one more.
+                    drop(tcp);
+                    if let Some(quiet) = listening.quiet.full.note() {
+                        listening.log(format!(
+                            "api: {peer}: refused a connection: the server holds {max} \
+                             connections{}",
+                            more(quiet)
+                        ));
+                    }
+                }
                 Ok((tcp, peer)) => {
                     conns.spawn(connection(tcp, peer, listening.clone(), drain_rx.clone()));
                 }
                 Err(e) => {
-                    listening.site.log_api(&format!("api: accept failed: {e}"));
+                    listening.log(format!("api: accept failed: {e}"));
                     tokio::time::sleep(Duration::from_millis(100)).await;
                 }
             },
@@ -335,40 +426,114 @@ async fn run(listener: TcpListener, listening: Listening, shutdown: impl Future<
     conns.abort_all();
 }
 
+/// One of the connections in their TLS handshake, counted while it lives.
+struct Handshaking(Arc<AtomicUsize>);
+
+impl Drop for Handshaking {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 async fn connection(
     tcp: TcpStream,
     addr: SocketAddr,
     listening: Listening,
     mut drain: watch::Receiver<bool>,
 ) {
-    let Listening { acceptor, site } = listening;
+    let limits = listening.served.limits.clone();
+    let handshaking = Handshaking(listening.handshaking.clone());
+    if handshaking.0.fetch_add(1, Ordering::Relaxed) >= limits.max_handshakes() {
+        if let Some(quiet) = listening.quiet.handshakes.note() {
+            listening.log(format!(
+                "api: {addr}: refused a connection: {} others are in their TLS handshake{}",
+                limits.max_handshakes(),
+                more(quiet)
+            ));
+        }
+        return;
+    }
     let _ = tcp.set_nodelay(true);
-    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp).into_fallible());
+    let accept = listening.acceptor.accept(tcp).into_fallible();
+    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, accept);
     let stream = match handshake.await {
         Ok(Ok(stream)) => stream,
         Ok(Err((e, tcp))) => {
-            site.log_api(&format!("api: {addr}: TLS handshake refused: {e}"));
+            if let Some(quiet) = listening.quiet.refused_tls.note() {
+                listening.log(format!(
+                    "api: {addr}: TLS handshake refused: {e}{}",
+                    more(quiet)
+                ));
+            }
             linger(tcp).await;
             return;
         }
         Err(_) => {
-            site.log_api(&format!("api: {addr}: TLS handshake timed out"));
+            if let Some(quiet) = listening.quiet.refused_tls.note() {
+                listening.log(format!(
+                    "api: {addr}: TLS handshake timed out{}",
+                    more(quiet)
+                ));
+            }
             return;
         }
     };
-    let role = tls::role_of(stream.get_ref().1.peer_certificates());
-    let service = service_fn(move |req| handle(req, site.clone(), addr, role));
+    drop(handshaking);
+    let peer_certs = stream.get_ref().1.peer_certificates();
+    let role = tls::role_of(peer_certs);
+    let key = match peer_certs.and_then(<[_]>::first) {
+        Some(cert) if !listening.per_peer => {
+            ClientKey::Certificate(sha2::Sha256::digest(cert.as_ref()).into())
+        }
+        _ => ClientKey::Peer(addr.ip()),
+    };
+    let Some(_place) = listening
+        .per_client
+        .take(key, limits.connections_per_client)
+    else {
+        if let Some(quiet) = listening.quiet.over_limit.note() {
+            listening.log(format!(
+                "api: {addr}: refused a connection (429): {key} holds {} already{}",
+                limits.connections_per_client,
+                more(quiet)
+            ));
+        }
+        refuse_over_limit(TokioIo::new(stream), &limits).await;
+        return;
+    };
+    let served = listening.served.clone();
+    let service = service_fn(move |req| handle(req, served.clone(), addr, role));
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
+        .header_read_timeout(limits.header_timeout)
+        .max_buf_size(MAX_HEAD_BYTES)
         .serve_connection(TokioIo::new(stream), service);
     tokio::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => return,
-        _ = drain.wait_for(|d| *d) => {}
+    let drained = tokio::select! {
+        result = conn.as_mut() => Err(result),
+        _ = drain.wait_for(|d| *d) => Ok(()),
+    };
+    let result = match drained {
+        Err(result) => result,
+        Ok(()) => {
+            conn.as_mut().graceful_shutdown();
+            conn.await
+        }
+    };
+    // A request hyper refused before it reached a route (a head over the limit: 431): the
+    // client's text is not logged, only that it happened.
+    match result {
+        Err(e) if e.is_parse() => {
+            if let Some(quiet) = listening.quiet.bad_request.note() {
+                let role = role.map_or("no role", crate::types::Role::as_str);
+                listening.log(format!(
+                    "api: {addr} ({role}): refused a request the HTTP parser did not take: {e}{}",
+                    more(quiet)
+                ));
+            }
+        }
+        _ => {}
     }
-    conn.as_mut().graceful_shutdown();
-    let _ = conn.await;
 }
 
 /// After a refused handshake (the alert is already sent): close our side and read what the

@@ -80,8 +80,8 @@ pub trait JsonService: Send + Sync + 'static {
     ) -> Result<serde_json::Value, BackendError>;
 
     /// Like [`crate::NodeBackend::log_api`]: refused handshakes, denied and failed requests,
-    /// requests other than `GET`. Called on the executor: must not block. The default drops
-    /// it.
+    /// requests other than `GET`. Called on the server's logging thread (a bounded queue that
+    /// drops when full). The default drops it.
     fn log_api(&self, message: &str) {
         let _ = message;
     }

@@ -109,6 +109,21 @@ pub struct Failure {
     pub reason: String,
 }
 
+/// The last time the node went back to an older version, kept in META (`LastRollback`) so
+/// that the version it returned to reports it after the reboot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RollbackRecord {
+    /// The version it left (the one that failed, or the one running when asked by hand).
+    pub from: String,
+    /// The version it went back to.
+    pub to: String,
+    /// Why: the failed health check or task, "did not come up in its boot tries", or
+    /// "asked by hand".
+    pub reason: String,
+    /// Seconds since the Unix epoch, by the node's clock, when it was decided.
+    pub time: u64,
+}
+
 /// `GET /v1/status`.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Status {
@@ -140,6 +155,20 @@ pub struct Status {
     /// The update agent (absent until the boot is committed, or without a configuration).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub agent: Option<AgentStatus>,
+    /// The kernel's boot ID (`/proc/sys/kernel/random/boot_id`): a new value is a new boot,
+    /// which is how `--wait` follows a node across its reboots.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_id: Option<String>,
+    /// This boot is settled: healthy and committed (or nothing was left to commit). Until
+    /// then a reboot may still return the node to an older version.
+    #[serde(default)]
+    pub committed: bool,
+    /// The last return to an older version, automatic or by hand.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_rollback: Option<RollbackRecord>,
+    /// Versions pinned on the ESP (never pruned), from META `PinnedVersions`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pinned: Vec<String>,
 }
 
 /// What the node's update agent is doing and why.
@@ -243,6 +272,32 @@ pub struct RollbackRequest {
     pub tries: Option<u32>,
     #[serde(default)]
     pub reboot_mode: RebootMode,
+}
+
+/// `POST /v1/pins` body (admin): pin or unpin one version.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PinRequest {
+    pub version: String,
+    /// `false` unpins.
+    #[serde(default = "yes")]
+    pub pin: bool,
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// `POST /v1/pins` answer.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PinResult {
+    /// Every pinned version after the change (as it would be, on a dry run).
+    pub pinned: Vec<String>,
+    /// Whether META changed (or would).
+    pub changed: bool,
+    pub dry_run: bool,
 }
 
 /// `POST /v1/rollback` answer: what boots next. The node reboots after answering (not on a dry

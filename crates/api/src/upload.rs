@@ -2,12 +2,21 @@
 //! blocking code on either end, through a bounded channel so neither side buffers it whole.
 
 use std::io::{self, Read, Write};
+use std::path::Path;
 
 use hyper::body::Bytes;
 use tokio::sync::mpsc;
 
 /// The largest upload the node accepts: a bundle is a UKI and a binary, tens of MiB.
 pub const MAX_UPLOAD_BYTES: u64 = 2 << 30;
+/// The bytes an upload into `dir` may take: the free space of its file system that an
+/// unprivileged writer may use (`f_bavail`; the blocks reserved for root stay for the node's
+/// own logs and state).
+pub fn upload_room(dir: &Path) -> io::Result<u64> {
+    let fs = rustix::fs::statvfs(dir)?;
+    Ok(fs.f_bavail.saturating_mul(fs.f_frsize))
+}
+
 /// Chunks in flight between the two sides.
 pub(crate) const UPLOAD_CHANNEL: usize = 16;
 const CHUNK: usize = 256 * 1024;
@@ -89,5 +98,20 @@ impl Write for ChannelWriter {
 
     fn flush(&mut self) -> io::Result<()> {
         self.send_pending()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_room_for_an_upload_is_the_free_space_of_its_file_system() {
+        let dir = tempfile::tempdir().unwrap();
+        let room = upload_room(dir.path()).unwrap();
+        assert!(room > 0);
+        let total = rustix::fs::statvfs(dir.path()).unwrap();
+        assert!(room <= total.f_blocks * total.f_frsize);
+        assert!(upload_room(&dir.path().join("missing")).is_err());
     }
 }

@@ -42,17 +42,9 @@ fn reader_may_not_reboot_operator_may() {
         *fake.reboots.lock().unwrap(),
         [RebootMode::Powercycle, RebootMode::Default]
     );
-    let log = fake.api_log();
-    assert!(
-        log.iter()
-            .any(|l| l.contains("(reader) POST /v1/reboot -> 403")),
-        "{log:?}"
-    );
-    assert!(
-        log.iter()
-            .any(|l| l.contains("(operator) POST /v1/reboot -> 202")),
-        "{log:?}"
-    );
+    // Logged on the server's logging thread, after the answer.
+    fake.wait_log("(reader) POST /v1/reboot -> 403");
+    fake.wait_log("(operator) POST /v1/reboot -> 202");
     server.shutdown().unwrap();
 }
 
@@ -447,6 +439,32 @@ fn a_refused_upload_is_answered_with_the_backends_reason() {
     assert!(
         matches!(&err, ClientError::InvalidArgument(m) if m.contains("not a tar stream")),
         "{err}"
+    );
+    server.shutdown().unwrap();
+}
+
+/// `GET /v1/image` is a reader's route, answered by the backend (here the trait's default: a
+/// node that cannot describe its running image); it takes no other method.
+#[test]
+fn a_reader_asks_for_the_running_image() {
+    let route = slate_api::route_of(slate_api::Endpoint::ImageSummary);
+    assert_eq!((route.method, route.path), ("GET", "/v1/image"));
+    assert_eq!(route.role, Role::Reader);
+    let (dir, server) = start(Arc::default());
+    let reader = client(&dir, &server, Role::Reader);
+    let err = reader
+        .call::<serde_json::Value, ()>("GET", "/v1/image", None)
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Unsupported(m) if m == "this node cannot describe its running image"),
+        "{err}"
+    );
+    let err = reader
+        .call::<serde_json::Value, ()>("POST", "/v1/image", None)
+        .unwrap_err();
+    assert!(
+        matches!(&err, ClientError::Server { status: 405, .. }),
+        "{err:?}"
     );
     server.shutdown().unwrap();
 }

@@ -114,7 +114,17 @@ fn schemas_match_the_types() {
         ..version.clone()
     };
     check_object(&spec, "VersionInfo", &version, &version_min);
+    let rollback_record = slate_api::RollbackRecord {
+        from: "3.0.0".into(),
+        to: "1.0.0".into(),
+        reason: "r".into(),
+        time: 1_764_600_000,
+    };
     let status = Status {
+        boot_id: Some("5f1c".into()),
+        committed: true,
+        last_rollback: Some(rollback_record.clone()),
+        pinned: vec!["1.0.0".into()],
         version: "1".into(),
         booted_entry: Some("e".into()),
         stage: Stage::Running,
@@ -145,10 +155,37 @@ fn schemas_match_the_types() {
         hostname: None,
         machine_id: None,
         agent: None,
+        boot_id: None,
+        last_rollback: None,
+        pinned: Vec::new(),
         ..status.clone()
     };
     check_object(&spec, "Status", &status, &status_min);
     check_object(&spec, "Failure", &failure, &failure);
+    check_object(&spec, "RollbackRecord", &rollback_record, &rollback_record);
+    let pinned = slate_api::PinResult {
+        pinned: vec!["1.0.0".into()],
+        changed: true,
+        dry_run: false,
+    };
+    check_object(&spec, "PinResult", &pinned, &pinned);
+    let pin = slate_api::PinRequest {
+        version: "1.0.0".into(),
+        pin: false,
+        dry_run: true,
+    };
+    let s = schema(&spec, "PinRequest");
+    assert_eq!(property_names(s), json_keys(&pin));
+    assert_eq!(
+        strings(&s["required"]),
+        BTreeSet::from(["version".to_owned()])
+    );
+    assert!(
+        serde_json::from_str::<slate_api::PinRequest>(r#"{"version":"1"}"#)
+            .unwrap()
+            .pin,
+        "pin defaults to true"
+    );
     let uploaded = UploadedBundle {
         id: "sha256:00".into(),
         name: "slate".into(),
@@ -267,7 +304,8 @@ fn schemas_match_the_types() {
     let mutating: BTreeSet<_> = ROUTES
         .iter()
         .filter(|r| {
-            r.method == "POST" && !["/v1/bundles", "/v1/config", "/v1/rollback"].contains(&r.path)
+            r.method == "POST"
+                && !["/v1/bundles", "/v1/config", "/v1/rollback", "/v1/pins"].contains(&r.path)
         })
         .map(|r| r.path.trim_start_matches("/v1/").to_owned())
         .collect();

@@ -66,6 +66,9 @@ pub struct ExplainedEntry {
     pub state: EntryState,
     /// The entry META `Upgrade` names: where a failed upgrade returns to.
     pub fallback: bool,
+    /// Its version is pinned (META `PinnedVersions`): pruning never deletes it.
+    #[serde(default)]
+    pub pinned: bool,
     pub next_boot: bool,
     /// Bytes on the ESP (GRUB: kernel + initramfs).
     pub len: u64,
@@ -231,6 +234,10 @@ pub fn systemd_boot(
                 tries_done: counter.map(|c| c.tries_done),
                 state: e.state.into(),
                 fallback: fallback.as_deref() == Some(e.file_name.as_str()),
+                pinned: e
+                    .version
+                    .as_ref()
+                    .is_some_and(|v| status.pinned.contains(v)),
                 next_boot: selected.is_some_and(|s| s.file_name == e.file_name),
                 len: e.len,
                 grub: None,
@@ -410,6 +417,7 @@ pub fn grub(status: &GrubStatus) -> BootExplanation {
                 tries_done: None,
                 state,
                 fallback: tag_idx == Some(i),
+                pinned: false,
                 next_boot: booted == Some(slot.label),
                 len: slot.kernel_len.unwrap_or(0) + slot.initramfs_len.unwrap_or(0),
                 grub: Some(GrubSlotFacts {

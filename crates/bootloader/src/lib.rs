@@ -63,6 +63,8 @@ pub struct BootStatus {
     pub loader_conf: Option<LoaderConf>,
     /// META `Upgrade`: the label to return to while an upgrade is uncommitted.
     pub upgrade_tag: Option<String>,
+    /// META `PinnedVersions` (empty when unreadable: see `warnings`).
+    pub pinned: Vec<String>,
     /// The entry systemd-boot boots by default, by the selection model.
     pub selected: Option<Selection>,
     pub free_bytes: u64,
@@ -128,6 +130,16 @@ pub struct RollbackPlan {
     pub to_on_trial: String,
     /// The previous version.
     pub version: String,
+}
+
+/// What [`Bootloader::pin`] left in META `PinnedVersions`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct PinOutcome {
+    /// Every pinned version, in the order they were pinned.
+    pub pinned: Vec<String>,
+    /// Whether the list changed (pinning a pinned version, or unpinning one that was not, does
+    /// not write).
+    pub changed: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -200,9 +212,23 @@ pub trait Bootloader {
         running_entry: &str,
         tries: u32,
     ) -> Result<RollbackPlan, BootloaderError>;
+    /// Pin (`pin`) or unpin `version` in META `PinnedVersions`: pruning never deletes a pinned
+    /// version's UKI. Only a version on the disk can be pinned; with `dry_run` the checks run
+    /// and nothing is written. GRUB refuses: its two slots leave nothing to pin.
+    fn pin(
+        &mut self,
+        version: &str,
+        pin: bool,
+        dry_run: bool,
+    ) -> Result<PinOutcome, BootloaderError>;
     /// Every entry in menu order and which one boots next, and why (pure read; see
     /// [`explain`]).
     fn explain(&self) -> Result<BootExplanation, BootloaderError>;
+    /// The UKI of the entry `reference` names (a file name, or an entry ID with or without
+    /// boot counter, as [`BootStatus::entry`] resolves it), refused before it is read when it
+    /// is longer than `limit` bytes (pure read; `slate upgrade --check` reads the booted one).
+    /// GRUB refuses: its slots hold a kernel, an initramfs and a command line, not a UKI.
+    fn read_uki(&self, reference: &str, limit: u64) -> Result<Vec<u8>, BootloaderError>;
 }
 
 /// Which boot loader a slate disk was installed with.

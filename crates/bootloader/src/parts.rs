@@ -77,13 +77,47 @@ pub(crate) fn meta_mut<D: Disk>(disk: &mut D) -> Result<MetaStore<PartitionView<
     Ok(store)
 }
 
-/// META `Upgrade` (the entry or slot to fall back to) and META's read warnings.
-pub(crate) fn read_upgrade_tag<D: Disk>(disk: &D) -> Result<(Option<String>, Vec<String>)> {
+/// What the loaders read from META besides the ESP.
+pub(crate) struct MetaFacts {
+    /// META `Upgrade`: the entry or slot to fall back to.
+    pub(crate) upgrade_tag: Option<String>,
+    /// META `PinnedVersions`, or why its value is unreadable.
+    pub(crate) pinned: std::result::Result<Vec<String>, slate_meta::pins::PinError>,
+    pub(crate) warnings: Vec<String>,
+}
+
+/// META `Upgrade`, `PinnedVersions` and META's read warnings, from one read of META.
+pub(crate) fn read_meta_facts<D: Disk>(disk: &D) -> Result<MetaFacts> {
     let meta = MetaStore::open(open_partition(ReadOnly(disk), META_LABEL)?)?;
-    let tag = meta
+    let upgrade_tag = meta
         .get(tags::UPGRADE)
         .map(|v| String::from_utf8_lossy(v).into_owned());
-    Ok((tag, meta.warnings().to_vec()))
+    let pinned = meta
+        .get(tags::PINNED_VERSIONS)
+        .map_or(Ok(Vec::new()), slate_meta::pins::parse_pinned);
+    let mut warnings = meta.warnings().to_vec();
+    if let Err(e) = &pinned {
+        warnings.push(format!("META PinnedVersions: {e}"));
+    }
+    Ok(MetaFacts {
+        upgrade_tag,
+        pinned,
+        warnings,
+    })
+}
+
+/// META `PinnedVersions` set to `versions` (deleted when empty), flushed.
+pub(crate) fn set_pinned<D: Disk>(disk: &mut D, versions: &[String]) -> Result<()> {
+    let mut meta = meta_mut(disk)?;
+    if versions.is_empty() {
+        meta.delete(tags::PINNED_VERSIONS);
+    } else {
+        meta.set(
+            tags::PINNED_VERSIONS,
+            slate_meta::pins::format_pinned(versions),
+        )?;
+    }
+    Ok(meta.flush()?)
 }
 
 /// A rollback may not go below META `VersionFloor` (the anti-rollback floor an upgrade can

@@ -346,3 +346,12 @@ fn a_bad_grubenv_is_refused_before_any_write() {
     let text = std::error::Error::source(&err).unwrap().to_string();
     assert!(text.contains("1536 bytes, too long"), "{text}");
 }
+
+/// GRUB's two slots leave nothing to pin: refused, nothing written.
+#[test]
+fn grub_refuses_pins() {
+    let mut boot = grub(RecordingDisk::on(installed()));
+    let err = boot.pin("1", true, false).unwrap_err().to_string();
+    assert!(err.contains("GRUB keeps two slots"), "{err}");
+    assert!(boot.into_disk().log().is_empty());
+}

@@ -2,14 +2,16 @@
 
 use std::collections::BTreeMap;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use slate_bundle::Digest;
 
 use crate::initramfs::{Blob, FileInfo};
 use crate::rootfs::{display_path, Listing, Node, NodeKind};
 
-/// What `diff` knows of one bundle, read once (see [`crate::inspect`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// What `diff` knows of one bundle, read once (see [`crate::inspect`]), or of the version a
+/// node runs ([`crate::running_summary`]). Its JSON is what a node answers to `GET /v1/image`:
+/// the fields by name, the root filesystem as a list of entries (see `wire.rs`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Summary {
     pub name: String,
     pub version: String,
@@ -26,11 +28,13 @@ pub struct Summary {
     pub modules: BTreeMap<String, Digest>,
     /// The initramfs' `/init`.
     pub init: FileInfo,
-    /// The bundle's `installer` blob: the version's own slate binary.
+    /// The bundle's `installer` blob: the version's own slate binary. On a node, the
+    /// initramfs' `/init`, which is the same file (the imager puts the slate binary there).
     pub slate_binary: Blob,
     /// The compressed initramfs members after the main archive: the system extensions.
     pub extensions: Option<Blob>,
     /// The root filesystem, `rootfs.sqsh` in the initramfs.
+    #[serde(with = "crate::wire")]
     pub rootfs: Listing,
 }
 

@@ -9,7 +9,7 @@ use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read as _;
 
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use slate_bundle::Digest;
 use slate_cpio::{parse_newc, CpioError, Entry, EntryKind};
 use slate_profile::image_contract::ROOTFS_IMAGE_PATH;
@@ -42,7 +42,7 @@ const COMPRESSED_MAGICS: &[&[u8]] = &[
 ];
 
 /// A file of the initramfs: its path (absolute, as on the booted initramfs), size and digest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FileInfo {
     pub path: String,
     pub size: u64,
@@ -50,7 +50,7 @@ pub struct FileInfo {
 }
 
 /// A run of bytes compared as a whole: size and digest.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Blob {
     pub size: u64,
     pub digest: Digest,

@@ -8,6 +8,10 @@
 //! pure; [`render_text`] is the command's text. What is compared, and what is not, is in
 //! docs/formats.md §7.5.
 //!
+//! A node's running version is summarised the same way from its booted UKI
+//! ([`running_summary`], `GET /v1/image`), and its [`Summary`] travels as JSON, so that
+//! `slate upgrade --check` diffs it against a bundle with the same [`diff`] and [`render_text`].
+//!
 //! Nothing here writes. A bundle is never trusted: every part is parsed by a strict reader
 //! (`slate_uki`, `slate_cpio`, `backhand`), and a bad part is an error naming the bundle (A or
 //! B, and its directory) and the part.
@@ -18,6 +22,7 @@ mod inspect;
 mod kernel;
 mod rootfs;
 mod text;
+mod wire;
 
 use std::fmt;
 use std::path::PathBuf;
@@ -33,7 +38,9 @@ pub use initramfs::{
     InitramfsError, INITRAMFS_ALLOWANCE, INIT_PATH, MAX_INITRAMFS_BYTES, MAX_INITRAMFS_EXPANSION,
     MODULES_DIR, ZSTD_MAGIC,
 };
-pub use inspect::{inspect, open, MAX_UKI_BYTES};
+pub use inspect::{
+    inspect, inspect_uki, open, running_summary, Identity, PartError, UkiParts, MAX_UKI_BYTES,
+};
 pub use kernel::{plausible_release, release_of_bzimage, section_text};
 pub use rootfs::{
     display_path, list_squashfs, Listing, Node, NodeKind, RootfsError, EXPANSION_ALLOWANCE,
@@ -75,6 +82,17 @@ impl fmt::Display for Part {
     }
 }
 
+impl Part {
+    /// The part as a booted UKI has it (no blob).
+    fn in_booted_uki(self) -> &'static str {
+        match self {
+            Part::Uki => "the UKI",
+            Part::Initramfs => "its initramfs (.initrd section)",
+            Part::Rootfs => "its root filesystem (rootfs.sqsh in the initramfs)",
+        }
+    }
+}
+
 /// What was wrong with a [`Part`].
 #[derive(Debug, thiserror::Error)]
 pub enum Problem {
@@ -111,12 +129,21 @@ pub enum DiffError {
         #[source]
         source: Problem,
     },
+    /// The running version's booted UKI ([`running_summary`], on a node) whose content is bad.
+    #[error("the running version's boot entry: {}", part.in_booted_uki())]
+    Running {
+        part: Part,
+        #[source]
+        source: Problem,
+    },
 }
 
 impl DiffError {
+    /// The side the error is about; the running version is side A of `slate upgrade --check`.
     pub fn side(&self) -> Side {
         match self {
             DiffError::Bundle { side, .. } | DiffError::Content { side, .. } => *side,
+            DiffError::Running { .. } => Side::A,
         }
     }
 }

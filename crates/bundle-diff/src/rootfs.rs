@@ -13,7 +13,7 @@ use std::io::{Cursor, Read as _};
 use std::os::unix::ffi::OsStrExt as _;
 
 use backhand::{BackhandError, FilesystemReader, InnerNode, SquashfsFileReader};
-use serde::{Serialize, Serializer};
+use serde::{Deserialize, Serialize, Serializer};
 use slate_bundle::{Digest, Hasher};
 
 /// How many times its own size an image may expand to, counting every regular file's declared
@@ -24,7 +24,7 @@ pub const MAX_EXPANSION: u64 = 256;
 pub const EXPANSION_ALLOWANCE: u64 = 64 << 20;
 
 /// The type of a node.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum NodeKind {
     File,

@@ -395,6 +395,10 @@ impl NodeBackend for SimBackend {
     fn status(&self) -> Status {
         let st = lock(&self.state);
         Status {
+            boot_id: None,
+            committed: false,
+            last_rollback: None,
+            pinned: Vec::new(),
             version: st.version.clone(),
             booted_entry: None,
             stage: st.stage,

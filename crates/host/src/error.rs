@@ -111,6 +111,12 @@ pub enum HostError {
         #[source]
         source: Errno,
     },
+    #[error("{op} failed")]
+    Signals {
+        op: &'static str,
+        #[source]
+        source: Errno,
+    },
     #[error("uname failed")]
     Uname {
         #[source]

@@ -16,6 +16,7 @@ mod kmsg_read;
 mod loopdev;
 mod mount;
 mod process;
+mod signals;
 mod system;
 mod teardown;
 mod watchdog;
@@ -35,6 +36,7 @@ pub use mount::{
     move_mount, overlay_lowerdir_option, overlay_writable_options, switch_root, unmount, MsFlags,
 };
 pub use process::{reap_zombies, run_command, run_command_logged, spawn_reaper, CommandEnd};
+pub use signals::{disable_ctrl_alt_del, Signal, SignalReader};
 pub use system::{
     ensure_console_stdio, exec, is_pid1, kernel_release, load_module, poweroff, reboot, ModuleLoad,
 };

@@ -7,14 +7,16 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slate_api::{
-    BackendError, EventStream, LineStream, NodeBackend, RollbackRequest, RollbackResult, Status,
-    UpgradeRequest, UploadedBundle, VersionInfo,
+    BackendError, EventStream, LineStream, NodeBackend, PinRequest, PinResult, RollbackRequest,
+    RollbackResult, Status, UpgradeRequest, UploadedBundle, VersionInfo,
 };
 use slate_sequencer::{Capabilities, LockError, RebootMode, SequenceKind};
 
 use super::journal::Journal;
 use super::node::{Node, Request};
 use super::upgrade;
+
+mod image_summary;
 
 #[derive(Debug)]
 pub struct Backend(pub Arc<Node>);
@@ -120,6 +122,20 @@ impl NodeBackend for Backend {
 
     fn status(&self) -> Status {
         Status {
+            boot_id: self.0.boot_id.clone(),
+            committed: self.0.is_committed(),
+            last_rollback: self
+                .0
+                .last_rollback
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
+            pinned: self
+                .0
+                .pinned
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone(),
             version: self.0.version.clone(),
             booted_entry: self.0.booted_entry.clone(),
             stage: self.0.stage(),
@@ -148,6 +164,11 @@ impl NodeBackend for Backend {
 
     fn boot_explain(&self) -> Result<serde_json::Value, BackendError> {
         crate::transaction::explain().map_err(BackendError::Failed)
+    }
+
+    fn image_summary(&self) -> Result<serde_json::Value, BackendError> {
+        self.require(Capabilities::UPGRADE, "describing the running image")?;
+        image_summary::image_summary(&self.0)
     }
 
     fn show_config(&self) -> Result<slate_api::ConfigView, BackendError> {
@@ -202,6 +223,24 @@ impl NodeBackend for Backend {
             .request(Request::Reboot(req.reboot_mode, guard))
             .map_err(BackendError::Failed)?;
         Ok(result)
+    }
+
+    fn pin(&self, req: PinRequest) -> Result<PinResult, BackendError> {
+        self.require(Capabilities::UPGRADE, "pin")?;
+        // Under the reboot lock: not while an upgrade writes the ESP or a reboot is under way.
+        let _guard = self.0.lock.try_lock(SequenceKind::Reboot).map_err(locked)?;
+        let outcome = crate::transaction::pin(&self.0, &req.version, req.pin, req.dry_run)
+            .map_err(|e| match e {
+                crate::transaction::RollbackError::Refused(why) => {
+                    BackendError::InvalidArgument(why)
+                }
+                crate::transaction::RollbackError::Failed(why) => BackendError::Failed(why),
+            })?;
+        Ok(PinResult {
+            pinned: outcome.pinned,
+            changed: outcome.changed,
+            dry_run: req.dry_run,
+        })
     }
 
     fn reset(&self) -> Result<(), BackendError> {
@@ -276,7 +315,9 @@ impl Iterator for JournalLines {
                 return Some(line);
             }
             let wait = self.follow.then_some(Duration::from_secs(1));
-            let (lines, next) = self.journal.read_from(self.next, wait);
+            // A batch at a time: a follower copies at most 64 lines (of at most 4 KiB) out of
+            // the journal, not the whole ring.
+            let (lines, next) = self.journal.read_some(self.next, wait, 64);
             self.next = next;
             if lines.is_empty() && !self.follow {
                 return None;

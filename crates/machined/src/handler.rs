@@ -1,5 +1,5 @@
-//! The top of PID 1: what happens when a sequence asks for a reboot, or fails fatally.
-//! Neither returns.
+//! The top of PID 1: what happens when a sequence asks for a reboot or a power-off, or fails
+//! fatally. Neither returns.
 
 use std::time::Duration;
 
@@ -16,7 +16,13 @@ const FATAL_REBOOT_DELAY: Duration = Duration::from_secs(10);
 fn teardown(node: &Node) {
     node.journal.info("teardown: stopping all processes");
     slate_host::kill_all_processes(Duration::from_secs(2));
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let points = slate_host::mount_points_for_teardown(&mounts).len();
     let busy = slate_host::unmount_all();
+    node.journal.info(format_args!(
+        "teardown: unmounted {} of {points} file systems",
+        points.saturating_sub(busy.len())
+    ));
     if !busy.is_empty() {
         node.journal.info(format_args!(
             "teardown: detached busy mounts: {}",
@@ -26,7 +32,13 @@ fn teardown(node: &Node) {
                 .join(", ")
         ));
     }
-    if !slate_host::sync_with_budget(SYNC_BUDGET) {
+    let started = std::time::Instant::now();
+    if slate_host::sync_with_budget(SYNC_BUDGET) {
+        node.journal.info(format_args!(
+            "teardown: synced in {:.1?}",
+            started.elapsed()
+        ));
+    } else {
         node.journal.error(format_args!(
             "teardown: sync did not finish within {SYNC_BUDGET:?}"
         ));
@@ -59,9 +71,21 @@ fn going_down(mode: RebootMode) -> (GoDown, String) {
     }
 }
 
+/// The stage a node going down in `mode` reports.
+fn stage_going_down(mode: RebootMode) -> Stage {
+    match mode {
+        RebootMode::PowerOff => Stage::ShuttingDown,
+        RebootMode::Default | RebootMode::Powercycle => Stage::Rebooting,
+    }
+}
+
 /// A sequence returned the typed reboot error: tear down and restart (or power off).
 pub fn reboot(node: &Node, mode: RebootMode) -> ! {
-    node.set_stage(Stage::Rebooting);
+    let stage = stage_going_down(mode);
+    // The sequence's task may have said so already.
+    if node.stage() != stage {
+        node.set_stage(stage);
+    }
     teardown(node);
     let (how, line) = going_down(mode);
     node.journal.info(line);
@@ -119,5 +143,8 @@ mod tests {
             going_down(RebootMode::Powercycle),
             (GoDown::Restart, "rebooting (powercycle)".into())
         );
+        assert_eq!(stage_going_down(RebootMode::PowerOff), Stage::ShuttingDown);
+        assert_eq!(stage_going_down(RebootMode::Default), Stage::Rebooting);
+        assert_eq!(stage_going_down(RebootMode::Powercycle), Stage::Rebooting);
     }
 }

@@ -4,6 +4,8 @@
 //! node API and runs what the API asks for (reboot, reset) as sequences of their own. A sequence
 //! that asks for a reboot unwinds as a typed error to [`handler::reboot`]; any other fatal error
 //! goes to [`handler::fatal`]; Locked and Cancelled are swallowed and the node keeps running.
+//! SIGTERM, SIGPWR, ctrl-alt-del and the ACPI power button ask for a shutdown or a reboot the
+//! same way the API does ([`power_events`]).
 
 mod agent;
 mod backend;
@@ -17,6 +19,8 @@ mod machine;
 mod maintenance;
 mod network;
 mod node;
+mod power_events;
+mod records;
 mod sequences;
 mod system_disk;
 mod task;
@@ -34,7 +38,9 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use slate_api::{EventKind, ServerConfig, Stage};
 use slate_host::KmsgLogger;
-use slate_sequencer::{run_boot, BootOutcome, Disposition, Sequence, SequenceError, TaskError};
+use slate_sequencer::{
+    run_boot, BootOutcome, Disposition, RebootMode, Sequence, SequenceError, TaskError,
+};
 
 use backend::Backend;
 use decision::{HealthOutcome, Phase};
@@ -47,6 +53,8 @@ pub fn run() -> Result<()> {
     if !slate_host::is_pid1() {
         bail!("machined runs as PID 1 of a slate node only");
     }
+    // Before any thread starts: a thread that does not block them would drop them.
+    let signals = power_events::block_signals();
     let _ = slate_host::disable_kmsg_ratelimit();
     let journal = Arc::new(Journal::new(KmsgLogger::open("machined")));
     journal.info(format_args!("starting slate {}", env!("CARGO_PKG_VERSION")));
@@ -60,6 +68,7 @@ pub fn run() -> Result<()> {
     std::panic::set_hook(Box::new(move |info| {
         panic_journal.error(format_args!("panic: {info}"));
     }));
+    power_events::start(&node, signals);
     // The image's health checks and watchdog. The watchdog is armed now and fed only once the
     // boot is committed, so a boot that hangs before its commit is reset by the hardware.
     let config = match health::load_config(Path::new(health::NODE_CONFIG)) {
@@ -115,6 +124,7 @@ fn boot_and_serve(
             if let Err(err) = transaction::settle(node, Phase::Running { health }) {
                 return not_committed(err);
             }
+            node.set_committed();
             _feeder = watchdog.map(|dog| watchdog::feed(node, dog));
             agent::start(node.clone());
         }
@@ -129,6 +139,7 @@ fn boot_and_serve(
     }
     while let Ok(request) = requests.recv() {
         let (sequence, guard) = match request {
+            Request::Reboot(RebootMode::PowerOff, guard) => (sequences::shutdown(node), guard),
             Request::Reboot(mode, guard) => (sequences::reboot(node, mode), guard),
             Request::Reset(guard) => (sequences::reset(node), guard),
             Request::Upgrade(plan, guard) => {
@@ -261,7 +272,13 @@ fn start_api(node: &Arc<Node>) -> Result<slate_api::ServerHandle, TaskError> {
         config.api.client_ca.as_bytes(),
         cert.as_bytes(),
         key.as_bytes(),
-    );
+    )
+    // Uploads land under /var (EPHEMERAL): one whose declared length exceeds its free space is
+    // refused (507) before a byte is read.
+    .with_limits(slate_api::Limits {
+        upload_dir: Some("/var".into()),
+        ..slate_api::Limits::default()
+    });
     Ok(slate_api::spawn(server, Arc::new(Backend(node.clone())))?)
 }
 

@@ -40,6 +40,10 @@ impl NodeBackend for MaintenanceBackend {
 
     fn status(&self) -> Status {
         Status {
+            boot_id: None,
+            committed: false,
+            last_rollback: None,
+            pinned: Vec::new(),
             version: self.version.clone(),
             booted_entry: None,
             stage: Stage::Booting,

@@ -1,10 +1,11 @@
 //! The node's state as machined and the API see it: version, stage, the running sequence,
 //! events, and the request channel from the API to machined's main loop.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 
-use slate_api::{Event, EventKind, Failure, Stage};
+use slate_api::{Event, EventKind, Failure, RollbackRecord, Stage};
 use std::path::PathBuf;
 
 use slate_bundle::{Digest, VerifiedBlobs};
@@ -78,6 +79,14 @@ pub struct Node {
     pub config: BootConfig,
     stage: Mutex<Stage>,
     pub last_failure: Mutex<Option<Failure>>,
+    /// META `LastRollback` as this boot read it (or wrote it).
+    pub last_rollback: Mutex<Option<RollbackRecord>>,
+    /// META `PinnedVersions` as last read or written.
+    pub pinned: Mutex<Vec<String>>,
+    /// The kernel's boot ID, so that clients can tell one boot from the next.
+    pub boot_id: Option<String>,
+    /// Set once this boot is healthy and committed (`transaction::settle` at Running).
+    committed: AtomicBool,
     /// The machine configuration and what came of it.
     pub machine: crate::machine::MachineState,
     /// What the update agent reports (none until it starts).
@@ -115,12 +124,27 @@ impl Node {
             config: BootConfig::from_cmdline(cmdline),
             stage: Mutex::new(Stage::Booting),
             last_failure: Mutex::new(None),
+            last_rollback: Mutex::new(None),
+            pinned: Mutex::new(Vec::new()),
+            boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+                .ok()
+                .map(|id| id.trim().to_owned()),
+            committed: AtomicBool::new(false),
             machine: crate::machine::MachineState::default(),
             agent: Mutex::new(None),
             subscribers: Mutex::new(Vec::new()),
             requests: Mutex::new(tx),
         });
         (node, rx)
+    }
+
+    /// This boot passed its health checks and is committed.
+    pub fn is_committed(&self) -> bool {
+        self.committed.load(Ordering::SeqCst)
+    }
+
+    pub fn set_committed(&self) {
+        self.committed.store(true, Ordering::SeqCst);
     }
 
     pub fn with_booted_entry(self: Arc<Self>, entry: Option<String>) -> Arc<Self> {

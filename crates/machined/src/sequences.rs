@@ -137,17 +137,8 @@ fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), Ta
         entries.len(),
         entries.join(" ")
     ));
-    if let Some(failure) = store.get(slate_meta::tags::LAST_BOOT_FAILURE) {
-        match serde_json::from_slice::<slate_api::Failure>(failure) {
-            Ok(failure) => {
-                ctx.log(&format!(
-                    "the last failed boot was {}: {}",
-                    failure.version, failure.reason
-                ));
-                *node.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(failure);
-            }
-            Err(err) => ctx.log(&format!("META LastBootFailure is not readable: {err}")),
-        }
+    for line in super::records::load(node, |tag| store.get(tag)) {
+        ctx.log(&line);
     }
     match super::upgrade::consume_staged(&mut store) {
         Ok(Some(staged)) => {
@@ -308,6 +299,19 @@ pub fn reboot(node: &Node, mode: RebootMode) -> Sequence<'_> {
             })],
         )
         .into_sequence(SequenceKind::Reboot)
+}
+
+/// Shutdown (SIGTERM, SIGPWR, the power button): the handler's teardown, then power off.
+pub fn shutdown(node: &Node) -> Sequence<'_> {
+    PhaseListBuilder::new()
+        .append(
+            "shutdown",
+            [task(node, "powerOff", move |_| {
+                node.set_stage(Stage::ShuttingDown);
+                Err(TaskError::Reboot(RebootMode::PowerOff))
+            })],
+        )
+        .into_sequence(SequenceKind::Shutdown)
 }
 
 /// Reset: forget the node's state. STATE and EPHEMERAL are unmounted and their heads zeroed
@@ -518,6 +522,21 @@ mod tests {
             assert!(matches!(run(sequence), Err(SequenceError::Reboot { mode: m }) if m == mode));
             assert_eq!(node.stage(), Stage::Rebooting);
         }
+    }
+
+    #[test]
+    fn shutdown_powers_off() {
+        let (node, _requests) = Node::for_tests("");
+        let sequence = shutdown(&node);
+        assert_eq!(sequence.kind(), SequenceKind::Shutdown);
+        assert_eq!(shape(&sequence), [phase("shutdown", &["powerOff"])]);
+        assert!(matches!(
+            run(sequence),
+            Err(SequenceError::Reboot {
+                mode: RebootMode::PowerOff
+            })
+        ));
+        assert_eq!(node.stage(), Stage::ShuttingDown);
     }
 
     #[test]

@@ -2,11 +2,11 @@
 //! it fails. Here machined gathers the facts and executes what `decision.rs` decides; the
 //! bootloader backend does the writes (through the Disk trait, never mounting the ESP).
 
-use slate_bootloader::{Bootloader, CommitOutcome, EfiVars, EfiVarsError};
+use slate_bootloader::{Bootloader, CommitOutcome, EfiVars, EfiVarsError, EntryStatus};
 use slate_disk::FileDisk;
 use slate_sequencer::error_chain;
 
-use super::decision::{decide, BootFacts, Decision, LoaderFacts, Phase, Refusal};
+use super::decision::{decide, BootFacts, Decision, LoaderFacts, Phase, Refusal, Upgrade};
 use super::node::Node;
 
 /// The firmware's variables as efivarfs shows them. Reading is all the systemd-boot backend
@@ -74,6 +74,14 @@ pub fn rollback(
     } else {
         loader.rollback(&running, tries)
     };
+    if let (false, Ok(plan)) = (dry_run, &outcome) {
+        record_rollback(
+            node,
+            &node.version,
+            &plan.version,
+            "asked by hand (slate rollback)",
+        );
+    }
     outcome.map_err(|e| {
         let chain = format!("the rollback is refused: {}", error_chain(&e));
         match e {
@@ -85,6 +93,39 @@ pub fn rollback(
             _ => RollbackError::Failed(chain),
         }
     })
+}
+
+/// `POST /v1/pins`: pin or unpin `version` on the system disk ([`Bootloader::pin`]); the
+/// node's status follows what was written.
+pub fn pin(
+    node: &Node,
+    version: &str,
+    pin: bool,
+    dry_run: bool,
+) -> Result<slate_bootloader::PinOutcome, RollbackError> {
+    let mut loader = system_loader().map_err(RollbackError::Failed)?;
+    let outcome = loader.pin(version, pin, dry_run).map_err(|e| {
+        let chain = error_chain(&e);
+        match e {
+            slate_bootloader::BootloaderError::Invalid(_) => RollbackError::Refused(chain),
+            _ => RollbackError::Failed(chain),
+        }
+    })?;
+    if !dry_run {
+        *node.pinned.lock().unwrap_or_else(|p| p.into_inner()) = outcome.pinned.clone();
+        if outcome.changed {
+            node.journal.info(format_args!(
+                "{} {version}; pinned now: {}",
+                if pin { "pinned" } else { "unpinned" },
+                if outcome.pinned.is_empty() {
+                    "none".to_owned()
+                } else {
+                    outcome.pinned.join(", ")
+                }
+            ));
+        }
+    }
+    Ok(outcome)
 }
 
 /// `GET /v1/boot`: the system disk's boot entries, with the firmware's variables.
@@ -127,16 +168,24 @@ struct Gathered {
     facts: BootFacts,
     loader: Option<Box<dyn Bootloader>>,
     counted: Vec<String>,
+    /// The entries as read before any write, to name the versions a rollback record names.
+    entries: Vec<EntryStatus>,
 }
 
 fn gather(node: &Node, phase: Phase) -> Gathered {
     let booted_entry = booted_entry(node);
-    let (loader, facts, counted) = match system_loader() {
-        Err(reason) => (None, LoaderFacts::Unavailable(reason), Vec::new()),
+    let (loader, facts, counted, entries) = match system_loader() {
+        Err(reason) => (
+            None,
+            LoaderFacts::Unavailable(reason),
+            Vec::new(),
+            Vec::new(),
+        ),
         Ok(loader) => match loader.status() {
             Err(e) => (
                 Some(loader),
                 LoaderFacts::Unreadable(error_chain(&e)),
+                Vec::new(),
                 Vec::new(),
             ),
             Ok(status) => {
@@ -150,7 +199,7 @@ fn gather(node: &Node, phase: Phase) -> Gathered {
                     upgrade_marker: status.upgrade_tag.clone(),
                     default_entry: status.selected_file().map(str::to_owned),
                 };
-                (Some(loader), facts, counted)
+                (Some(loader), facts, counted, status.entries)
             }
         },
     };
@@ -162,6 +211,7 @@ fn gather(node: &Node, phase: Phase) -> Gathered {
         },
         loader,
         counted,
+        entries,
     }
 }
 
@@ -176,6 +226,7 @@ pub fn settle(node: &Node, phase: Phase) -> Result<(), SettleError> {
         facts,
         loader,
         counted,
+        entries,
     } = gather(node, phase);
     // `decide` asks for a write only once the loader was read, which means it opened.
     let loader =
@@ -184,15 +235,69 @@ pub fn settle(node: &Node, phase: Phase) -> Result<(), SettleError> {
         Decision::Nothing(_) => Ok(()),
         Decision::Refuse(Refusal::Unhealthy(report)) => Err(SettleError::Unhealthy(report)),
         Decision::Refuse(refusal) => Err(SettleError::Failed(refusal.to_string())),
-        Decision::Commit { entry, .. } => {
-            commit(node, loader()?, &entry, &counted).map_err(SettleError::Failed)
+        Decision::Commit { entry, upgrade } => {
+            commit(node, loader()?, &entry, &counted).map_err(SettleError::Failed)?;
+            if let Upgrade::AlreadyFailed { .. } = upgrade {
+                if let Some(failed) = failed_version(&entries, &entry, &node.version) {
+                    let reason = failure_reason(node, &failed)
+                        .unwrap_or_else(|| format!("{failed} did not come up in its boot tries"));
+                    record_rollback(node, &failed, &node.version, &reason);
+                }
+            }
+            Ok(())
         }
-        Decision::Revert { failed, .. }
-        | Decision::KeepFallback { entry: failed }
-        | Decision::DropEmptyMarker { failed } => {
+        Decision::Revert { failed, to } => {
+            revert(node, loader()?, &failed).map_err(SettleError::Failed)?;
+            let to = version_of(&entries, &to).unwrap_or(to);
+            let reason =
+                failure_reason(node, &node.version).unwrap_or_else(|| "its boot failed".to_owned());
+            record_rollback(node, &node.version, &to, &reason);
+            Ok(())
+        }
+        Decision::KeepFallback { entry: failed } | Decision::DropEmptyMarker { failed } => {
             revert(node, loader()?, &failed).map_err(SettleError::Failed)
         }
     }
+}
+
+/// The version of the entry `reference` names (a file name, an entry ID or a GRUB slot).
+fn version_of(entries: &[EntryStatus], reference: &str) -> Option<String> {
+    entries
+        .iter()
+        .find(|e| {
+            e.file_name == reference
+                || slate_bootspec::EntryName::parse(&e.file_name).is_ok_and(|name| {
+                    slate_bootspec::refers_to(&slate_bootspec::Entry::new(name), reference)
+                })
+        })
+        .and_then(|e| e.version.clone())
+}
+
+/// When boot counting (or GRUB's one-shot) brought the fallback back: the version that did not
+/// come up — another version than the running one, marked bad if any is, the newest first.
+fn failed_version(entries: &[EntryStatus], booted: &str, running_version: &str) -> Option<String> {
+    let booted_version = version_of(entries, booted);
+    entries
+        .iter()
+        .filter_map(|e| Some((e.version.as_deref()?, e.state)))
+        .filter(|(v, _)| *v != running_version && Some(*v) != booted_version.as_deref())
+        .max_by(|(a, sa), (b, sb)| {
+            let bad = |s: &slate_bootspec::BootState| *s == slate_bootspec::BootState::Bad;
+            bad(sa)
+                .cmp(&bad(sb))
+                .then_with(|| slate_bootspec::compare_versions(a, b))
+        })
+        .map(|(v, _)| v.to_owned())
+}
+
+/// The reason `version` failed, when the node's failure record names it.
+fn failure_reason(node: &Node, version: &str) -> Option<String> {
+    node.last_failure
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .as_ref()
+        .filter(|f| f.version == version)
+        .map(|f| f.reason.clone())
 }
 
 /// Bless the booted entry and drop the marker; the backend knows how for its loader.
@@ -244,6 +349,42 @@ fn revert(node: &Node, mut loader: Box<dyn Bootloader>, failed: &str) -> Result<
 
 /// Remember in META which version failed and why; the next boot reports it in its status.
 pub fn record_failure(node: &Node, reason: &str) -> Result<(), String> {
+    *node.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(slate_api::Failure {
+        version: node.version.clone(),
+        reason: reason.to_owned(),
+    });
+    let json = failure_record(&node.version, reason).map_err(|e| e.to_string())?;
+    write_meta_value(slate_meta::tags::LAST_BOOT_FAILURE, json.into_bytes())
+}
+
+/// Remember in META the return to an older version; the version returned to reports it as
+/// `last_rollback`. Failing to write it loses only the report, never the rollback itself.
+fn record_rollback(node: &Node, from: &str, to: &str, reason: &str) {
+    let record = slate_api::RollbackRecord {
+        from: from.to_owned(),
+        to: to.to_owned(),
+        reason: reason.chars().take(3000).collect(),
+        time: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+    };
+    let written = serde_json::to_vec(&record)
+        .map_err(|e| e.to_string())
+        .and_then(|json| write_meta_value(slate_meta::tags::LAST_ROLLBACK, json));
+    match written {
+        Ok(()) => node.journal.info(format_args!(
+            "rollback recorded: {from} -> {to}: {}",
+            record.reason
+        )),
+        Err(err) => node
+            .journal
+            .error(format_args!("cannot record the rollback in META: {err}")),
+    }
+    *node.last_rollback.lock().unwrap_or_else(|p| p.into_inner()) = Some(record);
+}
+
+/// Set one META value and flush.
+pub fn write_meta_value(tag: u8, value: Vec<u8>) -> Result<(), String> {
     // Through the whole disk, as the boot loader backend reads and rewrites META: the two block
     // devices (disk and partition) have separate page caches, and a revert that had read META
     // through the disk earlier would write the stale copy back over this record.
@@ -255,10 +396,7 @@ pub fn record_failure(node: &Node, reason: &str) -> Result<(), String> {
     let mut store = slate_meta::MetaStore::open(view).map_err(|e| error_chain(&e))?;
     // As in system_disk::open_meta_on: the record of a failure must not be lost to rot.
     store.overwrite_unrecognized();
-    let json = failure_record(&node.version, reason).map_err(|e| e.to_string())?;
-    store
-        .set(slate_meta::tags::LAST_BOOT_FAILURE, json.into_bytes())
-        .map_err(|e| error_chain(&e))?;
+    store.set(tag, value).map_err(|e| error_chain(&e))?;
     store.flush().map_err(|e| error_chain(&e))
 }
 
@@ -383,5 +521,43 @@ mod tests {
             "check x"
         );
         assert_eq!(SettleError::Failed("no META".into()).to_string(), "no META");
+    }
+
+    fn entry(file_name: &str, version: &str, state: slate_bootspec::BootState) -> EntryStatus {
+        EntryStatus {
+            file_name: file_name.into(),
+            version: Some(version.into()),
+            state,
+            len: 1,
+        }
+    }
+
+    /// Boot counting brought v1 back: the version that did not come up is the bad one, named
+    /// in the rollback record; entry references resolve with or without their counters.
+    #[test]
+    fn the_failed_version_is_the_bad_other_one_the_newest_first() {
+        use slate_bootspec::BootState::{Bad, Good};
+        let entries = [
+            entry("slate-1.0.0.efi", "1.0.0", Good),
+            entry("slate-3.0.0+0-3.efi", "3.0.0", Bad),
+            entry("slate-2.0.0+0-3.efi", "2.0.0", Bad),
+            entry("slate-0.9.0.efi", "0.9.0", Good),
+        ];
+        assert_eq!(
+            failed_version(&entries, "slate-1.0.0.efi", "1.0.0").as_deref(),
+            Some("3.0.0")
+        );
+        assert_eq!(
+            version_of(&entries, "slate-3.0.0+1-2.efi").as_deref(),
+            Some("3.0.0")
+        );
+        assert_eq!(version_of(&entries, "slate-7.efi"), None);
+        // GRUB: two slots, the other one is the version that failed.
+        let slots = [entry("A", "1.0.0", Good), entry("B", "2.0.0", Good)];
+        assert_eq!(
+            failed_version(&slots, "A", "1.0.0").as_deref(),
+            Some("2.0.0")
+        );
+        assert_eq!(failed_version(&slots[..1], "A", "1.0.0"), None);
     }
 }

@@ -1,6 +1,7 @@
 //! The online upgrade. A bundle arrives over the API as a tar stream of its OCI layout
 //! ([`receive`]: signature first, every blob hashed once as it arrives) and is kept under
-//! `/var/lib/slate/bundles/<manifest hex>`; nothing touches the boot disk then. The Upgrade
+//! `/var/lib/slate/bundles/<manifest hex>` — up to three of them, until installed or removed by
+//! the retention rule (`receive.rs`); nothing touches the boot disk then. The Upgrade
 //! sequence later runs *the bundle's own* slate binary (the target version's code, after its
 //! digest was checked) in installer mode against the system disk, and reboots into the result.
 //!
@@ -17,7 +18,6 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::os::unix::process::CommandExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use slate_api::{BackendError, Stage, UploadedBundle};
 use slate_bundle::{Bundle, Digest, VerifiedBlobs, INSTALLER_ROLE};
@@ -60,16 +60,12 @@ pub fn bundle_dir(id: &Digest) -> PathBuf {
     Path::new(BUNDLES_DIR).join(id.hex())
 }
 
-/// Remove every kept bundle but `dir` (one bundle at a time: /var is not a cache of old
-/// versions; `dir` itself may hold an interrupted pull to resume).
+/// Make room for a pull into `dir` by the retention rule of received bundles (`receive.rs`),
+/// `dir` counted as the newest: /var is not a cache of old versions, but a bundle answered to
+/// an upload stays until the rule removes it. `dir` itself may hold an interrupted pull to
+/// resume.
 pub fn keep_only(dir: &Path) {
-    if let Ok(entries) = fs::read_dir(BUNDLES_DIR) {
-        for entry in entries.flatten() {
-            if entry.path() != dir {
-                let _ = fs::remove_dir_all(entry.path());
-            }
-        }
-    }
+    receive::retain(Path::new(BUNDLES_DIR), Some(dir));
 }
 
 /// The plan for a bundle the update agent pulled into `dir` by its digest `id`: the checks of
@@ -200,24 +196,9 @@ fn check_policy(
     slate_trust::check_update(target, &facts, allow_downgrade).map_err(|e| chain(&e))
 }
 
-/// Counts the bytes of the upload as they are read.
-struct Counting<'a> {
-    inner: &'a mut dyn Read,
-    bytes: u64,
-}
-
-impl Read for Counting<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        let n = self.inner.read(buf)?;
-        self.bytes += n as u64;
-        Ok(n)
-    }
-}
-
-/// `POST /v1/bundles`: unpack beside the others, check (signature first, each blob hashed once
-/// as it arrives), and keep only this one.
+/// `POST /v1/bundles`: unpack in a staging directory of its own, check (signature first, each
+/// blob hashed once as it arrives), keep it by its id, and apply the retention rule.
 pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, BackendError> {
-    static UPLOADS: AtomicU64 = AtomicU64::new(0);
     let refuse = |err: BackendError| {
         node.journal
             .info(format_args!("refused an uploaded bundle: {err}"));
@@ -226,48 +207,18 @@ pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, Backe
     // Before a byte of the body is read: a node without anchors takes nothing.
     let keys =
         trusted_keys().map_err(|e| refuse(invalid(format!("the bundle is refused: {e}"))))?;
-    let root = Path::new(BUNDLES_DIR);
-    let staging = root.join(format!(
-        ".incoming-{}",
-        UPLOADS.fetch_add(1, Ordering::Relaxed)
-    ));
-    let _ = fs::remove_dir_all(&staging);
-    fs::create_dir_all(&staging)
-        .map_err(|e| BackendError::Failed(format!("{}: {e}", staging.display())))?;
-    let mut counting = Counting {
-        inner: body,
-        bytes: 0,
-    };
-    let received = match receive::receive_into(&staging, &keys, &mut counting) {
-        Ok(received) => received,
-        Err(err) => {
-            let _ = fs::remove_dir_all(&staging);
-            return Err(refuse(err));
-        }
-    };
-    let id = received.bundle.digest().clone();
-    let manifest = received.bundle.manifest().clone();
-    let kept = bundle_dir(&id);
-    // One bundle at a time: /var is not a cache of old versions.
-    if let Ok(entries) = fs::read_dir(root) {
-        for entry in entries.flatten() {
-            if entry.path() != staging {
-                let _ = fs::remove_dir_all(entry.path());
-            }
-        }
-    }
-    fs::rename(&staging, &kept)
-        .map_err(|e| BackendError::Failed(format!("keeping the bundle: {e}")))?;
-    receive::remember(&id, received.bundle.verified_blobs());
+    let kept = receive::keep_upload(Path::new(BUNDLES_DIR), &keys, body).map_err(refuse)?;
+    let id = kept.received.bundle.digest().clone();
+    let manifest = kept.received.bundle.manifest().clone();
     node.journal.info(format_args!(
         "received bundle {} {} ({id}, {} bytes, signed by key {})",
-        manifest.name, manifest.version, counting.bytes, received.signed
+        manifest.name, manifest.version, kept.bytes, kept.received.signed
     ));
     Ok(UploadedBundle {
         id: id.to_string(),
         name: manifest.name,
         version: manifest.version,
-        size: counting.bytes,
+        size: kept.bytes,
     })
 }
 
@@ -389,6 +340,8 @@ pub fn stage_sequence(node: &Node, plan: UpgradePlan) -> Sequence<'_> {
         .append(
             "stage",
             [task(node, "stageUpgrade", move |ctx| {
+                // Kept for the next boot: the retention rule must not remove it meanwhile.
+                receive::hold(&plan.bundle_id);
                 record_staged(&plan).map_err(failed)?;
                 ctx.log(&format!(
                     "staged the upgrade to {} in META; it runs on the next boot",
@@ -450,10 +403,13 @@ fn upgrade_phases<'a>(
     let (id, verified) = (plan.bundle_id.clone(), plan.verified.clone());
     let reboot = plan.reboot;
     let plan_allow_downgrade = plan.allow_downgrade;
+    let held = plan.bundle_id.clone();
     builder
         .append(
             "stage",
             [task(node, "announce", move |_| {
+                // The retention rule leaves the bundle alone while it is installed.
+                receive::hold(&held);
                 node.set_stage(Stage::Upgrading);
                 Ok(())
             })],
@@ -507,6 +463,10 @@ fn upgrade_phases<'a>(
                 let out = slate_host::run_command(&mut cmd)?;
                 for line in String::from_utf8_lossy(&out.stdout).lines() {
                     ctx.log(&format!("installer: {line}"));
+                }
+                // Installed: the bundle has served (the retention rule's "used by an upgrade").
+                if let Err(e) = receive::used(&plan.bundle_dir, &plan.bundle_id) {
+                    ctx.log(&format!("removing the installed bundle: {e}"));
                 }
                 Ok(())
             })],

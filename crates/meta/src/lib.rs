@@ -8,6 +8,7 @@
 mod adv;
 mod legacy;
 pub mod payload;
+pub mod pins;
 mod store;
 mod tag;
 

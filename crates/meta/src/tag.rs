@@ -22,6 +22,11 @@ pub mod tags {
     /// slate's own: the lowest version this node may ever be updated to (UAPI version order),
     /// whatever `--allow-downgrade` says; absent, a downgrade needs only that flag.
     pub const VERSION_FLOOR: u8 = 0x41;
+    /// slate's own: JSON `{"from", "to", "reason", "time"}` of the last return to an older
+    /// version (a revert, a boot-counting fallback, or `slate rollback`).
+    pub const LAST_ROLLBACK: u8 = 0x42;
+    /// slate's own: the versions pinned on the ESP, comma-separated (never pruned).
+    pub const PINNED_VERSIONS: u8 = 0x43;
 }
 
 const NAMES: &[(u8, &str)] = &[
@@ -45,6 +50,8 @@ const NAMES: &[(u8, &str)] = &[
     (tags::DISK_IMAGE_BOOTLOADER, "DiskImageBootloader"),
     (tags::LAST_BOOT_FAILURE, "LastBootFailure"),
     (tags::VERSION_FLOOR, "VersionFloor"),
+    (tags::LAST_ROLLBACK, "LastRollback"),
+    (tags::PINNED_VERSIONS, "PinnedVersions"),
 ];
 
 /// The Talos name of a tag, if it has one.

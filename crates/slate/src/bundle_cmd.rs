@@ -6,7 +6,7 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use slate_bundle_diff::Side;
+use slate_bundle_diff::{BundleDiff, Side};
 
 use crate::args::OutputFormat;
 
@@ -42,13 +42,19 @@ pub fn run(cmd: BundleCommand) -> Result<()> {
     let a = slate_bundle_diff::open(Side::A, &args.a, args.tag_a.as_deref())?;
     let b = slate_bundle_diff::open(Side::B, &args.b, args.tag_b.as_deref())?;
     let diff = slate_bundle_diff::diff_bundles(&a, &b)?;
+    print_diff(&diff, args.output)
+}
+
+/// A diff on stdout: its text, or its JSON (pretty, one value). `slate upgrade --check` prints
+/// with this too.
+pub fn print_diff(diff: &BundleDiff, output: OutputFormat) -> Result<()> {
     let mut out = std::io::stdout().lock();
-    match args.output {
+    match output {
         OutputFormat::Json => {
-            serde_json::to_writer_pretty(&mut out, &diff)?;
+            serde_json::to_writer_pretty(&mut out, diff)?;
             writeln!(out)?;
         }
-        OutputFormat::Text => out.write_all(slate_bundle_diff::render_text(&diff).as_bytes())?,
+        OutputFormat::Text => out.write_all(slate_bundle_diff::render_text(diff).as_bytes())?,
     }
     out.flush()?;
     Ok(())

@@ -93,6 +93,28 @@ pub enum Command {
         mode: RebootModeArg,
         #[arg(long)]
         dry_run: bool,
+        #[command(flatten)]
+        wait: crate::wait::WaitArgs,
+        /// `json` with --wait: one progress event per line.
+        #[arg(long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// Keep a version's UKI on the node's ESP whatever later upgrades prune (admin; META
+    /// PinnedVersions, kept across upgrades and reverts; systemd-boot disks only).
+    Pin {
+        version: String,
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// Let later upgrades prune a pinned version again (admin).
+    Unpin {
+        version: String,
+        #[arg(long)]
+        dry_run: bool,
+        #[arg(long, value_enum, default_value_t)]
+        output: OutputFormat,
     },
     /// Go back to the previous version still on the node's disk (admin): it boots next on trial
     /// with the running version recorded to return to, and the node reboots. Its health
@@ -107,6 +129,8 @@ pub enum Command {
         /// Ask the node what would boot next; nothing is written, nothing reboots.
         #[arg(long)]
         dry_run: bool,
+        #[command(flatten)]
+        wait: crate::wait::WaitArgs,
         #[arg(long, value_enum, default_value_t)]
         output: OutputFormat,
     },
@@ -171,11 +195,43 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Release(cmd) => release_cmd::run(cmd),
         Command::Status { output } => node_cmd::status(&cli.target, output),
         Command::Version { output } => node_cmd::version(&cli.target, output),
-        Command::Reboot { mode, dry_run } => node_cmd::reboot(&cli.target, mode, dry_run),
+        Command::Reboot {
+            mode,
+            dry_run,
+            wait,
+            output,
+        } => node_cmd::reboot(&cli.target, mode, dry_run, &wait, output),
+        Command::Pin {
+            version,
+            dry_run,
+            output,
+        } => node_cmd::pin(
+            &cli.target,
+            &slate_api::PinRequest {
+                version,
+                pin: true,
+                dry_run,
+            },
+            output,
+        ),
+        Command::Unpin {
+            version,
+            dry_run,
+            output,
+        } => node_cmd::pin(
+            &cli.target,
+            &slate_api::PinRequest {
+                version,
+                pin: false,
+                dry_run,
+            },
+            output,
+        ),
         Command::Rollback {
             tries,
             reboot_mode,
             dry_run,
+            wait,
             output,
         } => node_cmd::rollback(
             &cli.target,
@@ -184,6 +240,7 @@ pub fn run(cli: Cli) -> Result<()> {
                 tries,
                 reboot_mode: reboot_mode.into(),
             },
+            &wait,
             output,
         ),
         Command::Reset { dry_run } => node_cmd::reset(&cli.target, dry_run),

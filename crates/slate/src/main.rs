@@ -21,6 +21,7 @@ mod release_cmd;
 mod transport_cmd;
 mod trust_cmd;
 mod upgrade_cmd;
+mod wait;
 
 use std::ffi::OsString;
 use std::path::Path;

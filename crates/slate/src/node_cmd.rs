@@ -9,6 +9,7 @@ use anyhow::{Context as _, Result};
 use clap::Subcommand;
 
 use crate::args::{NodeTarget, OutputFormat, RebootModeArg};
+use crate::wait::{Progress, Reporter, WaitArgs};
 
 #[derive(Debug, Subcommand)]
 pub enum GenCommand {
@@ -89,8 +90,25 @@ pub fn status(target: &NodeTarget, output: OutputFormat) -> Result<()> {
             if let Some(id) = &status.machine_id {
                 println!("machine:  {id}");
             }
+            println!(
+                "boot:     {}",
+                if status.committed {
+                    "committed"
+                } else {
+                    "not committed yet"
+                }
+            );
             if let Some(failure) = &status.last_failure {
                 println!("failed:   {} ({})", failure.version, failure.reason);
+            }
+            if let Some(rollback) = &status.last_rollback {
+                println!(
+                    "rollback: {} -> {} at {} (unix): {}",
+                    rollback.from, rollback.to, rollback.time, rollback.reason
+                );
+            }
+            if !status.pinned.is_empty() {
+                println!("pinned:   {}", status.pinned.join(", "));
             }
             if let Some(agent) = &status.agent {
                 print_agent(agent);
@@ -149,26 +167,54 @@ pub fn version(target: &NodeTarget, output: OutputFormat) -> Result<()> {
     }
 }
 
-pub fn reboot(target: &NodeTarget, mode: RebootModeArg, dry_run: bool) -> Result<()> {
+pub fn reboot(
+    target: &NodeTarget,
+    mode: RebootModeArg,
+    dry_run: bool,
+    wait: &WaitArgs,
+    output: OutputFormat,
+) -> Result<()> {
     let client = target.client()?;
     if dry_run {
         println!("would reboot {} ({mode:?})", client.addr());
         return Ok(());
     }
+    let before = wait
+        .wait
+        .then(|| crate::wait::status_before(target))
+        .transpose()?;
     client.reboot(mode.into()).context("rebooting the node")?;
-    println!("reboot accepted by {}", client.addr());
-    Ok(())
+    let Some(before) = before else {
+        println!("reboot accepted by {}", client.addr());
+        return Ok(());
+    };
+    let reporter = Reporter::new(output);
+    reporter.report(&Progress::Accepted {
+        operation: "reboot".into(),
+    });
+    crate::wait::follow(target, &before, None, wait, &reporter)
 }
 
 pub fn rollback(
     target: &NodeTarget,
     req: &slate_api::RollbackRequest,
+    wait: &WaitArgs,
     output: OutputFormat,
 ) -> Result<()> {
     let client = target.client()?;
+    let before = (wait.wait && !req.dry_run)
+        .then(|| crate::wait::status_before(target))
+        .transpose()?;
     let result = client
         .rollback(req)
         .with_context(|| format!("rolling back {}", client.addr()))?;
+    if let Some(before) = before {
+        let reporter = Reporter::new(output);
+        reporter.report(&Progress::Accepted {
+            operation: format!("rollback to {} ({} on trial)", result.version, result.to),
+        });
+        return crate::wait::follow(target, &before, Some(result.version), wait, &reporter);
+    }
     match output {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&result)?),
         OutputFormat::Text if result.dry_run => println!(
@@ -215,5 +261,31 @@ pub fn logs(target: &NodeTarget, follow: bool, kernel: bool) -> Result<()> {
         client
             .logs(follow, print_line)
             .context("reading machined's log")
+    }
+}
+
+/// `slate pin VERSION` / `slate unpin VERSION`.
+pub fn pin(target: &NodeTarget, req: &slate_api::PinRequest, output: OutputFormat) -> Result<()> {
+    let client = target.client()?;
+    let verb = if req.pin { "pin" } else { "unpin" };
+    let result = client
+        .pin(req)
+        .with_context(|| format!("{verb}ning {} on {}", req.version, client.addr()))?;
+    match output {
+        OutputFormat::Json => print_json(&result),
+        OutputFormat::Text => {
+            let pinned = if result.pinned.is_empty() {
+                "none".to_owned()
+            } else {
+                result.pinned.join(", ")
+            };
+            let what = match (result.dry_run, result.changed) {
+                (true, true) => format!("would {verb} {} (dry run: nothing written)", req.version),
+                (_, false) => format!("{} was already {verb}ned: nothing to write", req.version),
+                (false, true) => format!("{verb}ned {}", req.version),
+            };
+            println!("{what}; pinned: {pinned}");
+            Ok(())
+        }
     }
 }

@@ -1,9 +1,13 @@
 //! `slate upgrade --image REF`: find the bundle (a local OCI layout, or one the node already
 //! holds), check every digest here, stream it to the node, and ask the node to upgrade to it.
 //! The node checks it again and runs the bundle's own installer.
+//!
+//! `--check`: the node's running version (`GET /v1/image`) diffed with the bundle, as
+//! `slate bundle diff` diffs two bundles (docs/formats.md §7.5); nothing is sent.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
@@ -13,8 +17,9 @@ use slate_bundle::Bundle;
 
 use slate_transport::Reference;
 
-use crate::args::{NodeTarget, RebootModeArg, RegistryArgs};
+use crate::args::{NodeTarget, OutputFormat, RebootModeArg, RegistryArgs};
 use crate::progress::pull_to_cache;
+use crate::wait::{Progress, Reporter, WaitArgs};
 
 #[derive(Debug, Args)]
 pub struct UpgradeArgs {
@@ -42,6 +47,19 @@ pub struct UpgradeArgs {
     /// Show what would be sent, send nothing.
     #[arg(long)]
     pub dry_run: bool,
+    /// Show what the upgrade would change, and do nothing else: the version the node runs
+    /// against the bundle, as `slate bundle diff` shows two bundles (version, kernel, command
+    /// line, modules, init, slate binary, and the root filesystem file by file). Nothing is
+    /// uploaded and no upgrade is asked; the only thing written is a registry image pulled into
+    /// --cache. Exits 0 whether or not they differ. Not for bundle:sha256:… (read here).
+    #[arg(long, conflicts_with_all = ["wait", "stage", "dry_run"])]
+    pub check: bool,
+    #[command(flatten)]
+    pub wait: WaitArgs,
+    /// `json` with --wait: one progress event per line; with --check: the diff as one JSON
+    /// value.
+    #[arg(long, value_enum, default_value_t)]
+    pub output: OutputFormat,
 }
 
 /// Where the bundle comes from.
@@ -101,7 +119,52 @@ fn open_checked(dir: &Path, tag: Option<&str>) -> Result<Bundle> {
     Ok(bundle)
 }
 
+/// How long the node may take to read and hash its running image.
+const CHECK_TIMEOUT: Duration = Duration::from_secs(600);
+
+/// `--check`: the node's running version first (a node that cannot answer costs no pull), then
+/// the bundle, read here with the readers `slate bundle diff` uses; the same diff and output.
+fn check(target: &NodeTarget, args: &UpgradeArgs) -> Result<()> {
+    if args.image.starts_with("bundle:") {
+        anyhow::bail!(
+            "--check reads the bundle here, and {} is only on the node: give its layout or \
+             registry reference",
+            args.image
+        );
+    }
+    let client = target.client()?.with_timeout(CHECK_TIMEOUT);
+    let route = slate_api::route_of(slate_api::Endpoint::ImageSummary);
+    let running: slate_bundle_diff::Summary = client
+        .call(route.method, route.path, None::<&()>)
+        .map_err(|e| match e {
+            slate_api::ClientError::NotFound(_) => anyhow::anyhow!(
+                "{} does not serve {} {}: it runs a slate older than `upgrade --check`; compare \
+                 bundles offline with `slate bundle diff OLD NEW`",
+                client.addr(),
+                route.method,
+                route.path
+            ),
+            other => anyhow::Error::new(other),
+        })
+        .with_context(|| format!("reading the running image of {}", client.addr()))?;
+    let bundle = match parse_image(args)? {
+        Source::Layout(dir, tag) => open_checked(&dir, tag.as_deref())?,
+        Source::Pulled(dir, tag) => slate_transport::open_cached(&dir, &tag)
+            .with_context(|| format!("opening {}", dir.display()))?,
+        // bundle:… is refused above; a registry image is only resolved on a --dry-run.
+        Source::OnNode(_) | Source::Resolved(_) => {
+            anyhow::bail!("--check reads the bundle here: give its layout or registry reference")
+        }
+    };
+    let target_summary = slate_bundle_diff::inspect(slate_bundle_diff::Side::B, &bundle)?;
+    let diff = slate_bundle_diff::diff(&running, &target_summary);
+    crate::bundle_cmd::print_diff(&diff, args.output)
+}
+
 pub fn run(target: &NodeTarget, args: UpgradeArgs) -> Result<()> {
+    if args.check {
+        return check(target, &args);
+    }
     let client = target.client()?;
     let mut request = UpgradeRequest {
         image: String::new(),
@@ -110,7 +173,17 @@ pub fn run(target: &NodeTarget, args: UpgradeArgs) -> Result<()> {
         allow_downgrade: args.allow_downgrade,
         tries: args.tries,
     };
+    let wait = args.wait.wait && !args.dry_run;
+    let before = if wait {
+        Some(crate::wait::status_before(target)?)
+    } else {
+        None
+    };
     let bundle = match parse_image(&args)? {
+        Source::OnNode(_) if wait => anyhow::bail!(
+            "--wait needs the bundle's version to know what must be committed: give its layout \
+             or registry reference rather than bundle:sha256:…"
+        ),
         Source::OnNode(id) => {
             request.image = id;
             return send(&client, &request, args.dry_run);
@@ -163,12 +236,38 @@ pub fn run(target: &NodeTarget, args: UpgradeArgs) -> Result<()> {
         )
         .with_context(|| format!("uploading the bundle to {}", client.addr()))?;
     bar.finish_and_clear();
-    println!(
-        "uploaded {} {} ({}, {} bytes)",
-        uploaded.name, uploaded.version, uploaded.id, uploaded.size
-    );
     request.image = format!("bundle:{}", uploaded.id);
-    send(&client, &request, false)
+    let Some(before) = before else {
+        println!(
+            "uploaded {} {} ({}, {} bytes)",
+            uploaded.name, uploaded.version, uploaded.id, uploaded.size
+        );
+        return send(&client, &request, false);
+    };
+    let reporter = Reporter::new(args.output);
+    reporter.report(&Progress::Uploaded {
+        version: uploaded.version.clone(),
+        bytes: uploaded.size,
+    });
+    reporter.report(&Progress::Verified {
+        version: uploaded.version.clone(),
+        id: uploaded.id.clone(),
+    });
+    client.upgrade(&request).context("upgrading the node")?;
+    reporter.report(&Progress::Accepted {
+        operation: if request.stage {
+            "staged upgrade".into()
+        } else {
+            "upgrade".into()
+        },
+    });
+    crate::wait::follow(
+        target,
+        &before,
+        Some(uploaded.version),
+        &args.wait,
+        &reporter,
+    )
 }
 
 fn send(client: &slate_api::Client, request: &UpgradeRequest, dry_run: bool) -> Result<()> {
@@ -202,6 +301,12 @@ mod tests {
             allow_downgrade: false,
             reboot_mode: RebootModeArg::Default,
             dry_run: true,
+            check: false,
+            wait: WaitArgs {
+                wait: false,
+                timeout: 1200,
+            },
+            output: OutputFormat::Text,
         }
     }
 

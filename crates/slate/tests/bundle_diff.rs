@@ -2,7 +2,8 @@
 //! zstd initramfs laid out as the imager lays it out, with a real root squashfs) that differ by
 //! exactly one added and one changed file in the root, shown as exactly that in text and JSON;
 //! and bundles with a bad digest or a truncated squashfs refused with an error naming the
-//! bundle and the part, exit status non-zero.
+//! bundle and the part, exit status non-zero. `slate upgrade --check` the same way: a node (the
+//! real API server over a fake backend) running bundle A's UKI, checked against bundle B.
 
 use std::fs;
 use std::io::Cursor;
@@ -243,4 +244,161 @@ fn a_bad_bundle_is_named_with_its_bad_part() {
         err.contains(&format!("bundle A ({})", dir.path().display())),
         "{err}"
     );
+}
+
+/// What a node running `bundle`'s UKI answers to `GET /v1/image`, as machined makes it.
+fn running(bundle: &Path) -> slate_bundle_diff::Summary {
+    let bundle = slate_bundle::Bundle::open(bundle, None).unwrap();
+    let uki = bundle.read_blob(slate_bundle::UKI_ROLE).unwrap();
+    let m = bundle.manifest();
+    let identity = slate_bundle_diff::Identity {
+        name: m.name.clone(),
+        version: m.version.clone(),
+        arch: m.arch.clone(),
+        variant: m.variant.clone(),
+    };
+    slate_bundle_diff::running_summary(uki, identity).unwrap()
+}
+
+/// A node's summary of its booted UKI is the bundle's summary: the slate binary, read from the
+/// initramfs' `/init` on a node, is the bundle's `installer` blob (the imager writes the same
+/// file to both, as these bundles do).
+#[test]
+fn a_running_uki_sums_up_as_its_bundle() {
+    let Some((_dir, a, _b)) = fixture() else {
+        return;
+    };
+    let bundle = slate_bundle::Bundle::open(&a, None).unwrap();
+    let inspected = slate_bundle_diff::inspect(slate_bundle_diff::Side::A, &bundle).unwrap();
+    assert_eq!(running(&a), inspected);
+    // And it survives its trip as JSON.
+    let json = serde_json::to_vec(&inspected).unwrap();
+    assert_eq!(
+        serde_json::from_slice::<slate_bundle_diff::Summary>(&json).unwrap(),
+        inspected
+    );
+}
+
+/// A node that answers `GET /v1/image` with a fixed summary, or with an error.
+struct RunningNode(Result<serde_json::Value, slate_api::BackendError>);
+
+impl slate_api::NodeBackend for RunningNode {
+    fn version(&self) -> slate_api::VersionInfo {
+        panic!("--check asked for the version")
+    }
+    fn status(&self) -> slate_api::Status {
+        panic!("--check asked for the status")
+    }
+    fn reboot(&self, _: slate_api::RebootMode) -> Result<(), slate_api::BackendError> {
+        panic!("--check asked for a reboot")
+    }
+    fn reset(&self) -> Result<(), slate_api::BackendError> {
+        panic!("--check asked for a reset")
+    }
+    fn upgrade(&self, _: slate_api::UpgradeRequest) -> Result<(), slate_api::BackendError> {
+        panic!("--check asked for an upgrade")
+    }
+    fn receive_bundle(
+        &self,
+        _: &mut dyn std::io::Read,
+    ) -> Result<slate_api::UploadedBundle, slate_api::BackendError> {
+        panic!("--check uploaded a bundle")
+    }
+    fn image_summary(&self) -> Result<serde_json::Value, slate_api::BackendError> {
+        self.0.clone()
+    }
+    fn events(&self) -> slate_api::EventStream {
+        std::sync::mpsc::channel().1
+    }
+    fn logs(&self, _: bool) -> Result<slate_api::LineStream, slate_api::BackendError> {
+        Err(slate_api::BackendError::Unsupported("no logs".into()))
+    }
+    fn dmesg(&self, _: bool) -> Result<slate_api::LineStream, slate_api::BackendError> {
+        Err(slate_api::BackendError::Unsupported("no dmesg".into()))
+    }
+}
+
+/// The node API on 127.0.0.1 over `node`, and the certificates to reach it.
+fn serve(node: RunningNode) -> (tempfile::TempDir, slate_api::ServerHandle) {
+    let certs = tempfile::tempdir().unwrap();
+    slate_api::gen_certs(certs.path(), &["node-1.example".to_owned()]).unwrap();
+    let config =
+        slate_api::ServerConfig::from_dir("127.0.0.1:0".parse().unwrap(), certs.path()).unwrap();
+    let server = slate_api::spawn(config, std::sync::Arc::new(node)).unwrap();
+    (certs, server)
+}
+
+#[test]
+fn upgrade_check_diffs_the_running_version_with_the_bundle() {
+    let Some((_dir, a, b)) = fixture() else {
+        return;
+    };
+    let summary = serde_json::to_value(running(&a)).unwrap();
+    let (certs, server) = serve(RunningNode(Ok(summary)));
+    let addr = server.local_addr().to_string();
+    let check = |image: &Path, extra: &[&str]| {
+        let mut args = vec![
+            "--node",
+            &addr,
+            "--certs",
+            s(certs.path()),
+            "--role",
+            "reader",
+            "upgrade",
+            "--check",
+            "--image",
+            s(image),
+        ];
+        args.extend_from_slice(extra);
+        ok(&args)
+    };
+    // Exactly what `slate bundle diff A B` prints, text and JSON.
+    let text = check(&b, &[]);
+    assert_eq!(text, ok(&["bundle", "diff", s(&a), s(&b)]));
+    assert!(text.ends_with("1 added, 0 removed, 1 changed\n"), "{text}");
+    assert_eq!(
+        check(&b, &["--output", "json"]),
+        ok(&["bundle", "diff", s(&a), s(&b), "--output", "json"])
+    );
+    assert_eq!(
+        check(&a, &[]),
+        "no differences\n0 added, 0 removed, 0 changed\n"
+    );
+    server.shutdown().unwrap();
+}
+
+#[test]
+fn upgrade_check_refusals_name_the_reason() {
+    let Some((_dir, a, _b)) = fixture() else {
+        return;
+    };
+    let grub = "slot A holds no UKI: a GRUB slot is a kernel, an initramfs and a command line; \
+                compare bundles offline with `slate bundle diff OLD NEW`";
+    let (certs, server) = serve(RunningNode(Err(slate_api::BackendError::Unsupported(
+        grub.into(),
+    ))));
+    let addr = server.local_addr().to_string();
+    let base = [
+        "--node",
+        &addr,
+        "--certs",
+        s(certs.path()),
+        "upgrade",
+        "--check",
+    ];
+    let run = |extra: &[&str]| {
+        let mut args = base.to_vec();
+        args.extend_from_slice(extra);
+        fails(&args)
+    };
+    let err = run(&["--image", s(&a)]);
+    assert!(err.contains("reading the running image of"), "{err}");
+    assert!(err.contains(grub), "{err}");
+    let err = run(&["--image", "bundle:sha256:00"]);
+    assert!(err.contains("--check reads the bundle here"), "{err}");
+    for other in ["--wait", "--stage", "--dry-run"] {
+        let err = run(&["--image", s(&a), other]);
+        assert!(err.contains("cannot be used with"), "{other}: {err}");
+    }
+    server.shutdown().unwrap();
 }

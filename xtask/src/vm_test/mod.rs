@@ -208,7 +208,8 @@ fn ensure_logged(boot: &Running, line: &str) -> Result<()> {
 /// One node through its life: first boot (through systemd-boot and the UKI into slate's init,
 /// the squashfs root and machined; STATE and EPHEMERAL formatted because blank), the API with
 /// its roles, a reboot asked over the API, a second boot that keeps STATE, two concurrent resets
-/// of which one is refused as locked, and the third boot that formats again.
+/// of which one is refused as locked, the third boot that formats again and waits in
+/// maintenance mode, and the ACPI power button that shuts it down.
 fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
     let image = work.join("node.raw");
     build_image(&prepared.slate, "1.0.0", &[], &image)?;
@@ -226,7 +227,7 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
     let mut boot = running(&mut vm)?;
     let first_boot = boot.elapsed();
     for line in [
-        "[slate] [initramfs] loaded 20/20",
+        "[slate] [initramfs] loaded 22/22",
         "[slate] [initramfs] switched root; executing /usr/bin/machined",
         "[slate] [machined] starting slate",
         "root squashfs",
@@ -373,13 +374,41 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
         status["node_name"] == "reconfigured" && status["hostname"] == "reconfigured",
         "configured out of maintenance mode: {status}"
     );
-    boot.kill();
+
+    // The ACPI power button (what a host asks a guest to shut down with): machined stops
+    // everything, unmounts, syncs and powers off, and QEMU ends by itself.
+    ensure_logged(
+        &boot,
+        "[slate] [machined] power button: watching /dev/input/event",
+    )?;
+    boot.system_powerdown()?;
+    let pressed = std::time::Instant::now();
+    boot.wait_exit(Duration::from_secs(60))
+        .context("the power button should power the node off")?;
+    let powered_off = pressed.elapsed();
+    for line in [
+        "[slate] [machined] shutdown: power button pressed",
+        "[slate] [machined] stage ShuttingDown",
+        "[slate] [machined] teardown: stopping all processes",
+        "[slate] [machined] teardown: unmounted ",
+        "[slate] [machined] teardown: synced in ",
+        "[slate] [machined] powering off",
+    ] {
+        ensure_logged(&boot, line)?;
+    }
+    let serial = boot.serial();
+    ensure!(
+        !serial.contains("detached busy mounts") && !serial.contains("sync did not finish"),
+        "the power-off teardown should unmount and sync cleanly:\n{}",
+        crate::vm::tail(&serial, 20)
+    );
     Ok(format!(
         "first boot to Running in {first_boot:.1?}; +3 -> +2-1 counted by systemd-boot and blessed; \
          API roles enforced; reboot, STATE kept; concurrent resets: 1 accepted, 1 locked; \
          volumes reformatted after reset; maintenance mode (no configuration): mTLS refused, a \
          wrong token refused, configured with the console's token and pinned certificate \
-         ({pin:.16}…), Running as node `reconfigured`"
+         ({pin:.16}…), Running as node `reconfigured`; power button: unmounted, synced, powered \
+         off in {powered_off:.1?}"
     ))
 }
 

@@ -2,6 +2,8 @@
 
 #![allow(dead_code)]
 
+pub mod raw;
+
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
@@ -9,8 +11,8 @@ use std::time::{Duration, Instant};
 
 use slate_api::{
     ApplyConfigRequest, ApplyConfigResult, BackendError, Client, Event, EventKind, EventStream,
-    Failure, LineStream, Mode, NodeBackend, RebootMode, Role, ServerConfig, ServerHandle, Stage,
-    Status, UpgradeRequest, UploadedBundle, VersionInfo,
+    Failure, Limits, LineStream, Mode, NodeBackend, RebootMode, Role, ServerConfig, ServerHandle,
+    Stage, Status, UpgradeRequest, UploadedBundle, VersionInfo,
 };
 use tempfile::TempDir;
 
@@ -35,11 +37,28 @@ pub struct Fake {
     pub api_log: Mutex<Vec<String>>,
     /// Documents given to `apply_config`.
     pub configs: Mutex<Vec<ApplyConfigRequest>>,
+    /// How long `log_api` takes per KiB of line: a serial console (115200 baud) takes about
+    /// 90 ms.
+    pub log_cost_per_kib: Duration,
 }
 
 impl Fake {
     pub fn api_log(&self) -> Vec<String> {
         self.api_log.lock().unwrap().clone()
+    }
+
+    /// Waits (up to 10 s) for a line of the API log containing `needle`: the server logs on
+    /// a thread of its own, after the answer.
+    pub fn wait_log(&self, needle: &str) -> Vec<String> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let log = self.api_log();
+            if log.iter().any(|l| l.contains(needle)) {
+                return log;
+            }
+            assert!(Instant::now() < deadline, "no {needle:?} in {log:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
     }
 
     fn check_lock(&self) -> Result<(), BackendError> {
@@ -61,6 +80,10 @@ pub fn version() -> VersionInfo {
 
 pub fn status() -> Status {
     Status {
+        boot_id: None,
+        committed: false,
+        last_rollback: None,
+        pinned: Vec::new(),
         version: "1.2.3".into(),
         booted_entry: Some("slate-1.2.3+3.efi".into()),
         stage: Stage::Running,
@@ -191,6 +214,8 @@ impl NodeBackend for Fake {
     }
 
     fn log_api(&self, message: &str) {
+        let kib = u32::try_from(message.len() / 1024).unwrap_or(u32::MAX);
+        std::thread::sleep(self.log_cost_per_kib * kib);
         self.api_log.lock().unwrap().push(message.to_owned());
     }
 }
@@ -204,8 +229,15 @@ pub fn certs() -> TempDir {
 
 /// The real server on 127.0.0.1 (any port) over `fake`, with a fresh certificate set.
 pub fn start(fake: Arc<Fake>) -> (TempDir, ServerHandle) {
+    start_with(fake, Limits::default())
+}
+
+/// [`start`] with other limits (shorter timeouts for a test that waits for them).
+pub fn start_with(fake: Arc<Fake>, limits: Limits) -> (TempDir, ServerHandle) {
     let dir = certs();
-    let config = ServerConfig::from_dir("127.0.0.1:0".parse().unwrap(), dir.path()).unwrap();
+    let config = ServerConfig::from_dir("127.0.0.1:0".parse().unwrap(), dir.path())
+        .unwrap()
+        .with_limits(limits);
     let server = slate_api::spawn(config, fake).unwrap();
     (dir, server)
 }

@@ -35,6 +35,7 @@ fn sd_status(files: &[&str], conf_default: Option<&str>, vars: &EfiVars) -> Boot
         selected: select(&model, &conf, vars, IdStyle::Sd252),
         loader_conf: Some(conf),
         upgrade_tag: None,
+        pinned: Vec::new(),
         free_bytes: 0,
         warnings: vec![],
     }

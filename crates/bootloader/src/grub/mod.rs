@@ -275,7 +275,11 @@ impl<D: Disk> Grub<D> {
         }
         drop(root);
         drop(fs);
-        let (upgrade_tag, meta_warnings) = parts::read_upgrade_tag(&self.disk)?;
+        let parts::MetaFacts {
+            upgrade_tag,
+            warnings: meta_warnings,
+            ..
+        } = parts::read_meta_facts(&self.disk)?;
         warnings.extend(meta_warnings);
         let selection = grub_select(Some(&env), &menu());
         Ok(GrubStatus {
@@ -502,6 +506,7 @@ impl<D: Disk> Bootloader for Grub<D> {
             temp_files: s.temp_files.clone(),
             loader_conf: None,
             upgrade_tag: s.upgrade_tag.clone(),
+            pinned: Vec::new(),
             selected,
             free_bytes: s.space.free_clusters * s.space.cluster_size,
             warnings,
@@ -510,6 +515,14 @@ impl<D: Disk> Bootloader for Grub<D> {
 
     fn explain(&self) -> Result<crate::BootExplanation> {
         Ok(crate::explain::grub(&self.grub_status()?))
+    }
+
+    /// Refused before anything is read.
+    fn read_uki(&self, reference: &str, _limit: u64) -> Result<Vec<u8>> {
+        Err(invalid(format!(
+            "slot {reference} holds no UKI: a GRUB slot is a kernel, an initramfs and a command \
+             line"
+        )))
     }
 
     /// Every check first — the UKI splits into kernel, initramfs and command line; grubenv
@@ -585,6 +598,13 @@ impl<D: Disk> Bootloader for Grub<D> {
 
     fn plan_rollback(&self, running_entry: &str, _tries: u32) -> Result<crate::RollbackPlan> {
         self.plan_slot_rollback(running_entry)
+    }
+
+    fn pin(&mut self, version: &str, _pin: bool, _dry_run: bool) -> Result<crate::PinOutcome> {
+        Err(invalid(format!(
+            "cannot pin {version}: GRUB keeps two slots, the running version and the next one, \
+             so a pinned slot would block every upgrade (pins need systemd-boot)"
+        )))
     }
 
     fn revert(&mut self, failed_entry: &str) -> Result<Option<String>> {

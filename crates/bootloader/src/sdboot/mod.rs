@@ -3,6 +3,7 @@
 //! selection model shows they are needed. A fresh image's ESP files: [`image_files`].
 
 mod image;
+mod pin;
 mod plan;
 mod prune;
 mod rollback;
@@ -56,6 +57,8 @@ struct Scan {
     temps: Vec<(String, u64)>,
     conf: Option<LoaderConf>,
     tag: Option<String>,
+    /// META `PinnedVersions` (an unreadable value refuses upgrades rather than prune a pin).
+    pinned: std::result::Result<Vec<String>, slate_meta::pins::PinError>,
     space: FatSpace,
     esp_len: u64,
     warnings: Vec<String>,
@@ -173,14 +176,15 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
         };
         drop(dir);
         drop(fs);
-        let (tag, meta_warnings) = parts::read_upgrade_tag(&self.disk)?;
-        warnings.extend(meta_warnings);
+        let meta = parts::read_meta_facts(&self.disk)?;
+        warnings.extend(meta.warnings);
         Ok(Scan {
             entries,
             lens,
             temps,
             conf,
-            tag,
+            tag: meta.upgrade_tag,
+            pinned: meta.pinned,
             space,
             esp_len,
             warnings,
@@ -267,6 +271,7 @@ impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
             temp_files: scan.temps.into_iter().map(|(n, _)| n).collect(),
             loader_conf: scan.conf,
             upgrade_tag: scan.tag,
+            pinned: scan.pinned.unwrap_or_default(),
             selected,
             free_bytes: scan.space.free_clusters * scan.space.cluster_size,
             warnings: scan.warnings,
@@ -280,6 +285,22 @@ impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
             &vars,
             self.style,
         ))
+    }
+
+    /// The entry found by its name or ID in the directory listing, its length checked there,
+    /// then the file read.
+    fn read_uki(&self, reference: &str, limit: u64) -> Result<Vec<u8>> {
+        let status = self.status()?;
+        let entry = status
+            .entry(reference)
+            .ok_or_else(|| BootloaderError::EntryNotFound(reference.to_owned()))?;
+        if entry.len > limit {
+            return Err(invalid(format!(
+                "{UKI_DIR}/{} is {} bytes, more than the {limit} bytes it may be read into",
+                entry.file_name, entry.len
+            )));
+        }
+        self.read_entry(&entry.file_name)
     }
 
     /// Every check first ([`SystemdBoot::plan_upgrade`]: names, the running entry exists and is
@@ -404,6 +425,14 @@ impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
 
     fn plan_rollback(&self, running_entry: &str, tries: u32) -> Result<crate::RollbackPlan> {
         SystemdBoot::plan_rollback(self, running_entry, tries)
+    }
+
+    fn pin(&mut self, version: &str, pin: bool, dry_run: bool) -> Result<crate::PinOutcome> {
+        if dry_run {
+            self.plan_pin(version, pin)
+        } else {
+            self.set_pin(version, pin)
+        }
     }
 
     fn revert(&mut self, failed_entry: &str) -> Result<Option<String>> {

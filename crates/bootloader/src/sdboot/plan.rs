@@ -38,7 +38,7 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
     /// Pruning (docs/update-transaction.md, "Pruning"): older copies of the target version go;
     /// then the OS's entries (`<name>-…`; another OS's are never touched) down to
     /// `keep_versions` versions, counting the new one, the running one and the pending fallback,
-    /// which always stay; then more, bad entries first and then the oldest, only if the new UKI
+    /// which always stay (pinned versions stay too, and are not counted); then more, bad entries first and then the oldest, only if the new UKI
     /// still lacks room. If it cannot fit even then, the refusal names the UKI's size, the free
     /// and the reclaimable bytes and the ESP's size.
     pub fn plan_upgrade(&self, req: &UpgradeRequest<'_>) -> Result<UpgradePlan> {
@@ -64,21 +64,30 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
         if scan.entries[running].id(IdStyle::Current) == new_id {
             return Err(invalid(format!("{file}: this version is the running one")));
         }
-        let fallback = scan.tag.clone().filter(|t| !t.is_empty());
-        let fallback_idx = fallback.as_deref().and_then(|f| scan.find(f));
         // The OS's own entries, `<name>-<version>` with the version starting with a digit (as
         // profiles require), versioned by their names, and any copy of the target version;
         // another OS's UKIs (say `<name>-extra-…`) are never pruned.
+        // Pinned versions (META `PinnedVersions`) are kept like another OS's: not pruned and not
+        // counted against `keep_versions` — unless running or the fallback, which count as such.
+        let pinned = scan.pinned.as_ref().map_err(|e| {
+            invalid(format!(
+                "META PinnedVersions cannot be read ({e}), so pruning could delete a pinned \
+                 version: fix it with `slate meta set PinnedVersions …` or delete it"
+            ))
+        })?;
         let prefix = format!("{}-", req.name);
+        let fallback = scan.tag.clone().filter(|t| !t.is_empty());
+        let fallback_idx = fallback.as_deref().and_then(|f| scan.find(f));
         let ours: Vec<usize> = (0..scan.entries.len())
             .filter(|&i| {
                 let entry = &scan.entries[i];
+                let version = entry.name.stem().strip_prefix(&prefix);
+                let kept_by_role = i == running || Some(i) == fallback_idx;
                 entry.id(IdStyle::Current) == new_id
-                    || entry
-                        .name
-                        .stem()
-                        .strip_prefix(&prefix)
-                        .is_some_and(|v| v.starts_with(|c: char| c.is_ascii_digit()))
+                    || version.is_some_and(|v| {
+                        v.starts_with(|c: char| c.is_ascii_digit())
+                            && (kept_by_role || !pinned.iter().any(|p| p == v))
+                    })
             })
             .collect();
         let our_entries: Vec<Entry> = ours

@@ -39,6 +39,11 @@ fn bundle(dir: &Path, signer: Option<u8>) -> Bundle {
 
 /// [`bundle`], with or without its installer binary.
 fn bundle_with(dir: &Path, signer: Option<u8>, installer: bool) -> Bundle {
+    versioned(dir, signer, installer, "2.0.0")
+}
+
+/// [`bundle_with`] of another version (another id).
+fn versioned(dir: &Path, signer: Option<u8>, installer: bool, version: &str) -> Bundle {
     let uki = uki();
     let blobs = [
         BlobInput {
@@ -59,7 +64,7 @@ fn bundle_with(dir: &Path, signer: Option<u8>, installer: bool) -> Bundle {
         dir,
         BundleSpec {
             name: "slate",
-            version: "2.0.0",
+            version,
             arch: "amd64",
             variant: "demo",
         },
@@ -181,6 +186,157 @@ fn a_staging_directory_that_cannot_be_written_is_a_failure_not_the_uploads_fault
     let err = receive(&tar, not_a_dir.path()).unwrap_err();
     assert!(
         matches!(&err, BackendError::Failed(m) if m.starts_with(&not_a_dir.path().display().to_string())),
+        "{err:?}"
+    );
+}
+
+/// A signed upload of `version`, exported.
+fn upload_of(version: &str) -> (Vec<u8>, Digest) {
+    let src = tempfile::tempdir().unwrap();
+    let bundle = versioned(src.path(), Some(1), true, version);
+    (export(&bundle), bundle.digest().clone())
+}
+
+/// An upload body that stops after `first` bytes until `go` says so.
+struct Stalled {
+    data: Vec<u8>,
+    at: usize,
+    first: usize,
+    go: Option<std::sync::mpsc::Receiver<()>>,
+    stalled: Option<std::sync::mpsc::Sender<()>>,
+}
+
+impl Read for Stalled {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        if self.at >= self.first {
+            if let Some(stalled) = self.stalled.take() {
+                stalled.send(()).unwrap();
+            }
+            if let Some(go) = self.go.take() {
+                go.recv().unwrap();
+            }
+        }
+        let end = if self.at < self.first {
+            self.first
+        } else {
+            self.data.len()
+        };
+        let n = buf.len().min(end - self.at);
+        buf[..n].copy_from_slice(&self.data[self.at..self.at + n]);
+        self.at += n;
+        Ok(n)
+    }
+}
+
+fn kept_ids(root: &Path) -> Vec<String> {
+    let mut names: Vec<String> = fs::read_dir(root)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// issue 19: with one upload stalled and one fast, the fast one was answered 200 and then
+/// "no received bundle": the stalled one's start had removed it, and its own staging was
+/// removed under it ("index.json: No such file or directory"). Each now keeps its own.
+#[test]
+fn two_uploads_at_once_both_keep_their_bundle() {
+    let root = tempfile::tempdir().unwrap();
+    let (slow_tar, slow_id) = upload_of("2.0.0");
+    let (fast_tar, fast_id) = upload_of("2.1.0");
+    let (go, wait) = std::sync::mpsc::channel();
+    let (stalled, is_stalled) = std::sync::mpsc::channel();
+    let slow = {
+        let root = root.path().to_owned();
+        std::thread::spawn(move || {
+            let mut body = Stalled {
+                first: slow_tar.len() / 2,
+                data: slow_tar,
+                at: 0,
+                go: Some(wait),
+                stalled: Some(stalled),
+            };
+            keep_upload(&root, &trusted(), &mut body).map(|k| k.bytes)
+        })
+    };
+    is_stalled.recv().unwrap();
+    let fast = keep_upload(root.path(), &trusted(), &mut &fast_tar[..]).unwrap();
+    assert_eq!(fast.received.bundle.digest(), &fast_id);
+    // The importer stops at the end-of-archive marker.
+    assert!(fast.bytes > 0 && fast.bytes <= fast_tar.len() as u64);
+    go.send(()).unwrap();
+    slow.join().unwrap().unwrap();
+    for id in [&slow_id, &fast_id] {
+        let dir = root.path().join(id.hex());
+        let bundle = super::super::open_received(&dir, id, remembered(id)).unwrap();
+        assert_eq!(bundle.digest(), id);
+    }
+    assert_eq!(kept_ids(root.path()).len(), 2, "no staging left behind");
+}
+
+/// The retention rule: three bundles kept, the oldest removed first; never the one an upgrade
+/// is using; a pull counts its own as the newest; an installed bundle is removed; staging left
+/// by an earlier process is removed.
+#[test]
+fn the_last_three_bundles_are_kept_oldest_removed_first() {
+    let root = tempfile::tempdir().unwrap();
+    // Versions of this test's own: the remembered digests are the process's.
+    let uploads: Vec<_> = ["3.0.0", "3.0.1", "3.0.2", "3.0.3", "3.0.4"]
+        .iter()
+        .map(|v| upload_of(v))
+        .collect();
+    let stale = root.path().join(".incoming-1-0");
+    fs::create_dir_all(stale.join("blobs")).unwrap();
+    for (tar, _) in &uploads[..4] {
+        keep_upload(root.path(), &trusted(), &mut &tar[..]).unwrap();
+    }
+    let hex = |i: usize| uploads[i].1.hex().to_owned();
+    let mut newest: Vec<String> = (1..4).map(hex).collect();
+    newest.sort();
+    assert_eq!(
+        kept_ids(root.path()),
+        newest,
+        "3.0.0 went first, and the stale staging"
+    );
+    assert_eq!(remembered(&uploads[0].1), VerifiedBlobs::new());
+
+    // 3.0.1, the oldest, is being installed: it keeps its place, the next upload removes
+    // 3.0.2 instead.
+    hold(&uploads[1].1);
+    keep_upload(root.path(), &trusted(), &mut &uploads[4].0[..]).unwrap();
+    let mut expected: Vec<String> = [1, 3, 4].map(hex).to_vec();
+    expected.sort();
+    assert_eq!(kept_ids(root.path()), expected);
+    // Installed: removed, and no longer held.
+    used(&root.path().join(hex(1)), &uploads[1].1).unwrap();
+    let mut expected: Vec<String> = [3, 4].map(hex).to_vec();
+    expected.sort();
+    assert_eq!(kept_ids(root.path()), expected);
+
+    // A pull into a new directory counts as the newest: two others stay.
+    keep_upload(root.path(), &trusted(), &mut &uploads[0].0[..]).unwrap();
+    let pulled = root.path().join("ab".repeat(32));
+    retain(root.path(), Some(&pulled));
+    let mut expected: Vec<String> = [0, 4].map(hex).to_vec();
+    expected.sort();
+    assert_eq!(kept_ids(root.path()), expected);
+}
+
+/// An upload that outgrows the room there was for it is refused before it fills /var.
+#[test]
+fn an_upload_larger_than_the_free_space_is_refused() {
+    let root = tempfile::tempdir().unwrap();
+    let (tar, _) = upload_of("2.0.0");
+    let mut body = Guarded {
+        inner: &mut &tar[..],
+        bytes: 0,
+        room: Some(1 << 20),
+        root: root.path(),
+    };
+    let err = receive_into(root.path(), &trusted(), &mut body).unwrap_err();
+    assert!(
+        matches!(&err, BackendError::InvalidArgument(m) if m.contains("1048576 bytes that were free")),
         "{err:?}"
     );
 }

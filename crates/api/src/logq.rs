@@ -1,0 +1,150 @@
+//! The server's log, off the request path: lines go through a bounded queue to a thread of
+//! their own, which hands them to the site (machined: its journal, which prints to the
+//! console). A console at 115200 baud prints about 11 KB/s; logging on the executor stalled
+//! every request behind it (issue 19). A full queue drops lines and counts them rather than
+//! wait. Text a client chose (method, path) is escaped and cut by [`for_log`] first.
+
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
+use std::sync::Arc;
+
+use crate::http::Site;
+
+/// Lines waiting for the logging thread; more are dropped (and counted).
+pub const LOG_QUEUE: usize = 256;
+/// The longest line the server logs, in bytes (before the site's own prefix).
+pub const MAX_LOG_LINE: usize = 1024;
+/// The most of one client-chosen field (method, path) a log line or an error message repeats.
+pub const MAX_LOGGED_FIELD: usize = 256;
+
+/// The sending side of the server's log. Cheap to clone.
+#[derive(Clone)]
+pub(crate) struct LogQueue {
+    tx: SyncSender<String>,
+    dropped: Arc<AtomicU64>,
+}
+
+impl LogQueue {
+    /// Starts the logging thread; it ends when every `LogQueue` of this server is dropped.
+    pub(crate) fn start(site: Arc<dyn Site>) -> std::io::Result<Self> {
+        let (tx, rx) = sync_channel::<String>(LOG_QUEUE);
+        let dropped = Arc::new(AtomicU64::new(0));
+        let counted = dropped.clone();
+        std::thread::Builder::new()
+            .name("slate-api-log".into())
+            .spawn(move || {
+                for line in rx {
+                    site.log_api(&line);
+                    let lost = counted.swap(0, Ordering::Relaxed);
+                    if lost > 0 {
+                        site.log_api(&format!(
+                            "api: {lost} log lines dropped: the log could not keep up"
+                        ));
+                    }
+                }
+            })?;
+        Ok(LogQueue { tx, dropped })
+    }
+
+    /// Queues `line` (cut to [`MAX_LOG_LINE`]); never waits.
+    pub(crate) fn push(&self, line: String) {
+        let line = if line.len() > MAX_LOG_LINE {
+            for_log(&line, MAX_LOG_LINE)
+        } else {
+            line
+        };
+        match self.tx.try_send(line) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => {
+                self.dropped.fetch_add(1, Ordering::Relaxed);
+            }
+            // The logging thread is gone (it panicked in the site): nothing to log to.
+            Err(TrySendError::Disconnected(_)) => {}
+        }
+    }
+}
+
+/// `text` as it may appear in a log line or an answer: every byte that is not printable ASCII
+/// escaped (a client's control characters must not drive the console, nor a newline forge a
+/// line), at most `max` bytes of it, and when cut a marker with the original length:
+/// `AAAA…(400000 bytes)`.
+pub(crate) fn for_log(text: &str, max: usize) -> String {
+    let mut out = String::with_capacity(text.len().min(max) + 24);
+    for c in text.chars() {
+        let before = out.len();
+        if c == ' ' || c.is_ascii_graphic() {
+            out.push(c);
+        } else {
+            let _ = write!(out, "{}", c.escape_default());
+        }
+        if out.len() > max {
+            out.truncate(before);
+            let _ = write!(out, "…({} bytes)", text.len());
+            break;
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+    use std::time::{Duration, Instant};
+
+    use hyper::body::Incoming;
+    use hyper::Request;
+
+    use super::*;
+    use crate::http::Answer;
+    use crate::types::Role;
+
+    #[test]
+    fn client_text_is_escaped_and_cut_with_its_length() {
+        assert_eq!(for_log("/v1/status", 256), "/v1/status");
+        assert_eq!(
+            for_log("a\nb\x1b[2Jc\u{202e}", 256),
+            "a\\nb\\u{1b}[2Jc\\u{202e}"
+        );
+        let long = "A".repeat(400_000);
+        let cut = for_log(&long, 256);
+        assert!(cut.len() <= 256 + "…(400000 bytes)".len(), "{}", cut.len());
+        assert!(cut.ends_with("AAA…(400000 bytes)"), "{cut}");
+        // An escape is never split by the cut.
+        let cut = for_log(&"\n".repeat(1000), 9);
+        assert_eq!(cut, "\\n\\n\\n\\n…(1000 bytes)");
+    }
+
+    /// A site whose log is as slow as a serial console.
+    struct Slow(Mutex<Vec<String>>);
+
+    impl Site for Slow {
+        fn respond(self: Arc<Self>, _: Request<Incoming>, _: Option<Role>) -> Answer {
+            unreachable!()
+        }
+        fn log_api(&self, message: &str) {
+            std::thread::sleep(Duration::from_millis(5));
+            self.0.lock().unwrap().push(message.to_owned());
+        }
+    }
+
+    #[test]
+    fn a_slow_log_never_holds_the_caller_and_counts_what_it_dropped() {
+        let site = Arc::new(Slow(Mutex::default()));
+        let log = LogQueue::start(site.clone()).unwrap();
+        let started = Instant::now();
+        for i in 0..LOG_QUEUE * 4 {
+            log.push(format!("line {i} {}", "x".repeat(10 * MAX_LOG_LINE)));
+        }
+        assert!(started.elapsed() < Duration::from_secs(1), "pushing waited");
+        drop(log);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !site.0.lock().unwrap().iter().any(|l| l.contains("dropped")) {
+            assert!(Instant::now() < deadline);
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let lines = site.0.lock().unwrap().clone();
+        assert!(lines.len() <= LOG_QUEUE + 2, "{}", lines.len());
+        assert!(lines.iter().all(|l| l.len() <= MAX_LOG_LINE + 20));
+    }
+}
