@@ -40,9 +40,19 @@ impl EfiVars for FirmwareVars {
 
 /// The backend of the loader the system disk was installed with (systemd-boot or GRUB).
 fn system_loader() -> Result<Box<dyn Bootloader>, String> {
+    loader_over(|path| FileDisk::open(path))
+}
+
+/// [`system_loader`] over the disk opened read-only: for readers that must write nothing.
+pub fn read_only_loader() -> Result<Box<dyn Bootloader>, String> {
+    loader_over(|path| FileDisk::open_read_only(path))
+}
+
+fn loader_over(
+    open: impl FnOnce(&std::path::Path) -> std::io::Result<FileDisk>,
+) -> Result<Box<dyn Bootloader>, String> {
     let meta = crate::system_disk::meta_partition()?;
-    let disk =
-        FileDisk::open(&meta.disk).map_err(|e| format!("opening {}: {e}", meta.disk.display()))?;
+    let disk = open(&meta.disk).map_err(|e| format!("opening {}: {e}", meta.disk.display()))?;
     slate_bootloader::probe(disk, FirmwareVars).map_err(|e| error_chain(&e))
 }
 

@@ -10,11 +10,10 @@ use std::time::Instant;
 use slate_api::BackendError;
 use slate_bootloader::{Bootloader, BootloaderError};
 use slate_bundle_diff::{running_summary, Identity, MAX_UKI_BYTES};
-use slate_disk::FileDisk;
 use slate_sequencer::error_chain;
 
 use crate::node::{os_release_value, Node};
-use crate::transaction::{booted_entry, FirmwareVars};
+use crate::transaction::{booted_entry, read_only_loader};
 
 /// Held while a summary is made.
 static BUSY: Mutex<()> = Mutex::new(());
@@ -39,7 +38,8 @@ pub fn image_summary(node: &Node) -> Result<serde_json::Value, BackendError> {
         ))
     })?;
     let started = Instant::now();
-    let uki = read_booted(&*system_loader()?, &booted)?;
+    let loader = read_only_loader().map_err(BackendError::Failed)?;
+    let uki = read_booted(&*loader, &booted)?;
     let uki_len = uki.len();
     let summary = running_summary(uki, identity(node))
         .map_err(|e| BackendError::Failed(format!("reading {booted}: {}", error_chain(&e))))?;
@@ -62,14 +62,6 @@ fn identity(node: &Node) -> Identity {
         arch: slate_bundle::NATIVE_ARCH.into(),
         variant: node.variant.clone(),
     }
-}
-
-/// The backend of the system disk's loader over the whole disk, opened read-only.
-fn system_loader() -> Result<Box<dyn Bootloader>, BackendError> {
-    let meta = crate::system_disk::meta_partition().map_err(BackendError::Failed)?;
-    let disk = FileDisk::open_read_only(&meta.disk)
-        .map_err(|e| BackendError::Failed(format!("opening {}: {e}", meta.disk.display())))?;
-    slate_bootloader::probe(disk, FirmwareVars).map_err(|e| BackendError::Failed(error_chain(&e)))
 }
 
 /// The booted entry's UKI, at most [`MAX_UKI_BYTES`]. What the loader refuses (a GRUB slot, an
