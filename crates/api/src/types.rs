@@ -336,6 +336,11 @@ pub struct UpgradeRequest {
     /// above `INT_MAX` is read as uncounted, so that version would never be rolled back.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tries: Option<u32>,
+    /// Replace rather than upgrade in place: the new version's first boot formats STATE and
+    /// EPHEMERAL afresh and restores the node's machine configuration (META `ReplaceOnBoot`).
+    /// Left out of the body when false, so nodes that predate it take in-place requests.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub replace: bool,
 }
 
 impl UpgradeRequest {
@@ -347,6 +352,7 @@ impl UpgradeRequest {
             reboot_mode: RebootMode::Default,
             allow_downgrade: false,
             tries: None,
+            replace: false,
         }
     }
 }

@@ -75,6 +75,7 @@ fn upgrade_request_reaches_the_backend_intact() {
         reboot_mode: RebootMode::Powercycle,
         allow_downgrade: true,
         tries: Some(2),
+        replace: true,
     };
     // The operator role may upgrade, but not to an older version.
     let err = client(&dir, &server, Role::Reader)

@@ -208,6 +208,7 @@ fn schemas_match_the_types() {
     let s = schema(&spec, "UpgradeRequest");
     let full = UpgradeRequest {
         tries: Some(3),
+        replace: true,
         ..upgrade.clone()
     };
     assert_eq!(property_names(s), json_keys(&full));

@@ -28,8 +28,14 @@ pub struct SimEvent {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum SimEventKind {
-    /// `POST /v1/upgrade` was accepted: the upgrade is in flight from here.
-    Accepted { from: String, to: String },
+    /// `POST /v1/upgrade` was accepted: the upgrade is in flight from here. `replace`: the
+    /// request asked for a replacement (fresh data partitions) rather than in place.
+    Accepted {
+        from: String,
+        to: String,
+        #[serde(default)]
+        replace: bool,
+    },
     /// `POST /v1/upgrade` was refused (locked, not newer, no version in the reference, …);
     /// `reason` is the error the client got.
     Refused { reason: String },
@@ -165,6 +171,7 @@ mod tests {
         let acc = || SimEventKind::Accepted {
             from: "1".into(),
             to: "2".into(),
+            replace: false,
         };
         log.record("a-1", "a", acc());
         log.record("a-2", "a", acc());

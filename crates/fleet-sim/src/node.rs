@@ -275,6 +275,7 @@ impl SimBackend {
             SimEventKind::Accepted {
                 from: from.clone(),
                 to: to.clone(),
+                replace: req.replace,
             },
         );
         self.shared

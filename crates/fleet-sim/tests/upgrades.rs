@@ -50,7 +50,8 @@ fn fifty_nodes_in_two_groups_commit_and_report_busy_then_committed() {
             mine[0].kind,
             SimEventKind::Accepted {
                 from: "1.0.0".into(),
-                to: "1.1.0".into()
+                to: "1.1.0".into(),
+                replace: false,
             }
         );
         assert_eq!(
@@ -160,7 +161,8 @@ fn a_busy_node_answers_locked_and_refusals_are_logged() {
         second[2],
         SimEventKind::Accepted {
             from: "1.0.0".into(),
-            to: "0.9.0".into()
+            to: "0.9.0".into(),
+            replace: false,
         }
     );
     // Refusals are not upgrades.

@@ -60,6 +60,7 @@ impl Backend {
         }
         // Checked now, while the caller still gets the refusal: the pull runs after the answer.
         let tries = upgrade::requested_tries(&req)?;
+        crate::replace::check_request(&req)?;
         let options = slate_transport::Options {
             insecure: self.0.machine.current().is_some_and(|c| c.update.insecure),
             ..slate_transport::Options::default()
@@ -85,6 +86,7 @@ impl Backend {
                         ));
                         plan.tries = tries;
                         plan.reboot = req.reboot_mode;
+                        plan.replace = req.replace;
                         if let Err(err) = node.request(Request::Upgrade(plan, guard)) {
                             node.journal
                                 .error(format_args!("upgrade to {}: {err}", pinned.version));

@@ -21,6 +21,7 @@ mod network;
 mod node;
 mod power_events;
 mod records;
+mod replace;
 mod sequences;
 mod system_disk;
 mod task;

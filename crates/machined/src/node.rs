@@ -36,6 +36,8 @@ pub struct UpgradePlan {
     pub allow_downgrade: bool,
     /// Record the upgrade in META and reboot; the next boot's Install sequence performs it.
     pub stage: bool,
+    /// The new version's first boot starts from fresh data partitions (`replace.rs`).
+    pub replace: bool,
 }
 
 /// Settings read from the kernel command line (`slate.*`).

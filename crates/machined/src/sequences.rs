@@ -31,6 +31,8 @@ pub struct Facts {
     pub watchdog: Option<std::sync::Arc<slate_host::Watchdog>>,
     /// The network was brought up with DHCP for maintenance mode already.
     pub network_up: std::sync::atomic::AtomicBool,
+    /// This boot is an upgrade by replacement's first: its data partitions start afresh.
+    pub replace: Mutex<Option<slate_meta::replace::ReplaceOnBoot>>,
 }
 
 impl Facts {
@@ -96,7 +98,7 @@ pub fn initialize<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
 
 /// Disks are probed asynchronously after their driver loads: wait a while for a partition
 /// before concluding it does not exist.
-fn wait_for_partition(
+pub(crate) fn wait_for_partition(
     ctx: &TaskContext<'_>,
     label: &str,
     disk: Option<&Path>,
@@ -151,6 +153,25 @@ fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), Ta
         Ok(None) => {}
         Err(err) => ctx.log(&format!("the staged upgrade in META is dropped: {err}")),
     }
+    let replace = store.get(slate_meta::tags::REPLACE_ON_BOOT);
+    match super::replace::at_boot(replace, &node.version) {
+        super::replace::AtBoot::Nothing => {}
+        super::replace::AtBoot::Replace(record) => {
+            ctx.log(&format!(
+                "this is the first boot of the replacement by {}: STATE and EPHEMERAL start \
+                 afresh",
+                record.version
+            ));
+            *facts.replace.lock().unwrap_or_else(|p| p.into_inner()) = Some(record);
+        }
+        super::replace::AtBoot::Drop(why) => {
+            store.delete(slate_meta::tags::REPLACE_ON_BOOT);
+            store
+                .flush()
+                .map_err(|e| failed(format!("deleting META ReplaceOnBoot: {e}")))?;
+            ctx.log(&format!("META ReplaceOnBoot deleted: {why}"));
+        }
+    }
     *facts.system_disk.lock().unwrap_or_else(|p| p.into_inner()) = Some(part.disk);
     Ok(())
 }
@@ -203,7 +224,17 @@ pub fn boot<'a>(
 ) -> Sequence<'a> {
     let disk = facts.system_disk();
     let disk2 = disk.clone();
+    let replace = facts
+        .replace
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .clone();
     PhaseListBuilder::new()
+        .append_when(
+            replace.is_some(),
+            "replace",
+            super::replace::wipe_tasks(node, disk.clone()),
+        )
         .append(
             "volumes",
             [
@@ -219,6 +250,11 @@ pub fn boot<'a>(
                     )
                 }),
             ],
+        )
+        .append_when(
+            replace.is_some(),
+            "restore",
+            super::replace::restore_tasks(node, replace.clone()),
         )
         .append(
             "config",
@@ -341,8 +377,10 @@ pub fn reset(node: &Node) -> Sequence<'_> {
         .append(
             "wipe",
             [
-                task(node, "wipeState", |ctx| wipe_head(ctx, "STATE")),
-                task(node, "wipeEphemeral", |ctx| wipe_head(ctx, "EPHEMERAL")),
+                task(node, "wipeState", |ctx| wipe_head(ctx, "STATE", None)),
+                task(node, "wipeEphemeral", |ctx| {
+                    wipe_head(ctx, "EPHEMERAL", None)
+                }),
             ],
         )
         .append(
@@ -354,8 +392,14 @@ pub fn reset(node: &Node) -> Sequence<'_> {
         .into_sequence(SequenceKind::Reset)
 }
 
-fn wipe_head(ctx: &TaskContext<'_>, label: &str) -> Result<(), TaskError> {
-    let part = slate_host::find_partition_by_label(label, None)?;
+/// Zero the first MiB of the partition labelled `label` (on `disk`, when known): the next
+/// mount finds it blank and formats it.
+pub(crate) fn wipe_head(
+    ctx: &TaskContext<'_>,
+    label: &str,
+    disk: Option<&Path>,
+) -> Result<(), TaskError> {
+    let part = wait_for_partition(ctx, label, disk)?;
     let mut disk = FileDisk::open(&part.device)
         .map_err(|e| failed(format!("opening {}: {e}", part.device.display())))?;
     let len = disk.len().min(1 << 20);
@@ -509,6 +553,21 @@ mod tests {
                 phase("setup", &["setupHooks"]),
                 phase("network", &["network"]),
                 phase("api", &["startApi"]),
+            ]
+        );
+        // The first boot of a replacement: data partitions wiped before they are mounted (and
+        // so formatted), the configuration restored before it is read.
+        *facts.replace.lock().unwrap() =
+            Some(slate_meta::replace::ReplaceOnBoot::new("2.0.0", "version = 1\n").unwrap());
+        let sequence = boot(&node, &facts, |_| Ok("127.0.0.1:50000".parse().unwrap()));
+        let phases = shape(&sequence);
+        assert_eq!(
+            phases[..4],
+            [
+                phase("replace", &["wipeState", "wipeEphemeral"]),
+                phase("volumes", &["mountState", "mountEphemeral"]),
+                phase("restore", &["restoreConfig"]),
+                phase("config", &["machineConfig"]),
             ]
         );
     }

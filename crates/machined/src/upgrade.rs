@@ -101,6 +101,7 @@ pub fn plan_pulled(
         reboot: RebootMode::Default,
         allow_downgrade: false,
         stage: false,
+        replace: false,
     })
 }
 
@@ -241,6 +242,7 @@ fn locate(image: &str) -> Result<(Digest, Bundle), BackendError> {
 /// here (synchronously, before the lock) when the update policy says no.
 pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan, BackendError> {
     let tries = requested_tries(req)?;
+    crate::replace::check_request(req)?;
     let (id, bundle) = locate(&req.image)?;
     check_policy(node, bundle.manifest(), req.allow_downgrade)
         .map_err(|e| invalid(format!("the upgrade is refused: {e}")))?;
@@ -253,6 +255,7 @@ pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan,
         reboot: req.reboot_mode,
         allow_downgrade: req.allow_downgrade,
         stage: req.stage,
+        replace: req.replace,
     })
 }
 
@@ -330,6 +333,7 @@ pub fn staged_plan(staged: &Staged) -> Result<UpgradePlan, String> {
         reboot: RebootMode::Default,
         allow_downgrade: staged.options.allow_downgrade,
         stage: false,
+        replace: false,
     })
 }
 
@@ -404,6 +408,7 @@ fn upgrade_phases<'a>(
     let reboot = plan.reboot;
     let plan_allow_downgrade = plan.allow_downgrade;
     let held = plan.bundle_id.clone();
+    let replace_plan = plan.clone();
     builder
         .append(
             "stage",
@@ -431,6 +436,18 @@ fn upgrade_phases<'a>(
                     bundle.manifest().name,
                     bundle.manifest().version,
                 ));
+                Ok(())
+            })],
+        )
+        .append(
+            "replace",
+            [task(node, "recordReplace", move |ctx| {
+                // Before the installer: a replacement is never installed without its record.
+                let recorded = crate::replace::record_before_install(&replace_plan)
+                    .map_err(|e| failed(format!("META ReplaceOnBoot: {e}")))?;
+                if let Some(line) = recorded {
+                    ctx.log(&line);
+                }
                 Ok(())
             })],
         )

@@ -9,6 +9,7 @@ mod adv;
 mod legacy;
 pub mod payload;
 pub mod pins;
+pub mod replace;
 mod store;
 mod tag;
 

@@ -27,6 +27,9 @@ pub mod tags {
     pub const LAST_ROLLBACK: u8 = 0x42;
     /// slate's own: the versions pinned on the ESP, comma-separated (never pruned).
     pub const PINNED_VERSIONS: u8 = 0x43;
+    /// slate's own: an upgrade by replacement waiting for its version's first boot: the
+    /// version, a line feed, the machine configuration to restore (`replace.rs`).
+    pub const REPLACE_ON_BOOT: u8 = 0x44;
 }
 
 const NAMES: &[(u8, &str)] = &[
@@ -52,6 +55,7 @@ const NAMES: &[(u8, &str)] = &[
     (tags::VERSION_FLOOR, "VersionFloor"),
     (tags::LAST_ROLLBACK, "LastRollback"),
     (tags::PINNED_VERSIONS, "PinnedVersions"),
+    (tags::REPLACE_ON_BOOT, "ReplaceOnBoot"),
 ];
 
 /// The Talos name of a tag, if it has one.

@@ -43,16 +43,16 @@ impl ApiDriver {
 
 impl NodeDriver for ApiDriver {
     fn upgrade(&self, order: &Order) -> Result<(), DriveError> {
-        if order.strategy == Strategy::Replace {
-            // The node API has no "install fresh and re-apply the configuration" call yet.
-            return Err(DriveError::Refused(
-                "strategy replace is not supported by the node API yet".into(),
-            ));
-        }
         let client = Client::from_dir(&order.endpoint, &self.certs, Role::Operator)
             .map_err(|e| DriveError::Unreachable(e.to_string()))?
             .with_timeout(CALL_TIMEOUT);
-        match client.upgrade(&UpgradeRequest::new(order.image.clone())) {
+        let request = UpgradeRequest {
+            // The node keeps its configuration across the wipe (META ReplaceOnBoot): the
+            // operator holds no node's secrets.
+            replace: order.strategy == Strategy::Replace,
+            ..UpgradeRequest::new(order.image.clone())
+        };
+        match client.upgrade(&request) {
             Ok(()) => Ok(()),
             // No request went through, or no answer came back, or the node is busy with a
             // sequence (perhaps this very upgrade, sent by a leader that died before it

@@ -46,14 +46,15 @@
 //! commit with no checks is repeated as is (its puts and deletes write the same values again).
 
 mod election;
+mod last;
 
 use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, Error as EtcdError, GetOptions, SortOrder, SortTarget, Txn, TxnOp,
-    TxnOpResponse,
+    Client, Compare, CompareOp, DeleteOptions, Error as EtcdError, GetOptions, SortOrder,
+    SortTarget, Txn, TxnOp, TxnOpResponse,
 };
 use slate_etcd_call::{transient, CallError, CallRuntime};
 
@@ -98,6 +99,8 @@ pub struct Commit {
     pub checks: Vec<(String, Expect)>,
     pub puts: Vec<(String, Vec<u8>)>,
     pub deletes: Vec<String>,
+    /// Every key in `[from, to)` deleted (relative keys; the event log's pruning).
+    pub delete_ranges: Vec<(String, String)>,
 }
 
 /// What a commit did.
@@ -333,6 +336,10 @@ impl EtcdState {
         for key in &commit.deletes {
             ops.push(TxnOp::delete(self.absolute(key)?, None));
         }
+        for (from, to) in &commit.delete_ranges {
+            let range = DeleteOptions::new().with_range(self.absolute(to)?);
+            ops.push(TxnOp::delete(self.absolute(from)?, Some(range)));
+        }
         let fenced = commit.fence.as_ref().map(|f| f.revision);
         let mut otherwise = Vec::new();
         if let Some(fence) = &commit.fence {
@@ -397,6 +404,7 @@ fn describe(commit: &Commit, prefix: &str) -> String {
         .iter()
         .map(|(k, _)| k.as_str())
         .chain(commit.deletes.iter().map(String::as_str))
+        .chain(commit.delete_ranges.iter().map(|(from, _)| from.as_str()))
         .chain(commit.checks.iter().map(|(k, _)| k.as_str()))
         .collect();
     let mut shown: Vec<String> = keys

@@ -37,7 +37,12 @@ pub struct LeaderConfig {
     pub release_refresh: Duration,
     /// Upgrade calls in flight at once.
     pub parallel_orders: usize,
+    /// Events older than this are deleted by the leader (checked once a minute).
+    pub event_retention: Duration,
 }
+
+/// How often the leader deletes the events older than the retention.
+const PRUNE_EVERY: Duration = Duration::from_secs(60);
 
 /// Where releases come from (the registry; a fixed index in tests).
 pub trait ReleaseSource: Send + Sync {
@@ -100,8 +105,13 @@ pub fn run(
         };
         log(&format!("{} is the leader", config.name));
         let fence = leadership.fence();
+        let mut pruned: Option<Instant> = None;
         while !stop.load(Ordering::Relaxed) && !leadership.is_lost() {
             let started = Instant::now();
+            if pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
+                pruned = Some(started);
+                prune_events(state, config, &fence, log);
+            }
             let mut timing = TickTiming::default();
             match lead_once(
                 state,
@@ -130,6 +140,17 @@ pub fn run(
             let _ = leadership.resign();
             return;
         }
+    }
+}
+
+/// Delete the events older than the retention; a failure is logged and tried again later.
+fn prune_events(state: &EtcdState, config: &LeaderConfig, fence: &Fence, log: &Log) {
+    let keep_ms = u64::try_from(config.event_retention.as_millis()).unwrap_or(u64::MAX);
+    let before_ms = now_ms().saturating_sub(keep_ms);
+    match state::prune_events(state, fence, before_ms) {
+        Ok(Outcome::Committed { .. }) => {}
+        Ok(other) => log(&format!("pruning the event log: {other:?}")),
+        Err(e) => log(&format!("pruning the event log failed: {e}")),
     }
 }
 

@@ -36,6 +36,8 @@ pub const HEARTBEAT: ServiceRoute =
 pub const ADD_NODE: ServiceRoute = ServiceRoute::new("POST", "/v1/fleet/nodes", Role::Admin);
 pub const STATUS: ServiceRoute = ServiceRoute::new("GET", "/v1/fleet/status", Role::Reader);
 pub const PLAN: ServiceRoute = ServiceRoute::new("GET", "/v1/fleet/plan", Role::Reader);
+/// The most events one `GET /v1/fleet/events` answers (each batch read is bounded by it).
+const MAX_EVENTS_ANSWER: usize = 100_000;
 pub const EVENTS: ServiceRoute = ServiceRoute::new("GET", "/v1/fleet/events", Role::Reader);
 pub const PAUSE: ServiceRoute = ServiceRoute::new("POST", "/v1/fleet/pause", Role::Operator);
 pub const RESUME: ServiceRoute = ServiceRoute::new("POST", "/v1/fleet/resume", Role::Operator);
@@ -154,8 +156,9 @@ impl JsonService for OperatorService {
             EVENTS => {
                 let limit = query
                     .and_then(|q| q.strip_prefix("limit="))
-                    .and_then(|n| n.parse().ok())
-                    .unwrap_or(100);
+                    .and_then(|n| n.parse::<usize>().ok())
+                    .unwrap_or(100)
+                    .min(MAX_EVENTS_ANSWER);
                 to_value(&state::events(&self.state, limit).map_err(failed)?)
             }
             PAUSE | RESUME | ABORT => self.control(route, body(request)?),

@@ -6,7 +6,7 @@
 //! | `nodes/<id>` | [`NodeRecord`] JSON | any replica, on a heartbeat or `fleet add-node` |
 //! | `policies` | the policy file (TOML), checked | any replica, `fleet policy set` |
 //! | `rollouts/<group>` | [`Rollout`] JSON | the leader (fenced), and any replica for pause/resume/abort, always by compare-and-swap |
-//! | `events/<ms>-<n>` | a JSON array of [`Event`]s | with the rollout change they record, in the same transaction |
+//! | `events/<ms>-<n>` | a JSON array of [`Event`]s | with the rollout change they record, in the same transaction; deleted by the leader once older than the retention |
 //! | `leader/<lease>` | the leader's name | etcd's election |
 
 use std::collections::BTreeMap;
@@ -138,15 +138,31 @@ pub fn event_key(now_ms: u64) -> String {
     format!("{EVENTS}{now_ms:015}-{}-{n}", std::process::id())
 }
 
-/// The last `limit` events, oldest first.
+/// The last `limit` events, oldest first. Every batch holds at least one event, so the last
+/// `limit` batches hold them: one bounded read whatever the log's length.
 pub fn events(state: &EtcdState, limit: usize) -> Result<Vec<Event>, ReadError> {
     let mut out = Vec::new();
-    for entry in state.list(EVENTS)? {
+    for entry in state.last(EVENTS, limit)? {
         let batch: Vec<Event> = parse(&entry.key, &entry.value, "event batch")?;
         out.extend(batch);
     }
     let skip = out.len().saturating_sub(limit);
     Ok(out.split_off(skip))
+}
+
+/// Delete every event batch written before `before_ms` (one range delete: batch keys sort by
+/// their time), fenced by the leadership.
+pub fn prune_events(
+    state: &EtcdState,
+    fence: &Fence,
+    before_ms: u64,
+) -> Result<Outcome, StateError> {
+    let commit = Commit {
+        fence: Some(fence.clone()),
+        delete_ranges: vec![(EVENTS.into(), format!("{EVENTS}{before_ms:015}"))],
+        ..Commit::default()
+    };
+    state.commit(&commit)
 }
 
 /// Rollouts changed together with the events that say why, in one transaction: each rollout

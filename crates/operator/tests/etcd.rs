@@ -405,3 +405,67 @@ fn a_stopped_campaign_answers_none_and_leaves_no_candidate() {
         .is_none());
     assert_eq!(b.list("leader/").unwrap(), []);
 }
+
+#[test]
+fn the_event_log_is_read_from_its_end_and_pruned_by_age_under_the_fence() {
+    use slate_operator::state::{self, event_key};
+    use slate_rollout::{Event, EventKind};
+    let _serial = one_at_a_time();
+    let Some(cluster) = three_members() else {
+        return;
+    };
+    let state = connect(&cluster);
+    let event = |at: u64, node: &str| Event {
+        at,
+        group: "web".into(),
+        rollout: 1,
+        node: Some(node.into()),
+        kind: EventKind::Started,
+        detail: String::new(),
+    };
+    // Three batches written at 1 s, 2 s and 3 s (ms in the key), the middle one of two events.
+    for (ms, batch) in [
+        (1_000, vec![event(1, "n1")]),
+        (2_000, vec![event(2, "n2"), event(2, "n3")]),
+        (3_000, vec![event(3, "n4")]),
+    ] {
+        let value = serde_json::to_vec(&batch).unwrap();
+        committed(
+            state
+                .commit(&Commit {
+                    puts: vec![put(&event_key(ms), &value)],
+                    ..Commit::default()
+                })
+                .unwrap(),
+        );
+    }
+    // Another prefix that sorts after `events/` must never be read or pruned as events.
+    committed(state.commit(&fenceless("policies", b"[]")).unwrap());
+    let nodes =
+        |events: Vec<Event>| -> Vec<String> { events.into_iter().filter_map(|e| e.node).collect() };
+    assert_eq!(nodes(state::events(&state, 1).unwrap()), ["n4"]);
+    assert_eq!(nodes(state::events(&state, 2).unwrap()), ["n3", "n4"]);
+    assert_eq!(
+        nodes(state::events(&state, 100).unwrap()),
+        ["n1", "n2", "n3", "n4"]
+    );
+    assert_eq!(state.last("events/", 2).unwrap().len(), 2);
+
+    // Pruning deletes what is older than the cut, under a standing fence only.
+    let leadership = elect(&state, "a", Duration::from_secs(5));
+    let fence = leadership.fence();
+    committed(state::prune_events(&state, &fence, 2_500).unwrap());
+    assert_eq!(nodes(state::events(&state, 100).unwrap()), ["n4"]);
+    assert!(state.get("policies").unwrap().is_some());
+    leadership.resign().unwrap();
+    let outcome = state::prune_events(&state, &fence, 10_000).unwrap();
+    assert_eq!(outcome, Outcome::Deposed);
+    assert_eq!(nodes(state::events(&state, 100).unwrap()), ["n4"]);
+}
+
+fn fenceless(key: &str, value: &[u8]) -> Commit {
+    Commit {
+        puts: vec![put(key, value)],
+        ..Commit::default()
+    }
+}

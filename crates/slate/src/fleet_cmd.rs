@@ -65,6 +65,9 @@ pub struct RunArgs {
     lease: Duration,
     #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
     release_refresh: Duration,
+    /// The leader deletes events older than this from etcd (checked once a minute).
+    #[arg(long, default_value = "7d", value_parser = humantime::parse_duration)]
+    event_retention: Duration,
 }
 
 #[derive(Debug, Subcommand)]
@@ -88,6 +91,21 @@ pub enum FleetCommand {
     /// The rollout policies.
     #[command(subcommand)]
     Policy(PolicyCommand),
+    /// The rollout log, oldest first: starts, commits, failures, pauses, resumes, waves (kept
+    /// for `operator run --event-retention`).
+    Events {
+        /// The last N events.
+        #[arg(long, default_value_t = 50, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+        limit: u32,
+        /// Only this group's.
+        #[arg(long)]
+        group: Option<String>,
+        /// Only this node's.
+        #[arg(long)]
+        node_id: Option<String>,
+        #[arg(long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
     /// Add a node to the inventory by hand (nodes with update strategy `operator` register
     /// themselves).
     AddNode(AddNodeArgs),
@@ -167,6 +185,7 @@ pub fn run_operator(cmd: OperatorCommand) -> Result<()> {
             lease_ttl: args.lease,
             release_refresh: args.release_refresh,
             parallel_orders: 16,
+            event_retention: args.event_retention,
         },
         listen: args.listen,
         certs: args.certs,
@@ -206,6 +225,34 @@ pub fn run_fleet(target: &NodeTarget, cmd: FleetCommand) -> Result<()> {
             match output {
                 OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&rows)?),
                 OutputFormat::Text => print_plan(&rows),
+            }
+        }
+        FleetCommand::Events {
+            limit,
+            group,
+            node_id,
+            output,
+        } => {
+            let mut events: Vec<slate_rollout::Event> = client()?.call(
+                "GET",
+                &format!("/v1/fleet/events?limit={limit}"),
+                None::<&()>,
+            )?;
+            // Among the last N: the operator keeps the log in time order, not by group.
+            events.retain(|e| {
+                group.as_ref().is_none_or(|g| &e.group == g)
+                    && node_id.as_ref().is_none_or(|n| e.node.as_ref() == Some(n))
+            });
+            match output {
+                OutputFormat::Json => println!("{}", serde_json::to_string_pretty(&events)?),
+                OutputFormat::Text => {
+                    for e in &events {
+                        let at = humantime::format_rfc3339_seconds(
+                            std::time::UNIX_EPOCH + Duration::from_secs(e.at),
+                        );
+                        println!("{at} {}", slate_operator::leader::describe(e));
+                    }
+                }
             }
         }
         FleetCommand::Pause(a) => control(client, "pause", a)?,

@@ -44,6 +44,12 @@ pub struct UpgradeArgs {
     pub allow_downgrade: bool,
     #[arg(long, value_enum, default_value_t)]
     pub reboot_mode: RebootModeArg,
+    /// Replace rather than upgrade in place: the new version's first boot formats STATE and
+    /// EPHEMERAL (new node key and machine-id, /var empty) and restores the node's machine
+    /// configuration. The old version, if the new one reverts, boots on those fresh
+    /// partitions too.
+    #[arg(long, conflicts_with = "stage")]
+    pub replace: bool,
     /// Show what would be sent, send nothing.
     #[arg(long)]
     pub dry_run: bool,
@@ -172,6 +178,7 @@ pub fn run(target: &NodeTarget, args: UpgradeArgs) -> Result<()> {
         reboot_mode: args.reboot_mode.into(),
         allow_downgrade: args.allow_downgrade,
         tries: args.tries,
+        replace: args.replace,
     };
     let wait = args.wait.wait && !args.dry_run;
     let before = if wait {

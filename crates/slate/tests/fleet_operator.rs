@@ -46,6 +46,11 @@ max_unavailable = "10%"
 waves = [{ percent = 1, soak = "3s" }, { percent = 30, soak = "2s" }, { percent = 100 }]
 failure_budget = 3
 upgrade_timeout = "60s"
+
+[[policy]]
+name = "edge-fresh"
+groups = ["edge"]
+strategy = "replace"
 "#;
 
 fn free_port() -> u16 {
@@ -304,6 +309,13 @@ fn failover_stop_the_line_and_resume_after_a_yank() {
             limit(nodes)
         );
         assert!(max <= limit(nodes), "group {g}: {max} in flight at {at} ms");
+    }
+    // Strategy per group: `edge` is covered by a policy that says replace, the others by
+    // none that names a strategy (in place).
+    for e in fleet.events() {
+        if let SimEventKind::Accepted { replace, .. } = e.kind {
+            assert_eq!(replace, e.group == "edge", "{} in {}", e.node, e.group);
+        }
     }
     let s = status(&certs, &survivor);
     assert_eq!(s["leader"].as_str().unwrap(), replicas[1 - killed].name);

@@ -100,6 +100,53 @@ fn waiting(
     Ok((out, boot))
 }
 
+/// What a replacement must show on the node it replaced: new data partitions (a new
+/// machine-id, a serving certificate issued anew for a new key) under the same configuration
+/// (same node name and hostname, the same client certificates still accepted — `status` is
+/// asked with them), and the console lines of the wipe and the restore.
+fn replaced(node: &Node, boot: &Running, before: &serde_json::Value) -> Result<String> {
+    let after = node.status()?;
+    let serial = boot.serial();
+    let wanted = [
+        "this is the first boot of the replacement by 2.0.0",
+        ") wiped", // "STATE (/dev/vda5) wiped"
+        "is blank: formatting it (first boot)",
+        "replaced: STATE and EPHEMERAL formatted afresh, the machine configuration restored",
+        "API identity: serving certificate sha256",
+    ];
+    for line in wanted {
+        ensure!(
+            serial.contains(line),
+            "the replacement's boot must print {line:?}; the console ended with:\n{}",
+            crate::vm::tail(&serial, 40)
+        );
+    }
+    let identity = serial
+        .lines()
+        .find(|l| l.contains("API identity: serving certificate sha256"))
+        .unwrap_or_default();
+    ensure!(
+        identity.ends_with("(issued now)"),
+        "a fresh STATE has no node key: the certificate is issued anew: {identity}"
+    );
+    ensure!(
+        after["version"] == "2.0.0"
+            && after["node_name"] == before["node_name"]
+            && after["hostname"] == before["hostname"]
+            && after["machine_id"].is_string()
+            && after["machine_id"] != before["machine_id"],
+        "after the replacement: same name and hostname, a new machine-id:\nbefore {before}\n\
+         after {after}"
+    );
+    Ok(format!(
+        "replaced: machine-id {} -> {}, node {} kept; {}",
+        before["machine_id"].as_str().unwrap_or("?"),
+        after["machine_id"].as_str().unwrap_or("?"),
+        after["node_name"].as_str().unwrap_or("?"),
+        identity.trim()
+    ))
+}
+
 /// Longer than any --wait below needs under TCG on a loaded machine (three boots).
 const WAIT_LIMIT: Duration = Duration::from_secs(900);
 
@@ -250,8 +297,18 @@ pub(super) fn staged_upgrades(prepared: &Prepared, work: &Path) -> Result<String
         text.trim()
     ));
 
-    // An immediate upgrade, followed to its commit.
-    let args = ["upgrade", "--wait", "--output", "json", "--image", &v2_ref];
+    // An immediate upgrade by replacement, followed to its commit: v2 starts from fresh data
+    // partitions with the node's configuration put back.
+    let before = node.status()?;
+    let args = [
+        "upgrade",
+        "--replace",
+        "--wait",
+        "--output",
+        "json",
+        "--image",
+        &v2_ref,
+    ];
     let (out, boot) = waiting(&node, &mut vm, boot, &args)?;
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     ensure!(
@@ -285,9 +342,10 @@ pub(super) fn staged_upgrades(prepared: &Prepared, work: &Path) -> Result<String
         "{stdout}"
     );
     lines.push(format!(
-        "$ slate upgrade --wait --output json --image …v2\n{}",
+        "$ slate upgrade --replace --wait --output json --image …v2\n{}",
         stdout.trim()
     ));
+    lines.push(replaced(&node, &boot, &before)?);
 
     // A staged upgrade, followed across the staged boot that installs it, to its commit.
     let v4_ref = layout(&v4);

@@ -1,0 +1,56 @@
+//! The newest keys under a prefix: one bounded read, however many keys there are (the event
+//! log is read this way, so `fleet events` costs the same whether etcd holds a day of events
+//! or a month).
+
+use etcd_client::{Client, Error as EtcdError, GetOptions, SortOrder, SortTarget};
+
+use super::{prefix_end, Entry, EtcdState, RawEntry, StateError, MAX_ANSWER};
+
+impl EtcdState {
+    /// The `limit` greatest keys that start with `key_prefix` (relative), oldest first.
+    pub fn last(&self, key_prefix: &str, limit: usize) -> Result<Vec<Entry>, StateError> {
+        let start = format!("{}{key_prefix}", self.shared.prefix);
+        let from = start.clone().into_bytes();
+        let limit = i64::try_from(limit.max(1)).unwrap_or(i64::MAX);
+        let mut found = self.shared.run(
+            || format!("reading the last {limit} keys under {start}"),
+            move |client| read_last(client, from.clone(), limit),
+        )?;
+        found.reverse();
+        let prefix = self.shared.prefix.as_bytes();
+        found
+            .into_iter()
+            .map(|(key, value, mod_revision)| {
+                let relative = key.strip_prefix(prefix).unwrap_or(&key);
+                String::from_utf8(relative.to_vec())
+                    .map(|key| Entry {
+                        key,
+                        value,
+                        mod_revision,
+                    })
+                    .map_err(|_| {
+                        self.shared.corrupt(
+                            format!("reading the last keys under {start}"),
+                            format!("key {} is not UTF-8", String::from_utf8_lossy(&key)),
+                        )
+                    })
+            })
+            .collect()
+    }
+}
+
+/// Newest first: sorted by key, descending, at most `limit`.
+async fn read_last(client: Client, start: Vec<u8>, limit: i64) -> Result<Vec<RawEntry>, EtcdError> {
+    let end = prefix_end(&start);
+    let mut kv = client.kv_client().max_decoding_message_size(MAX_ANSWER);
+    let options = GetOptions::new()
+        .with_range(end)
+        .with_limit(limit)
+        .with_sort(SortTarget::Key, SortOrder::Descend);
+    let resp = kv.get(start, Some(options)).await?;
+    Ok(resp
+        .kvs()
+        .iter()
+        .map(|kv| (kv.key().to_vec(), kv.value().to_vec(), kv.mod_revision()))
+        .collect())
+}
