@@ -27,6 +27,7 @@ mod system_disk;
 mod task;
 mod transaction;
 mod upgrade;
+mod volumes;
 mod watchdog;
 
 use std::net::SocketAddr;

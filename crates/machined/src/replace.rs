@@ -21,8 +21,8 @@ use slate_sequencer::{error_chain as chain, Task, TaskContext, TaskError};
 
 use crate::machine::state_dir;
 use crate::node::{Node, UpgradePlan};
-use crate::sequences::wipe_head;
 use crate::task::{failed, task};
+use crate::volumes::wipe_head;
 
 /// `replace` is immediate: a staged upgrade runs from the Install sequence, before the volumes
 /// a replacement would wipe are even found.

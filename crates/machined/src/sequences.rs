@@ -4,11 +4,10 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
 
 use slate_api::Stage;
-use slate_disk::{Disk, FileDisk, PartitionView};
-use slate_host::{BlockPartition, MsFlags};
+use slate_disk::FileDisk;
+use slate_host::BlockPartition;
 use slate_meta::{tag_name, MetaStore};
 use slate_sequencer::{
     PhaseListBuilder, RebootMode, Sequence, SequenceKind, TaskContext, TaskError,
@@ -16,6 +15,7 @@ use slate_sequencer::{
 
 use super::node::Node;
 use crate::task::{failed, task};
+use crate::volumes::{mount_volume, wait_for_partition, wipe_head};
 
 pub const STATE_MOUNT: &str = "/system/state";
 pub const EPHEMERAL_MOUNT: &str = "/var";
@@ -94,23 +94,6 @@ pub fn initialize<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
             })],
         )
         .into_sequence(SequenceKind::Initialize)
-}
-
-/// Disks are probed asynchronously after their driver loads: wait a while for a partition
-/// before concluding it does not exist.
-pub(crate) fn wait_for_partition(
-    ctx: &TaskContext<'_>,
-    label: &str,
-    disk: Option<&Path>,
-) -> Result<BlockPartition, TaskError> {
-    let started = Instant::now();
-    loop {
-        match slate_host::find_partition_by_label(label, disk) {
-            Ok(part) => return Ok(part),
-            Err(err) if started.elapsed() > Duration::from_secs(10) => return Err(err.into()),
-            Err(_) => ctx.sleep(Duration::from_millis(100))?,
-        }
-    }
 }
 
 fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), TaskError> {
@@ -298,33 +281,6 @@ pub fn boot<'a>(
         .into_sequence(SequenceKind::Boot)
 }
 
-/// Mount a volume, formatting it first when its head is blank (the first boot after install).
-fn mount_volume(
-    ctx: &TaskContext<'_>,
-    label: &str,
-    disk: Option<&Path>,
-    target: &Path,
-) -> Result<(), TaskError> {
-    let part = wait_for_partition(ctx, label, disk)?;
-    if slate_host::is_blank(&part.device)? {
-        ctx.log(&format!(
-            "{label} ({}) is blank: formatting it (first boot)",
-            part.device.display()
-        ));
-        slate_host::format_ext(&part.device, label)?;
-    }
-    let source = part.device.to_string_lossy().into_owned();
-    slate_host::mount(
-        &source,
-        target,
-        "ext4",
-        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
-        None,
-    )?;
-    ctx.log(&format!("{label} mounted on {}", target.display()));
-    Ok(())
-}
-
 pub fn reboot(node: &Node, mode: RebootMode) -> Sequence<'_> {
     PhaseListBuilder::new()
         .append(
@@ -390,24 +346,6 @@ pub fn reset(node: &Node) -> Sequence<'_> {
             })],
         )
         .into_sequence(SequenceKind::Reset)
-}
-
-/// Zero the first MiB of the partition labelled `label` (on `disk`, when known): the next
-/// mount finds it blank and formats it.
-pub(crate) fn wipe_head(
-    ctx: &TaskContext<'_>,
-    label: &str,
-    disk: Option<&Path>,
-) -> Result<(), TaskError> {
-    let part = wait_for_partition(ctx, label, disk)?;
-    let mut disk = FileDisk::open(&part.device)
-        .map_err(|e| failed(format!("opening {}: {e}", part.device.display())))?;
-    let len = disk.len().min(1 << 20);
-    let mut view = PartitionView::new(&mut disk, 0, len)?;
-    view.write_at(0, &vec![0u8; len as usize])?;
-    view.flush()?;
-    ctx.log(&format!("{label} ({}) wiped", part.device.display()));
-    Ok(())
 }
 
 #[cfg(test)]

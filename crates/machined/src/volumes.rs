@@ -1,0 +1,70 @@
+//! The node's data partitions, found by GPT label: waited for (disks are probed after their
+//! driver loads), mounted (formatted first when blank), and wiped (their heads zeroed through
+//! the Disk trait, so the next mount formats them).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use slate_disk::{Disk, FileDisk, PartitionView};
+use slate_host::{BlockPartition, MsFlags};
+use slate_sequencer::{TaskContext, TaskError};
+
+use crate::task::failed;
+
+/// Disks are probed asynchronously after their driver loads: wait a while for a partition
+/// before concluding it does not exist.
+pub fn wait_for_partition(
+    ctx: &TaskContext<'_>,
+    label: &str,
+    disk: Option<&Path>,
+) -> Result<BlockPartition, TaskError> {
+    let started = Instant::now();
+    loop {
+        match slate_host::find_partition_by_label(label, disk) {
+            Ok(part) => return Ok(part),
+            Err(err) if started.elapsed() > Duration::from_secs(10) => return Err(err.into()),
+            Err(_) => ctx.sleep(Duration::from_millis(100))?,
+        }
+    }
+}
+
+/// Mount a volume, formatting it first when its head is blank (the first boot after install).
+pub fn mount_volume(
+    ctx: &TaskContext<'_>,
+    label: &str,
+    disk: Option<&Path>,
+    target: &Path,
+) -> Result<(), TaskError> {
+    let part = wait_for_partition(ctx, label, disk)?;
+    if slate_host::is_blank(&part.device)? {
+        ctx.log(&format!(
+            "{label} ({}) is blank: formatting it (first boot)",
+            part.device.display()
+        ));
+        slate_host::format_ext(&part.device, label)?;
+    }
+    let source = part.device.to_string_lossy().into_owned();
+    slate_host::mount(
+        &source,
+        target,
+        "ext4",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        None,
+    )?;
+    ctx.log(&format!("{label} mounted on {}", target.display()));
+    Ok(())
+}
+
+/// Zero the first MiB of the partition labelled `label` (on `disk`, when known): the next
+/// mount finds it blank and formats it.
+pub fn wipe_head(ctx: &TaskContext<'_>, label: &str, disk: Option<&Path>) -> Result<(), TaskError> {
+    let part = wait_for_partition(ctx, label, disk)?;
+    let mut disk = FileDisk::open(&part.device)
+        .map_err(|e| failed(format!("opening {}: {e}", part.device.display())))?;
+    let len = disk.len().min(1 << 20);
+    let mut view = PartitionView::new(&mut disk, 0, len)?;
+    view.write_at(0, &vec![0u8; len as usize])?;
+    view.flush()?;
+    ctx.log(&format!("{label} ({}) wiped", part.device.display()));
+    Ok(())
+}
