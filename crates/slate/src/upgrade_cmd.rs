@@ -307,6 +307,7 @@ mod tests {
             tries: None,
             allow_downgrade: false,
             reboot_mode: RebootModeArg::Default,
+            replace: false,
             dry_run: true,
             check: false,
             wait: WaitArgs {

@@ -395,6 +395,29 @@ fn failover_stop_the_line_and_resume_after_a_yank() {
     let started: Vec<&serde_json::Value> =
         events.iter().filter(|e| e["kind"] == "started").collect();
     eprintln!("{} upgrade starts recorded in the event log", started.len());
+    // The CLI reads the log's end: the last 5, oldest first; a group's among the last 200.
+    let last: Vec<serde_json::Value> = serde_json::from_str(&fleet_cli(
+        &certs,
+        &survivor,
+        &["events", "--limit", "5", "--output", "json"],
+    ))
+    .unwrap();
+    assert_eq!(last.len(), 5);
+    assert!(last
+        .windows(2)
+        .all(|w| w[0]["at"].as_u64() <= w[1]["at"].as_u64()));
+    assert!(events.contains(&last[0]), "{} is in the whole log", last[0]);
+    let edge: Vec<serde_json::Value> = serde_json::from_str(&fleet_cli(
+        &certs,
+        &survivor,
+        &[
+            "events", "--limit", "200", "--group", "edge", "--output", "json",
+        ],
+    ))
+    .unwrap();
+    assert!(!edge.is_empty() && edge.iter().all(|e| e["group"] == "edge"));
+    let text = fleet_cli(&certs, &survivor, &["events", "--limit", "3"]);
+    assert_eq!(text.lines().count(), 3, "{text}");
     fleet.shutdown();
     drop(replicas);
 }
