@@ -62,6 +62,12 @@ pub trait NodeBackend: Send + Sync {
     fn reboot(&self, mode: RebootMode) -> Result<(), BackendError>;
     /// `POST /v1/reset` (admin).
     fn reset(&self) -> Result<(), BackendError>;
+    /// `POST /v1/shutdown` (operator): the Shutdown sequence, then power off.
+    fn shutdown(&self) -> Result<(), BackendError> {
+        Err(BackendError::Unsupported(
+            "this node cannot shut down".into(),
+        ))
+    }
     /// `POST /v1/upgrade` (operator).
     fn upgrade(&self, req: UpgradeRequest) -> Result<(), BackendError>;
     /// `POST /v1/rollback` (admin): the previous version boots next, on trial, and the node

@@ -205,6 +205,12 @@ impl Client {
             .map(drop)
     }
 
+    /// `POST /v1/shutdown` (operator).
+    pub fn shutdown(&self) -> Result<(), ClientError> {
+        self.unary::<serde_json::Value, ()>(Endpoint::Shutdown, None)
+            .map(drop)
+    }
+
     /// `POST /v1/reset` (admin).
     pub fn reset(&self) -> Result<(), ClientError> {
         self.unary::<serde_json::Value, ()>(Endpoint::Reset, None)

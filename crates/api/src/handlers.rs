@@ -132,6 +132,7 @@ async fn dispatch(
             Err(reject) => reject.into_response(),
         },
         Endpoint::Reset => accepted("reset", call(node, |b| b.reset()).await),
+        Endpoint::Shutdown => accepted("shutdown", call(node, |b| b.shutdown()).await),
         Endpoint::Upgrade => {
             match read_json::<UpgradeRequest>(req, false, MAX_REQUEST_BODY).await {
                 Ok(body) if body.image.trim().is_empty() => {

@@ -9,6 +9,7 @@ pub enum Endpoint {
     Version,
     Status,
     Reboot,
+    Shutdown,
     Reset,
     Upgrade,
     Rollback,
@@ -49,6 +50,8 @@ pub const ROUTES: &[Route] = &[
     route("GET", "/v1/version", Role::Reader, Endpoint::Version),
     route("GET", "/v1/status", Role::Reader, Endpoint::Status),
     route("POST", "/v1/reboot", Role::Operator, Endpoint::Reboot),
+    // Operator, as reboot: the node goes down in order and stays down until powered on.
+    route("POST", "/v1/shutdown", Role::Operator, Endpoint::Shutdown),
     route("POST", "/v1/reset", Role::Admin, Endpoint::Reset),
     // Operator: the rollout operator upgrades nodes with an operator certificate; what may be
     // installed is still bounded by the node's signature policy.

@@ -49,6 +49,23 @@ fn reader_may_not_reboot_operator_may() {
 }
 
 #[test]
+fn shutdown_is_for_operators_and_answers_locked_while_a_sequence_runs() {
+    let fake = Arc::new(Fake::default());
+    let (dir, server) = start(fake.clone());
+    let err = client(&dir, &server, Role::Reader).shutdown().unwrap_err();
+    assert!(matches!(err, ClientError::PermissionDenied(_)), "{err}");
+    assert_eq!(fake.shutdowns.load(Ordering::SeqCst), 0);
+    client(&dir, &server, Role::Operator).shutdown().unwrap();
+    assert_eq!(fake.shutdowns.load(Ordering::SeqCst), 1);
+    fake.locked.store(true, Ordering::SeqCst);
+    let err = client(&dir, &server, Role::Admin).shutdown().unwrap_err();
+    assert!(matches!(err, ClientError::Locked(_)), "{err}");
+    assert_eq!(fake.shutdowns.load(Ordering::SeqCst), 1);
+    fake.wait_log("(operator) POST /v1/shutdown -> 202");
+    server.shutdown().unwrap();
+}
+
+#[test]
 fn reset_is_for_admins() {
     let fake = Arc::new(Fake::default());
     let (dir, server) = start(fake.clone());

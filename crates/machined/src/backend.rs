@@ -245,6 +245,21 @@ impl NodeBackend for Backend {
         })
     }
 
+    /// The same request as the power button's, but refused while a sequence runs (an API
+    /// call does not take an upgrade over).
+    fn shutdown(&self) -> Result<(), BackendError> {
+        self.require(Capabilities::REBOOT, "shutdown")?;
+        let guard = self
+            .0
+            .lock
+            .try_lock(SequenceKind::Shutdown)
+            .map_err(locked)?;
+        self.0.journal.info(format_args!("shutdown requested"));
+        self.0
+            .request(Request::Reboot(RebootMode::PowerOff, guard))
+            .map_err(BackendError::Failed)
+    }
+
     fn reset(&self) -> Result<(), BackendError> {
         let guard = self.0.lock.try_lock(SequenceKind::Reset).map_err(locked)?;
         self.0
@@ -353,6 +368,24 @@ mod tests {
         assert_eq!(backend.status().running_sequence.as_deref(), Some("reboot"));
         drop(guard);
         assert_eq!(backend.status().running_sequence, None);
+    }
+
+    #[test]
+    fn a_shutdown_asks_the_main_loop_to_power_off_and_waits_for_no_sequence() {
+        let (backend, requests) = backend("");
+        backend.shutdown().unwrap();
+        let Ok(Request::Reboot(mode, guard)) = requests.try_recv() else {
+            panic!("no shutdown request");
+        };
+        assert_eq!(mode, RebootMode::PowerOff);
+        assert_eq!(guard.kind(), SequenceKind::Shutdown);
+        // While it runs, a second one (or a reboot) is refused at once, not queued.
+        assert!(matches!(backend.shutdown(), Err(BackendError::Locked(_))));
+        assert!(matches!(
+            backend.reboot(RebootMode::Default),
+            Err(BackendError::Locked(_))
+        ));
+        drop(guard);
     }
 
     #[test]

@@ -134,6 +134,12 @@ pub enum Command {
         #[arg(long, value_enum, default_value_t)]
         output: OutputFormat,
     },
+    /// Shut the node down in order (operator): the same teardown as a reboot, then power
+    /// off. It stays off until powered on.
+    Shutdown {
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Reset the node: wipe STATE and EPHEMERAL, reboot.
     Reset {
         #[arg(long)]
@@ -244,6 +250,7 @@ pub fn run(cli: Cli) -> Result<()> {
             output,
         ),
         Command::Reset { dry_run } => node_cmd::reset(&cli.target, dry_run),
+        Command::Shutdown { dry_run } => node_cmd::shutdown(&cli.target, dry_run),
         Command::Upgrade(args) => upgrade_cmd::run(&cli.target, args),
         Command::ApplyConfig(args) => config_cmd::apply_config(&cli.target, args),
         Command::Config(cmd) => config_cmd::run(&cli.target, cmd),

@@ -251,6 +251,20 @@ pub fn reset(target: &NodeTarget, dry_run: bool) -> Result<()> {
     Ok(())
 }
 
+pub fn shutdown(target: &NodeTarget, dry_run: bool) -> Result<()> {
+    let client = target.client()?;
+    if dry_run {
+        println!("would shut {} down: teardown, power off", client.addr());
+        return Ok(());
+    }
+    client.shutdown().context("shutting the node down")?;
+    println!(
+        "shutdown accepted by {}; it powers off once its teardown is done",
+        client.addr()
+    );
+    Ok(())
+}
+
 pub fn logs(target: &NodeTarget, follow: bool, kernel: bool) -> Result<()> {
     let client = target.client()?;
     if kernel {

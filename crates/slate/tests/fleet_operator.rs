@@ -395,7 +395,7 @@ fn failover_stop_the_line_and_resume_after_a_yank() {
     let started: Vec<&serde_json::Value> =
         events.iter().filter(|e| e["kind"] == "started").collect();
     eprintln!("{} upgrade starts recorded in the event log", started.len());
-    // The CLI reads the log's end: the last 5, oldest first; a group's among the last 200.
+    // The CLI reads the log's end: the last 5, oldest first; one group's of the whole log.
     let last: Vec<serde_json::Value> = serde_json::from_str(&fleet_cli(
         &certs,
         &survivor,
@@ -411,7 +411,7 @@ fn failover_stop_the_line_and_resume_after_a_yank() {
         &certs,
         &survivor,
         &[
-            "events", "--limit", "200", "--group", "edge", "--output", "json",
+            "events", "--limit", "100000", "--group", "edge", "--output", "json",
         ],
     ))
     .unwrap();

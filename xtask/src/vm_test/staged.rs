@@ -435,6 +435,25 @@ pub(super) fn staged_upgrades(prepared: &Prepared, work: &Path) -> Result<String
         unpinned.contains("unpinned 1.0.0; pinned: none"),
         "{unpinned}"
     );
-    drop(boot);
+    // `slate shutdown`: the node goes down in order and powers off (QEMU exits by itself).
+    let mut boot = boot;
+    let answer = node.ok(&["shutdown"])?;
+    ensure!(answer.contains("shutdown accepted"), "{answer}");
+    let asked = std::time::Instant::now();
+    boot.wait_exit(Duration::from_secs(60))
+        .context("slate shutdown should power the node off")?;
+    for line in [
+        "[slate] [machined] shutdown requested",
+        "[slate] [machined] stage ShuttingDown",
+        "[slate] [machined] teardown: synced in ",
+        "[slate] [machined] powering off",
+    ] {
+        ensure_logged(&boot, line)?;
+    }
+    lines.push(format!(
+        "$ slate shutdown\n{} (powered off {:.1?} later)",
+        answer.trim(),
+        asked.elapsed()
+    ));
     Ok(lines.join("\n"))
 }

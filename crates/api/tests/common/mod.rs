@@ -26,6 +26,7 @@ pub struct Fake {
     pub upgrade_hold: Duration,
     pub reboots: Mutex<Vec<RebootMode>>,
     pub resets: AtomicUsize,
+    pub shutdowns: AtomicUsize,
     pub upgrades: Mutex<Vec<UpgradeRequest>>,
     /// Lines of `logs`, produced `log_gap` apart; the production instants are recorded.
     pub log_lines: Vec<String>,
@@ -113,6 +114,12 @@ impl NodeBackend for Fake {
     fn reboot(&self, mode: RebootMode) -> Result<(), BackendError> {
         self.check_lock()?;
         self.reboots.lock().unwrap().push(mode);
+        Ok(())
+    }
+
+    fn shutdown(&self) -> Result<(), BackendError> {
+        self.check_lock()?;
+        self.shutdowns.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }
 
