@@ -6,9 +6,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use slate_api::Stage;
-use slate_disk::FileDisk;
 use slate_host::BlockPartition;
-use slate_meta::{tag_name, MetaStore};
+use slate_meta::tag_name;
 use slate_sequencer::{
     PhaseListBuilder, RebootMode, Sequence, SequenceKind, TaskContext, TaskError,
 };
@@ -159,7 +158,7 @@ fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), Ta
     Ok(())
 }
 
-fn open_meta(part: &BlockPartition) -> Result<MetaStore<FileDisk>, TaskError> {
+fn open_meta(part: &BlockPartition) -> Result<crate::system_disk::SystemMeta, TaskError> {
     crate::system_disk::open_meta_on(part, true).map_err(|e| failed(format!("reading META: {e}")))
 }
 

@@ -1,7 +1,7 @@
 //! The node's system disk, found the one way: by its META partition's GPT label (sysfs
 //! `PARTNAME`). META is opened here and nowhere else in machined.
 
-use slate_disk::FileDisk;
+use slate_disk::{FileDisk, PartitionView};
 use slate_host::BlockPartition;
 use slate_meta::MetaStore;
 use slate_sequencer::error_chain;
@@ -14,15 +14,26 @@ pub fn meta_partition() -> Result<BlockPartition, String> {
     slate_host::find_partition_by_label(META_LABEL, None).map_err(|e| e.to_string())
 }
 
-/// META on `part`, for reading (`writable` false) or for a change and a flush.
-pub fn open_meta_on(part: &BlockPartition, writable: bool) -> Result<MetaStore<FileDisk>, String> {
+/// META as machined holds it: the partition's range of the whole disk.
+pub type SystemMeta = MetaStore<PartitionView<FileDisk>>;
+
+/// META on the disk of `part`, for reading (`writable` false) or for a change and a flush.
+///
+/// Through the whole disk (`/dev/vda`), found again by its GPT label, as the boot loader code
+/// and the installer open it — never through the partition's own device (`/dev/vda2`): the
+/// two block devices keep separate page caches, so a record written through one was not seen
+/// by a later read through the other, and the installer wrote the stale copy back (a
+/// replacement's record vanished that way).
+pub fn open_meta_on(part: &BlockPartition, writable: bool) -> Result<SystemMeta, String> {
     let disk = if writable {
-        FileDisk::open(&part.device)
+        FileDisk::open(&part.disk)
     } else {
-        FileDisk::open_read_only(&part.device)
+        FileDisk::open_read_only(&part.disk)
     }
-    .map_err(|e| format!("opening {}: {e}", part.device.display()))?;
-    let mut store = MetaStore::open(disk).map_err(|e| error_chain(&e))?;
+    .map_err(|e| format!("opening {}: {e}", part.disk.display()))?;
+    let view = slate_layout::open_partition(disk, META_LABEL)
+        .map_err(|e| format!("{}: {}", part.disk.display(), error_chain(&e)))?;
+    let mut store = MetaStore::open(view).map_err(|e| error_chain(&e))?;
     if writable {
         // The node's own META, found by label: a commit or revert must record itself even
         // over rotted copies (the reader's warning says what they held).
@@ -32,6 +43,6 @@ pub fn open_meta_on(part: &BlockPartition, writable: bool) -> Result<MetaStore<F
 }
 
 /// META on the system disk.
-pub fn open_meta(writable: bool) -> Result<MetaStore<FileDisk>, String> {
+pub fn open_meta(writable: bool) -> Result<SystemMeta, String> {
     open_meta_on(&meta_partition()?, writable)
 }

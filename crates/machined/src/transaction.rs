@@ -395,17 +395,9 @@ fn record_rollback(node: &Node, from: &str, to: &str, reason: &str) {
 
 /// Set one META value and flush.
 pub fn write_meta_value(tag: u8, value: Vec<u8>) -> Result<(), String> {
-    // Through the whole disk, as the boot loader backend reads and rewrites META: the two block
-    // devices (disk and partition) have separate page caches, and a revert that had read META
-    // through the disk earlier would write the stale copy back over this record.
-    let part = crate::system_disk::meta_partition()?;
-    let disk =
-        FileDisk::open(&part.disk).map_err(|e| format!("opening {}: {e}", part.disk.display()))?;
-    let view = slate_layout::open_partition(disk, crate::system_disk::META_LABEL)
-        .map_err(|e| error_chain(&e))?;
-    let mut store = slate_meta::MetaStore::open(view).map_err(|e| error_chain(&e))?;
-    // As in system_disk::open_meta_on: the record of a failure must not be lost to rot.
-    store.overwrite_unrecognized();
+    // Through the whole disk, as the boot loader backend reads and rewrites META
+    // (`system_disk::open_meta_on` says why), over rotted copies if need be.
+    let mut store = crate::system_disk::open_meta(true)?;
     store.set(tag, value).map_err(|e| error_chain(&e))?;
     store.flush().map_err(|e| error_chain(&e))
 }

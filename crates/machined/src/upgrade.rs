@@ -260,7 +260,7 @@ pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan,
 }
 
 /// Open META on the system disk for writing.
-fn meta_store() -> Result<slate_meta::MetaStore<slate_disk::FileDisk>, String> {
+fn meta_store() -> Result<crate::system_disk::SystemMeta, String> {
     crate::system_disk::open_meta(true)
 }
 
@@ -288,7 +288,7 @@ fn record_staged(plan: &UpgradePlan) -> Result<(), String> {
 /// Take a staged upgrade out of META: both tags are deleted and flushed before anything acts
 /// on them, so an upgrade that fails (or whose version fails) is never tried again.
 pub fn consume_staged(
-    store: &mut slate_meta::MetaStore<slate_disk::FileDisk>,
+    store: &mut crate::system_disk::SystemMeta,
 ) -> Result<Option<Staged>, String> {
     use slate_meta::tags::{STAGED_UPGRADE_IMAGE_REF, STAGED_UPGRADE_INSTALL_OPTIONS};
     let image = store
