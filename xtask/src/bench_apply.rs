@@ -1,33 +1,24 @@
 //! Benchmark (not a test): applying a 256 MiB payload as an upgrade — `slate installer upgrade`
 //! reads and verifies the bundle, writes the UKI into the ESP through the userspace FAT code,
-//! flips the default, and flushes after each step — against `cp` + `sync` of the same bytes to
-//! the same filesystem, measured in the same run and printed as a ratio.
+//! flips the default, and flushes after each step — against `cp` of the same bytes to the same
+//! filesystem and an fsync of the copy (`sync FILE`), measured in the same run.
+//!
+//! Every run of either side starts from the same state: slate's on a fresh copy of the
+//! just-built disk image, the baseline's with no copy present, and both after a `sync` of the
+//! whole system, untimed, so that neither pays for the other's (or its own setup's) writes.
 
 use std::fs;
 use std::path::Path;
 use std::process::Command;
-use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use slate_bundle::{write_bundle, BlobInput, BundleSpec, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE};
 
+use crate::bench::{noise, stopwatch, Bench, Comparison, Sample, Side};
 use crate::util::{output, repo_root, run};
 use crate::vm_test::prepare;
 
 const PAYLOAD: usize = 256 << 20;
-
-/// Incompressible, reproducible bytes (xorshift): no filesystem or cache can shortcut them.
-fn payload() -> Vec<u8> {
-    let mut state: u64 = 0x9e37_79b9_7f4a_7c15;
-    let mut bytes = Vec::with_capacity(PAYLOAD);
-    while bytes.len() < PAYLOAD {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        bytes.extend_from_slice(&state.to_le_bytes());
-    }
-    bytes
-}
 
 /// The demo profile with an ESP large enough for two 256 MiB UKIs, paths made absolute.
 fn bench_profile(dir: &Path) -> Result<std::path::PathBuf> {
@@ -45,24 +36,17 @@ fn bench_profile(dir: &Path) -> Result<std::path::PathBuf> {
     Ok(path)
 }
 
-pub fn bench_apply() -> Result<()> {
-    let prepared = prepare()?;
-    let dir = repo_root().join("target/bench-apply");
-    let _ = fs::remove_dir_all(&dir);
-    fs::create_dir_all(&dir)?;
-    let profile = bench_profile(&dir)?;
-    let disk = dir.join("disk.raw");
-    run(Command::new(&prepared.slate)
-        .args(["imager", "build", "--profile"])
-        .arg(&profile)
-        .args(["--output", "image", "--out"])
-        .arg(&disk))?;
+/// Flushes the whole system: untimed, before each timed part.
+fn sync_all() -> Result<()> {
+    run(&mut Command::new("sync"))
+}
 
-    let bytes = payload();
-    let bundle = dir.join("bundle");
-    let slate = fs::read(&prepared.slate)?;
+/// The bundle with the payload as its UKI, and the payload alone as a plain file.
+fn write_inputs(slate: &Path, bundle: &Path, plain: &Path) -> Result<()> {
+    let bytes = noise(PAYLOAD);
+    let slate = fs::read(slate).with_context(|| format!("reading {}", slate.display()))?;
     write_bundle(
-        &bundle,
+        bundle,
         BundleSpec {
             name: "slate",
             version: "2.0.0",
@@ -84,48 +68,69 @@ pub fn bench_apply() -> Result<()> {
             },
         ],
     )?;
-    let plain = dir.join("payload.bin");
-    fs::write(&plain, &bytes)?;
-    drop(bytes);
-    run(&mut Command::new("sync"))?;
+    fs::write(plain, &bytes).with_context(|| format!("writing {}", plain.display()))
+}
 
-    let start = Instant::now();
-    let applied = output(
-        Command::new(&prepared.slate)
-            .args(["installer", "upgrade", "--disk"])
-            .arg(&disk)
-            .arg("--bundle")
-            .arg(&bundle)
-            .arg("--no-verify"),
-    )?;
-    let slate_time = start.elapsed();
-    ensure!(
-        applied.contains("installed slate-2.0.0+3.efi"),
-        "the upgrade: {applied}"
-    );
+pub fn bench_apply() -> Result<Vec<Comparison>> {
+    let prepared = prepare()?;
+    let dir = repo_root().join("target/bench/apply");
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let profile = bench_profile(&dir)?;
+    let pristine = dir.join("pristine.raw");
+    run(Command::new(&prepared.slate)
+        .args(["imager", "build", "--profile"])
+        .arg(&profile)
+        .args(["--output", "image", "--out"])
+        .arg(&pristine))?;
+    let (bundle, plain) = (dir.join("bundle"), dir.join("payload.bin"));
+    write_inputs(&prepared.slate, &bundle, &plain)?;
 
+    let disk = dir.join("disk.raw");
+    let slate = Side::new("slate installer upgrade", |_| {
+        run(Command::new("cp")
+            .arg("--sparse=always")
+            .arg(&pristine)
+            .arg(&disk))?;
+        sync_all()?;
+        let (applied, secs) = stopwatch(|| {
+            output(
+                Command::new(&prepared.slate)
+                    .args(["installer", "upgrade", "--disk"])
+                    .arg(&disk)
+                    .arg("--bundle")
+                    .arg(&bundle)
+                    .arg("--no-verify"),
+            )
+        })?;
+        ensure!(
+            applied.contains("installed slate-2.0.0+3.efi"),
+            "the upgrade: {applied}"
+        );
+        Ok(Sample::new(secs))
+    });
     let copy = dir.join("copy.bin");
-    let start = Instant::now();
-    run(Command::new("cp").arg(&plain).arg(&copy))?;
-    run(&mut Command::new("sync"))?;
-    let cp_time = start.elapsed();
-    ensure!(
-        fs::metadata(&copy).context("the copy")?.len() == PAYLOAD as u64,
-        "cp copied everything"
-    );
-
-    println!(
-        "apply a {} MiB payload, one run each, same filesystem",
-        PAYLOAD >> 20
-    );
-    println!("  slate installer upgrade (verify digest, write ESP slot, flip, fsync each step): {slate_time:.2?}");
-    println!("  cp + sync of the same bytes:                                                   {cp_time:.2?}");
-    println!(
-        "  ratio: {:.2}x (slate / cp+sync)",
-        slate_time.as_secs_f64() / cp_time.as_secs_f64()
-    );
+    let baseline = Side::new("cp + fsync", |_| {
+        let _ = fs::remove_file(&copy);
+        sync_all()?;
+        let ((), secs) = stopwatch(|| {
+            run(Command::new("cp").arg(&plain).arg(&copy))?;
+            run(Command::new("sync").arg(&copy))
+        })?;
+        ensure!(
+            fs::metadata(&copy).context("the copy")?.len() == PAYLOAD as u64,
+            "cp copied everything"
+        );
+        Ok(Sample::new(secs))
+    });
+    let c = Bench::new(&format!("apply {} MiB", PAYLOAD >> 20), "s")
+        .about("slate: read and verify the bundle, write the UKI into the ESP slot, flip the")
+        .about("default, flush each step; on a fresh copy of the disk image each run")
+        .about("baseline: cp of the same bytes to the same filesystem, then fsync of the copy")
+        .run(slate, baseline, vec![])?;
+    c.print();
     if std::env::var_os("SLATE_BENCH_KEEP").is_none() {
         let _ = fs::remove_dir_all(&dir);
     }
-    Ok(())
+    Ok(vec![c])
 }

@@ -20,6 +20,8 @@ use slate_fleetlock::{GroupSpec, Groups, Service};
 use slate_fleetlock_server::{EtcdStore, Server};
 use slate_testkit::etcd::EtcdCluster;
 
+use crate::bench::{ms, percentile, print_ratios, Bench, Comparison, Sample, Side};
+
 /// Concurrent clients in the concurrent variants.
 const CLIENTS: usize = 16;
 /// Servers sharing the cluster in the variant where their swaps race each other.
@@ -42,13 +44,20 @@ impl Series {
         }
     }
 
-    fn percentile(&self, p: usize) -> Duration {
-        let i = (self.latencies.len() * p / 100).min(self.latencies.len() - 1);
-        self.latencies[i]
-    }
-
-    fn per_second(&self) -> f64 {
-        self.latencies.len() as f64 / self.wall.as_secs_f64()
+    /// The series' wall time as the run's figure; its latency percentiles, throughput and
+    /// (for FleetLock) lost swaps as further figures.
+    fn sample(&self, with_refusals: bool) -> Sample {
+        let at = |p| percentile(&self.latencies, p).map_or(f64::NAN, ms);
+        let wall = self.wall.as_secs_f64();
+        let sample = Sample::new(wall)
+            .with("p50", "ms", at(50))
+            .with("p99", "ms", at(99))
+            .with("throughput", "/s", self.latencies.len() as f64 / wall);
+        if with_refusals {
+            sample.with("refused", "", self.refused as f64)
+        } else {
+            sample
+        }
     }
 }
 
@@ -206,39 +215,11 @@ fn raw_series(
     })
 }
 
-fn report(name: &str, s: &Series, base: &Series) {
-    let ratio = |a: Duration, b: Duration| a.as_secs_f64() / b.as_secs_f64();
-    println!(
-        "  {name:<18} {:>6} in {:>8.2?}: {:>6.0}/s, p50 {:>8.2?}, p99 {:>8.2?}",
-        s.latencies.len(),
-        s.wall,
-        s.per_second(),
-        s.percentile(50),
-        s.percentile(99)
-    );
-    if std::ptr::eq(s, base) {
-        return;
-    }
-    if s.refused > 0 {
-        println!(
-            "  {:<18} {} refused and retried (lost swaps)",
-            "", s.refused
-        );
-    }
-    println!(
-        "  {:<18} ratio to raw Txn: throughput {:.3}x, p50 {:.1}x, p99 {:.1}x",
-        "",
-        s.per_second() / base.per_second(),
-        ratio(s.percentile(50), base.percentile(50)),
-        ratio(s.percentile(99), base.percentile(99)),
-    );
-}
-
 /// `quick`: 1,000 ids only.
-pub fn bench_fleetlock(quick: bool) -> Result<()> {
+pub fn bench_fleetlock(quick: bool) -> Result<Vec<Comparison>> {
     ensure!(
         slate_testkit::find_tool("etcd").is_some() && slate_testkit::find_tool("etcdctl").is_some(),
-        "etcd and etcdctl are missing: run scripts/install-deps (Debian's etcd-server)"
+        "etcd and etcdctl are missing: Debian's etcd-server and etcd-client"
     );
     let cluster = EtcdCluster::start(3)?;
     let endpoints = cluster.endpoints();
@@ -268,36 +249,42 @@ pub fn bench_fleetlock(quick: bool) -> Result<()> {
     let sizes: &[usize] = if quick { &[1_000] } else { &[1_000, 10_000] };
     println!(
         "FleetLock lock + unlock round trips over HTTP, etcd store, 3-member etcd {} on \
-         loopback (data on {}); ratio = FleetLock / raw etcd compare-and-swap Txn (one key) \
-         measured in the same run",
+         loopback (data on {}); the baseline: raw etcd compare-and-swap Txns on one key per \
+         client, the same count, against the same cluster",
         etcd_version(),
         cluster.dir().display()
     );
-    // Warm both paths (connections, the group's key) before measuring.
-    fleetlock_series(&addrs, "warm", 50, SERVERS)?;
-    raw_series(&rt, &raw, 50, 1)?;
+    let mut comparisons = Vec::new();
     for &n in sizes {
-        println!("{n} distinct ids, sequential (1 client):");
-        let base = raw_series(&rt, &raw, n, 1)?;
-        report("raw Txn", &base, &base);
-        let series = fleetlock_series(one, &format!("seq{n}"), n, 1)?;
-        report("lock+unlock", &series, &base);
-        println!("{n} distinct ids, {CLIENTS} concurrent clients, {slots} slots:");
-        let base = raw_series(&rt, &raw, n, CLIENTS)?;
-        report("raw Txn (16 keys)", &base, &base);
-        let series = fleetlock_series(one, &format!("par{n}"), n, CLIENTS)?;
-        report("lock+unlock", &series, &base);
-        println!(
-            "{n} distinct ids, {CLIENTS} concurrent clients through {SERVERS} servers, \
-             {slots} slots:"
-        );
-        let series = fleetlock_series(&addrs, &format!("srv{n}"), n, CLIENTS)?;
-        report("lock+unlock", &series, &base);
+        let variants = [
+            ("sequential", "seq", 1, one),
+            ("16 clients", "par", CLIENTS, one),
+            ("16 clients, 3 servers", "srv", CLIENTS, &addrs[..]),
+        ];
+        for (label, tag, clients, servers) in variants {
+            let slate = Side::new("FleetLock lock+unlock", |run| {
+                fleetlock_series(servers, &format!("{tag}{n}r{run}"), n, clients)
+                    .map(|s| s.sample(true))
+            });
+            let baseline = Side::new("raw etcd Txn", |_| {
+                raw_series(&rt, &raw, n, clients).map(|s| s.sample(false))
+            });
+            let c = Bench::new(&format!("fleetlock {n} ids, {label}"), "s")
+                .about(format!(
+                    "{n} distinct ids, {clients} client(s) through {} server(s), {slots} slots; \
+                     figure: the series' wall time",
+                    servers.len()
+                ))
+                .run(slate, baseline, vec![])?;
+            c.print();
+            comparisons.push(c);
+        }
     }
     for server in servers {
         server.shutdown()?;
     }
-    Ok(())
+    print_ratios(&comparisons);
+    Ok(comparisons)
 }
 
 fn etcd_version() -> String {

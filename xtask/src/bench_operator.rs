@@ -1,13 +1,15 @@
-//! Rollout operator benchmark (not a test): 10,000 simulated nodes (slate-fleet-sim: real
-//! node API servers over a simulated backend, 10 groups of 1,000) heartbeating to one operator
-//! replica in this process, on a three-member etcd cluster on loopback; one rollout of v2
-//! under a policy of 10 % at a time and two waves with a soak.
+//! Rollout operator benchmark (not a test): simulated nodes (slate-fleet-sim: real node API
+//! servers over a simulated backend, in 10 groups; 10,000 unless told) heartbeating to one
+//! operator replica in this process, on a three-member etcd cluster on loopback; one rollout of
+//! v2 under a policy of 10 % at a time and two waves with a soak. Each run starts its own
+//! cluster and fleet, so runs do not inherit each other's etcd history.
 //!
-//! It prints the leader's decision latency per tick (read from etcd + decide + fenced commit,
-//! p50/p99), the etcd writes (Raft proposals, heartbeats included) per node upgrade, and the
-//! rollout's wall time as a ratio to the policy's theoretical minimum:
-//! waves' soaks + nodes / concurrency × (upgrade + reboot time), the groups in parallel.
+//! It prints the rollout's wall time against the policy's theoretical minimum (waves' soaks +
+//! nodes / concurrency × (upgrade + reboot time), the groups in parallel), the leader's
+//! decision latency per tick (read from etcd + decide + fenced commit, p50/p99 over the ticks
+//! of all runs) and the etcd writes (Raft proposals, heartbeats included) per node upgrade.
 
+use std::cell::RefCell;
 use std::io::Read as _;
 use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -21,6 +23,8 @@ use slate_operator::{EtcdState, LeaderConfig, Operator, ReleaseSource, TickTimin
 use slate_release::{Channel, Release, ReleaseIndex};
 use slate_rollout::NodeReport;
 use slate_testkit::etcd::EtcdCluster;
+
+use crate::bench::{ms, percentile, Bench, Comparison, Sample, Side};
 
 const GROUPS: usize = 10;
 const SOAK: Duration = Duration::from_secs(10);
@@ -84,13 +88,28 @@ fn proposals(endpoint: &str) -> Result<u64> {
         .context("no etcd_server_proposals_committed_total in /metrics")
 }
 
-fn percentile(sorted: &[Duration], p: usize) -> Duration {
-    sorted[(sorted.len() * p / 100).min(sorted.len() - 1)]
+/// What one rollout gave.
+struct Rollout {
+    wall: Duration,
+    /// Raft proposals from the policy's arrival to the last node on v2.
+    writes: u64,
+    ticks: Vec<TickTiming>,
+    fleet_start: Duration,
+    inventory_fill: Duration,
+    max_in_flight: usize,
 }
 
-pub fn bench_operator(nodes: usize) -> Result<()> {
-    ensure!(nodes >= GROUPS * 10, "at least {} nodes", GROUPS * 10);
-    slate_fleet_sim::raise_file_limit().context("raising the open-file limit")?;
+/// The shortest the rollout could take: two soaks, then each group's nodes in batches of
+/// `concurrency`, every batch an upgrade and a reboot (groups roll out side by side).
+fn theoretical_minimum(per_group: usize) -> (f64, usize) {
+    let concurrency = (per_group / 10).max(1);
+    let batches = per_group.div_ceil(concurrency);
+    let minimum = 2.0 * SOAK.as_secs_f64() + batches as f64 * (UPGRADE + REBOOT).as_secs_f64();
+    (minimum, concurrency)
+}
+
+/// One rollout from v1 to v2 of `per_group` × GROUPS nodes, from a cluster and fleet of its own.
+fn rollout(per_group: usize) -> Result<Rollout> {
     let cluster = EtcdCluster::start(3)?;
     let dir = tempfile::tempdir()?;
     let certs = dir.path().join("certs");
@@ -115,6 +134,8 @@ pub fn bench_operator(nodes: usize) -> Result<()> {
             lease_ttl: Duration::from_secs(5),
             release_refresh: Duration::from_secs(10),
             parallel_orders: 32,
+            // `slate fleet operator`'s default: nothing is old enough to prune during a run.
+            event_retention: Duration::from_secs(7 * 24 * 3600),
         },
         listen,
         certs: certs.clone(),
@@ -137,7 +158,6 @@ pub fn bench_operator(nodes: usize) -> Result<()> {
             .collect::<Result<_, _>>()?,
         next: AtomicUsize::new(0),
     };
-    let per_group = nodes / GROUPS;
     let mut spec = FleetSpec::new(&certs);
     for g in 0..GROUPS {
         spec = spec.group(&format!("g{g}"), per_group, "stable", "1");
@@ -149,93 +169,141 @@ pub fn bench_operator(nodes: usize) -> Result<()> {
         reboot_time: REBOOT,
         ..Behaviour::default()
     };
+    let total = per_group * GROUPS;
     let started = Instant::now();
     let mut fleet = Fleet::start(spec, Arc::new(reporter))?;
-    let total = per_group * GROUPS;
-    println!(
-        "{total} simulated nodes started in {:.1} s",
-        started.elapsed().as_secs_f64()
-    );
-    let inventory_wait = Instant::now();
-    while slate_operator::state::inventory(&state)?.len() < total {
-        ensure!(
-            inventory_wait.elapsed() < Duration::from_secs(600),
-            "the inventory did not fill"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
-    println!(
-        "inventory full after {:.1} s",
-        inventory_wait.elapsed().as_secs_f64()
-    );
+    let fleet_start = started.elapsed();
 
-    let policy = format!(
-        "[[policy]]\nname = \"bench\"\nmax_unavailable = \"10%\"\n\
-         waves = [{{ percent = 1, soak = \"{s}s\" }}, {{ percent = 10, soak = \"{s}s\" }}, \
-         {{ percent = 100 }}]\nupgrade_timeout = \"10m\"\n",
-        s = SOAK.as_secs()
-    );
-    let writes_before = proposals(&cluster.endpoint(0))?;
-    timings.lock().unwrap().clear();
-    slate_operator::state::set_policies(&state, &policy)?;
-    let rollout = Instant::now();
-    while fleet.versions().get("2").copied().unwrap_or(0) < total {
-        ensure!(
-            rollout.elapsed() < Duration::from_secs(3600),
-            "the rollout did not finish within an hour: {:?}",
-            fleet.versions()
+    // Whatever happens while the rollout is watched, the replica and the fleet are stopped
+    // after it: a later run must not share the machine with this one's threads.
+    let watched = (|| -> Result<(Duration, Duration, u64)> {
+        let inventory_wait = Instant::now();
+        while slate_operator::state::inventory(&state)?.len() < total {
+            ensure!(
+                inventory_wait.elapsed() < Duration::from_secs(600),
+                "the inventory did not fill"
+            );
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        let inventory_fill = inventory_wait.elapsed();
+        let policy = format!(
+            "[[policy]]\nname = \"bench\"\nmax_unavailable = \"10%\"\n\
+             waves = [{{ percent = 1, soak = \"{s}s\" }}, {{ percent = 10, soak = \"{s}s\" }}, \
+             {{ percent = 100 }}]\nupgrade_timeout = \"10m\"\n",
+            s = SOAK.as_secs()
         );
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    let wall = rollout.elapsed();
-    let writes = proposals(&cluster.endpoint(0))? - writes_before;
+        let writes_before = proposals(&cluster.endpoint(0))?;
+        timings.lock().unwrap().clear();
+        slate_operator::state::set_policies(&state, &policy)?;
+        let since = Instant::now();
+        while fleet.versions().get("2").copied().unwrap_or(0) < total {
+            ensure!(
+                since.elapsed() < Duration::from_secs(3600),
+                "the rollout did not finish within an hour: {:?}",
+                fleet.versions()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        let wall = since.elapsed();
+        let writes = proposals(&cluster.endpoint(0))? - writes_before;
+        Ok((inventory_fill, wall, writes))
+    })();
     stop.store(true, Ordering::Relaxed);
     let ticks = std::mem::take(&mut *timings.lock().unwrap());
     fleet.shutdown();
     let _ = replica.join();
+    let (inventory_fill, wall, writes) = watched?;
 
-    let mut decision: Vec<Duration> = ticks.iter().map(|t| t.read + t.decide + t.commit).collect();
-    decision.sort();
-    let mut decide: Vec<Duration> = ticks.iter().map(|t| t.decide).collect();
-    decide.sort();
-    ensure!(!decision.is_empty(), "no tick was observed");
-    let concurrency = (per_group / 10).max(1);
-    let minimum = 2.0 * SOAK.as_secs_f64()
-        + (per_group as f64 / concurrency as f64).ceil() * (UPGRADE + REBOOT).as_secs_f64();
     let twice = fleet
         .upgrades_per_node()
         .values()
         .filter(|v| v.len() > 1)
         .count();
+    ensure!(twice == 0, "{twice} nodes were upgraded twice");
     let (max_in_flight, _) = (0..GROUPS)
         .map(|g| fleet.max_in_flight(&format!("g{g}")))
         .max()
         .unwrap_or_default();
-    println!(
-        "bench-operator: {total} nodes in {GROUPS} groups, one operator replica, 3-member etcd"
+    let (_, concurrency) = theoretical_minimum(per_group);
+    ensure!(
+        max_in_flight <= concurrency,
+        "the limit was exceeded: {max_in_flight} in flight in a group, limit {concurrency}"
     );
-    println!(
-        "  leader decision per tick (read + decide + commit) over {} ticks: p50 {:.1} ms, p99 {:.1} ms; of it slate_rollout::tick p50 {:.2} ms, p99 {:.2} ms",
-        decision.len(),
-        percentile(&decision, 50).as_secs_f64() * 1e3,
-        percentile(&decision, 99).as_secs_f64() * 1e3,
-        percentile(&decide, 50).as_secs_f64() * 1e3,
-        percentile(&decide, 99).as_secs_f64() * 1e3,
+    Ok(Rollout {
+        wall,
+        writes,
+        ticks,
+        fleet_start,
+        inventory_fill,
+        max_in_flight,
+    })
+}
+
+/// p50 and p99, in milliseconds, of one phase of every observed tick.
+fn tick_percentiles(ticks: &[TickTiming], phase: impl Fn(&TickTiming) -> Duration) -> (f64, f64) {
+    let mut d: Vec<Duration> = ticks.iter().map(phase).collect();
+    d.sort();
+    let at = |p| percentile(&d, p).map_or(f64::NAN, ms);
+    (at(50), at(99))
+}
+
+pub fn bench_operator(nodes: usize) -> Result<Vec<Comparison>> {
+    ensure!(nodes >= GROUPS * 10, "at least {} nodes", GROUPS * 10);
+    slate_fleet_sim::raise_file_limit().context("raising the open-file limit")?;
+    let per_group = nodes / GROUPS;
+    let total = per_group * GROUPS;
+    let (minimum, concurrency) = theoretical_minimum(per_group);
+    let ticks = RefCell::new(Vec::new());
+    let slate = Side::new("rollout wall time", |_| {
+        let r = rollout(per_group)?;
+        ensure!(!r.ticks.is_empty(), "no tick was observed");
+        ticks.borrow_mut().extend_from_slice(&r.ticks);
+        Ok(Sample::new(r.wall.as_secs_f64())
+            .with(
+                "etcd_writes_per_upgrade",
+                "",
+                r.writes as f64 / total as f64,
+            )
+            .with("ticks", "", r.ticks.len() as f64)
+            .with("fleet_start", "s", r.fleet_start.as_secs_f64())
+            .with("inventory_fill", "s", r.inventory_fill.as_secs_f64())
+            .with("max_in_flight_per_group", "", r.max_in_flight as f64))
+    });
+    let baseline = Side::computed("the policy's theoretical minimum", minimum);
+    let mut c = Bench::new(&format!("operator rollout, {total} nodes"), "s")
+        .about(format!(
+            "{total} simulated nodes in {GROUPS} groups, one operator replica, 3-member etcd; \
+             each run starts its own cluster and fleet"
+        ))
+        .about(format!(
+            "minimum: 2 soaks of {} s + {} batches of {} s (at most {concurrency} in flight \
+             per group)",
+            SOAK.as_secs(),
+            per_group.div_ceil(concurrency),
+            (UPGRADE + REBOOT).as_secs()
+        ))
+        .no_warm_up(
+            "the baseline is computed, not run, and each run starts its own etcd cluster and \
+             fleet from nothing",
+        )
+        .run(slate, baseline, vec![])?;
+    let ticks = ticks.into_inner();
+    let (p50, p99) = tick_percentiles(&ticks, |t| t.read + t.decide + t.commit);
+    let (decide50, decide99) = tick_percentiles(&ticks, |t| t.decide);
+    c.extra(
+        "tick_decision_ms",
+        serde_json::json!({"p50": p50, "p99": p99, "ticks": ticks.len()}),
+        format!(
+            "leader decision per tick (read + decide + commit), {} ticks of all runs: \
+             p50 {p50:.1} ms, p99 {p99:.1} ms",
+            ticks.len()
+        ),
     );
-    println!(
-        "  etcd writes (Raft proposals, heartbeats included) per node upgrade: {:.2} ({writes} for {total})",
-        writes as f64 / total as f64
+    c.extra(
+        "tick_decide_ms",
+        serde_json::json!({"p50": decide50, "p99": decide99}),
+        format!("of it slate_rollout::tick: p50 {decide50:.2} ms, p99 {decide99:.2} ms"),
     );
-    println!(
-        "  rollout wall time {:.1} s vs the policy's minimum {minimum:.1} s (2 soaks of {} s + {} batches of {} s): ratio {:.2}",
-        wall.as_secs_f64(),
-        SOAK.as_secs(),
-        (per_group as f64 / concurrency as f64).ceil(),
-        (UPGRADE + REBOOT).as_secs(),
-        wall.as_secs_f64() / minimum
-    );
-    println!("  no node upgraded twice: {}; most in flight in a group: {max_in_flight} (limit {concurrency})", twice == 0);
-    ensure!(twice == 0, "{twice} nodes were upgraded twice");
-    ensure!(max_in_flight <= concurrency, "the limit was exceeded");
-    Ok(())
+    c.print();
+    Ok(vec![c])
 }

@@ -1,6 +1,7 @@
 //! Pull benchmark (not a test): a bundle with a 256 MiB blob, pushed to a local docker-registry;
 //! then `slate_transport::pull` (fetch, hash while writing, flush, rename) against the same blob
-//! fetched by `curl`, hashed by `sha256sum` and copied by `cp`. One run each, printed as a ratio.
+//! fetched by `curl`, hashed by `sha256sum` and copied by `cp`. Each run of either side starts
+//! with nothing pulled: the cache, or the baseline's files, removed before the clock starts.
 
 use std::fs;
 use std::io::{Read as _, Write as _};
@@ -13,24 +14,11 @@ use anyhow::{bail, ensure, Context, Result};
 use slate_bundle::{BlobInput, BundleSpec, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE};
 use slate_transport::Reference;
 
+use crate::bench::{noise, stopwatch, Bench, Comparison, Sample, Side};
 use crate::util::{output, repo_root, run};
 
 const BLOB_MIB: usize = 256;
 const REGISTRY: &str = "/usr/bin/docker-registry";
-
-/// Bytes that do not compress (xorshift), so nothing along the way can cheat.
-fn noise(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9E37_79B9_7F4A_7C15;
-    let mut out = Vec::with_capacity(len);
-    while out.len() < len {
-        x ^= x << 13;
-        x ^= x >> 7;
-        x ^= x << 17;
-        out.extend_from_slice(&x.to_le_bytes());
-    }
-    out.truncate(len);
-    out
-}
 
 /// docker-registry on a free loopback port, killed on drop.
 struct Registry {
@@ -91,14 +79,19 @@ fn start_registry(dir: &Path) -> Result<Registry> {
     Ok(registry)
 }
 
-fn mib_per_s(bytes: u64, t: Duration) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0) / t.as_secs_f64()
+/// A run's figure, and its throughput as a further figure.
+fn with_rate(bytes: u64, secs: f64) -> Sample {
+    Sample::new(secs).with(
+        "throughput",
+        "MiB/s",
+        bytes as f64 / (1024.0 * 1024.0) / secs,
+    )
 }
 
-pub fn bench_pull() -> Result<()> {
+pub fn bench_pull() -> Result<Vec<Comparison>> {
     let work = repo_root().join("target/bench/pull");
     let _ = fs::remove_dir_all(&work);
-    fs::create_dir_all(&work)?;
+    fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
     let blob = noise(BLOB_MIB * 1024 * 1024);
     let bundle = work.join("bundle");
     slate_bundle::write_bundle(
@@ -129,53 +122,59 @@ pub fn bench_pull() -> Result<()> {
 
     let registry = start_registry(&work)?;
     let image = Reference::parse(&format!("{}/bench/installer:1.0.0", registry.host))?;
-    let start = Instant::now();
-    let pushed = slate_transport::push(&bundle, &image, &mut |_| {})?;
-    let push_time = start.elapsed();
+    let (pushed, push_secs) =
+        stopwatch(|| Ok(slate_transport::push(&bundle, &image, &mut |_| {})?))?;
 
     // slate: manifest, config, the blob and the installer; every byte hashed on its way to
     // disk, flushed, renamed into the layout; the signature tag asked for (absent).
     let cache = work.join("cache");
-    let start = Instant::now();
-    let pulled = slate_transport::pull(&image, &cache, &mut |_| {})?;
-    let slate_time = start.elapsed();
-    ensure!(pulled.fetched_bytes >= (BLOB_MIB * 1024 * 1024) as u64);
-
-    // Baseline: the same blob with curl, then sha256sum, then cp into place.
+    let slate = Side::new("slate pull", |_| {
+        let _ = fs::remove_dir_all(&cache);
+        let (pulled, secs) = stopwatch(|| Ok(slate_transport::pull(&image, &cache, &mut |_| {})?))?;
+        ensure!(pulled.fetched_bytes >= (BLOB_MIB * 1024 * 1024) as u64);
+        Ok(with_rate(pulled.fetched_bytes, secs))
+    });
+    // The same blob with curl, then sha256sum, then cp into place.
     let url = format!("http://{}/v2/bench/installer/blobs/{digest}", registry.host);
     let (download, copy) = (work.join("curl.blob"), work.join("copied.blob"));
-    let start = Instant::now();
-    run(Command::new("curl")
-        .args(["-sSf", "-o"])
-        .arg(&download)
-        .arg(&url))?;
-    let sum = output(Command::new("sha256sum").arg(&download))?;
-    ensure!(
-        sum.split_whitespace().next() == digest.strip_prefix("sha256:"),
-        "sha256sum disagrees: {sum}"
+    let baseline = Side::new("curl + sha256sum + cp", |_| {
+        let _ = fs::remove_file(&download);
+        let _ = fs::remove_file(&copy);
+        let (sum, secs) = stopwatch(|| {
+            run(Command::new("curl")
+                .args(["-sSf", "-o"])
+                .arg(&download)
+                .arg(&url))?;
+            let sum = output(Command::new("sha256sum").arg(&download))?;
+            run(Command::new("cp").arg(&download).arg(&copy))?;
+            Ok(sum)
+        })?;
+        ensure!(
+            sum.split_whitespace().next() == digest.strip_prefix("sha256:"),
+            "sha256sum disagrees: {sum}"
+        );
+        Ok(with_rate(
+            fs::metadata(&copy).context("the copy")?.len(),
+            secs,
+        ))
+    });
+    let mut c = Bench::new(&format!("pull {BLOB_MIB} MiB"), "s")
+        .about(format!(
+            "a bundle blob from docker-registry on {}",
+            registry.host
+        ))
+        .about("slate: fetch + sha256 while writing + fsync + rename into the cache")
+        .run(slate, baseline, vec![])?;
+    c.extra(
+        "push_s",
+        serde_json::json!(push_secs),
+        format!(
+            "push beforehand (once): {push_secs:.2} s, {} bytes",
+            pushed.uploaded_bytes
+        ),
     );
-    run(Command::new("cp").arg(&download).arg(&copy))?;
-    let baseline_time = start.elapsed();
-
-    let bytes = pulled.fetched_bytes;
-    println!(
-        "pull of a {BLOB_MIB} MiB bundle blob from docker-registry on {} (one run; push took \
-         {push_time:.2?}, {} bytes)",
-        registry.host, pushed.uploaded_bytes
-    );
-    println!(
-        "  slate pull (fetch + sha256 while writing + fsync + rename): {slate_time:.2?}, {:.0} MiB/s",
-        mib_per_s(bytes, slate_time)
-    );
-    println!(
-        "  curl + sha256sum + cp:                                      {baseline_time:.2?}, {:.0} MiB/s",
-        mib_per_s(bytes, baseline_time)
-    );
-    println!(
-        "  time ratio: {:.2}x (slate / curl + sha256sum + cp)",
-        slate_time.as_secs_f64() / baseline_time.as_secs_f64()
-    );
+    c.print();
     drop(registry);
-    fs::remove_dir_all(&work)?;
-    Ok(())
+    fs::remove_dir_all(&work).with_context(|| format!("removing {}", work.display()))?;
+    Ok(vec![c])
 }

@@ -11,6 +11,8 @@ mod bench_boot;
 mod bench_fleetlock;
 mod bench_operator;
 mod bench_pull;
+mod bench_rootfs;
+mod bench_summary;
 mod kernel;
 mod registry;
 mod slate_static;
@@ -66,13 +68,13 @@ enum Task {
     },
     /// The main job: build the demo image, boot it, show what happened.
     Demo,
-    /// Benchmark: slate's squashfs builder vs mksquashfs, printed as ratios.
+    /// Benchmark: slate's squashfs builder vs mksquashfs (all cores; one core as a reference).
     BenchRootfs,
     /// Benchmark: kernel start to machined Running vs a busybox /init mounting the same root.
     BenchBoot,
     /// Benchmark: slate pull of a 256 MiB blob from a local registry vs curl + sha256sum + cp.
     BenchPull,
-    /// Benchmark: applying a 256 MiB upgrade payload vs cp + sync of the same bytes.
+    /// Benchmark: applying a 256 MiB upgrade payload vs cp + fsync of the same bytes.
     BenchApply,
     /// Benchmark: FleetLock lock + unlock over HTTP with the etcd store (3-member cluster on
     /// loopback) vs a raw etcd compare-and-swap transaction.
@@ -81,12 +83,21 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
-    /// Benchmark: the rollout operator over 10,000 simulated nodes (3-member etcd): the
-    /// leader's decision latency per tick, etcd writes per node upgrade, and the rollout's
-    /// wall time vs the policy's theoretical minimum.
+    /// Benchmark: the rollout operator over simulated nodes (3-member etcd): the rollout's
+    /// wall time vs the policy's theoretical minimum, the leader's decision latency per tick,
+    /// etcd writes per node upgrade. Each of the runs starts its own cluster and fleet.
     BenchOperator {
         #[arg(long, default_value_t = 10_000)]
         nodes: usize,
+    },
+    /// Every benchmark (or those named), each side measured 3 times; writes
+    /// target/bench/summary-<commit>.json and target/bench/latest.json.
+    Bench {
+        /// rootfs, apply, pull, boot, fleetlock, operator (all when none is named).
+        only: Vec<String>,
+        /// Simulated nodes for the operator benchmark.
+        #[arg(long, default_value_t = bench_summary::OPERATOR_NODES)]
+        operator_nodes: usize,
     },
 }
 
@@ -103,11 +114,15 @@ fn main() -> Result<()> {
         Task::VmPrep => vm_test::prepare().map(drop),
         Task::VmTest { only } => vm_test::vm_test(&only),
         Task::Demo => vm_test::demo(),
-        Task::BenchRootfs => bench::bench_rootfs(),
-        Task::BenchBoot => bench_boot::bench_boot(),
-        Task::BenchPull => bench_pull::bench_pull(),
-        Task::BenchApply => bench_apply::bench_apply(),
-        Task::BenchFleetlock { quick } => bench_fleetlock::bench_fleetlock(quick),
-        Task::BenchOperator { nodes } => bench_operator::bench_operator(nodes),
+        Task::BenchRootfs => bench_rootfs::bench_rootfs().map(drop),
+        Task::BenchBoot => bench_boot::bench_boot().map(drop),
+        Task::BenchPull => bench_pull::bench_pull().map(drop),
+        Task::BenchApply => bench_apply::bench_apply().map(drop),
+        Task::BenchFleetlock { quick } => bench_fleetlock::bench_fleetlock(quick).map(drop),
+        Task::BenchOperator { nodes } => bench_operator::bench_operator(nodes).map(drop),
+        Task::Bench {
+            only,
+            operator_nodes,
+        } => bench_summary::bench_all(&only, operator_nodes),
     }
 }
