@@ -31,6 +31,7 @@
 
 #[cfg(feature = "client")]
 mod cache;
+pub mod challenge;
 #[cfg(feature = "client")]
 mod client;
 mod error;
