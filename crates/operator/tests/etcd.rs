@@ -440,7 +440,11 @@ fn the_event_log_is_read_from_its_end_and_pruned_by_age_under_the_fence() {
         );
     }
     // Another prefix that sorts after `events/` must never be read or pruned as events.
-    committed(state.commit(&fenceless("policies", b"[]")).unwrap());
+    let policies = Commit {
+        puts: vec![put("policies", b"[]")],
+        ..Commit::default()
+    };
+    committed(state.commit(&policies).unwrap());
     let nodes =
         |events: Vec<Event>| -> Vec<String> { events.into_iter().filter_map(|e| e.node).collect() };
     assert_eq!(nodes(state::events(&state, 1).unwrap()), ["n4"]);
@@ -461,11 +465,4 @@ fn the_event_log_is_read_from_its_end_and_pruned_by_age_under_the_fence() {
     let outcome = state::prune_events(&state, &fence, 10_000).unwrap();
     assert_eq!(outcome, Outcome::Deposed);
     assert_eq!(nodes(state::events(&state, 100).unwrap()), ["n4"]);
-}
-
-fn fenceless(key: &str, value: &[u8]) -> Commit {
-    Commit {
-        puts: vec![put(key, value)],
-        ..Commit::default()
-    }
 }
