@@ -13,20 +13,30 @@
 //! - hard-link inodes: by default ([`HardLinks::Copy`]) each link becomes its own inode whose
 //!   data is deduplicated, which a read-only root cannot tell apart except by link count;
 //!   [`HardLinks::Error`] refuses them instead.
+//!
+//! Data blocks are compressed on [`SquashfsOptions::threads`] threads; the image is the same,
+//! byte for byte, whatever their number (see `parallel.rs` for why).
+
+mod parallel;
+mod tree_file;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::fs::{self, File};
-use std::io::{self, BufReader, Cursor, Read, Seek, Write};
+use std::fs;
+use std::io::{self, Cursor, Seek, Write};
+use std::num::NonZeroUsize;
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::thread;
 
 use backhand::compression::{CompressionOptions, Compressor, Zstd};
 use backhand::{
     BackhandError, FilesystemCompressor, FilesystemReader, FilesystemWriter, NodeHeader,
     MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
 };
+
+use tree_file::{Shared, TreeFile};
 
 /// Block compression of the image.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -54,7 +64,7 @@ pub enum Xattrs {
     Ignore,
 }
 
-/// How to build the image. [`Default`] is zstd 15, 128 KiB blocks, epoch 0.
+/// How to build the image. [`Default`] is zstd 15, 128 KiB blocks, epoch 0, all cores.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SquashfsOptions {
     /// mtime of every inode and of the superblock (seconds since 1970).
@@ -64,6 +74,9 @@ pub struct SquashfsOptions {
     pub block_size: u32,
     pub hard_links: HardLinks,
     pub xattrs: Xattrs,
+    /// Threads compressing data blocks; `None` is one per available core. Only the build's
+    /// speed depends on it, never the image's bytes.
+    pub threads: Option<NonZeroUsize>,
 }
 
 impl Default for SquashfsOptions {
@@ -74,6 +87,7 @@ impl Default for SquashfsOptions {
             block_size: 128 * 1024,
             hard_links: HardLinks::Copy,
             xattrs: Xattrs::Error,
+            threads: None,
         }
     }
 }
@@ -167,10 +181,20 @@ pub fn build_squashfs<W: Write + Seek>(
 /// unsupported items) before the first byte is written.
 pub fn build_squashfs_with_progress<W: Write + Seek>(
     src_dir: &Path,
-    mut out: W,
+    out: W,
     opts: &SquashfsOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Stats, RootfsError> {
+    build(src_dir, out, opts, progress).map(|(stats, _)| stats)
+}
+
+/// The build, with how the parallel compression's prediction fared (for the tests).
+fn build<W: Write + Seek>(
+    src_dir: &Path,
+    mut out: W,
+    opts: &SquashfsOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(Stats, parallel::Report), RootfsError> {
     let compressor = compressor(opts)?;
     let root_meta = fs::metadata(src_dir).map_err(io_err(src_dir))?;
     if !root_meta.is_dir() {
@@ -178,9 +202,101 @@ pub fn build_squashfs_with_progress<W: Write + Seek>(
     }
     let mut items = Vec::new();
     scan(src_dir, Path::new(""), opts, &mut items)?;
+    let mut stats = count(&items, opts)?;
+
+    // The root's own mtime has no setter in backhand 0.25 (`FilesystemWriter::root` is
+    // private); a writer derived from a reader inherits the reader's root node, whose header
+    // is public. So: write an empty image, read it, stamp its root, derive the real writer.
+    let root_header = header(root_meta.mode(), opts);
+    let mut empty = Cursor::new(Vec::new());
+    let mut seed = FilesystemWriter::default();
+    seed.set_compressor(compressor);
+    seed.write(&mut empty)
+        .map_err(sq_err("seeding the root node"))?;
+    empty.set_position(0);
+    let mut seed_reader =
+        FilesystemReader::from_reader(empty).map_err(sq_err("seeding the root node"))?;
+    seed_reader.root.root_mut().header = root_header;
+
+    // backhand's writer reads the files in the order of its nodes, which it keeps sorted by
+    // path; the parallel reader must read them in the same order.
+    let mut files: Vec<(&Path, usize)> = items
+        .iter()
+        .enumerate()
+        .filter(|(_, item)| matches!(item.kind, Kind::File { .. }))
+        .map(|(i, item)| (item.rel.as_path(), i))
+        .collect();
+    files.sort_by(|a, b| a.0.cmp(b.0));
+    let mut position = vec![usize::MAX; items.len()];
+    for (pos, (_, i)) in files.iter().enumerate() {
+        position[*i] = pos;
+    }
+    let paths: Vec<PathBuf> = files.iter().map(|(rel, _)| src_dir.join(rel)).collect();
+    // The workers compress with zstd only: a new `Compression` must fail to compile here.
+    let Compression::Zstd { level } = opts.compression;
+    let plan = parallel::Plan {
+        files: &paths,
+        block_size: opts.block_size as usize,
+        // Checked to be 1..=22 by `compressor`.
+        zstd_level: level as i32,
+        threads: opts.threads.map_or_else(
+            || thread::available_parallelism().map_or(1, NonZeroUsize::get),
+            NonZeroUsize::get,
+        ),
+    };
+
+    let shared = Rc::new(RefCell::new(Shared::new(stats.files, progress)));
+    let (written, report) = parallel::with_workers(&plan, |feed| {
+        let mut writer = FilesystemWriter::from_fs_reader(&seed_reader)
+            .map_err(sq_err("seeding the root node"))?;
+        writer.set_kind(parallel::kind());
+        writer.set_compressor(compressor);
+        writer.set_block_size(opts.block_size);
+        writer.set_time(opts.source_date_epoch);
+        writer.set_only_root_id();
+        writer.set_no_duplicate_files(true);
+        for (i, item) in items.iter().enumerate() {
+            let hdr = header(item.mode, opts);
+            let rel = &item.rel;
+            let pushed = match &item.kind {
+                Kind::Dir => writer.push_dir(rel, hdr),
+                Kind::File { .. } => writer.push_file(
+                    TreeFile::new(
+                        position[i],
+                        src_dir.join(rel),
+                        Rc::clone(feed),
+                        Rc::clone(&shared),
+                    ),
+                    rel,
+                    hdr,
+                ),
+                Kind::Symlink(target) => writer.push_symlink(target.clone(), rel, hdr),
+                Kind::Char(dev) => writer.push_char_device(*dev, rel, hdr),
+                Kind::Block(dev) => writer.push_block_device(*dev, rel, hdr),
+                Kind::Fifo => writer.push_fifo(rel, hdr),
+                Kind::Socket => writer.push_socket(rel, hdr),
+            };
+            pushed.map_err(sq_err("adding an entry"))?;
+        }
+        shared.borrow_mut().start();
+        Ok(writer.write(&mut out))
+    })
+    .map_err(io_err(Path::new("<compression threads>")))?;
+    // A read error inside backhand loses the path; report the one the reader recorded.
+    if let Some((path, source)) = shared.borrow_mut().take_failure() {
+        return Err(RootfsError::Io { path, source });
+    }
+    let (_, bytes) = written?.map_err(sq_err("writing the image"))?;
+    out.flush().map_err(io_err(Path::new("<output>")))?;
+    stats.image_bytes = bytes;
+    Ok((stats, report))
+}
+
+/// Counts the items, refusing hard links if the options say so.
+fn count(items: &[Item], opts: &SquashfsOptions) -> Result<Stats, RootfsError> {
     let mut stats = Stats::default();
     let mut first_links: HashMap<(u64, u64), PathBuf> = HashMap::new();
-    for item in &items {
+    for item in items {
         match &item.kind {
             Kind::File { dev_ino, size } => {
                 stats.files += 1;
@@ -205,72 +321,6 @@ pub fn build_squashfs_with_progress<W: Write + Seek>(
             Kind::Fifo | Kind::Socket => stats.special += 1,
         }
     }
-
-    // The root's own mtime has no setter in backhand 0.25 (`FilesystemWriter::root` is
-    // private); a writer derived from a reader inherits the reader's root node, whose header
-    // is public. So: write an empty image, read it, stamp its root, derive the real writer.
-    let root_header = header(root_meta.mode(), opts);
-    let mut empty = Cursor::new(Vec::new());
-    let mut seed = FilesystemWriter::default();
-    seed.set_compressor(compressor);
-    seed.write(&mut empty)
-        .map_err(sq_err("seeding the root node"))?;
-    empty.set_position(0);
-    let mut seed_reader =
-        FilesystemReader::from_reader(empty).map_err(sq_err("seeding the root node"))?;
-    seed_reader.root.root_mut().header = root_header;
-
-    let mut writer =
-        FilesystemWriter::from_fs_reader(&seed_reader).map_err(sq_err("seeding the root node"))?;
-    writer.set_compressor(compressor);
-    writer.set_block_size(opts.block_size);
-    writer.set_time(opts.source_date_epoch);
-    writer.set_only_root_id();
-    writer.set_no_duplicate_files(true);
-
-    let shared = Rc::new(RefCell::new(Shared {
-        done: 0,
-        total: stats.files,
-        progress,
-        failure: None,
-    }));
-    for item in &items {
-        let hdr = header(item.mode, opts);
-        let rel = &item.rel;
-        let pushed = match &item.kind {
-            Kind::Dir => writer.push_dir(rel, hdr),
-            Kind::File { .. } => writer.push_file(
-                TreeFile {
-                    path: src_dir.join(rel),
-                    file: None,
-                    finished: false,
-                    shared: Rc::clone(&shared),
-                },
-                rel,
-                hdr,
-            ),
-            Kind::Symlink(target) => writer.push_symlink(target.clone(), rel, hdr),
-            Kind::Char(dev) => writer.push_char_device(*dev, rel, hdr),
-            Kind::Block(dev) => writer.push_block_device(*dev, rel, hdr),
-            Kind::Fifo => writer.push_fifo(rel, hdr),
-            Kind::Socket => writer.push_socket(rel, hdr),
-        };
-        pushed.map_err(sq_err("adding an entry"))?;
-    }
-
-    {
-        let mut s = shared.borrow_mut();
-        let total = s.total;
-        (s.progress)(0, total);
-    }
-    let written = writer.write(&mut out);
-    // A read error inside backhand loses the path; report the one the reader recorded.
-    if let Some((path, source)) = shared.borrow_mut().failure.take() {
-        return Err(RootfsError::Io { path, source });
-    }
-    let (_, bytes) = written.map_err(sq_err("writing the image"))?;
-    out.flush().map_err(io_err(Path::new("<output>")))?;
-    stats.image_bytes = bytes;
     Ok(stats)
 }
 
@@ -429,58 +479,6 @@ fn squashfs_dev(rdev: u64) -> Option<u32> {
         return None;
     }
     u32::try_from((minor & 0xff) | (major << 8) | ((minor & !0xff) << 12)).ok()
-}
-
-struct Shared<'p> {
-    done: u64,
-    total: u64,
-    progress: &'p mut dyn FnMut(u64, u64),
-    failure: Option<(PathBuf, io::Error)>,
-}
-
-/// A source file opened on first read and closed at end of file, so the build holds one
-/// descriptor at a time, and reports progress when backhand has consumed it.
-struct TreeFile<'p> {
-    path: PathBuf,
-    file: Option<BufReader<File>>,
-    finished: bool,
-    shared: Rc<RefCell<Shared<'p>>>,
-}
-
-impl TreeFile<'_> {
-    fn fail(&self, e: io::Error) -> io::Error {
-        let copy = io::Error::new(e.kind(), e.to_string());
-        self.shared.borrow_mut().failure = Some((self.path.clone(), e));
-        copy
-    }
-}
-
-impl Read for TreeFile<'_> {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        if self.finished || buf.is_empty() {
-            return Ok(0);
-        }
-        if self.file.is_none() {
-            let file = File::open(&self.path).map_err(|e| self.fail(e))?;
-            self.file = Some(BufReader::with_capacity(256 * 1024, file));
-        }
-        let Some(file) = self.file.as_mut() else {
-            return Ok(0);
-        };
-        let n = match file.read(buf) {
-            Ok(n) => n,
-            Err(e) => return Err(self.fail(e)),
-        };
-        if n == 0 {
-            self.finished = true;
-            self.file = None;
-            let mut s = self.shared.borrow_mut();
-            s.done += 1;
-            let (done, total) = (s.done, s.total);
-            (s.progress)(done, total);
-        }
-        Ok(n)
-    }
 }
 
 #[cfg(test)]
