@@ -337,7 +337,7 @@ impl OperatorService {
                     .push((key.clone(), Expect::ModRevision(s.revision)));
                 commit
                     .puts
-                    .push((key, serde_json::to_vec(&rollout).map_err(failed)?));
+                    .push((key, state::rollout_value::encode(&rollout)));
                 changed.push(group.clone());
             }
             if let Some(group) = &req.group {

@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `nodes/<id>` | [`NodeRecord`] JSON | any replica, on a heartbeat or `fleet add-node` |
 //! | `policies` | the policy file (TOML), checked | any replica, `fleet policy set` |
-//! | `rollouts/<group>` | [`Rollout`] JSON | the leader (fenced), and any replica for pause/resume/abort, always by compare-and-swap |
+//! | `rollouts/<group>` | [`Rollout`] JSON, gzip-compressed above 64 KiB (`rollout_value.rs`) | the leader (fenced), and any replica for pause/resume/abort, always by compare-and-swap |
 //! | `events/<ms>-<n>` | a JSON array of [`Event`]s | with the rollout change they record, in the same transaction; deleted by the leader once older than the retention |
 //! | `leader/<lease>` | the leader's name | etcd's election |
 
@@ -15,6 +15,8 @@ use serde::Serialize;
 use slate_rollout::{Event, Inventory, NodeRecord, Rollout};
 
 use crate::etcd::{Commit, EtcdState, Expect, Fence, Outcome, StateError};
+
+pub mod rollout_value;
 
 pub const NODES: &str = "nodes/";
 pub const POLICIES: &str = "policies";
@@ -98,7 +100,11 @@ pub fn put_node_if(
 pub fn rollouts(state: &EtcdState) -> Result<BTreeMap<String, Stored<Rollout>>, ReadError> {
     let mut out = BTreeMap::new();
     for entry in state.list(ROLLOUTS)? {
-        let rollout: Rollout = parse(&entry.key, &entry.value, "rollout")?;
+        let rollout = rollout_value::decode(&entry.value).map_err(|reason| ReadError::Corrupt {
+            key: entry.key.clone(),
+            what: "rollout",
+            reason,
+        })?;
         out.insert(
             rollout.group.clone(),
             Stored {
@@ -187,7 +193,7 @@ pub fn commit_rollouts(
             None => Expect::Absent,
         };
         commit.checks.push((key.clone(), expect));
-        commit.puts.push((key, json(rollout)));
+        commit.puts.push((key, rollout_value::encode(rollout)));
     }
     if !events.is_empty() {
         commit.puts.push((event_key(now_ms), json(&events)));
