@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | `nodes/<id>` | [`NodeRecord`] JSON | any replica, on a heartbeat or `fleet add-node` |
 //! | `policies` | the policy file (TOML), checked | any replica, `fleet policy set` |
-//! | `rollouts/<group>` | [`Rollout`] JSON, gzip-compressed above 64 KiB (`rollout_value.rs`) | the leader (fenced), and any replica for pause/resume/abort, always by compare-and-swap |
+//! | `rollouts/<group>` | [`Rollout`] JSON, gzip-compressed above 16 KiB (`rollout_value.rs`) | the leader (fenced), and any replica for pause/resume/abort, always by compare-and-swap |
 //! | `events/<ms>-<n>` | a JSON array of [`Event`]s | with the rollout change they record, in the same transaction; deleted by the leader once older than the retention |
 //! | `leader/<lease>` | the leader's name | etcd's election |
 
