@@ -335,3 +335,61 @@ fn connections_per_client_certificate_are_limited() {
     }
     server.shutdown().unwrap();
 }
+
+/// An upload bigger than the room its directory's file system has (on a node: /var, 157 MiB
+/// in the VMs; here a 1 MiB tmpfs) is answered 507 from its `Content-Length` before a byte of
+/// it is read, and the node's backend never sees it; one that fits still gets through to the
+/// backend.
+#[test]
+fn an_upload_larger_than_the_free_space_is_refused_507_before_its_body() {
+    if !slate_testkit::require_root() {
+        return;
+    }
+    let room = tempfile::tempdir().unwrap();
+    let mounted = std::process::Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(room.path())
+        .status()
+        .unwrap();
+    assert!(mounted.success(), "mounting a tmpfs on {:?}", room.path());
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _unmount = Unmount(room.path());
+
+    let fake = Arc::new(Fake::default());
+    let limits = Limits {
+        upload_dir: Some(room.path().to_owned()),
+        ..quick()
+    };
+    let (dir, server) = start_with(fake.clone(), limits);
+    let addr = server.local_addr();
+    let mut raw = Raw::connect(dir.path(), addr, Role::Admin);
+    let started = Instant::now();
+    // 2 MiB declared, nothing sent: the answer cannot have waited for the body.
+    assert!(raw.send(&head("POST", "/v1/bundles", &["content-length: 2097152"])));
+    let (status, answer) = raw.answer(Duration::from_secs(5));
+    assert_eq!(status, 507, "{answer}");
+    assert!(answer.contains("bytes free for bundles"), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(1),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        fake.received.load(Ordering::SeqCst),
+        0,
+        "the refused upload reached the node"
+    );
+    // One that fits reaches the backend (which refuses 100 bytes as no tar stream).
+    let mut raw = Raw::connect(dir.path(), addr, Role::Admin);
+    assert!(raw.send(&head("POST", "/v1/bundles", &["content-length: 100"])));
+    assert!(raw.send(&[b'x'; 100]));
+    let (status, answer) = raw.answer(Duration::from_secs(5));
+    assert_eq!(status, 400, "{answer}");
+    assert_eq!(fake.received.load(Ordering::SeqCst), 1);
+    server.shutdown().unwrap();
+}

@@ -27,6 +27,8 @@ pub struct Fake {
     pub reboots: Mutex<Vec<RebootMode>>,
     pub resets: AtomicUsize,
     pub shutdowns: AtomicUsize,
+    /// Uploads that reached `receive_bundle`.
+    pub received: AtomicUsize,
     pub upgrades: Mutex<Vec<UpgradeRequest>>,
     /// Lines of `logs`, produced `log_gap` apart; the production instants are recorded.
     pub log_lines: Vec<String>,
@@ -144,6 +146,7 @@ impl NodeBackend for Fake {
     /// start like a tar header's "ustar" magic at 257 after reading only that much.
     fn receive_bundle(&self, body: &mut dyn std::io::Read) -> Result<UploadedBundle, BackendError> {
         use sha2::Digest as _;
+        self.received.fetch_add(1, Ordering::SeqCst);
         let mut head = vec![0u8; 512];
         body.read_exact(&mut head)
             .map_err(|e| BackendError::InvalidArgument(format!("short upload: {e}")))?;
