@@ -38,19 +38,6 @@ fn listing(env: &GrubEnv) -> String {
     env.vars().map(|(n, v)| format!("{n}={v}\n")).collect()
 }
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-}
-
 #[test]
 fn same_edits_same_bytes_as_grub_editenv() {
     if !available() {
@@ -71,7 +58,7 @@ fn same_edits_same_bytes_as_grub_editenv() {
         "boot_once",
     ];
     const ALPHABET: &[u8] = b"AB01 -_#.\\\nxyz";
-    let mut rng = Rng(0x5eed_1234_abcd_0001);
+    let mut rng = slate_testkit::Xorshift(0x5eed_1234_abcd_0001);
     let (mut sets, mut unsets, mut refused) = (0, 0, 0);
     for step in 0..300 {
         let name = NAMES[rng.below(NAMES.len())];

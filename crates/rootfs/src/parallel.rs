@@ -465,17 +465,8 @@ mod tests {
             })),
         )
         .unwrap();
-        let mut state = 0x2545_f491_4f6c_dd1d_u64;
-        let mut noise = |len: usize| -> Vec<u8> {
-            (0..len)
-                .map(|_| {
-                    state ^= state << 13;
-                    state ^= state >> 7;
-                    state ^= state << 17;
-                    state as u8
-                })
-                .collect()
-        };
+        let mut rng = slate_testkit::Xorshift(0x2545_f491_4f6c_dd1d);
+        let mut noise = |len: usize| rng.bytes(len);
         let text: Vec<u8> = (0..200_000u32)
             .flat_map(|i| format!("line {} of {}\n", i % 977, i / 3).into_bytes())
             .collect();

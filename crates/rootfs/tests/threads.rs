@@ -12,26 +12,6 @@ use slate_rootfs::{build_squashfs, Compression, SquashfsOptions};
 
 const BLOCK: usize = 128 * 1024;
 
-/// xorshift64: the same "random" tree on every run.
-struct Noise(u64);
-
-impl Noise {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.next() % n as u64) as usize
-    }
-
-    fn bytes(&mut self, len: usize) -> Vec<u8> {
-        (0..len).map(|_| self.next() as u8).collect()
-    }
-}
-
 /// Compressible text, different for each `seed`.
 fn text(seed: usize, len: usize) -> Vec<u8> {
     let mut out = Vec::with_capacity(len + 64);
@@ -48,7 +28,7 @@ fn text(seed: usize, len: usize) -> Vec<u8> {
 /// blocks with and without a tail, incompressible ones (stored uncompressed), a block of zeros
 /// (a hole), a duplicate of a large file, and empty files. Returns every file's content.
 fn make_tree(root: &Path) -> BTreeMap<PathBuf, Vec<u8>> {
-    let mut noise = Noise(0x9e37_79b9_7f4a_7c15);
+    let mut noise = slate_testkit::Xorshift(0x9e37_79b9_7f4a_7c15);
     let mut files = BTreeMap::new();
     for i in 0..200 {
         let dir = PathBuf::from(format!("d{}/s{}", i % 7, i % 3));
