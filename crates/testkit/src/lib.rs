@@ -24,6 +24,7 @@
 
 pub mod etcd;
 pub mod fleetlock;
+pub mod secureboot;
 
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
