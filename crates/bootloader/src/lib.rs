@@ -24,6 +24,7 @@
 //! `saved_entry` to the tag's slot. [`probe`] picks the backend a disk was installed with.
 
 mod efivars;
+mod enrolled;
 pub mod explain;
 pub mod grub;
 mod parts;
@@ -33,9 +34,10 @@ pub use efivars::{
     loader_vars, EfiVars, EfiVarsError, MemEfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_LAST_BOOTED,
     LOADER_ENTRY_ONESHOT,
 };
+pub use enrolled::enrolled_db_auth;
 pub use explain::{BootExplanation, EntryState, ExplainedEntry, NextBootReason};
 pub use grub::{menu as grub_menu, Grub, GrubStatus, GrubWriteOrder, SlotPayload, SlotStatus};
-pub use sdboot::{SystemdBoot, DEFAULT_ENTRY_NAME};
+pub use sdboot::{KexecPlan, SystemdBoot, DEFAULT_ENTRY_NAME};
 pub use slate_bootspec::IdStyle;
 pub use slate_disk::SectorBuffer;
 pub use slate_esp::{fat_space, FatSpace, ReadOnly};
@@ -181,6 +183,9 @@ pub enum BootloaderError {
     GrubEnv(#[from] slate_bootspec::GrubEnvError),
     #[error("after this change systemd-boot would boot {selected:?}, not {wanted:?}")]
     WouldNotBoot { wanted: String, selected: String },
+    /// Why a restart cannot go by kexec (the caller restarts through the firmware).
+    #[error("{0}")]
+    NoKexec(String),
 }
 
 /// A boot loader slate drives. Every method reads or writes only the disk and EFI variables

@@ -23,3 +23,16 @@ pub const SLOT_INITRAMFS: &str = "initramfs";
 pub const SLOT_CMDLINE: &str = "cmdline.cfg";
 /// The directories of a GRUB ESP, parents first.
 pub const GRUB_DIRECTORIES: [&str; 5] = ["EFI", "EFI/BOOT", GRUB_DIR, "A", "B"];
+
+/// Where systemd-boot looks for Secure Boot keys to enrol (`PK.auth`, `KEK.auth`, `db.auth`) when
+/// the firmware is in setup mode and `loader.conf` says `secure-boot-enroll force`.
+pub const SECURE_BOOT_KEYS_DIR: &str = "loader/keys/auto";
+/// The enrolment files, in the order the firmware needs them (db and KEK before PK, whose
+/// enrolment ends setup mode; systemd-boot orders them itself, the list is for the writer).
+pub const SECURE_BOOT_AUTH_FILES: [&str; 3] = ["db.auth", "KEK.auth", "PK.auth"];
+/// The ESP's `db.auth`: the certificates a Secure Boot image enrols and its firmware then trusts.
+pub const SECURE_BOOT_DB_AUTH_PATH: &str = "loader/keys/auto/db.auth";
+/// The directories of a Secure Boot systemd-boot ESP beyond [`SYSTEMD_BOOT_DIRECTORIES`].
+pub const SECURE_BOOT_DIRECTORIES: [&str; 2] = ["loader/keys", SECURE_BOOT_KEYS_DIR];
+/// The `loader.conf` line that makes systemd-boot enrol the keys in setup mode.
+pub const SECURE_BOOT_ENROLL_LINE: &str = "secure-boot-enroll force\n";

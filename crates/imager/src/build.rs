@@ -161,6 +161,7 @@ pub fn build(
                 uki,
                 uki_name: uki_name(inputs, Some(p.image.tries))?,
                 loader_conf: loader_conf(&format!("{}-*", p.name), p.image.menu_timeout)?,
+                enroll: None,
             };
             progress(Progress::Step("writing the disk image"));
             let mut disk = FileDisk::create(pending.path(), in_bytes(p.image.size_bytes())?)

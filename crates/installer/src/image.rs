@@ -7,9 +7,11 @@ use slate_layout::{
 };
 use slate_meta::MetaStore;
 
+use slate_bootloader::sdboot::EnrollKeys;
 use slate_esp::fat::{self, EspGeometry, TEMP_NAME_EXTRA};
 use slate_esp::{
-    validate_uki_file_name, EspError, MAX_FILE_NAME, SYSTEMD_BOOT_DIRECTORIES, UKI_DIR,
+    validate_uki_file_name, EspError, MAX_FILE_NAME, SECURE_BOOT_DIRECTORIES,
+    SECURE_BOOT_ENROLL_LINE, SYSTEMD_BOOT_DIRECTORIES, UKI_DIR,
 };
 
 use crate::InstallError;
@@ -31,8 +33,13 @@ pub struct ImagePlan {
     pub uki: Vec<u8>,
     /// Its file name, boot counter included (see [`crate::uki_file_name`]).
     pub uki_name: String,
-    /// The content of `loader/loader.conf` (see [`crate::loader_conf`]).
+    /// The content of `loader/loader.conf` (see [`crate::loader_conf`]); with `enroll`, the
+    /// writer adds `secure-boot-enroll force`.
     pub loader_conf: String,
+    /// A Secure Boot image: the keys its first boot enrols (`loader/keys/auto/`). systemd-boot
+    /// and the UKI must then be signed by a certificate in its `db.auth`, checked before the
+    /// first write.
+    pub enroll: Option<EnrollKeys>,
 }
 
 /// Binaries are shown by size: a UKI is tens of MiB.
@@ -49,6 +56,7 @@ impl std::fmt::Debug for ImagePlan {
             .field("uki", &format_args!("<{} bytes>", self.uki.len()))
             .field("uki_name", &self.uki_name)
             .field("loader_conf", &self.loader_conf)
+            .field("enroll", &self.enroll)
             .finish()
     }
 }
@@ -60,13 +68,44 @@ impl ImagePlan {
     }
 
     /// The ESP's files in the order they are written: (path, content).
-    fn esp_files(&self) -> Vec<(String, &[u8])> {
+    fn esp_files<'a>(&'a self, loader_conf: &'a str) -> Vec<(String, &'a [u8])> {
         slate_bootloader::sdboot::image_files(
             &self.systemd_boot,
             &self.uki_name,
             &self.uki,
-            &self.loader_conf,
+            self.enroll.as_ref(),
+            loader_conf,
         )
+    }
+
+    /// `loader.conf` as written: a Secure Boot image's enrols its keys.
+    fn loader_conf_text(&self) -> String {
+        match self.enroll {
+            Some(_) if !self.loader_conf.contains(SECURE_BOOT_ENROLL_LINE) => {
+                format!("{}{SECURE_BOOT_ENROLL_LINE}", self.loader_conf)
+            }
+            _ => self.loader_conf.clone(),
+        }
+    }
+
+    /// The ESP's directories, parents first.
+    fn directories(&self) -> Vec<&'static str> {
+        let mut dirs = SYSTEMD_BOOT_DIRECTORIES.to_vec();
+        if self.enroll.is_some() {
+            dirs.extend(SECURE_BOOT_DIRECTORIES);
+        }
+        dirs
+    }
+
+    /// A Secure Boot image's boot files must pass the firmware it enrols.
+    fn check_secure_boot(&self) -> Result<(), InstallError> {
+        let Some(keys) = &self.enroll else {
+            return Ok(());
+        };
+        let trusted = crate::trusted_from_db_auth(&keys.db)?;
+        crate::check_signed("systemd-boot", &self.systemd_boot, &trusted)?;
+        crate::check_signed(&format!("the UKI {}", self.uki_name), &self.uki, &trusted)?;
+        Ok(())
     }
 }
 
@@ -117,13 +156,15 @@ fn preflight(disk_len: u64, plan: &ImagePlan) -> Result<Preflight, InstallError>
         ("systemd-boot binary", &plan.systemd_boot),
         ("UKI", &plan.uki),
     ])?;
+    plan.check_secure_boot()?;
     let (placed, geometry) = place_with_fat32_esp(&plan.disk_layout(), disk_len)?;
     let esp = partition(&placed, EFI_LABEL)?;
     // Each directory is counted at two clusters: its `.`/`..` and long-name entries may spill
     // out of one 512-byte cluster.
-    let dir_clusters = 2 * SYSTEMD_BOOT_DIRECTORIES.len() as u64;
+    let dir_clusters = 2 * plan.directories().len() as u64;
+    let loader_conf = plan.loader_conf_text();
     let others: u64 = plan
-        .esp_files()
+        .esp_files(&loader_conf)
         .iter()
         .filter(|(path, _)| !path.starts_with(UKI_DIR))
         .map(|(_, bytes)| geometry.clusters_for(bytes.len() as u64))
@@ -201,7 +242,9 @@ pub fn write_image(
     progress: &mut dyn FnMut(ImageStep),
 ) -> Result<(), InstallError> {
     let Preflight { placed, geometry } = preflight(disk.len(), plan)?;
-    let files = plan.esp_files();
+    let loader_conf = plan.loader_conf_text();
+    let files = plan.esp_files(&loader_conf);
+    let directories = plan.directories();
     write_prepared(
         disk,
         &EspImage {
@@ -210,7 +253,7 @@ pub fn write_image(
             placed: &placed,
             geometry: &geometry,
             source_date_epoch: plan.source_date_epoch,
-            directories: &SYSTEMD_BOOT_DIRECTORIES,
+            directories: &directories,
             files: &files,
         },
         progress,
@@ -328,6 +371,7 @@ mod tests {
             uki: vec![0x5a; uki_len],
             uki_name: "slate-1+3.efi".into(),
             loader_conf: slate_esp::loader_conf("slate-*", 3).unwrap(),
+            enroll: None,
         }
     }
 

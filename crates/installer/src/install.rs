@@ -158,6 +158,7 @@ pub fn install(
         uki_name: uki_file_name(&manifest.name, &manifest.version, Some(defaults.tries))?,
         uki,
         loader_conf: loader_conf(&format!("{}-*", manifest.name), defaults.menu_timeout)?,
+        enroll: None,
     };
     let mut file = if request.dry_run {
         FileDisk::open_read_only(disk)
@@ -348,7 +349,7 @@ pub(crate) mod tests {
         write_bundle(&out, version, NATIVE_ARCH, &uki, keep_versions)
     }
 
-    fn write_bundle(
+    pub(crate) fn write_bundle(
         out: &Path,
         version: &str,
         arch: &str,

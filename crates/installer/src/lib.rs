@@ -26,6 +26,7 @@ mod grub_image;
 mod image;
 mod install;
 mod rollback;
+mod secure_boot;
 mod state;
 mod upgrade;
 
@@ -44,6 +45,10 @@ pub use install::{
     install, InstallEvent, InstallModeError, InstallPlan, InstallReport, InstallRequest,
 };
 pub use rollback::{rollback, RollbackModeError};
+pub use secure_boot::{
+    check_signed, enrolled_on, trusted_from_db_auth, trusted_from_pem, SecureBootError,
+};
+pub use slate_secureboot::{Signer, TrustedCerts};
 pub use state::{seed_config, SeedReport, StateError, StateFilesystem};
 pub use upgrade::{upgrade, UpgradeEvent, UpgradeModeError, UpgradeReport, UpgradeRequest};
 
@@ -81,6 +86,9 @@ pub enum InstallError {
     Esp(#[from] EspError),
     #[error("META partition: formatting")]
     Meta(#[source] MetaError),
+    /// A boot file the image's own enrolled keys would refuse.
+    #[error(transparent)]
+    SecureBoot(#[from] SecureBootError),
     #[error("partition {label}: {action}")]
     Disk {
         label: String,

@@ -33,6 +33,10 @@ pub struct UpgradeRequest {
     pub tries: u32,
     /// Check everything with the disk opened read-only, write nothing.
     pub dry_run: bool,
+    /// The Secure Boot db the target's firmware trusts (on a node, the certificate its running
+    /// image carries). `None`: whatever the disk's ESP enrols (`db.auth`), if it enrols keys.
+    /// The new UKI must be signed by one of them, or nothing is written.
+    pub secure_boot_db: Option<crate::TrustedCerts>,
 }
 
 /// What [`upgrade`] is doing, in order.
@@ -73,6 +77,9 @@ pub enum UpgradeModeError {
     /// A blob is missing or does not match its digest (the message names it).
     #[error(transparent)]
     Blob(#[from] BundleError),
+    /// The new UKI would be refused by the target's Secure Boot firmware.
+    #[error(transparent)]
+    SecureBoot(#[from] crate::SecureBootError),
     #[error("opening {}", disk.display())]
     Open {
         disk: PathBuf,
@@ -186,6 +193,17 @@ pub fn upgrade(
     )?;
     // Only a bundle the policy accepts is worth reading: the UKI is the one large blob.
     let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
+    let secure_boot_db = match &request.secure_boot_db {
+        Some(certs) => Some(certs.clone()),
+        None => crate::enrolled_on(disk)?,
+    };
+    if let Some(trusted) = &secure_boot_db {
+        crate::check_signed(
+            &format!("the UKI of {} {}", manifest.name, manifest.version),
+            &uki,
+            trusted,
+        )?;
+    }
     let keep_versions = manifest.keep_versions();
     let mut report = UpgradeReport {
         name: manifest.name,
@@ -285,6 +303,7 @@ mod tests {
             allow_downgrade: false,
             tries: 3,
             dry_run: false,
+            secure_boot_db: None,
         }
     }
 

@@ -40,6 +40,7 @@ fn plan(uki: Vec<u8>) -> ImagePlan {
         uki,
         uki_name: uki_file_name("slate", "1.0.0", Some(3)).unwrap(),
         loader_conf: loader_conf("slate-*", 3).unwrap(),
+        enroll: None,
     }
 }
 

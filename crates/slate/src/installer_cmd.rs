@@ -109,6 +109,11 @@ pub struct UpgradeArgs {
     /// Boot-counting tries for the new entry, 1 to 15.
     #[arg(long, default_value_t = slate_bootspec::DEFAULT_INSTALL_TRIES, value_parser = parse_tries)]
     tries: u32,
+    /// PEM certificates the target's Secure Boot firmware trusts (its db); the new UKI must be
+    /// signed by one. Default: the db.auth the disk's ESP enrols, if any (machined passes the
+    /// certificate its running image carries).
+    #[arg(long, value_name = "PEM")]
+    secureboot_db: Option<PathBuf>,
     #[arg(long)]
     dry_run: bool,
 }
@@ -264,6 +269,16 @@ fn upgrade(args: UpgradeArgs) -> Result<()> {
         allow_downgrade: args.allow_downgrade,
         tries: args.tries,
         dry_run: args.dry_run,
+        secure_boot_db: args
+            .secureboot_db
+            .as_deref()
+            .map(|path| {
+                let pem = std::fs::read(path)
+                    .with_context(|| format!("reading --secureboot-db {}", path.display()))?;
+                slate_installer::trusted_from_pem(&pem)
+                    .with_context(|| format!("--secureboot-db {}", path.display()))
+            })
+            .transpose()?,
     };
     let report = slate_installer::upgrade(&args.disk, &request, &mut |event| match event {
         UpgradeEvent::Opened(provenance) => print_provenance(provenance),

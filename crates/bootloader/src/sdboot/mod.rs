@@ -3,12 +3,14 @@
 //! selection model shows they are needed. A fresh image's ESP files: [`image_files`].
 
 mod image;
+mod kexec;
 mod pin;
 mod plan;
 mod prune;
 mod rollback;
 
-pub use image::image_files;
+pub use image::{image_files, EnrollKeys};
+pub use kexec::{entry_from_cmdline, kexec_cmdline, uki_kexec_parts, KexecPlan, ENTRY_KERNEL_ARG};
 pub use plan::UpgradePlan;
 
 use std::io::{Read, Write};

@@ -45,6 +45,7 @@ pub fn write_installed(disk: &mut impl Disk, v1: &[u8]) {
         uki: v1.to_vec(),
         uki_name: "slate-1+3.efi".into(),
         loader_conf: loader_conf("slate-*", 3).unwrap(),
+        enroll: None,
     };
     write_image(disk, &plan, &mut |_| {}).unwrap();
 }
