@@ -147,6 +147,20 @@ pub fn build_rootfs(
         )?;
     }
 
+    // A Secure Boot image names its db certificate; any other image carries none, whatever
+    // the base had.
+    let db = tree.path().join(image_contract::SECURE_BOOT_DB_PATH);
+    match &inputs.secure_boot {
+        Some(sb) => write_generated(&db, &sb.cert_pem)?,
+        None if fs::symlink_metadata(&db).is_ok() => {
+            fs::remove_file(&db).map_err(|source| ImagerError::Output {
+                path: db.clone(),
+                source,
+            })?
+        }
+        None => {}
+    }
+
     progress(Progress::Step("compressing the root filesystem"));
     let opts = SquashfsOptions {
         source_date_epoch: u32::try_from(inputs.source_date_epoch).unwrap_or(u32::MAX),

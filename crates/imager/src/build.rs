@@ -151,17 +151,11 @@ pub fn build(
                 image_id: inputs.image_id(),
                 layout: layout_params(p)?,
                 source_date_epoch: inputs.source_date_epoch,
-                systemd_boot: std::fs::read(&inputs.systemd_boot).map_err(|source| {
-                    ImagerError::MissingInput {
-                        what: "systemd-boot",
-                        path: inputs.systemd_boot.clone(),
-                        source,
-                    }
-                })?,
+                systemd_boot: systemd_boot(inputs)?,
                 uki,
                 uki_name: uki_name(inputs, Some(p.image.tries))?,
                 loader_conf: loader_conf(&format!("{}-*", p.name), p.image.menu_timeout)?,
-                enroll: None,
+                enroll: inputs.secure_boot.as_ref().and_then(|sb| sb.enroll.clone()),
             };
             progress(Progress::Step("writing the disk image"));
             let mut disk = FileDisk::create(pending.path(), in_bytes(p.image.size_bytes())?)
@@ -182,13 +176,7 @@ pub fn build(
                     source,
                 })?;
             let uki_file = uki_name(inputs, None)?;
-            let systemd_boot = std::fs::read(&inputs.systemd_boot).map_err(|source| {
-                ImagerError::MissingInput {
-                    what: "systemd-boot",
-                    path: inputs.systemd_boot.clone(),
-                    source,
-                }
-            })?;
+            let systemd_boot = systemd_boot(inputs)?;
             write_installable_bundle(
                 pending.path(),
                 BundleSpec {
@@ -276,7 +264,28 @@ fn uki(inputs: &Inputs, progress: &mut dyn FnMut(Progress)) -> Result<Vec<u8>, I
     progress(Progress::Step("packing the initramfs"));
     let initramfs = compress_initramfs(&build_initramfs(inputs, &rootfs)?)?;
     progress(Progress::Step("assembling the UKI"));
-    build_uki(inputs, &initramfs)
+    let uki = build_uki(inputs, &initramfs)?;
+    match &inputs.secure_boot {
+        Some(sb) => {
+            progress(Progress::Step("signing the UKI"));
+            sb.sign("the UKI", &uki)
+        }
+        None => Ok(uki),
+    }
+}
+
+/// systemd-boot as the image ships it: signed for a Secure Boot image.
+fn systemd_boot(inputs: &Inputs) -> Result<Vec<u8>, ImagerError> {
+    let bytes =
+        std::fs::read(&inputs.systemd_boot).map_err(|source| ImagerError::MissingInput {
+            what: "systemd-boot",
+            path: inputs.systemd_boot.clone(),
+            source,
+        })?;
+    match &inputs.secure_boot {
+        Some(sb) => sb.sign("systemd-boot", &bytes),
+        None => Ok(bytes),
+    }
 }
 
 /// The partition sizes a profile asks for; the rest is slate's reference layout.

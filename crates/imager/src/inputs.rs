@@ -100,6 +100,9 @@ pub struct Inputs {
     /// The profile's `[trust] keys`, parsed (sorted by key id, duplicates dropped): the root
     /// carries them as `/etc/slate/trusted-keys/<key id>.pub`.
     pub trusted_keys: Vec<slate_trust::PublicKey>,
+    /// `[secureboot]`, read and checked: the boot files are signed, the root carries the db
+    /// certificate, a disk image enrols the keys.
+    pub secure_boot: Option<crate::SecureBootInputs>,
     /// Every timestamp in every artifact.
     pub source_date_epoch: u64,
 }
@@ -185,6 +188,7 @@ impl Inputs {
             grub_efi: profile.boot.grub_efi.as_deref().map(at),
             slate: at(&profile.boot.slate),
             trusted_keys: Vec::new(),
+            secure_boot: None,
             source_date_epoch,
             profile,
         };
@@ -195,6 +199,14 @@ impl Inputs {
         let kind = self.kind;
         if kind.needs_kernel() {
             must_exist("the kernel image", &self.kernel_image)?;
+        }
+        if let Some(sb) = self
+            .profile
+            .secureboot
+            .as_ref()
+            .filter(|_| kind.needs_rootfs())
+        {
+            self.secure_boot = Some(crate::SecureBootInputs::resolve(base, sb)?);
         }
         if kind.needs_rootfs() {
             must_exist("the base rootfs", &self.base_rootfs)?;

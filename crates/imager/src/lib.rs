@@ -10,6 +10,7 @@ mod artifacts;
 mod build;
 mod inputs;
 mod output;
+mod secure_boot;
 
 pub use artifacts::{
     build_cmdline, build_initramfs, build_rootfs, build_uki, compress_initramfs, uki_name,
@@ -17,6 +18,7 @@ pub use artifacts::{
 pub use build::{build, plan};
 pub use inputs::{Inputs, OutputKind};
 pub use output::{write_output, PendingOutput};
+pub use secure_boot::{gen_secureboot_keys, KeygenError, SecureBootInputs, SECURE_BOOT_KEY_FILES};
 pub use slate_bundle::BundleManifest;
 
 /// Errors of the imager, each naming the input or output concerned.

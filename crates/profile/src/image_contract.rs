@@ -18,6 +18,9 @@ image_paths! {
     NODE_CONFIG_PATH, NODE_CONFIG = "etc/slate/node.toml";
     /// The public keys the node trusts for bundles (`<key id>.pub`, SPKI PEM), in the root.
     TRUSTED_KEYS_PATH, TRUSTED_KEYS = "etc/slate/trusted-keys";
+    /// The Secure Boot db certificate(s) (PEM) the image's boot files are signed under; machined
+    /// refuses an update whose UKI they do not verify. In the root of a Secure Boot image.
+    SECURE_BOOT_DB_PATH, SECURE_BOOT_DB = "etc/slate/secureboot/db.pem";
     /// The kernel modules init loads, in order, one path per line below
     /// `/lib/modules/<release>/`; in the initramfs.
     MODULES_LOAD_PATH, MODULES_LOAD = "etc/slate/modules.load";
@@ -38,6 +41,7 @@ mod tests {
         for (relative, absolute) in [
             (NODE_CONFIG_PATH, NODE_CONFIG),
             (TRUSTED_KEYS_PATH, TRUSTED_KEYS),
+            (SECURE_BOOT_DB_PATH, SECURE_BOOT_DB),
             (MODULES_LOAD_PATH, MODULES_LOAD),
             (ROOTFS_IMAGE_PATH, ROOTFS_IMAGE),
             (EXTENSIONS_PATH, EXTENSIONS),

@@ -17,8 +17,8 @@ use serde::Deserialize;
 
 pub use image::{Image, KEEP_VERSIONS_RANGE, MAX_ESP_MIB, MAX_IMAGE_MIB};
 pub use node::{
-    Health, HealthCheck, NodeConfig, Watchdog, HEALTH_TIMEOUT_RANGE, NODE_CONFIG_PATH,
-    WATCHDOG_TIMEOUT_RANGE,
+    Health, HealthCheck, NodeConfig, Reboot, RebootMethod, Watchdog, HEALTH_TIMEOUT_RANGE,
+    NODE_CONFIG_PATH, WATCHDOG_TIMEOUT_RANGE,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -85,9 +85,31 @@ pub struct Profile {
     /// The hardware watchdog machined arms at startup.
     #[serde(default)]
     pub watchdog: Option<Watchdog>,
+    /// How the node restarts by default (`[reboot] mode`; a machine configuration's wins).
+    #[serde(default)]
+    pub reboot: Option<Reboot>,
     /// The public keys this image trusts for updates.
     #[serde(default)]
     pub trust: Trust,
+    /// Sign the boot files with the owner's Secure Boot key (`[secureboot]`).
+    #[serde(default)]
+    pub secureboot: Option<SecureBoot>,
+}
+
+/// `[secureboot]`: a Secure Boot image. The imager signs systemd-boot and every UKI with `key`
+/// (PEM RSA) whose certificate is `cert`, and the root carries `cert` as the db certificate the
+/// node checks every update's UKI against
+/// ([`image_contract::SECURE_BOOT_DB`](crate::image_contract::SECURE_BOOT_DB)). With `enroll`,
+/// a directory holding `PK.auth`, `KEK.auth` and `db.auth` (`slate gen secureboot-keys`), a disk
+/// image ships them in `ESP/loader/keys/auto/` with `secure-boot-enroll force`: its first boot
+/// on firmware in setup mode enrols them. Paths are relative to the profile's directory.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SecureBoot {
+    pub key: PathBuf,
+    pub cert: PathBuf,
+    #[serde(default)]
+    pub enroll: Option<PathBuf>,
 }
 
 /// `[trust]`: the public keys (SPKI PEM files, as `slate keygen` or cosign write them) whose
@@ -208,6 +230,22 @@ impl Profile {
             return Err(invalid("rootfs.zstd_level", "must be 1 to 22"));
         }
         image::validate(&self.image, self.bootloader)?;
+        if let Some(sb) = &self.secureboot {
+            let paths = [Some(&sb.key), Some(&sb.cert), sb.enroll.as_ref()];
+            if paths
+                .into_iter()
+                .flatten()
+                .any(|p| p.as_os_str().is_empty())
+            {
+                return Err(invalid("secureboot", "a path is empty"));
+            }
+            if self.bootloader == Bootloader::Grub {
+                return Err(invalid(
+                    "secureboot",
+                    "Secure Boot images use systemd-boot and UKIs (GRUB would need shim)",
+                ));
+            }
+        }
         if self.trust.keys.iter().any(|k| k.as_os_str().is_empty()) {
             return Err(invalid("trust.keys", "a key path is empty"));
         }
@@ -231,9 +269,12 @@ impl Profile {
 
     /// The node's runtime configuration this image carries, when the profile has any.
     pub fn node_config(&self) -> Option<NodeConfig> {
-        (self.health.is_some() || self.watchdog.is_some()).then(|| NodeConfig {
-            health: self.health.clone(),
-            watchdog: self.watchdog.clone(),
+        (self.health.is_some() || self.watchdog.is_some() || self.reboot.is_some()).then(|| {
+            NodeConfig {
+                health: self.health.clone(),
+                watchdog: self.watchdog.clone(),
+                reboot: self.reboot.clone(),
+            }
         })
     }
 

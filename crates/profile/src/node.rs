@@ -1,5 +1,5 @@
-//! The node's runtime configuration: what machined checks before it commits a boot (`[health]`)
-//! and the hardware watchdog it arms (`[watchdog]`).
+//! The node's runtime configuration: what machined checks before it commits a boot (`[health]`),
+//! the hardware watchdog it arms (`[watchdog]`) and how it restarts by default (`[reboot]`).
 //!
 //! A profile carries these sections; the imager writes them into the root filesystem as
 //! [`NODE_CONFIG_PATH`] (TOML, the same sections), so every OS image brings its own checks, and
@@ -182,6 +182,28 @@ pub struct NodeConfig {
     pub health: Option<Health>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub watchdog: Option<Watchdog>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reboot: Option<Reboot>,
+}
+
+/// `[reboot]`: how the node restarts when a reboot asks for its default way (an upgrade's,
+/// `slate reboot` without `--mode`). The machine configuration's `[reboot] mode` wins over it.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reboot {
+    #[serde(default)]
+    pub mode: RebootMethod,
+}
+
+/// The two ways a node restarts.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RebootMethod {
+    /// Through the firmware and the boot loader.
+    #[default]
+    Firmware,
+    /// kexec into the entry the boot loader would start next, skipping the firmware.
+    Kexec,
 }
 
 impl NodeConfig {
@@ -267,6 +289,8 @@ command = ["/bin/sh", "-c", "test -d /var"]
 tcp = "127.0.0.1:50000"
 [watchdog]
 timeout_secs = 45
+[reboot]
+mode = "kexec"
 "#;
 
     #[test]
@@ -282,6 +306,7 @@ timeout_secs = 45
                 HealthCheck::Tcp("127.0.0.1:50000".parse().unwrap()),
             ]
         );
+        assert_eq!(c.reboot.as_ref().unwrap().mode, RebootMethod::Kexec);
         let dog = c.enabled_watchdog().unwrap();
         assert_eq!(
             (dog.timeout_secs, dog.device.to_str()),
@@ -351,6 +376,8 @@ timeout_secs = 45
         assert!(e.starts_with("watchdog.device:"), "{e}");
         let e = err("[watchdog]\ntimeout_secs = -1\n");
         assert!(e.contains("timeout_secs"), "{e}");
+        let e = err("[reboot]\nmode = \"warm\"\n");
+        assert!(e.contains("unknown variant `warm`"), "{e}");
         let e = err("[extra]\n");
         assert!(e.contains("unknown field `extra`"), "{e}");
     }

@@ -25,12 +25,27 @@ pub enum GenCommand {
     },
     /// Print a machine configuration for one node (`--name`, the CA from `--pki`).
     Config(Box<crate::config_cmd::GenConfigArgs>),
+    /// Make an owner's Secure Boot keys in a new directory: PK, KEK and db keys and
+    /// certificates, and the signed PK.auth, KEK.auth and db.auth a Secure Boot image enrols
+    /// (needs openssl and efitools). A profile then names them in `[secureboot]`.
+    SecurebootKeys {
+        #[arg(long)]
+        out: PathBuf,
+        /// The certificates' common-name prefix.
+        #[arg(long, default_value = "slate owner")]
+        name: String,
+        #[arg(long)]
+        dry_run: bool,
+    },
 }
 
 pub fn gen(cmd: GenCommand) -> Result<()> {
     let (out, sans, dry_run) = match cmd {
         GenCommand::Certs { out, sans, dry_run } => (out, sans, dry_run),
         GenCommand::Config(args) => return crate::config_cmd::gen_config(*args),
+        GenCommand::SecurebootKeys { out, name, dry_run } => {
+            return gen_secureboot_keys(&out, &name, dry_run)
+        }
     };
     if dry_run {
         println!(
@@ -43,6 +58,23 @@ pub fn gen(cmd: GenCommand) -> Result<()> {
     let generated = slate_api::gen_certs(&out, &sans)
         .with_context(|| format!("generating certificates in {}", out.display()))?;
     for file in generated.files {
+        println!("{}", file.display());
+    }
+    Ok(())
+}
+
+fn gen_secureboot_keys(out: &std::path::Path, name: &str, dry_run: bool) -> Result<()> {
+    if dry_run {
+        println!(
+            "would write {} to {} (certificates \"{name} PK|KEK|db\")",
+            slate_imager::SECURE_BOOT_KEY_FILES.join(" "),
+            out.display()
+        );
+        return Ok(());
+    }
+    let files = slate_imager::gen_secureboot_keys(out, name)
+        .with_context(|| format!("generating Secure Boot keys in {}", out.display()))?;
+    for file in files {
         println!("{}", file.display());
     }
     Ok(())
