@@ -4,7 +4,7 @@
 use serde::{Deserialize, Serialize};
 
 /// The platform mode the node runs in (`cloud`, `container`, `metal`, `metal-agent` on the
-/// wire), and how to reboot (`default`, `powercycle`): the sequencer's own types, one
+/// wire), and how to reboot (`default`, `powercycle`, `kexec`): the sequencer's own types, one
 /// definition for machined and the API. `RebootMode::PowerOff` is not part of the wire format:
 /// it neither deserializes nor serializes.
 pub use slate_sequencer::{Mode, RebootMode};
@@ -169,6 +169,23 @@ pub struct Status {
     /// Versions pinned on the ESP (never pruned), from META `PinnedVersions`.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pinned: Vec<String>,
+    /// The firmware's Secure Boot state (absent without UEFI variables).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub secure_boot: Option<SecureBootStatus>,
+}
+
+/// Secure Boot as the firmware reports it (the UEFI variables `SecureBoot` and `SetupMode`),
+/// and the db certificates the running image checks every update's UKI against.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SecureBootStatus {
+    /// The firmware enforces signatures on what it starts (`SecureBoot` = 1).
+    pub enabled: bool,
+    /// No platform key is enrolled (`SetupMode` = 1): nothing is enforced, keys may be enrolled.
+    pub setup_mode: bool,
+    /// Subjects of the db certificates this image carries; empty for an image built without
+    /// `[secureboot]`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub db: Vec<String>,
 }
 
 /// What the node's update agent is doing and why.
@@ -476,10 +493,11 @@ mod tests {
     }
 
     #[test]
-    fn reboot_modes_on_the_wire_are_default_and_powercycle_only() {
+    fn reboot_modes_on_the_wire_are_default_powercycle_and_kexec_only() {
         for (mode, name) in [
             (RebootMode::Default, "default"),
             (RebootMode::Powercycle, "powercycle"),
+            (RebootMode::Kexec, "kexec"),
         ] {
             assert_eq!(serde_json::to_string(&mode).unwrap(), format!("\"{name}\""));
             assert_eq!(

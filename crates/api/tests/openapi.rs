@@ -125,6 +125,11 @@ fn schemas_match_the_types() {
         committed: true,
         last_rollback: Some(rollback_record.clone()),
         pinned: vec!["1.0.0".into()],
+        secure_boot: Some(slate_api::SecureBootStatus {
+            enabled: true,
+            setup_mode: false,
+            db: vec!["CN=owner db".into()],
+        }),
         version: "1".into(),
         booted_entry: Some("e".into()),
         stage: Stage::Running,
@@ -158,9 +163,16 @@ fn schemas_match_the_types() {
         boot_id: None,
         last_rollback: None,
         pinned: Vec::new(),
+        secure_boot: None,
         ..status.clone()
     };
     check_object(&spec, "Status", &status, &status_min);
+    let secure_boot = status.secure_boot.clone().unwrap();
+    let secure_boot_min = slate_api::SecureBootStatus {
+        db: Vec::new(),
+        ..secure_boot.clone()
+    };
+    check_object(&spec, "SecureBootStatus", &secure_boot, &secure_boot_min);
     check_object(&spec, "Failure", &failure, &failure);
     check_object(&spec, "RollbackRecord", &rollback_record, &rollback_record);
     let pinned = slate_api::PinResult {
@@ -291,7 +303,11 @@ fn schemas_match_the_types() {
         ("Mode", json_strings(Mode::ALL)),
         (
             "RebootMode",
-            json_strings([RebootMode::Default, RebootMode::Powercycle]),
+            json_strings([
+                RebootMode::Default,
+                RebootMode::Powercycle,
+                RebootMode::Kexec,
+            ]),
         ),
     ];
     for (name, values) in enums {

@@ -400,6 +400,7 @@ impl NodeBackend for SimBackend {
             committed: false,
             last_rollback: None,
             pinned: Vec::new(),
+            secure_boot: None,
             version: st.version.clone(),
             booted_entry: None,
             stage: st.stage,

@@ -38,3 +38,16 @@ pub fn read_loader_string(name: &str) -> Option<String> {
         .ok()
         .map(|(_, value)| value)
 }
+
+/// `EFI_GLOBAL_VARIABLE`: the vendor GUID of `SecureBoot`, `SetupMode`, `PK`, …
+pub const EFI_GLOBAL_GUID: &str = "8be4df61-93ca-11d2-aa0d-00e098032b8c";
+
+/// A one-byte global variable such as `SecureBoot` or `SetupMode`, if the firmware has it.
+/// efivarfs files are the variable's 4-byte attributes, then its data.
+pub fn read_global_u8(name: &str) -> Option<u8> {
+    let bytes = std::fs::read(format!("{EFIVARS}/{name}-{EFI_GLOBAL_GUID}")).ok()?;
+    match bytes.as_slice() {
+        [_, _, _, _, value] => Some(*value),
+        _ => None,
+    }
+}

@@ -117,6 +117,14 @@ pub enum HostError {
         #[source]
         source: Errno,
     },
+    #[error("{op} failed{hint}")]
+    Kexec {
+        op: &'static str,
+        /// What the errno usually means for kexec (", the kernel refused the image: …").
+        hint: &'static str,
+        #[source]
+        source: Errno,
+    },
     #[error("uname failed")]
     Uname {
         #[source]

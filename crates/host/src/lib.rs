@@ -3,7 +3,8 @@
 //!
 //! This is the only crate in the workspace that makes system calls. Everything goes through
 //! `nix`'s safe wrappers where they exist; the loop-device and watchdog ioctls, which neither
-//! `nix` nor `libc` describe, are the only `unsafe` code (see `loopdev.rs`, `watchdog.rs`).
+//! `nix` nor `libc` describe, and `kexec_file_load`, which `nix` lacks, are the only `unsafe`
+//! code (see `loopdev.rs`, `watchdog.rs`, `kexec.rs`).
 //! Every error names the operation and the path it was applied to, so a failed boot reads as a
 //! sentence on the console.
 
@@ -11,6 +12,7 @@ mod block;
 mod cmdline;
 mod efivars;
 mod error;
+mod kexec;
 mod kmsg;
 mod kmsg_read;
 mod loopdev;
@@ -26,8 +28,15 @@ pub use block::{
     BlockPartition,
 };
 pub use cmdline::{cmdline_value, kernel_cmdline};
-pub use efivars::{loader_var_path, mount_efivarfs, read_loader_string, LOADER_GUID};
+pub use efivars::{
+    loader_var_path, mount_efivarfs, read_global_u8, read_loader_string, EFI_GLOBAL_GUID,
+    LOADER_GUID,
+};
 pub use error::{HostError, Result};
+pub use kexec::{
+    kexec_load, kexec_loaded, kexec_reboot, kexec_unload, lockdown, refusal_hint,
+    selected_lockdown, LOCKDOWN_PATH,
+};
 pub use kmsg::{disable_kmsg_ratelimit, KmsgLogger, Level};
 pub use kmsg_read::{format_kmsg_record, kernel_log, KernelLog};
 pub use loopdev::{attach_loop_read_only, detach_loop};

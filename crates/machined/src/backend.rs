@@ -138,6 +138,7 @@ impl NodeBackend for Backend {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+            secure_boot: crate::secure_boot::status(),
             version: self.0.version.clone(),
             booted_entry: self.0.booted_entry.clone(),
             stage: self.0.stage(),

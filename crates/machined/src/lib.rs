@@ -15,6 +15,7 @@ mod etc;
 mod handler;
 mod health;
 mod journal;
+mod kexec;
 mod machine;
 mod maintenance;
 mod network;
@@ -22,6 +23,7 @@ mod node;
 mod power_events;
 mod records;
 mod replace;
+mod secure_boot;
 mod sequences;
 mod system_disk;
 mod task;
@@ -64,7 +66,10 @@ pub fn run() -> Result<()> {
     let cmdline = slate_host::kernel_cmdline().unwrap_or_default();
     let (node, requests) = Node::new(journal, &cmdline);
     let _ = slate_host::mount_efivarfs();
-    let node = node.with_booted_entry(slate_host::read_loader_string("LoaderEntrySelected"));
+    let node = node.with_booted_entry(transaction::booted_entry_at_start(
+        &cmdline,
+        slate_host::read_loader_string("LoaderEntrySelected"),
+    ));
 
     let panic_journal = node.journal.clone();
     std::panic::set_hook(Box::new(move |info| {

@@ -44,6 +44,7 @@ impl NodeBackend for MaintenanceBackend {
             committed: false,
             last_rollback: None,
             pinned: Vec::new(),
+            secure_boot: None,
             version: self.version.clone(),
             booted_entry: None,
             stage: Stage::Booting,

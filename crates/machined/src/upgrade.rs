@@ -21,6 +21,7 @@ use std::process::Command;
 
 use slate_api::{BackendError, Stage, UploadedBundle};
 use slate_bundle::{Bundle, Digest, VerifiedBlobs, INSTALLER_ROLE};
+use slate_profile::image_contract::SECURE_BOOT_DB;
 use slate_sequencer::{
     error_chain as chain, PhaseListBuilder, RebootMode, Sequence, SequenceKind, TaskError,
 };
@@ -429,6 +430,12 @@ fn upgrade_phases<'a>(
                     check_signed(&dir, &id, verified.clone(), &keys).map_err(failed)?;
                 check_policy(node, bundle.manifest(), plan_allow_downgrade).map_err(failed)?;
                 bundle.verify_blobs().map_err(|e| failed(chain(&e)))?;
+                // A UKI this node's firmware would refuse must never reach its ESP.
+                if let Some(db) = crate::secure_boot::trusted_db().map_err(failed)? {
+                    let line =
+                        crate::secure_boot::check_bundle_uki(&bundle, &db).map_err(failed)?;
+                    ctx.log(&line);
+                }
                 let bytes = write_installer(&bundle, &installer).map_err(failed)?;
                 ctx.log(&format!(
                     "bundle {} {} verified (signed by key {signer}); its installer is {bytes} \
@@ -471,6 +478,9 @@ fn upgrade_phases<'a>(
                     .args(["--variant", &node.variant]);
                 if plan.allow_downgrade {
                     cmd.arg("--allow-downgrade");
+                }
+                if Path::new(SECURE_BOOT_DB).exists() {
+                    cmd.args(["--secureboot-db", SECURE_BOOT_DB]);
                 }
                 ctx.log(&format!(
                     "running the {} installer on {}",

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::{Args, Subcommand};
 use slate_installer::{
     InstallEvent, InstallRequest, Provenance, Trust, UpgradeEvent, UpgradeRequest,

@@ -63,6 +63,20 @@ pub fn gen(cmd: GenCommand) -> Result<()> {
     Ok(())
 }
 
+/// `enabled (db: CN=…)`, `setup mode`, `disabled`.
+fn secure_boot_line(sb: &slate_api::SecureBootStatus) -> String {
+    let state = match (sb.enabled, sb.setup_mode) {
+        (true, _) => "enabled",
+        (false, true) => "setup mode (no keys enrolled, nothing enforced)",
+        (false, false) => "disabled",
+    };
+    if sb.db.is_empty() {
+        state.to_string()
+    } else {
+        format!("{state} (updates must be signed under {})", sb.db.join("; "))
+    }
+}
+
 fn gen_secureboot_keys(out: &std::path::Path, name: &str, dry_run: bool) -> Result<()> {
     if dry_run {
         println!(
@@ -141,6 +155,9 @@ pub fn status(target: &NodeTarget, output: OutputFormat) -> Result<()> {
             }
             if !status.pinned.is_empty() {
                 println!("pinned:   {}", status.pinned.join(", "));
+            }
+            if let Some(sb) = &status.secure_boot {
+                println!("secureboot: {}", secure_boot_line(sb));
             }
             if let Some(agent) = &status.agent {
                 print_agent(agent);

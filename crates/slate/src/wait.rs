@@ -366,6 +366,7 @@ mod tests {
             committed,
             last_rollback: None,
             pinned: Vec::new(),
+            secure_boot: None,
             booted_entry: None,
             stage,
             running_sequence: None,
