@@ -19,7 +19,15 @@ use crate::util::{output, repo_root, write_atomic};
 pub const OPERATOR_NODES: usize = 2_000;
 
 /// Every benchmark, by the name `xtask bench` takes, in the order it runs them.
-const ALL: [&str; 6] = ["rootfs", "apply", "pull", "boot", "fleetlock", "operator"];
+const ALL: [&str; 7] = [
+    "rootfs",
+    "apply",
+    "pull",
+    "boot",
+    "reboot",
+    "fleetlock",
+    "operator",
+];
 
 fn run_one(name: &str, operator_nodes: usize) -> Result<Vec<Comparison>> {
     match name {
@@ -27,6 +35,7 @@ fn run_one(name: &str, operator_nodes: usize) -> Result<Vec<Comparison>> {
         "apply" => crate::bench_apply::bench_apply(),
         "pull" => crate::bench_pull::bench_pull(),
         "boot" => crate::bench_boot::bench_boot(),
+        "reboot" => crate::bench_reboot::bench_reboot(),
         // The 1,000-id series: the 10,000-id ones add minutes and say the same.
         "fleetlock" => crate::bench_fleetlock::bench_fleetlock(true),
         "operator" => crate::bench_operator::bench_operator(operator_nodes),

@@ -11,6 +11,7 @@ mod bench_boot;
 mod bench_fleetlock;
 mod bench_operator;
 mod bench_pull;
+mod bench_reboot;
 mod bench_rootfs;
 mod bench_summary;
 mod kernel;
@@ -72,6 +73,8 @@ enum Task {
     BenchRootfs,
     /// Benchmark: kernel start to machined Running vs a busybox /init mounting the same root.
     BenchBoot,
+    /// Benchmark: reboot to machined Running by kexec vs through the firmware (one VM).
+    BenchReboot,
     /// Benchmark: slate pull of a 256 MiB blob from a local registry vs curl + sha256sum + cp.
     BenchPull,
     /// Benchmark: applying a 256 MiB upgrade payload vs cp + fsync of the same bytes.
@@ -93,7 +96,7 @@ enum Task {
     /// Every benchmark (or those named), each side measured 3 times; writes
     /// target/bench/summary-<commit>.json and target/bench/latest.json.
     Bench {
-        /// rootfs, apply, pull, boot, fleetlock, operator (all when none is named).
+        /// rootfs, apply, pull, boot, reboot, fleetlock, operator (all when none is named).
         only: Vec<String>,
         /// Simulated nodes for the operator benchmark.
         #[arg(long, default_value_t = bench_summary::OPERATOR_NODES)]
@@ -117,6 +120,7 @@ fn main() -> Result<()> {
         Task::BenchRootfs => bench_rootfs::bench_rootfs().map(drop),
         Task::BenchBoot => bench_boot::bench_boot().map(drop),
         Task::BenchPull => bench_pull::bench_pull().map(drop),
+        Task::BenchReboot => bench_reboot::bench_reboot().map(drop),
         Task::BenchApply => bench_apply::bench_apply().map(drop),
         Task::BenchFleetlock { quick } => bench_fleetlock::bench_fleetlock(quick).map(drop),
         Task::BenchOperator { nodes } => bench_operator::bench_operator(nodes).map(drop),

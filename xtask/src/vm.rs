@@ -15,6 +15,9 @@ use anyhow::{bail, Context, Result};
 
 const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
+/// OVMF with Secure Boot: its variable store is only writable from SMM, so the machine is a
+/// q35 with SMM and a secure flash (TCG: this KVM has no SMM). Its empty VARS are setup mode.
+const OVMF_CODE_SECBOOT: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
 
 /// One virtual machine: a disk, its NVRAM, and a host port forwarded to the node API.
 #[derive(Debug)]
@@ -24,6 +27,8 @@ pub struct Vm {
     work: PathBuf,
     boots: u32,
     pub api_port: u16,
+    /// Secure Boot firmware ([`Vm::with_secure_boot`]).
+    secure_boot: bool,
 }
 
 /// A running boot of a VM. A guest reboot or power-off ends the QEMU process (`-no-reboot`).
@@ -68,7 +73,15 @@ impl Vm {
             work: work.to_owned(),
             boots: 0,
             api_port: free_port()?,
+            secure_boot: false,
         })
+    }
+
+    /// Boot with OVMF's Secure Boot firmware (empty variables: setup mode until keys are
+    /// enrolled).
+    pub fn with_secure_boot(mut self) -> Self {
+        self.secure_boot = true;
+        self
     }
 
     /// Power the VM on.
@@ -84,8 +97,25 @@ impl Vm {
             .args(["-device", "i6300esb"])
             .arg("-serial")
             .arg(format!("file:{}", log.display()))
+            .args(if self.secure_boot {
+                &[
+                    "-machine",
+                    "q35,smm=on",
+                    "-global",
+                    "driver=cfi.pflash01,property=secure,value=on",
+                ][..]
+            } else {
+                &[][..]
+            })
             .arg("-drive")
-            .arg(format!("if=pflash,format=raw,readonly=on,file={OVMF_CODE}"))
+            .arg(format!(
+                "if=pflash,format=raw,readonly=on,file={}",
+                if self.secure_boot {
+                    OVMF_CODE_SECBOOT
+                } else {
+                    OVMF_CODE
+                }
+            ))
             .arg("-drive")
             .arg(format!("if=pflash,format=raw,file={}", self.vars.display()))
             .arg("-drive")

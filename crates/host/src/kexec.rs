@@ -10,6 +10,7 @@ use std::os::fd::OwnedFd;
 use std::path::Path;
 
 use nix::errno::Errno;
+use nix::mount::MsFlags;
 use nix::sys::memfd::{memfd_create, MFdFlags};
 use nix::sys::reboot::RebootMode;
 
@@ -22,10 +23,19 @@ const KEXEC_LOADED_PATH: &str = "/sys/kernel/kexec_loaded";
 /// `KEXEC_FILE_UNLOAD` (include/uapi/linux/kexec.h).
 const KEXEC_FILE_UNLOAD: libc::c_ulong = 0x1;
 
+/// Where securityfs, which holds [`LOCKDOWN_PATH`], is mounted.
+const SECURITYFS: &str = "/sys/kernel/security";
+
 /// The lockdown level the kernel enforces: the bracketed word of [`LOCKDOWN_PATH`]
-/// (`none [integrity] confidentiality` → `integrity`). `None` when the file is absent (no
-/// lockdown LSM) or unreadable.
+/// (`none [integrity] confidentiality` → `integrity`), securityfs mounted first when it is not
+/// (a node mounts only /proc, /sys and /dev). `None` when the file is absent (no lockdown LSM)
+/// or unreadable; a kernel that is locked down anyway refuses the load, which says so.
 pub fn lockdown() -> Option<String> {
+    let dir = Path::new(SECURITYFS);
+    if dir.is_dir() && !crate::is_mount_point(dir).unwrap_or(true) {
+        let flags = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
+        let _ = crate::mount("securityfs", dir, "securityfs", flags, None);
+    }
     let text = std::fs::read_to_string(LOCKDOWN_PATH).ok()?;
     selected_lockdown(&text).map(str::to_owned)
 }

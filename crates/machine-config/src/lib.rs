@@ -46,6 +46,34 @@ pub struct MachineConfig {
     pub update: UpdateSettings,
     #[serde(default)]
     pub etc: Etc,
+    #[serde(default, skip_serializing_if = "Reboot::is_unset")]
+    pub reboot: Reboot,
+}
+
+/// `[reboot]`: how the node restarts when a reboot asks for its default way (an upgrade's
+/// reboot, `slate reboot` without `--mode`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Reboot {
+    /// Absent: what the image says (its `/etc/slate/node.toml`), else the firmware.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<RebootMethod>,
+}
+
+impl Reboot {
+    fn is_unset(&self) -> bool {
+        self.mode.is_none()
+    }
+}
+
+/// The two ways a node restarts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RebootMethod {
+    /// Through the firmware and the boot loader (a full restart).
+    Firmware,
+    /// kexec into the entry the boot loader would start next, skipping the firmware.
+    Kexec,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -286,6 +314,8 @@ pub fn change(old: &MachineConfig, new: &MachineConfig) -> ConfigChange {
     note("api", old.api != new.api, true);
     note("update", old.update != new.update, false);
     note("etc", old.etc != new.etc, false);
+    // Read when the node goes down, so it applies to the next reboot without one.
+    note("reboot", old.reboot != new.reboot, false);
     ConfigChange {
         changed,
         reboot_required,

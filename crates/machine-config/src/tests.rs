@@ -397,3 +397,27 @@ fn poll_interval_and_ports_are_bounded_both_ways() {
     ))
     .unwrap();
 }
+
+#[test]
+fn the_reboot_mode_is_optional_and_checked_by_name() {
+    assert_eq!(parse(V1).unwrap().config.reboot.mode, None);
+    let kexec = format!("{V1}\n[reboot]\nmode = \"kexec\"\n");
+    let c = parse(&kexec).unwrap().config;
+    assert_eq!(c.reboot.mode, Some(RebootMethod::Kexec));
+    assert_eq!(parse(&c.to_toml()).unwrap().config, c);
+    let firmware = parse(&format!("{V1}\n[reboot]\nmode = \"firmware\"\n")).unwrap();
+    assert_eq!(firmware.config.reboot.mode, Some(RebootMethod::Firmware));
+    // Unset, the section is not written back.
+    assert!(!parse(V1).unwrap().config.to_toml().contains("[reboot]"));
+
+    let e = refused(&format!("{V1}\n[reboot]\nmode = \"warm\"\n"));
+    assert_eq!(e.field(), Some("reboot.mode"), "{e}");
+    let e = refused(&format!("{V1}\n[reboot]\nmod = \"kexec\"\n"));
+    assert_eq!(e.field(), Some("reboot.mod"), "{e}");
+
+    // A change of the reboot mode applies to the next reboot without one.
+    let a = parse(V1).unwrap().config;
+    let change = change(&a, &c);
+    assert_eq!(change.changed, ["reboot"]);
+    assert!(!change.reboot_required);
+}

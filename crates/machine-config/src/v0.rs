@@ -73,5 +73,6 @@ pub fn migrate(old: ConfigV0) -> MachineConfig {
             ..UpdateSettings::default()
         },
         etc: Etc::default(),
+        reboot: Default::default(),
     }
 }

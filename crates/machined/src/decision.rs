@@ -2,7 +2,8 @@
 //! fallback, or leave the loader alone — as a pure function of what machined observed
 //! (Bottlerocket's signpost style). `transaction.rs` gathers the [`BootFacts`] (META's
 //! `Upgrade` marker and the loader's default through the bootloader backend, the booted entry
-//! from `LoaderEntrySelected` or GRUB's `slate.slot=`, the health checks' verdict) and executes
+//! from `slate.entry=` after a kexec, else `LoaderEntrySelected`, else GRUB's `slate.slot=`, the
+//! health checks' verdict) and executes
 //! the [`Decision`]; nothing here does I/O, so every case is a unit test.
 //!
 //! Entry names are those of both loaders: systemd-boot UKI file names or entry IDs
@@ -50,7 +51,8 @@ pub enum LoaderFacts {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BootFacts {
     pub phase: Phase,
-    /// The entry that booted: `LoaderEntrySelected` (systemd-boot's entry ID), else the
+    /// The entry that booted: `slate.entry=` on the kernel command line when machined's kexec
+    /// started it, else `LoaderEntrySelected` (systemd-boot's entry ID), else the
     /// `slate.slot=` GRUB's menu entry puts on the kernel command line. `None`: unknown.
     pub booted_entry: Option<String>,
     pub loader: LoaderFacts,
@@ -111,7 +113,8 @@ pub enum Refusal {
     /// The loader could not be opened or read.
     #[error("{0}")]
     Loader(String),
-    /// Neither `LoaderEntrySelected` nor `slate.slot=` says which entry booted.
+    /// Neither `slate.entry=`, `LoaderEntrySelected` nor `slate.slot=` says which entry
+    /// booted.
     #[error("the firmware did not say which entry booted (LoaderEntrySelected)")]
     BootedEntryUnknown,
     /// The loader's model boots no entry at all.

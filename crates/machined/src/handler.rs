@@ -7,6 +7,7 @@ use slate_api::Stage;
 use slate_sequencer::{error_chain, RebootMode};
 
 use super::decision::Phase;
+use super::kexec::{self, Via};
 use super::node::Node;
 
 const SYNC_BUDGET: Duration = Duration::from_secs(30);
@@ -60,12 +61,12 @@ enum GoDown {
     Restart,
 }
 
-/// How `mode` takes the machine down, and the line that says so. A power cycle and a reboot
-/// are the same to a machine without kexec: the firmware runs again either way.
+/// How `mode` takes the machine down, and the line that says so (a restart by kexec says so
+/// itself, in [`reboot`]).
 fn going_down(mode: RebootMode) -> (GoDown, String) {
     match mode {
         RebootMode::PowerOff => (GoDown::PowerOff, "powering off".into()),
-        RebootMode::Default | RebootMode::Powercycle => {
+        RebootMode::Default | RebootMode::Powercycle | RebootMode::Kexec => {
             (GoDown::Restart, format!("rebooting ({mode})"))
         }
     }
@@ -75,7 +76,60 @@ fn going_down(mode: RebootMode) -> (GoDown, String) {
 fn stage_going_down(mode: RebootMode) -> Stage {
     match mode {
         RebootMode::PowerOff => Stage::ShuttingDown,
-        RebootMode::Default | RebootMode::Powercycle => Stage::Rebooting,
+        RebootMode::Default | RebootMode::Powercycle | RebootMode::Kexec => Stage::Rebooting,
+    }
+}
+
+/// A kexec being prepared beside the teardown, or why there is none.
+type Loading = Result<std::thread::JoinHandle<Result<kexec::Prepared, String>>, String>;
+
+/// When `mode` restarts by kexec here: the configuration read and the lockdown level checked
+/// (before the teardown unmounts /etc and securityfs), then the next entry read and loaded on
+/// a thread of its own while the teardown runs (both take about two seconds on a TCG guest).
+/// `None`: restart through the firmware, as asked.
+fn start_kexec(node: &Node, mode: RebootMode) -> Option<Loading> {
+    let machine = node.machine.current().and_then(|c| c.reboot.mode);
+    let image = super::health::load_config(std::path::Path::new(super::health::NODE_CONFIG))
+        .ok()
+        .and_then(|c| c.reboot)
+        .map(|r| r.mode);
+    if kexec::via(mode, machine, image) != Via::Kexec {
+        return None;
+    }
+    Some(
+        kexec::lockdown_allows(slate_host::lockdown().as_deref()).and_then(|()| {
+            std::thread::Builder::new()
+                .name("kexec-load".into())
+                .spawn(kexec::prepare)
+                .map_err(|e| format!("starting the loader thread: {e}"))
+        }),
+    )
+}
+
+/// The kexec that [`start_kexec`] prepared, once loaded; `None` (and the line that says why)
+/// when a wanted kexec cannot be made.
+fn loaded_kexec(node: &Node, loading: Option<Loading>) -> Option<kexec::Prepared> {
+    let outcome = loading?.and_then(|thread| {
+        thread
+            .join()
+            .unwrap_or_else(|_| Err("the loader thread panicked".into()))
+    });
+    match outcome {
+        Ok(prepared) => {
+            node.journal.info(format_args!(
+                "kexec: loaded {} (kernel {} KiB, initramfs {} KiB)",
+                prepared.plan.entry,
+                prepared.plan.kernel.len() / 1024,
+                prepared.plan.initrd.len() / 1024
+            ));
+            Some(prepared)
+        }
+        Err(why) => {
+            node.journal.info(format_args!(
+                "kexec unavailable: {why}; rebooting through the firmware"
+            ));
+            None
+        }
     }
 }
 
@@ -86,8 +140,20 @@ pub fn reboot(node: &Node, mode: RebootMode) -> ! {
     if node.stage() != stage {
         node.set_stage(stage);
     }
+    let loading = start_kexec(node, mode);
     teardown(node);
+    let prepared = loaded_kexec(node, loading);
     let (how, line) = going_down(mode);
+    if let Some(prepared) = prepared {
+        node.journal.info(format_args!(
+            "rebooting by kexec into {} ({mode})",
+            prepared.plan.counted
+        ));
+        let why = kexec::jump(prepared);
+        node.journal.error(format_args!(
+            "kexec failed: {why}; rebooting through the firmware"
+        ));
+    }
     node.journal.info(line);
     let result = match how {
         GoDown::PowerOff => slate_host::poweroff(),
@@ -146,5 +212,10 @@ mod tests {
         assert_eq!(stage_going_down(RebootMode::PowerOff), Stage::ShuttingDown);
         assert_eq!(stage_going_down(RebootMode::Default), Stage::Rebooting);
         assert_eq!(stage_going_down(RebootMode::Powercycle), Stage::Rebooting);
+        assert_eq!(stage_going_down(RebootMode::Kexec), Stage::Rebooting);
+        assert_eq!(
+            going_down(RebootMode::Kexec),
+            (GoDown::Restart, "rebooting (kexec)".into())
+        );
     }
 }

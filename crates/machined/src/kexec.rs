@@ -65,10 +65,10 @@ pub struct Prepared {
 }
 
 /// Choose the next entry as systemd-boot would, read its UKI and load it
-/// (`kexec_file_load`). Nothing is written. Runs before the teardown: /dev and the system disk
-/// are still there.
+/// (`kexec_file_load`). Nothing is written. Runs beside the teardown, which keeps /sys and
+/// /dev mounted (the system disk is opened at once, and read through that descriptor); the
+/// lockdown level must have been checked before ([`lockdown_allows`]).
 pub fn prepare() -> Result<Prepared, String> {
-    lockdown_allows(slate_host::lockdown().as_deref())?;
     let meta = crate::system_disk::meta_partition()?;
     let disk =
         FileDisk::open(&meta.disk).map_err(|e| format!("opening {}: {e}", meta.disk.display()))?;

@@ -233,10 +233,13 @@ fn run_upgrade(node: &Node, sequence: Sequence<'_>, guard: &slate_sequencer::Seq
     if let Disposition::Reboot(mode) = err.disposition() {
         handler::reboot(node, mode);
     }
-    node.journal.error(format_args!("upgrade failed: {err}"));
+    // The whole chain: the task's own words say why (a signature, a Secure Boot refusal, a
+    // policy), and `slate status` is where an operator reads them.
+    let reason = format!("upgrade failed: {}", slate_sequencer::error_chain(&err));
+    node.journal.error(&reason);
     *node.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(slate_api::Failure {
         version: node.version.clone(),
-        reason: format!("upgrade failed: {err}"),
+        reason,
     });
     node.set_stage(Stage::Running);
 }
@@ -398,7 +401,8 @@ mod tests {
             failing(SequenceKind::Upgrade, "bad signature"),
             &guard,
         );
-        let reason = "upgrade failed: upgrade sequence: phase work: task job failed";
+        let reason =
+            "upgrade failed: upgrade sequence: phase work: task job failed: bad signature";
         assert_eq!(
             *node.last_failure.lock().unwrap(),
             Some(slate_api::Failure {

@@ -144,8 +144,20 @@ pub fn explain() -> Result<serde_json::Value, String> {
     serde_json::to_value(explanation).map_err(|e| e.to_string())
 }
 
-/// The entry that booted: `LoaderEntrySelected` (systemd-boot), else the slot GRUB's menu entry
-/// names on the kernel command line (`slate.slot=A`).
+/// The systemd-boot entry this boot started from, as machined reads it at its start:
+/// `slate.entry=` on the kernel command line when a kexec started it (machined's kexec puts
+/// it there), else `LoaderEntrySelected` — which, after a kexec, still names the entry the
+/// firmware started before, so it must not be preferred.
+pub fn booted_entry_at_start(
+    cmdline: &str,
+    loader_entry_selected: Option<String>,
+) -> Option<String> {
+    slate_bootloader::sdboot::entry_from_cmdline(cmdline).or(loader_entry_selected)
+}
+
+/// The entry that booted: the systemd-boot entry ([`booted_entry_at_start`]: `slate.entry=`
+/// after a kexec, else `LoaderEntrySelected`), else the slot GRUB's menu entry names on the
+/// kernel command line (`slate.slot=A`).
 pub fn booted_entry(node: &Node) -> Option<String> {
     node.booted_entry.clone().or_else(|| {
         let cmdline = slate_host::kernel_cmdline().unwrap_or_default();
@@ -440,6 +452,23 @@ mod tests {
         assert_eq!(slot_from_cmdline("console=ttyS0 panic=0"), None);
         // A prefix of the key is another key.
         assert_eq!(slot_from_cmdline("xslate.slot=A"), None);
+    }
+
+    #[test]
+    fn after_a_kexec_the_command_line_names_the_entry_not_the_stale_variable() {
+        // The kexec started v2's first try; the firmware had started v1.
+        let selected = Some("slate-1.0.0.efi".to_owned());
+        let cmdline = "console=ttyS0 slate.entry=slate-2.0.0+2-1.efi";
+        assert_eq!(
+            booted_entry_at_start(cmdline, selected.clone()).as_deref(),
+            Some("slate-2.0.0+2-1.efi")
+        );
+        // A firmware boot: systemd-boot's variable.
+        assert_eq!(
+            booted_entry_at_start("console=ttyS0", selected.clone()),
+            selected
+        );
+        assert_eq!(booted_entry_at_start("console=ttyS0", None), None);
     }
 
     #[test]

@@ -383,6 +383,27 @@ mode = "kexec"
     }
 
     #[test]
+    fn a_profiles_reboot_mode_becomes_the_node_config() {
+        let profile = "name = \"slate\"\nversion = \"1.0.0\"\narch = \"amd64\"\n\
+                       platform = \"qemu\"\n[kernel]\nimage = \"vmlinuz\"\n\
+                       modules_dir = \"modules\"\nmodules = []\nargs = []\n[rootfs]\n\
+                       base = \"rootfs\"\n[boot]\nstub = \"stub.efi\"\n\
+                       systemd_boot = \"sd.efi\"\nslate = \"slate\"\n";
+        let without = crate::Profile::parse(profile).unwrap();
+        assert_eq!(without.node_config(), None);
+        let with =
+            crate::Profile::parse(&format!("{profile}[reboot]\nmode = \"kexec\"\n")).unwrap();
+        let node = with
+            .node_config()
+            .expect("a [reboot] section alone is a node config");
+        assert_eq!(
+            node.reboot.as_ref().map(|r| r.mode),
+            Some(RebootMethod::Kexec)
+        );
+        assert_eq!(NodeConfig::parse(&node.to_toml()).unwrap(), node);
+    }
+
+    #[test]
     fn checks_name_themselves() {
         let shown = |c: HealthCheck| c.to_string();
         assert_eq!(

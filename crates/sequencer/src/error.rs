@@ -26,8 +26,8 @@ pub enum LockError {
 
 /// How the node goes down once a sequence asks for it.
 ///
-/// Also the node API's `RebootMode` (feature `serde`): the wire carries `default` and
-/// `powercycle` only; the shutdown sequence uses [`PowerOff`](Self::PowerOff), which the API
+/// Also the node API's `RebootMode` (feature `serde`): the wire carries `default`,
+/// `powercycle` and `kexec` only; the shutdown sequence uses [`PowerOff`](Self::PowerOff), which the API
 /// neither accepts nor sends (a reboot request must not power a node off). The sequencer only
 /// carries the value: acting on it is the top-level handler's job, after teardown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -37,11 +37,15 @@ pub enum LockError {
     serde(rename_all = "lowercase")
 )]
 pub enum RebootMode {
-    /// Restart, through a prepared kexec kernel when there is one.
+    /// Restart the way the node is configured to (`[reboot] mode` in its machine
+    /// configuration or image): kexec when that says `kexec`, else through the firmware.
     #[default]
     Default,
     /// Restart through the firmware, never kexec (for a clean hardware reset).
     Powercycle,
+    /// Restart by kexec into the entry the boot loader would start next, skipping the
+    /// firmware; the node falls back to the firmware when kexec cannot be used (and says why).
+    Kexec,
     /// Power the machine off instead of restarting.
     #[cfg_attr(feature = "serde", serde(skip))]
     PowerOff,
@@ -53,6 +57,7 @@ impl RebootMode {
         match self {
             RebootMode::Default => "default",
             RebootMode::Powercycle => "powercycle",
+            RebootMode::Kexec => "kexec",
             RebootMode::PowerOff => "poweroff",
         }
     }
@@ -64,9 +69,9 @@ impl fmt::Display for RebootMode {
     }
 }
 
-/// A reboot mode name that is not one of `default`, `powercycle`, `poweroff`.
+/// A reboot mode name that is not one of `default`, `powercycle`, `kexec`, `poweroff`.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unknown reboot mode {0:?} (expected default, powercycle or poweroff)")]
+#[error("unknown reboot mode {0:?} (expected default, powercycle, kexec or poweroff)")]
 pub struct ParseRebootModeError(pub String);
 
 impl FromStr for RebootMode {
@@ -76,6 +81,7 @@ impl FromStr for RebootMode {
         match s {
             "default" => Ok(RebootMode::Default),
             "powercycle" => Ok(RebootMode::Powercycle),
+            "kexec" => Ok(RebootMode::Kexec),
             "poweroff" => Ok(RebootMode::PowerOff),
             other => Err(ParseRebootModeError(other.to_owned())),
         }

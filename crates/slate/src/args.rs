@@ -71,9 +71,14 @@ impl From<RoleArg> for Role {
 
 #[derive(Debug, Clone, Copy, Default, ValueEnum)]
 pub enum RebootModeArg {
+    /// The node's configured way (`[reboot] mode`; the firmware unless that says kexec).
     #[default]
     Default,
+    /// Through the firmware, whatever the node's configuration says.
     Powercycle,
+    /// kexec into the entry the boot loader would start next, skipping the firmware (the node
+    /// falls back to the firmware, and logs why, when it cannot).
+    Kexec,
 }
 
 impl From<RebootModeArg> for RebootMode {
@@ -81,6 +86,7 @@ impl From<RebootModeArg> for RebootMode {
         match mode {
             RebootModeArg::Default => RebootMode::Default,
             RebootModeArg::Powercycle => RebootMode::Powercycle,
+            RebootModeArg::Kexec => RebootMode::Kexec,
         }
     }
 }

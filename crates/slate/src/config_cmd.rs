@@ -8,8 +8,8 @@ use anyhow::{bail, Context as _, Result};
 use clap::{Args, Subcommand, ValueEnum};
 use slate_api::{ApplyConfigRequest, ApplyMode, Client};
 use slate_machine_config::{
-    Api, Etc, MachineConfig, Network, NetworkMode, Node, Strategy, UpdateSettings, Window,
-    CURRENT_VERSION,
+    Api, Etc, MachineConfig, Network, NetworkMode, Node, Reboot, RebootMethod, Strategy,
+    UpdateSettings, Window, CURRENT_VERSION,
 };
 
 use crate::args::{NodeTarget, OutputFormat};
@@ -76,6 +76,16 @@ pub struct GenConfigArgs {
     /// Paths under /etc kept when /etc is reset for a new version.
     #[arg(long = "keep-etc")]
     pub keep_etc: Vec<String>,
+    /// How the node restarts by default (`[reboot] mode`; the image's setting, else the
+    /// firmware, when absent).
+    #[arg(long, value_enum)]
+    pub reboot: Option<RebootArg>,
+}
+
+#[derive(Debug, Clone, Copy, ValueEnum)]
+pub enum RebootArg {
+    Firmware,
+    Kexec,
 }
 
 #[derive(Debug, Clone, Copy, ValueEnum)]
@@ -172,6 +182,12 @@ pub fn gen_config(args: GenConfigArgs) -> Result<()> {
         etc: Etc {
             keep: args.keep_etc,
             files: Vec::new(),
+        },
+        reboot: Reboot {
+            mode: args.reboot.map(|r| match r {
+                RebootArg::Firmware => RebootMethod::Firmware,
+                RebootArg::Kexec => RebootMethod::Kexec,
+            }),
         },
     };
     slate_machine_config::validate(&config).context("the configuration would be refused")?;

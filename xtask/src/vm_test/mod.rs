@@ -3,9 +3,11 @@
 
 mod fleet;
 mod grub;
+mod kexec;
 mod operator;
 mod powercut;
 mod rollback;
+mod secureboot;
 mod staged;
 
 use std::fs;
@@ -1004,9 +1006,14 @@ pub fn vm_test(only: &[String]) -> Result<()> {
         ("fleet_lock_updates", fleet::fleet_lock_updates),
         ("staged_upgrades", staged::staged_upgrades),
         (
+            "secure_boot_enrol_and_enforce",
+            secureboot::secure_boot_enrol_and_enforce,
+        ),
+        (
             "power_cuts_during_upgrade",
             powercut::power_cuts_during_upgrade,
         ),
+        ("kexec_reboots", kexec::kexec_reboots),
         ("node_lifecycle", node_lifecycle),
         ("fatal_boot_task", fatal_boot_task),
     ];

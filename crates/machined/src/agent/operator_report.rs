@@ -193,6 +193,7 @@ mod tests {
                 ..UpdateSettings::default()
             },
             etc: Etc::default(),
+            reboot: Default::default(),
         };
         let (node, _requests) = Node::for_tests("");
         let mut reporter = OperatorReporter::default();
