@@ -25,6 +25,10 @@ pub struct InstallRequest {
     /// A machine configuration (TOML) to put on STATE; without one the node boots into
     /// maintenance mode and waits for `slate apply-config`.
     pub config: Option<String>,
+    /// The Secure Boot db the target machine's firmware trusts: systemd-boot and the UKI must
+    /// be signed under it, or nothing is written. `None`: not checked (the disk is blank, so it
+    /// says nothing about its firmware).
+    pub secure_boot_db: Option<crate::TrustedCerts>,
 }
 
 /// What [`install`] will write (or, with `dry_run`, would have written).
@@ -64,6 +68,9 @@ pub struct InstallReport {
 /// Why an install was refused or failed. Every refusal comes before the first write.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallModeError {
+    /// The target's Secure Boot db would refuse the bundle's systemd-boot or UKI.
+    #[error(transparent)]
+    SecureBoot(#[from] crate::SecureBootError),
     #[error(transparent)]
     Bundle(#[from] OpenBundleError),
     #[error("the bundle is for {bundle}, this installer for {NATIVE_ARCH}")]
@@ -143,6 +150,14 @@ pub fn install(
     let (esp_size, state_size) = checked_settings(&defaults)?;
     let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
     let systemd_boot = bundle.read_blob(slate_bundle::SYSTEMD_BOOT_ROLE)?;
+    if let Some(db) = &request.secure_boot_db {
+        crate::check_signed("the bundle's systemd-boot", &systemd_boot, db)?;
+        crate::check_signed(
+            &format!("the UKI of {} {}", manifest.name, manifest.version),
+            &uki,
+            db,
+        )?;
+    }
     let image = ImagePlan {
         image_id: install_id(&manifest)?,
         layout: LayoutParams {
@@ -423,6 +438,7 @@ pub(crate) mod tests {
             force: false,
             dry_run: false,
             config: None,
+            secure_boot_db: None,
         }
     }
 

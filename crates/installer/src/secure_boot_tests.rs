@@ -220,3 +220,39 @@ fn an_upgrade_the_enrolled_db_would_refuse_writes_nothing() {
     assert!(report.outcome.is_some());
     assert_ne!(hash(&disk), before, "the signed UKI was installed");
 }
+
+#[test]
+fn an_install_for_a_secure_boot_machine_refuses_boot_files_its_db_would_not_start() {
+    let Some(f) = fixture() else { return };
+    let db = crate::trusted_from_pem(&std::fs::read(f.dir.path().join("owner db.crt")).unwrap())
+        .unwrap();
+    // The test bundle's systemd-boot is a stand-in, not a signed PE: refused before the UKI
+    // (signed here) is even looked at, and before the disk is opened for writing.
+    let cases = [(
+        "unsigned systemd-boot",
+        sign_pe(&uki("1.0.0"), &f.db).unwrap(),
+    )];
+    for (what, uki) in cases {
+        let bundle = write_bundle(&f.dir.path().join(what), "1.0.0", NATIVE_ARCH, &uki, 2);
+        let disk = blank(&f, "install.raw");
+        let before = hash(&disk);
+        let request = crate::InstallRequest {
+            bundle,
+            trust: Trust::NotVerified,
+            force: false,
+            dry_run: false,
+            config: None,
+            secure_boot_db: Some(db.clone()),
+        };
+        let err = crate::install(&disk, &request, &mut |_| {}).unwrap_err();
+        assert!(
+            matches!(
+                err,
+                crate::InstallModeError::SecureBoot(SecureBootError::Refused { .. })
+            ),
+            "{what}: {err}"
+        );
+        assert!(err.to_string().contains("systemd-boot"), "{what}: {err}");
+        assert_eq!(hash(&disk), before, "{what}: the disk was written");
+    }
+}

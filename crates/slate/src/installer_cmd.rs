@@ -31,6 +31,10 @@ pub enum InstallerCommand {
         /// one the node boots into maintenance mode.
         #[arg(long)]
         config: Option<PathBuf>,
+        /// PEM certificates the machine's Secure Boot firmware trusts (its db): systemd-boot
+        /// and the UKI must be signed under one of them.
+        #[arg(long, value_name = "PEM")]
+        secureboot_db: Option<PathBuf>,
         #[arg(long)]
         dry_run: bool,
     },
@@ -136,6 +140,7 @@ pub fn run(cmd: InstallerCommand) -> Result<()> {
             trust,
             force,
             config,
+            secureboot_db,
             dry_run,
         } => {
             let request = InstallRequest {
@@ -144,6 +149,7 @@ pub fn run(cmd: InstallerCommand) -> Result<()> {
                 force,
                 dry_run,
                 config: config.as_deref().map(read_config).transpose()?,
+                secure_boot_db: secureboot_db.as_deref().map(read_db).transpose()?,
             };
             let report = slate_installer::install(&disk, &request, &mut |event| {
                 print_install_event(&disk, dry_run, event)
@@ -260,6 +266,14 @@ fn print_install_event(disk: &Path, dry_run: bool, event: InstallEvent<'_>) {
     }
 }
 
+/// `--secureboot-db PEM`: the certificates a target's firmware trusts.
+fn read_db(path: &Path) -> Result<slate_installer::TrustedCerts> {
+    let pem = std::fs::read(path)
+        .with_context(|| format!("reading --secureboot-db {}", path.display()))?;
+    slate_installer::trusted_from_pem(&pem)
+        .with_context(|| format!("--secureboot-db {}", path.display()))
+}
+
 fn upgrade(args: UpgradeArgs) -> Result<()> {
     let request = UpgradeRequest {
         bundle: args.bundle,
@@ -269,16 +283,7 @@ fn upgrade(args: UpgradeArgs) -> Result<()> {
         allow_downgrade: args.allow_downgrade,
         tries: args.tries,
         dry_run: args.dry_run,
-        secure_boot_db: args
-            .secureboot_db
-            .as_deref()
-            .map(|path| {
-                let pem = std::fs::read(path)
-                    .with_context(|| format!("reading --secureboot-db {}", path.display()))?;
-                slate_installer::trusted_from_pem(&pem)
-                    .with_context(|| format!("--secureboot-db {}", path.display()))
-            })
-            .transpose()?,
+        secure_boot_db: args.secureboot_db.as_deref().map(read_db).transpose()?,
     };
     let report = slate_installer::upgrade(&args.disk, &request, &mut |event| match event {
         UpgradeEvent::Opened(provenance) => print_provenance(provenance),
