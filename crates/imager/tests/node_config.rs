@@ -2,6 +2,8 @@
 //! `[watchdog]` become `/etc/slate/node.toml` in the squashfs root (read back with the real
 //! `unsquashfs`), byte-identical across builds and parsed back to the same configuration.
 
+mod common;
+
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -9,21 +11,7 @@ use std::process::Command;
 use slate_imager::{build_rootfs, Inputs, OutputKind};
 use slate_profile::{HealthCheck, NodeConfig, NODE_CONFIG_PATH};
 
-const BASE: &str = r#"name = "slate"
-version = "1.0.0"
-arch = "amd64"
-platform = "qemu"
-[kernel]
-image = "vmlinuz"
-modules_dir = "modules"
-[rootfs]
-base = "rootfs"
-zstd_level = 3
-[boot]
-stub = "stub.efi"
-systemd_boot = "sd.efi"
-slate = "slate"
-"#;
+use common::BASE_PROFILE as BASE;
 
 const NODE: &str = r#"
 [health]

@@ -3,27 +3,15 @@
 //! certificate's, or enrolment files that would not trust the signing certificate, stop the
 //! build before anything is built.
 
+mod common;
+
 use std::fs;
 use std::path::Path;
 
 use slate_imager::{build_rootfs, gen_secureboot_keys, ImagerError, Inputs, OutputKind};
 use slate_profile::image_contract::SECURE_BOOT_DB_PATH;
 
-const BASE: &str = r#"name = "slate"
-version = "1.0.0"
-arch = "amd64"
-platform = "qemu"
-[kernel]
-image = "vmlinuz"
-modules_dir = "modules"
-[rootfs]
-base = "rootfs"
-zstd_level = 3
-[boot]
-stub = "stub.efi"
-systemd_boot = "sd.efi"
-slate = "slate"
-"#;
+use common::BASE_PROFILE as BASE;
 
 fn tools() -> bool {
     [
@@ -126,5 +114,7 @@ fn pem_der(pem: &[u8]) -> Vec<u8> {
         .lines()
         .filter(|l| !l.starts_with("-----"))
         .collect();
-    base64::engine::general_purpose::STANDARD.decode(body).unwrap()
+    base64::engine::general_purpose::STANDARD
+        .decode(body)
+        .unwrap()
 }

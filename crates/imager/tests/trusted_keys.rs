@@ -3,6 +3,8 @@
 //! whatever the base rootfs had there; a key that does not parse stops the build before anything
 //! is built.
 
+mod common;
+
 use std::fs;
 use std::path::Path;
 use std::process::Command;
@@ -11,21 +13,7 @@ use slate_imager::{build_rootfs, ImagerError, Inputs, OutputKind};
 use slate_profile::image_contract::TRUSTED_KEYS_PATH as TRUSTED_KEYS_DIR;
 use slate_trust::{load_trusted_keys, PrivateKey};
 
-const BASE: &str = r#"name = "slate"
-version = "1.0.0"
-arch = "amd64"
-platform = "qemu"
-[kernel]
-image = "vmlinuz"
-modules_dir = "modules"
-[rootfs]
-base = "rootfs"
-zstd_level = 3
-[boot]
-stub = "stub.efi"
-systemd_boot = "sd.efi"
-slate = "slate"
-"#;
+use common::BASE_PROFILE as BASE;
 
 fn fixture(keys: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();

@@ -12,12 +12,16 @@ use slate_secureboot::{sign_pe, signature_list, SigningKey, VerifyError};
 use slate_testkit::secureboot::db_key;
 
 use crate::install::tests::write_bundle;
+use crate::upgrade::tests::request;
 use crate::{upgrade, write_image, ImagePlan, InstallError, SecureBootError, UpgradeModeError};
 use crate::{Trust, UpgradeRequest};
 
 const STUB: &str = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub";
 const SYSTEMD_BOOT: &str = "/usr/lib/systemd/boot/efi/systemd-bootx64.efi";
 const DISK_LEN: u64 = 96 * MIB;
+
+/// Which refusal a case expects.
+type Expected = fn(&VerifyError) -> bool;
 
 /// A `db.auth` as systemd-boot reads it: an `EFI_VARIABLE_AUTHENTICATION_2` header (its
 /// signature is the firmware's business, not read here) and one X.509 signature list.
@@ -93,19 +97,6 @@ fn blank(f: &Fixture, name: &str) -> PathBuf {
     path
 }
 
-fn request(bundle: PathBuf) -> UpgradeRequest {
-    UpgradeRequest {
-        bundle,
-        trust: Trust::NotVerified,
-        running_entry: None,
-        variant: None,
-        allow_downgrade: false,
-        tries: 3,
-        dry_run: false,
-        secure_boot_db: None,
-    }
-}
-
 #[test]
 fn an_image_whose_boot_files_its_own_keys_refuse_is_not_written() {
     let Some(f) = fixture() else { return };
@@ -166,7 +157,7 @@ fn an_upgrade_the_enrolled_db_would_refuse_writes_nothing() {
     stripped[entry..entry + 8].fill(0);
     // Cut: the table is gone, the header still points at it.
     let cut = signed[..info.security_directory.0 as usize].to_vec();
-    let cases: [(&str, Vec<u8>, fn(&VerifyError) -> bool); 4] = [
+    let cases: [(&str, Vec<u8>, Expected); 4] = [
         ("unsigned", v2.clone(), |e| *e == VerifyError::NotSigned),
         ("another key", sign_pe(&v2, &f.other).unwrap(), |e| {
             matches!(e, VerifyError::NotTrusted { .. })

@@ -290,11 +290,11 @@ fn version_floor(disk: &Path) -> Result<Option<String>, UpgradeModeError> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::install::tests::{blank_disk, bundle, request as install_request, sized_bundle};
 
-    fn request(bundle: PathBuf) -> UpgradeRequest {
+    pub(crate) fn request(bundle: PathBuf) -> UpgradeRequest {
         UpgradeRequest {
             bundle,
             trust: Trust::NotVerified,

@@ -401,8 +401,7 @@ mod tests {
             failing(SequenceKind::Upgrade, "bad signature"),
             &guard,
         );
-        let reason =
-            "upgrade failed: upgrade sequence: phase work: task job failed: bad signature";
+        let reason = "upgrade failed: upgrade sequence: phase work: task job failed: bad signature";
         assert_eq!(
             *node.last_failure.lock().unwrap(),
             Some(slate_api::Failure {

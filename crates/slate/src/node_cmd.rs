@@ -73,7 +73,10 @@ fn secure_boot_line(sb: &slate_api::SecureBootStatus) -> String {
     if sb.db.is_empty() {
         state.to_string()
     } else {
-        format!("{state} (updates must be signed under {})", sb.db.join("; "))
+        format!(
+            "{state} (updates must be signed under {})",
+            sb.db.join("; ")
+        )
     }
 }
 
