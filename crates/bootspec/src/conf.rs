@@ -5,12 +5,12 @@ use crate::error::LoaderConfError;
 
 /// One non-empty, non-comment line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Line<'a> {
+pub(crate) struct Line<'a> {
     /// 1-based, counting `\n`.
-    number: usize,
-    key: &'a str,
+    pub(crate) number: usize,
+    pub(crate) key: &'a str,
     /// `None`: no separator after the key (systemd-boot skips such lines).
-    value: Option<&'a str>,
+    pub(crate) value: Option<&'a str>,
 }
 
 /// Splits text the way systemd-boot does: lines end at `\n` or `\r`; spaces and tabs around a
@@ -21,7 +21,10 @@ struct Line<'a> {
 /// One deliberate difference: current systemd-boot misreads an *empty* value at the end of a
 /// line (`ID=`) as the text of the following line (its unquote step runs past the line's NUL);
 /// here it is empty. slate never writes empty values.
-fn lines<'a>(text: &'a str, separators: &'a [char]) -> impl Iterator<Item = Line<'a>> + 'a {
+pub(crate) fn lines<'a>(
+    text: &'a str,
+    separators: &'a [char],
+) -> impl Iterator<Item = Line<'a>> + 'a {
     let text = text.split('\0').next().unwrap_or("");
     let mut number = 1;
     text.split_inclusive(['\n', '\r']).filter_map(move |raw| {

@@ -59,3 +59,16 @@ pub enum EfiVarError {
     #[error("EFI variable string has a NUL before its end, at unit {unit}")]
     EmbeddedNul { unit: usize },
 }
+
+/// Why a Type #1 entry (`loader/entries/*.conf`) is refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum Type1Error {
+    #[error("boot entry line {line}: NUL byte (systemd-boot stops reading there)")]
+    Nul { line: usize },
+    #[error("boot entry line {line}: key `{key}` has no value")]
+    MissingValue { line: usize, key: String },
+    #[error("boot entry is {len} bytes; at most 65536 are read")]
+    TooLong { len: usize },
+    #[error("boot entry has neither `linux` nor `efi`: systemd-boot would skip it")]
+    NoProgram,
+}

@@ -6,7 +6,8 @@
 //! - [`EntryName`]: BLS file names with boot counters (`slate-1.2+3.efi`), the renames
 //!   systemd-boot (`+2-1`) and systemd-bless-boot (good / bad) perform, and entry IDs in the
 //!   two [`IdStyle`]s systemd-boot has used.
-//! - [`parse_loader_conf`], [`OsRelease`], [`EfiVars`]: the inputs to default selection.
+//! - [`parse_loader_conf`], [`OsRelease`], [`EfiVars`]: the inputs to default selection;
+//!   [`Type1Entry`]: a `loader/entries/*.conf` entry's keys.
 //! - [`sorted`] and [`select`]: the menu order and the entry booted by default.
 //! - [`newest_not_bad`] and [`prune_candidates`]: the update policy (boot the newest version
 //!   not marked bad; never delete the running version).
@@ -27,6 +28,7 @@ mod grubenv;
 mod name;
 mod policy;
 mod select;
+mod type1;
 mod version;
 
 pub use conf::{parse_loader_conf, LoaderConf, OsRelease, Timeout};
@@ -34,7 +36,7 @@ pub use efivars::{
     decode_efivar_string, efivarfs_name, encode_efivar_string, EfiVars, LOADER_GUID,
     LOADER_VAR_ATTRIBUTES,
 };
-pub use error::{EfiVarError, LoaderConfError, NameError};
+pub use error::{EfiVarError, LoaderConfError, NameError, Type1Error};
 pub use glob::fnmatch;
 pub use grub_select::{grub_entry_index, grub_select, GrubMenuEntry, GrubReason, GrubSelection};
 pub use grubenv::{
@@ -46,6 +48,7 @@ pub use name::{
 };
 pub use policy::{newest_not_bad, prune_candidates, refers_to};
 pub use select::{compare_entries, menu_ids, select, sorted, Entry, Reason, Selection};
+pub use type1::{Type1Entry, MAX_TYPE1_LEN};
 pub use version::compare_versions;
 
 /// The menu timeouts, in seconds, slate writes into `loader.conf` (systemd-boot) and `grub.cfg`

@@ -135,4 +135,11 @@ pub enum HostError {
         #[source]
         source: Errno,
     },
+    #[error("btrfs: {op} {path}")]
+    Btrfs {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: Errno,
+    },
 }

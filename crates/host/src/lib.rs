@@ -4,11 +4,13 @@
 //! This is the only crate in the workspace that makes system calls. Everything goes through
 //! `nix`'s safe wrappers where they exist; the loop-device and watchdog ioctls, which neither
 //! `nix` nor `libc` describe, and `kexec_file_load`, which `nix` lacks, are the only `unsafe`
-//! code (see `loopdev.rs`, `watchdog.rs`, `kexec.rs`).
+//! code (see `loopdev.rs`, `watchdog.rs`, `kexec.rs`, `btrfs.rs`, and `chroot.rs`'s `pre_exec`).
 //! Every error names the operation and the path it was applied to, so a failed boot reads as a
 //! sentence on the console.
 
 mod block;
+mod btrfs;
+mod chroot;
 mod cmdline;
 mod efivars;
 mod error;
@@ -27,6 +29,11 @@ pub use block::{
     filesystem_signature, find_partition_by_label, format_ext, is_blank, uevent_value,
     BlockPartition,
 };
+pub use btrfs::{
+    child_subvolumes, create_subvolume, delete_subvolume, is_btrfs, is_subvolume, pool_uuid,
+    snapshot_subvolume,
+};
+pub use chroot::{spawn_chrooted, ApiMounts};
 pub use cmdline::{cmdline_value, kernel_cmdline};
 pub use efivars::{
     loader_var_path, mount_efivarfs, read_global_u8, read_loader_string, EFI_GLOBAL_GUID,

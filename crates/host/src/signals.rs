@@ -39,6 +39,44 @@ impl SignalReader {
         Ok(Self { fd })
     }
 
+    /// Like [`Self::block`], but the signalfd never waits: [`Self::pending`] polls it. For a
+    /// program that must notice SIGINT/SIGTERM between steps of its own (and clean up) rather
+    /// than die in the middle of one.
+    pub fn block_polled(signals: &[Signal]) -> Result<Self> {
+        let mask: SigSet = signals.iter().copied().collect();
+        mask.thread_block().map_err(|source| HostError::Signals {
+            op: "blocking signals",
+            source,
+        })?;
+        let fd = SignalFd::with_flags(&mask, SfdFlags::SFD_CLOEXEC | SfdFlags::SFD_NONBLOCK)
+            .map_err(|source| HostError::Signals {
+                op: "signalfd",
+                source,
+            })?;
+        Ok(Self { fd })
+    }
+
+    /// The next pending signal, if any, without waiting (on a [`Self::block_polled`] reader).
+    pub fn pending(&mut self) -> Result<Option<Signal>> {
+        loop {
+            match self.fd.read_signal() {
+                Ok(Some(info)) => {
+                    if let Ok(signal) = Signal::try_from(info.ssi_signo as i32) {
+                        return Ok(Some(signal));
+                    }
+                }
+                Ok(None) | Err(nix::errno::Errno::EAGAIN) => return Ok(None),
+                Err(nix::errno::Errno::EINTR) => continue,
+                Err(source) => {
+                    return Err(HostError::Signals {
+                        op: "reading the signalfd",
+                        source,
+                    })
+                }
+            }
+        }
+    }
+
     /// Wait for the next signal; its number, and the PID that sent it (0: the kernel).
     pub fn wait(&mut self) -> Result<(Signal, u32)> {
         loop {
@@ -72,6 +110,20 @@ pub fn disable_ctrl_alt_del() -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_polled_reader_never_waits() {
+        // Its own thread, for the same reason as below.
+        std::thread::spawn(|| {
+            let mut reader = SignalReader::block_polled(&[Signal::SIGUSR1]).unwrap();
+            assert_eq!(reader.pending().unwrap(), None);
+            nix::sys::signal::raise(Signal::SIGUSR1).unwrap();
+            assert_eq!(reader.pending().unwrap(), Some(Signal::SIGUSR1));
+            assert_eq!(reader.pending().unwrap(), None);
+        })
+        .join()
+        .unwrap();
+    }
 
     #[test]
     fn a_blocked_signal_waits_for_the_reader() {

@@ -17,6 +17,7 @@ use crate::installer_cmd::{self, InstallerCommand};
 use crate::meta_cmd::{self, MetaCommand};
 use crate::node_cmd::{self, GenCommand};
 use crate::release_cmd::{self, ReleaseCommand};
+use crate::snapshot_cmd::{self, PoolArgs, SnapshotCommand};
 use crate::{config_cmd, transport_cmd, trust_cmd, upgrade_cmd};
 
 #[derive(Debug, Parser)]
@@ -167,6 +168,14 @@ pub enum Command {
     /// A FleetLock v1 lock server (zincati's reboot-slot protocol) and its admin commands.
     #[command(subcommand)]
     Fleetlock(FleetlockCommand),
+    /// Atomic upgrades of a mutable Btrfs root: snapshot, change, validate, boot on trial,
+    /// commit or fall back (root only).
+    Snapshot {
+        #[command(flatten)]
+        pool: PoolArgs,
+        #[command(subcommand)]
+        command: SnapshotCommand,
+    },
     /// The rollout operator: `operator run` is one replica (state in etcd).
     #[cfg(feature = "etcd")]
     #[command(subcommand)]
@@ -199,6 +208,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Push(args) => transport_cmd::push(args),
         Command::Pull(args) => transport_cmd::pull(args),
         Command::Release(cmd) => release_cmd::run(cmd),
+        Command::Snapshot { pool, command } => snapshot_cmd::run(&pool, command),
         Command::Status { output } => node_cmd::status(&cli.target, output),
         Command::Version { output } => node_cmd::version(&cli.target, output),
         Command::Reboot {

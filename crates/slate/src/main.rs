@@ -18,6 +18,7 @@ mod meta_cmd;
 mod node_cmd;
 mod progress;
 mod release_cmd;
+mod snapshot_cmd;
 mod transport_cmd;
 mod trust_cmd;
 mod upgrade_cmd;

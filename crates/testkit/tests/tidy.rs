@@ -25,6 +25,7 @@ const PURE: &[&str] = &[
     "crates/release/src",
     "crates/fleetlock/src",
     "crates/rollout/src",
+    "crates/snapshot/src",
     // Only the policy of trust: keys.rs reads key files and key directories (std::fs).
     "crates/trust/src/policy.rs",
 ];

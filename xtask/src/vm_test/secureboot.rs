@@ -190,6 +190,13 @@ pub(super) fn secure_boot_enrol_and_enforce(prepared: &Prepared, work: &Path) ->
 
     // A bundle whose UKI the enrolled db refuses: the node's own check stops it before the
     // installer runs; nothing on the ESP changes.
+    // Only a committed v1 is settled: its commit blesses the entry on the ESP.
+    boot.expect(
+        &["committed: slate-1.0.0"],
+        Duration::from_secs(120),
+        "v1 committed",
+    )?;
+    let status = node.status()?;
     ensure!(status["committed"] == true, "v1 not committed: {status}");
     let before = boot_partitions(&image)?;
     let answer = node.ok(&[

@@ -1,0 +1,352 @@
+//! `slate snapshot upgrade`: the seed's eight steps up to the reboot (docs/update-transaction.md,
+//! "Btrfs snapshots"). Any failure, and SIGINT or SIGTERM, removes the half-built snapshot;
+//! a power cut or SIGKILL leaves its in-progress marker, and the next run removes it.
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use slate_host::{Signal, SignalReader};
+use slate_snapshot::entry::{self, carried_options, entry_text, EntrySpec, DEFAULT_TRIES};
+use slate_snapshot::manifest::{sha256, Manifest, Record};
+use slate_snapshot::policy::{prune, KEEP_SNAPSHOTS};
+use slate_snapshot::{esp, fstab, upgrade_plan, validate, SnapshotName};
+
+use crate::ops::remove_snapshot;
+use crate::tree::{self, resolve_in_root, write_atomically};
+use crate::{io_err, EngineError, Pool, Result};
+
+/// What step 2 does to the new snapshot.
+#[derive(Debug, Clone)]
+pub enum Change {
+    /// `/bin/sh -c CMD` chrooted in the snapshot.
+    Command(String),
+    /// An OS tree synced into it.
+    Tree(PathBuf),
+}
+
+#[derive(Debug, Clone)]
+pub struct UpgradeOptions {
+    pub change: Change,
+    pub dry_run: bool,
+    /// The running entry's kernel command line, whose non-root options the entry carries.
+    pub cmdline: String,
+    /// Seconds since the epoch the snapshot is named after (now, unless a test says otherwise).
+    pub now: Option<u64>,
+}
+
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct UpgradeReport {
+    pub snapshot: String,
+    pub entry: String,
+    pub fallback: String,
+    pub pruned: Vec<String>,
+    pub plan: Vec<String>,
+}
+
+/// Removes what interrupted upgrades left (markers of the in-progress snapshots): the ESP
+/// copies, the manifest, the subvolume, then the marker. A marked snapshot that is running, or
+/// whose entry exists (the entry is written last), was complete: only its marker goes.
+pub fn clean_up_interrupted(pool: &Pool, say: &mut dyn FnMut(String)) -> Result<()> {
+    for snap in pool.markers()? {
+        let mut disk = pool.open_esp()?;
+        let complete =
+            pool.running.as_ref() == Some(&snap) || esp::scan(&disk)?.entry_of(&snap).is_some();
+        if !complete {
+            say(format!(
+                "cleanup: removing {snap}, left by an interrupted upgrade"
+            ));
+            pool.detach_under(&pool.path_of(&snap))?;
+            esp::remove(&mut disk, &snap)?;
+            remove_snapshot(pool, &snap, false)?;
+        }
+        pool.unmark(&snap)?;
+    }
+    Ok(())
+}
+
+pub fn upgrade(
+    pool: &Pool,
+    opts: &UpgradeOptions,
+    say: &mut dyn FnMut(String),
+) -> Result<UpgradeReport> {
+    // Everything checkable before the first write.
+    let now = opts.now.unwrap_or_else(|| {
+        SystemTime::now()
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs())
+    });
+    let new = SnapshotName::at(now);
+    let source_label = pool
+        .running
+        .as_ref()
+        .map_or(pool.running_subvol.clone(), ToString::to_string);
+    if pool.path_of(&new).exists() {
+        return Err(EngineError::Invalid(format!(
+            "{new} exists already; wait a second and run again"
+        )));
+    }
+    if let Change::Tree(dir) = &opts.change {
+        if !dir.join("usr").is_dir() {
+            return Err(EngineError::Invalid(format!(
+                "{} is not an OS tree (no usr/)",
+                dir.display()
+            )));
+        }
+    }
+    let describe = match &opts.change {
+        Change::Command(c) => format!("run `{c}` chrooted (with /proc, /sys, /dev)"),
+        Change::Tree(d) => format!("sync the tree {}", d.display()),
+    };
+    let entry_name = entry::entry_name(&new, Some(DEFAULT_TRIES))?;
+    esp::check_register(&pool.open_esp_read_only()?, &new)?;
+    let mut all = pool.snapshots()?;
+    all.push(new.clone());
+    let protected: Vec<&SnapshotName> = [Some(&new), pool.running.as_ref()]
+        .into_iter()
+        .flatten()
+        .collect();
+    let to_prune = prune(&all, KEEP_SNAPSHOTS, &protected);
+    let plan = upgrade_plan(
+        &source_label,
+        &new,
+        &describe,
+        entry_name.file_name(),
+        &to_prune,
+    );
+    if opts.dry_run {
+        for step in &plan {
+            say(format!("dry run: {step}"));
+        }
+        return Ok(UpgradeReport {
+            snapshot: new.to_string(),
+            entry: entry_name.file_name().into(),
+            fallback: source_label,
+            pruned: to_prune.iter().map(ToString::to_string).collect(),
+            plan,
+        });
+    }
+
+    let mut signals = SignalReader::block_polled(&[Signal::SIGINT, Signal::SIGTERM])?;
+    clean_up_interrupted(pool, say)?;
+    pool.mark(&new)?;
+    let built = build(pool, opts, &new, &source_label, &mut signals, say);
+    let registered = match built {
+        Ok(r) => r,
+        Err(e) => {
+            say(format!("failed: {e}; removing {new}"));
+            discard(pool, &new)?;
+            return Err(e);
+        }
+    };
+    // (7) The fallback is the root this upgrade started from: protected with the new one.
+    let mut pruned = Vec::new();
+    for old in &to_prune {
+        remove_snapshot(pool, old, true)?;
+        pruned.push(old.to_string());
+    }
+    say(format!(
+        "(7) fallback {source_label} kept; pruned: {}",
+        if pruned.is_empty() {
+            "nothing".to_owned()
+        } else {
+            pruned.join(", ")
+        }
+    ));
+    let running_has_entry = match &pool.running {
+        Some(r) => esp::scan(&pool.open_esp_read_only()?)?
+            .entry_of(r)
+            .is_some(),
+        None => false,
+    };
+    if !running_has_entry {
+        say(format!(
+            "warning: the running root {source_label} has no boot entry on this ESP: if {new} \
+             fails its three tries, systemd-boot has nothing better to start"
+        ));
+    }
+    pool.unmark(&new)?;
+    say(format!(
+        "done: reboot to start {new}; `slate snapshot commit` there makes it permanent"
+    ));
+    Ok(UpgradeReport {
+        snapshot: new.to_string(),
+        entry: registered,
+        fallback: source_label,
+        pruned,
+        plan,
+    })
+}
+
+/// Steps 1 to 6. On error the caller discards the snapshot.
+fn build(
+    pool: &Pool,
+    opts: &UpgradeOptions,
+    new: &SnapshotName,
+    source: &str,
+    signals: &mut SignalReader,
+    say: &mut dyn FnMut(String),
+) -> Result<String> {
+    let check = |signals: &mut SignalReader| -> Result<()> {
+        match signals.pending()? {
+            Some(s) => Err(EngineError::Interrupted(s.to_string())),
+            None => Ok(()),
+        }
+    };
+    let started = Instant::now();
+    slate_host::snapshot_subvolume(&pool.root, &pool.top, new.as_str())?;
+    let path = pool.path_of(new);
+    say(format!(
+        "(1) snapshot {source} -> {new} ({} ms)",
+        started.elapsed().as_millis()
+    ));
+    check(signals)?;
+
+    match &opts.change {
+        Change::Command(command) => {
+            say(format!("(2) upgrade: running `{command}` in {new}"));
+            let mounts = slate_host::ApiMounts::bind(&path)?;
+            let status = run_until_done(&path, command, signals)?;
+            mounts.release()?;
+            if !status.success() {
+                return Err(EngineError::CommandFailed {
+                    snapshot: new.to_string(),
+                    status: status.to_string(),
+                });
+            }
+        }
+        Change::Tree(dir) => {
+            say(format!("(2) upgrade: syncing {} into {new}", dir.display()));
+            tree::sync_tree(dir, &path)?;
+        }
+    }
+    check(signals)?;
+    // The snapshot's fstab must mount the snapshot itself; a failure here is reported by
+    // validation, together with anything else wrong.
+    if let Some(fstab_path) = resolve_in_root(&path, "etc/fstab") {
+        if let Ok(text) = std::fs::read_to_string(&fstab_path) {
+            if let Ok(rewritten) = fstab::rewrite_root(&text, new) {
+                write_atomically(&fstab_path, rewritten.as_bytes(), 0o644)?;
+            }
+        }
+    }
+
+    let boot = validate::validate(&tree::facts(&path), new).map_err(|problems| {
+        EngineError::Validation {
+            snapshot: new.to_string(),
+            problems,
+        }
+    })?;
+    say(format!(
+        "(3) validate: kernel /boot/{}, initramfs /boot/{}, init present, fstab root subvol={new}",
+        boot.kernel, boot.initrd
+    ));
+    check(signals)?;
+
+    let read = |name: &str| -> Result<Vec<u8>> {
+        let p = resolve_in_root(&path, &format!("boot/{name}"))
+            .unwrap_or_else(|| path.join("boot").join(name));
+        std::fs::read(&p).map_err(io_err("reading", &p))
+    };
+    let (kernel, initrd) = (read(&boot.kernel)?, read(&boot.initrd)?);
+
+    // (5) before (4)'s entry: the entry is the last write, so an entry never exists without
+    // its manifest. The ESP copies are recorded from the bytes about to be written.
+    let mut manifest = Manifest::new(new.clone());
+    tree::walk_into(&path, &mut manifest)?;
+    for (p, bytes) in [
+        (entry::kernel_path(new), &kernel),
+        (entry::initrd_path(new), &initrd),
+    ] {
+        manifest.insert(
+            p.as_bytes(),
+            Record::Esp {
+                size: bytes.len() as u64,
+                sha256: sha256(bytes),
+            },
+        )?;
+    }
+    pool.write_manifest(&manifest)?;
+    say(format!(
+        "(5) manifest: {} records, HMAC-SHA256 -> {}",
+        manifest.records.len(),
+        pool.manifest_path(new).display()
+    ));
+    check(signals)?;
+
+    let spec = EntrySpec {
+        snapshot: new.clone(),
+        pool_uuid: pool.uuid.clone(),
+        os_name: tree::os_name(&path),
+        extra_options: carried_options(&opts.cmdline),
+    };
+    let text = entry_text(&spec)?;
+    let mut disk = pool.open_esp()?;
+    let name = esp::register(&mut disk, new, &kernel, &initrd, &text, DEFAULT_TRIES)?;
+    say(format!(
+        "(4) register: ESP:/{}/ ({} + {} bytes), loader/entries/{}",
+        entry::esp_dir(new),
+        kernel.len(),
+        initrd.len(),
+        name.file_name()
+    ));
+
+    let scan = esp::scan(&disk)?;
+    let next = scan
+        .selected()
+        .map(|f| f.name.file_name().to_owned())
+        .unwrap_or_default();
+    if next != name.file_name() {
+        return Err(EngineError::Invalid(format!(
+            "after registration systemd-boot would start {next}, not {}",
+            name.file_name()
+        )));
+    }
+    say(format!(
+        "(6) next boot: {next} (first match of loader.conf default {:?}; default unchanged; 3 failed tries make it bad and the previous entry boots)",
+        scan.loader_conf.as_ref().and_then(|c| c.default.clone()).unwrap_or_default()
+    ));
+    Ok(name.file_name().to_owned())
+}
+
+/// Waits for the chrooted command, polling for SIGINT/SIGTERM: on one, the command gets
+/// SIGTERM, then SIGKILL after 10 s, and the upgrade fails as interrupted.
+fn run_until_done(
+    root: &Path,
+    command: &str,
+    signals: &mut SignalReader,
+) -> Result<std::process::ExitStatus> {
+    let mut child = slate_host::spawn_chrooted(root, command)?;
+    loop {
+        if let Some(status) = child
+            .try_wait()
+            .map_err(io_err("waiting for the command in", root))?
+        {
+            return Ok(status);
+        }
+        if let Some(signal) = signals.pending()? {
+            let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+            let _ = nix::sys::signal::kill(pid, Signal::SIGTERM);
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while child.try_wait().ok().flatten().is_none() {
+                if Instant::now() > deadline {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            return Err(EngineError::Interrupted(signal.to_string()));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Removes a failed upgrade's snapshot: ESP parts (copies, an entry if it got that far), the
+/// manifest, the subvolume, then its marker.
+fn discard(pool: &Pool, snap: &SnapshotName) -> Result<()> {
+    pool.detach_under(&pool.path_of(snap))?;
+    let mut disk = pool.open_esp()?;
+    esp::remove(&mut disk, snap)?;
+    remove_snapshot(pool, snap, false)?;
+    pool.unmark(snap)
+}

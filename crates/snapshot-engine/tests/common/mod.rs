@@ -1,0 +1,269 @@
+//! A real Btrfs pool on a loop device with one root snapshot (busybox, a kernel and an
+//! initramfs, fstab), mounted like a running root, and a GPT disk image with a FAT32 ESP.
+#![allow(dead_code)]
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use slate_disk::{Disk, FileDisk, PartitionView};
+use slate_esp::fat::{self, EspGeometry};
+use slate_layout::{write_gpt, DiskLayout, PartitionSize, PartitionSpec, ESP_TYPE, MIB};
+use slate_snapshot::SnapshotName;
+use slate_snapshot_engine::{Change, Pool, UpgradeOptions, UpgradeReport};
+
+pub const R0: &str = "root-20260101-000000";
+/// 2026-01-02T00:00:00Z; each upgrade in a test adds an hour.
+pub const T1: u64 = 1_767_312_000;
+
+pub fn sh(cmd: &str, args: &[&str]) -> String {
+    let out = Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Whether the machine can run these tests (under CI=true a missing part fails the test).
+pub fn available() -> bool {
+    slate_testkit::require_root()
+        && slate_testkit::require_tool("mkfs.btrfs")
+        && slate_testkit::require_tool("losetup")
+        && slate_testkit::require_tool("busybox")
+}
+
+#[derive(Debug)]
+pub struct Env {
+    pub dir: tempfile::TempDir,
+    pub loopdev: String,
+    pub root: PathBuf,
+    pub esp: PathBuf,
+    pub uuid: String,
+}
+
+impl Env {
+    pub fn new() -> Env {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("pool.img");
+        fs::File::create(&img).unwrap().set_len(320 * MIB).unwrap();
+        sh("mkfs.btrfs", &["-q", "-f", img.to_str().unwrap()]);
+        let loopdev = sh("losetup", &["-f", "--show", img.to_str().unwrap()]);
+        let setup = dir.path().join("setup");
+        let root = dir.path().join("root");
+        fs::create_dir_all(&setup).unwrap();
+        fs::create_dir_all(&root).unwrap();
+        sh("mount", &[&loopdev, setup.to_str().unwrap()]);
+        slate_host::create_subvolume(&setup, R0).unwrap();
+        let uuid = slate_host::pool_uuid(&setup).unwrap();
+        populate(&setup.join(R0), &uuid);
+        sh("umount", &[setup.to_str().unwrap()]);
+        let env = Env {
+            esp: dir.path().join("esp.img"),
+            dir,
+            loopdev,
+            root,
+            uuid,
+        };
+        env.boot(R0);
+        // The top level stays mounted where the engine mounts it, so the tests can look at
+        // it between commands (the engine reuses a mount it finds, and leaves it).
+        fs::create_dir_all(env.top()).unwrap();
+        sh(
+            "mount",
+            &[
+                "-o",
+                "subvolid=5",
+                &env.loopdev,
+                env.top().to_str().unwrap(),
+            ],
+        );
+        make_esp(&env.esp);
+        env
+    }
+
+    /// Mounts `snapshot` as the running root (what booting it would do).
+    pub fn boot(&self, snapshot: &str) {
+        let _ = Command::new("umount").arg(&self.root).output();
+        sh(
+            "mount",
+            &[
+                "-o",
+                &format!("subvol={snapshot}"),
+                &self.loopdev,
+                self.root.to_str().unwrap(),
+            ],
+        );
+    }
+
+    pub fn top(&self) -> PathBuf {
+        PathBuf::from(format!("/run/slate/btrfs-{}", self.uuid))
+    }
+
+    pub fn pool(&self) -> Pool {
+        Pool::open(&self.root, &self.esp, true).unwrap()
+    }
+
+    pub fn upgrade(
+        &self,
+        change: Change,
+        hour: u64,
+    ) -> Result<UpgradeReport, slate_snapshot_engine::EngineError> {
+        let pool = self.pool();
+        let opts = UpgradeOptions {
+            change,
+            dry_run: false,
+            cmdline: "BOOT_IMAGE=/x root=/dev/sda ro quiet".into(),
+            now: Some(T1 + hour * 3600),
+        };
+        slate_snapshot_engine::upgrade(&pool, &opts, &mut |l| println!("{l}"))
+    }
+
+    pub fn command(
+        &self,
+        cmd: &str,
+        hour: u64,
+    ) -> Result<UpgradeReport, slate_snapshot_engine::EngineError> {
+        self.upgrade(Change::Command(cmd.into()), hour)
+    }
+
+    /// Names of the subvolumes on the top level.
+    pub fn subvolumes(&self) -> Vec<String> {
+        let pool = self.pool();
+        pool.snapshots()
+            .unwrap()
+            .iter()
+            .map(ToString::to_string)
+            .collect()
+    }
+
+    pub fn esp_files(&self, snapshot: &str) -> usize {
+        let disk = FileDisk::open_read_only(&self.esp).unwrap();
+        slate_snapshot::esp::snapshot_files(&disk, &SnapshotName::parse(snapshot).unwrap())
+            .unwrap()
+            .len()
+    }
+
+    pub fn entries(&self) -> Vec<String> {
+        let disk = FileDisk::open_read_only(&self.esp).unwrap();
+        slate_snapshot::esp::scan(&disk)
+            .unwrap()
+            .entries
+            .iter()
+            .map(|e| e.name.file_name().to_owned())
+            .collect()
+    }
+
+    pub fn next_boot(&self) -> Option<String> {
+        let disk = FileDisk::open_read_only(&self.esp).unwrap();
+        slate_snapshot::esp::scan(&disk)
+            .unwrap()
+            .selected()
+            .map(|e| e.name.file_name().to_owned())
+    }
+
+    /// What systemd-boot does at boot: count the attempt on the entry it starts; then mount it.
+    pub fn reboot(&self) -> String {
+        let mut disk = FileDisk::open(&self.esp).unwrap();
+        let started = slate_snapshot::esp::simulate_boot_attempt(&mut disk)
+            .unwrap()
+            .unwrap();
+        self.boot(&started[..R0.len()]);
+        started
+    }
+}
+
+impl Drop for Env {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-R")
+            .arg("-l")
+            .arg(&self.root)
+            .output();
+        let _ = Command::new("umount")
+            .arg("-R")
+            .arg("-l")
+            .arg(self.top())
+            .output();
+        let _ = Command::new("losetup")
+            .arg("-d")
+            .arg(&self.loopdev)
+            .output();
+    }
+}
+
+/// A minimal root: busybox as /bin/sh and /sbin/init, a kernel and initramfs, os-release,
+/// fstab mounting the subvolume, a few files under /usr.
+fn populate(root: &Path, uuid: &str) {
+    for d in [
+        "bin",
+        "sbin",
+        "boot",
+        "etc",
+        "usr/bin",
+        "usr/lib",
+        "usr/share/doc",
+        "proc",
+        "sys",
+        "dev",
+        "tmp",
+    ] {
+        fs::create_dir_all(root.join(d)).unwrap();
+    }
+    fs::copy("/usr/bin/busybox", root.join("bin/busybox")).unwrap();
+    for applet in [
+        "sh", "echo", "rm", "sed", "touch", "sleep", "mkdir", "cat", "mv", "chmod", "false", "true",
+    ] {
+        std::os::unix::fs::symlink("busybox", root.join("bin").join(applet)).unwrap();
+    }
+    std::os::unix::fs::symlink("/bin/busybox", root.join("sbin/init")).unwrap();
+    fs::write(root.join("boot/vmlinuz-6.1.0-1-amd64"), vec![0x4d; 70_000]).unwrap();
+    fs::write(
+        root.join("boot/initrd.img-6.1.0-1-amd64"),
+        vec![0x1f; 30_000],
+    )
+    .unwrap();
+    fs::write(
+        root.join("usr/lib/os-release"),
+        "PRETTY_NAME=\"Test OS 1\"\nID=test\n",
+    )
+    .unwrap();
+    fs::write(root.join("usr/bin/hello"), "#!/bin/sh\necho hello 1\n").unwrap();
+    fs::write(root.join("usr/share/doc/version"), "1\n").unwrap();
+    fs::write(
+        root.join("etc/fstab"),
+        format!(
+            "UUID={uuid} / btrfs rw,subvol=/{R0} 0 0\nUUID={uuid} /home btrfs subvol=@home 0 0\n"
+        ),
+    )
+    .unwrap();
+}
+
+fn make_esp(path: &Path) {
+    let mut disk = FileDisk::create(path, 42 * MIB).unwrap();
+    let layout = DiskLayout {
+        image_id: "snapshot-tests".into(),
+        partitions: vec![PartitionSpec {
+            label: "EFI".into(),
+            type_guid: ESP_TYPE,
+            size: PartitionSize::Bytes(40 * MIB),
+            attributes: 0,
+        }],
+        alignment: MIB,
+        sector_size: 512,
+    };
+    let placed = write_gpt(&mut disk, &layout).unwrap();
+    let p = &placed.partitions[0];
+    fat::format(
+        PartitionView::new(&mut disk, p.start(), p.len()).unwrap(),
+        &EspGeometry::new(p.len(), 512),
+        1,
+        "EFI",
+    )
+    .unwrap();
+    disk.flush().unwrap();
+}

@@ -1,0 +1,64 @@
+//! The Btrfs snapshot engine's decisions, as values (docs/formats.md §12): what an upgrade
+//! names its snapshot, what its boot entry says, the integrity manifest and its HMAC, the
+//! fstab rewrite, validation, pruning, the fallback and the rollback choice; and the ESP
+//! writes (register, bless, rollback, remove) over the [`slate_disk::Disk`] trait, replayed
+//! by the crash matrix. Subvolumes, files and processes are the edge's
+//! (`slate-snapshot-engine`, `slate-host`).
+
+pub mod entry;
+pub mod esp;
+pub mod fstab;
+pub mod manifest;
+mod name;
+pub mod policy;
+pub mod units;
+pub mod validate;
+
+pub use name::{SnapshotName, PREFIX};
+
+/// Why a value was refused or an ESP operation failed.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SnapshotError {
+    #[error("invalid snapshot name {name:?}: {reason}")]
+    InvalidName { name: String, reason: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("manifest line {line}: {reason}")]
+    BadManifest { line: usize, reason: String },
+    #[error("the manifest's HMAC does not match: it was changed, or written under another key")]
+    BadMac,
+    #[error("fstab: {0}")]
+    Fstab(String),
+    #[error("rollback refused: {0}")]
+    NoRollbackTarget(String),
+    #[error("ESP: {0}")]
+    Esp(String),
+}
+
+/// The steps of an upgrade, in order, as `--dry-run` prints them.
+pub fn upgrade_plan(
+    source: &str,
+    new: &SnapshotName,
+    change: &str,
+    entry_file: &str,
+    prune: &[SnapshotName],
+) -> Vec<String> {
+    let pruned = if prune.is_empty() {
+        "nothing to prune".to_owned()
+    } else {
+        prune
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    vec![
+        format!("(1) snapshot {source} -> {new} (writable, copy-on-write)"),
+        format!("(2) upgrade {new}: {change}"),
+        format!("(3) validate {new}: kernel + initramfs in /boot, /sbin/init, fstab root subvol={new}"),
+        format!("(4) register: copy kernel and initramfs to ESP:/{}/, entry loader/entries/{entry_file}", entry::esp_dir(new)),
+        format!("(5) manifest: HMAC-SHA256 over /usr, /boot and the ESP copies -> .slate/manifests/{new}.manifest"),
+        format!("(6) next boot: {entry_file} sorts first (loader.conf default {}); default pattern unchanged", entry::LOADER_DEFAULT),
+        format!("(7) keep fallback {source}; prune: {pruned}"),
+    ]
+}

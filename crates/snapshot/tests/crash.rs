@@ -1,0 +1,205 @@
+//! The crash matrix of the snapshot engine's ESP writes: registration of a new snapshot's
+//! entry, its commit (bless), a rollback and a prune's removal, each replayed over a
+//! fault-injecting disk, power cut at every write and flush (unflushed writes dropped, kept,
+//! torn, scattered). In every state the selection model must start the old or the new root's
+//! entry, and that entry's kernel and initramfs on the ESP must be the snapshot's, byte for byte.
+
+use slate_disk::{CrashPoint, Disk, MemDisk, RecordingDisk};
+use slate_esp::fat::{self, EspGeometry};
+use slate_layout::{write_gpt, DiskLayout, PartitionSize, PartitionSpec, ESP_TYPE, MIB};
+use slate_snapshot::entry::{entry_text, EntrySpec};
+use slate_snapshot::{esp, SnapshotName};
+
+const UUID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
+
+fn snap(i: u32) -> SnapshotName {
+    SnapshotName::parse(&format!("root-2026010{i}-000000")).unwrap()
+}
+
+/// Distinct kernel and initramfs bytes per snapshot, a few clusters each.
+fn files(i: u32) -> (Vec<u8>, Vec<u8>) {
+    let k = (0..20_000u32).map(|b| (b * 7 + i) as u8).collect();
+    let r = (0..9_000u32).map(|b| (b * 13 + i * 3) as u8).collect();
+    (k, r)
+}
+
+fn text(i: u32) -> String {
+    entry_text(&EntrySpec {
+        snapshot: snap(i),
+        pool_uuid: UUID.into(),
+        os_name: "Test OS".into(),
+        extra_options: vec!["quiet".into()],
+    })
+    .unwrap()
+}
+
+fn register(disk: &mut impl Disk, i: u32) {
+    let (k, r) = files(i);
+    esp::register(disk, &snap(i), &k, &r, &text(i), 3).unwrap();
+}
+
+/// A GPT disk with one 40 MiB ESP, FAT32, snapshot 1 registered, booted and blessed.
+fn base() -> MemDisk {
+    let layout = DiskLayout {
+        image_id: "snapshot-crash".into(),
+        partitions: vec![PartitionSpec {
+            label: "EFI".into(),
+            type_guid: ESP_TYPE,
+            size: PartitionSize::Bytes(40 * MIB),
+            attributes: 0,
+        }],
+        alignment: MIB,
+        sector_size: 512,
+    };
+    let mut disk = MemDisk::zeroed(42 * MIB as usize);
+    let placed = write_gpt(&mut disk, &layout).unwrap();
+    let p = &placed.partitions[0];
+    let view = slate_disk::PartitionView::new(&mut disk, p.start(), p.len()).unwrap();
+    fat::format(view, &EspGeometry::new(p.len(), 512), 0x5157_0001, "EFI").unwrap();
+    register(&mut disk, 1);
+    assert_eq!(
+        esp::simulate_boot_attempt(&mut disk).unwrap().as_deref(),
+        Some("root-20260101-000000+2-1.conf")
+    );
+    esp::bless(&mut disk, &snap(1)).unwrap();
+    disk
+}
+
+/// The snapshot whose entry boots, after checking its files are that snapshot's.
+fn check_boots(disk: &MemDisk) -> Result<u32, String> {
+    let scan = esp::scan(disk).map_err(|e| format!("scan: {e}"))?;
+    let found = scan.selected().ok_or("nothing boots")?;
+    let snapshot = found.snapshot.clone().ok_or("a non-snapshot entry boots")?;
+    let i: u32 = snapshot.as_str()[12..13].parse().unwrap();
+    let conf = found.conf.as_ref().ok_or("no entry text")?;
+    if conf != &slate_bootspec::Type1Entry::parse(&text(i)).unwrap() {
+        return Err(format!("{snapshot}: entry text differs"));
+    }
+    let (k, r) = files(i);
+    for (path, want) in [
+        (conf.linux.clone().unwrap(), k),
+        (conf.initrd[0].clone(), r),
+    ] {
+        let got = esp::read_file(disk, path.trim_start_matches('/')).map_err(|e| e.to_string())?;
+        if got.as_deref() != Some(&want[..]) {
+            return Err(format!("{snapshot}: {path} missing or not its own"));
+        }
+    }
+    Ok(i)
+}
+
+fn matrix(what: &str, rec: &RecordingDisk, must_see: &[u32]) -> usize {
+    let points: Vec<CrashPoint> = rec.crash_points(8, 16);
+    let mut failures = Vec::new();
+    let mut seen = Vec::new();
+    for &point in &points {
+        match check_boots(&rec.materialize(point)) {
+            Ok(i) if must_see.contains(&i) => {
+                if !seen.contains(&i) {
+                    seen.push(i)
+                }
+            }
+            Ok(i) => failures.push(format!("{point:?}: snapshot {i} boots")),
+            Err(e) => failures.push(format!("{point:?}: {e}")),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{what}: {} of {} states fail, e.g. {:#?}",
+        failures.len(),
+        points.len(),
+        &failures[..failures.len().min(5)]
+    );
+    for i in must_see {
+        assert!(
+            seen.contains(i),
+            "{what}: snapshot {i} never boots: {seen:?}"
+        );
+    }
+    println!(
+        "{what}: {} crash states ({} ops), boots {seen:?}",
+        points.len(),
+        rec.log().len()
+    );
+    points.len()
+}
+
+#[test]
+fn snapshot_esp_crash_matrix() {
+    let base = base();
+    let mut total = 0;
+
+    let mut rec = RecordingDisk::on(base.clone());
+    register(&mut rec, 2);
+    total += matrix("register", &rec, &[1, 2]);
+
+    let mut upgraded = base.clone();
+    register(&mut upgraded, 2);
+    esp::simulate_boot_attempt(&mut upgraded).unwrap();
+    let mut rec = RecordingDisk::on(upgraded.clone());
+    esp::bless(&mut rec, &snap(2)).unwrap();
+    // Both entries are good after the bless: 2 sorts first and boots.
+    total += matrix("commit", &rec, &[2]);
+
+    let mut committed = upgraded.clone();
+    esp::bless(&mut committed, &snap(2)).unwrap();
+    let mut rec = RecordingDisk::on(committed.clone());
+    let (to, from) = esp::rollback(&mut rec, &snap(1), &snap(2), 3).unwrap();
+    assert_eq!(
+        (to.as_str(), from.as_str()),
+        ("root-20260101-000000+3.conf", "root-20260102-000000+0.conf")
+    );
+    total += matrix("rollback", &rec, &[1, 2]);
+
+    // Pruning snapshot 1 while 2 boots: 2 boots in every state.
+    let mut rec = RecordingDisk::on(committed.clone());
+    esp::remove(&mut rec, &snap(1)).unwrap();
+    total += matrix("prune", &rec, &[2]);
+
+    // A third registration on a disk with two entries, then its three failed tries: the
+    // previous entry boots again.
+    let mut disk = committed;
+    register(&mut disk, 3);
+    for want in ["+2-1", "+1-2", "+0-3"] {
+        let booted = esp::simulate_boot_attempt(&mut disk).unwrap().unwrap();
+        assert_eq!(booted, format!("root-20260103-000000{want}.conf"));
+    }
+    assert_eq!(check_boots(&disk), Ok(2));
+    println!("snapshot ESP crash matrix: {total} crash states checked");
+}
+
+#[test]
+fn removing_the_entry_that_boots_next_is_refused() {
+    let mut disk = base();
+    assert!(esp::remove(&mut disk, &snap(1)).is_err());
+}
+
+#[test]
+fn a_loader_conf_that_would_not_pick_the_new_entry_is_refused_before_writing() {
+    let mut disk = base();
+    {
+        let scan = esp::scan(&disk).unwrap();
+        assert!(scan.loader_conf_present);
+    }
+    // Overwrite loader.conf with a default naming the old entry exactly.
+    let (start, len) = {
+        let parts = slate_layout::partitions(&mut disk).unwrap();
+        (parts[0].start, parts[0].len)
+    };
+    {
+        let view = slate_disk::PartitionView::new(&mut disk, start, len).unwrap();
+        let fs = fat::mount(view, 0).unwrap();
+        fat::write_file_atomically(
+            &fs,
+            "loader/loader.conf",
+            b"default root-20260101-000000.conf\n",
+        )
+        .unwrap();
+        fat::unmount(fs).unwrap();
+    }
+    let before = disk.to_bytes();
+    let (k, r) = files(2);
+    let err = esp::register(&mut disk, &snap(2), &k, &r, &text(2), 3).unwrap_err();
+    assert!(err.to_string().contains("would not start"), "{err}");
+    assert!(disk.to_bytes() == before, "nothing written");
+}
