@@ -66,18 +66,6 @@ fn kexec_uki(version: u32) -> Vec<u8> {
     ])
 }
 
-fn names(boot: &impl Bootloader) -> Vec<String> {
-    let mut names: Vec<String> = boot
-        .status()
-        .unwrap()
-        .entries
-        .into_iter()
-        .map(|e| e.file_name)
-        .collect();
-    names.sort();
-    names
-}
-
 /// v1 committed, v2 upgraded to (on trial, `slate-2+3.efi`), both real PEs.
 fn upgraded() -> SystemdBoot<MemDisk, MemEfiVars> {
     let mut boot = sdboot(running_v1(&kexec_uki(1)));
@@ -99,7 +87,7 @@ fn the_plan_is_the_entry_systemd_boot_would_start_with_its_counted_name() {
         "console=ttyS0 panic=10 slate.entry=slate-2+2-1.efi"
     );
     // Planning writes nothing.
-    assert_eq!(names(&boot), ["slate-1.efi", "slate-2+3.efi"]);
+    assert_eq!(entry_files(&boot), ["slate-1.efi", "slate-2+3.efi"]);
 }
 
 #[test]
@@ -116,7 +104,7 @@ fn counting_the_attempt_is_systemd_boots_rename_and_is_flushed() {
         mode: CutMode::DropUnflushed,
     };
     let mut boot = SystemdBoot::new(rec.materialize(last), vars).with_source_date_epoch(EPOCH);
-    assert_eq!(names(&boot), ["slate-1.efi", "slate-2+2-1.efi"]);
+    assert_eq!(entry_files(&boot), ["slate-1.efi", "slate-2+2-1.efi"]);
     // The same rename systemd-boot makes: a firmware attempt from here goes on counting.
     assert_eq!(
         boot.simulate_boot_attempt().unwrap().as_deref(),
@@ -146,9 +134,9 @@ fn kexec_attempts_spend_the_tries_and_then_the_fallback_is_started() {
     );
     assert!(plan.cmdline.ends_with(" slate.entry=slate-1.efi"));
     assert_eq!(plan.kernel, uki(1, 9000));
-    let before = names(&boot);
+    let before = entry_files(&boot);
     boot.count_kexec_attempt(&plan).unwrap();
-    assert_eq!(names(&boot), before);
+    assert_eq!(entry_files(&boot), before);
 }
 
 #[test]
@@ -165,7 +153,7 @@ fn a_one_shot_or_a_saved_default_refuses_kexec_before_any_write() {
             matches!(&err, BootloaderError::NoKexec(m) if m.contains(why)),
             "{err:?}"
         );
-        assert_eq!(names(&boot), ["slate-1.efi", "slate-2+3.efi"]);
+        assert_eq!(entry_files(&boot), ["slate-1.efi", "slate-2+3.efi"]);
     }
 }
 
@@ -181,7 +169,7 @@ fn a_stale_plan_or_a_forged_name_is_refused_before_any_write() {
     forged.counted = "slate-2+3.efi".into();
     let err = boot.count_kexec_attempt(&forged).unwrap_err();
     assert!(matches!(err, BootloaderError::Invalid(_)), "{err:?}");
-    assert_eq!(names(&boot), ["slate-1.efi", "slate-2+2-1.efi"]);
+    assert_eq!(entry_files(&boot), ["slate-1.efi", "slate-2+2-1.efi"]);
 }
 
 #[test]

@@ -10,6 +10,19 @@ use slate_layout::{LayoutParams, MIB};
 pub const DISK_LEN: usize = 64 * MIB as usize;
 pub const EPOCH: u64 = 1_700_000_000;
 
+/// The UKI file names on the ESP, sorted.
+pub fn entry_files(boot: &impl Bootloader) -> Vec<String> {
+    let mut files: Vec<String> = boot
+        .status()
+        .unwrap()
+        .entries
+        .into_iter()
+        .map(|e| e.file_name)
+        .collect();
+    files.sort();
+    files
+}
+
 /// A fake UKI: reproducible pseudo-random bytes (so a torn or misplaced sector shows).
 pub fn uki(version: u32, len: usize) -> Vec<u8> {
     let mut x = 0x9E37_79B9_7F4A_7C15u64 ^ u64::from(version);
