@@ -8,7 +8,7 @@ mod common;
 use std::fs;
 use std::path::Path;
 
-use slate_imager::{build_rootfs, gen_secureboot_keys, ImagerError, Inputs, OutputKind};
+use slate_imager::{build_rootfs, gen_secureboot_keys, ImagerError, Inputs};
 use slate_profile::image_contract::SECURE_BOOT_DB_PATH;
 
 use common::BASE_PROFILE as BASE;
@@ -30,13 +30,7 @@ fn resolve(dir: &Path, secureboot: &str) -> Result<Inputs, ImagerError> {
         format!("{BASE}[secureboot]\n{secureboot}"),
     )
     .unwrap();
-    Inputs::resolve(
-        &dir.join("profile.toml"),
-        None,
-        &[],
-        OutputKind::Rootfs,
-        1_700_000_000,
-    )
+    common::resolve_rootfs(dir)
 }
 
 #[test]

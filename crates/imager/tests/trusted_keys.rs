@@ -6,10 +6,9 @@
 mod common;
 
 use std::fs;
-use std::path::Path;
 use std::process::Command;
 
-use slate_imager::{build_rootfs, ImagerError, Inputs, OutputKind};
+use slate_imager::{build_rootfs, ImagerError};
 use slate_profile::image_contract::TRUSTED_KEYS_PATH as TRUSTED_KEYS_DIR;
 use slate_trust::{load_trusted_keys, PrivateKey};
 
@@ -33,16 +32,6 @@ fn fixture(keys: &str) -> tempfile::TempDir {
     dir
 }
 
-fn resolve(dir: &Path) -> Result<Inputs, ImagerError> {
-    Inputs::resolve(
-        &dir.join("profile.toml"),
-        None,
-        &[],
-        OutputKind::Rootfs,
-        1_700_000_000,
-    )
-}
-
 #[test]
 fn the_profiles_keys_and_only_they_reach_the_image() {
     let dir = fixture(r#""keys/k2.pub", "keys/k1.pub", "keys/k2.pub""#);
@@ -52,7 +41,7 @@ fn the_profiles_keys_and_only_they_reach_the_image() {
     let old = PrivateKey::from_scalar(&[3; 32]).unwrap().public_key();
     fs::write(stale.join("old.pub"), old.to_pem()).unwrap();
 
-    let inputs = resolve(dir.path()).unwrap();
+    let inputs = common::resolve_rootfs(dir.path()).unwrap();
     assert_eq!(inputs.trusted_keys.len(), 2, "duplicates dropped");
     let image = dir.path().join("root.sqsh");
     fs::write(&image, build_rootfs(&inputs, &mut |_| {}).unwrap()).unwrap();
@@ -97,7 +86,7 @@ fn a_key_that_does_not_parse_is_refused_before_anything_is_built() {
         "-----BEGIN PUBLIC KEY-----\nAAAA\n",
     )
     .unwrap();
-    let err = resolve(dir.path()).unwrap_err().to_string();
+    let err = common::resolve_rootfs(dir.path()).unwrap_err().to_string();
     assert!(err.starts_with("trust.keys: the public key "), "{err}");
     assert!(
         err.contains("bad.pub: not an SPKI PEM P-256 public key"),
@@ -109,9 +98,9 @@ fn a_key_that_does_not_parse_is_refused_before_anything_is_built() {
         PrivateKey::from_scalar(&[1; 32]).unwrap().to_pem(),
     )
     .unwrap();
-    assert!(resolve(dir.path()).is_err());
+    assert!(common::resolve_rootfs(dir.path()).is_err());
     fs::remove_file(dir.path().join("keys/bad.pub")).unwrap();
-    let err = resolve(dir.path()).unwrap_err();
+    let err = common::resolve_rootfs(dir.path()).unwrap_err();
     assert!(
         matches!(
             err,

@@ -1,5 +1,10 @@
+#![allow(dead_code)] // each test binary uses a part
 //! What the imager's tests share: the smallest profile a rootfs build accepts (its inputs are
-//! made up; a rootfs build reads only `[rootfs] base`).
+//! made up; a rootfs build reads only `[rootfs] base`), and resolving `dir/profile.toml` for one.
+
+use std::path::Path;
+
+use slate_imager::{ImagerError, Inputs, OutputKind};
 
 pub const BASE_PROFILE: &str = r#"name = "slate"
 version = "1.0.0"
@@ -16,3 +21,14 @@ stub = "stub.efi"
 systemd_boot = "sd.efi"
 slate = "slate"
 "#;
+
+/// `dir/profile.toml` resolved for a rootfs build at a fixed `SOURCE_DATE_EPOCH`.
+pub fn resolve_rootfs(dir: &Path) -> Result<Inputs, ImagerError> {
+    Inputs::resolve(
+        &dir.join("profile.toml"),
+        None,
+        &[],
+        OutputKind::Rootfs,
+        1_700_000_000,
+    )
+}
