@@ -5,7 +5,10 @@
 
 use libfuzzer_sys::fuzz_target;
 use serde::{de::DeserializeOwned, Serialize};
-use slate_api::{ApplyConfigRequest, PinRequest, RebootRequest, RollbackRequest, UpgradeRequest};
+use slate_api::{
+    ApplyConfigRequest, PinRequest, RebootRequest, RollbackRequest, SnapshotUpgradeRequest,
+    UpgradeRequest,
+};
 
 fn round_trip<T: DeserializeOwned + Serialize + PartialEq + std::fmt::Debug>(data: &[u8]) {
     if let Ok(value) = serde_json::from_slice::<T>(data) {
@@ -21,5 +24,6 @@ fuzz_target!(|data: &[u8]| {
     round_trip::<RebootRequest>(data);
     round_trip::<RollbackRequest>(data);
     round_trip::<PinRequest>(data);
+    round_trip::<SnapshotUpgradeRequest>(data);
     round_trip::<ApplyConfigRequest>(data);
 });

@@ -1,6 +1,7 @@
 //! `xtask base-rootfs`: a minimal root filesystem directory for VM images: Debian's static
-//! busybox with applet symlinks, `/etc/os-release`, the mount-point directories, and
-//! optionally the `slate` binary at `/usr/bin/slate`.
+//! busybox with applet symlinks, e2fsprogs' `mke2fs`, `e2fsck` and `tune2fs` with the shared
+//! libraries they need, `/etc/os-release`, the mount-point directories, and optionally the
+//! `slate` binary at `/usr/bin/slate`.
 //!
 //! Deterministic: the same busybox package, version and slate binary give the same tree
 //! (names, contents, modes, link targets); timestamps are not meaningful because the squashfs
@@ -46,7 +47,6 @@ const APPLETS: &[&str] = &[
     "ls",
     "lsmod",
     "mkdir",
-    "mke2fs",
     "mknod",
     "modprobe",
     "mount",
@@ -84,6 +84,11 @@ const DIRS: &[(&str, u32)] = &[
     ("bin", 0o755),
     ("dev", 0o755),
     ("etc", 0o755),
+    // e2fsprogs' shared libraries and the dynamic loader (Debian's multiarch paths, which the
+    // loader searches without an ld.so.cache).
+    ("lib", 0o755),
+    ("lib/x86_64-linux-gnu", 0o755),
+    ("lib64", 0o755),
     ("mnt", 0o755),
     ("proc", 0o555),
     ("root", 0o700),
@@ -138,6 +143,10 @@ pub fn base_rootfs(
     let available: Vec<&str> = available.lines().collect();
     for applet in APPLETS {
         ensure!(
+            !E2FSPROGS.contains(applet),
+            "busybox's {applet} would shadow e2fsprogs' (it makes ext2 without a journal)"
+        );
+        ensure!(
             available.contains(applet),
             "busybox at {} has no applet {applet}",
             busybox.display()
@@ -145,6 +154,8 @@ pub fn base_rootfs(
         symlink("busybox", out.join("bin").join(applet))
             .with_context(|| format!("linking /bin/{applet}"))?;
     }
+
+    let e2fsprogs_bytes = install_e2fsprogs(out)?;
 
     let os_release = format!(
         "NAME=slate\nID=slate\nVERSION=\"{version}\"\nVERSION_ID=\"{version}\"\n\
@@ -165,6 +176,12 @@ pub fn base_rootfs(
     fs::write(udhcpc.join("default.script"), UDHCPC_SCRIPT).context("writing default.script")?;
     set_mode(&udhcpc.join("default.script"), 0o755)?;
 
+    // A file a profile's health check can name (`file = "/usr/lib/slate/healthy"`): present
+    // in every demo root, so a root that lost it fails its check.
+    let healthy = out.join("usr/lib/slate/healthy");
+    fs::write(&healthy, "").context("writing /usr/lib/slate/healthy")?;
+    set_mode(&healthy, 0o644)?;
+
     for (name, script) in SETUP_HOOKS {
         let hook = out.join("usr/lib/slate/setup.d").join(name);
         fs::write(&hook, script).with_context(|| format!("writing setup hook {name}"))?;
@@ -182,9 +199,12 @@ pub fn base_rootfs(
         println!("  /usr/bin/slate from {}", slate.display());
     }
     println!(
-        "base rootfs at {} (version {version}, busybox with {} applets)",
+        "base rootfs at {} (version {version}, busybox with {} applets, {} with their \
+         libraries: {} KiB)",
         out.display(),
-        APPLETS.len()
+        APPLETS.len(),
+        E2FSPROGS.join(", "),
+        e2fsprogs_bytes / 1024
     );
     Ok(())
 }
@@ -275,4 +295,137 @@ fn busybox_binary() -> Result<PathBuf> {
         util::write_atomic(&stamp, &stamp_text)?;
     }
     Ok(binary)
+}
+
+/// e2fsprogs' programs in `/bin` (= `/sbin`): machined formats STATE and EPHEMERAL as journaled
+/// ext4 with `mke2fs`, checks them with `e2fsck -p` before each mount, and adds a journal to an
+/// older node's ext2 with `tune2fs -j` (docs/node.md, "Volumes"). Debian has no static build of
+/// mke2fs, so they are Debian's dynamically linked ones with the libraries below.
+const E2FSPROGS: &[&str] = &["mke2fs", "e2fsck", "tune2fs"];
+
+/// The Debian packages that hold them, their shared libraries and the dynamic loader.
+const E2FSPROGS_PACKAGES: &[&str] = &[
+    "e2fsprogs",
+    "libext2fs2",
+    "libcom-err2",
+    "libblkid1",
+    "libuuid1",
+    "libc6",
+];
+
+/// Their `DT_NEEDED` closure (checked below with the loader's `--list`).
+const E2FSPROGS_LIBS: &[&str] = &[
+    "libext2fs.so.2",
+    "libe2p.so.2",
+    "libcom_err.so.2",
+    "libblkid.so.1",
+    "libuuid.so.1",
+    "libc.so.6",
+];
+
+/// The program interpreter the binaries name: `/lib64/ld-linux-x86-64.so.2`.
+const LOADER: &str = "ld-linux-x86-64.so.2";
+
+/// Copy e2fsprogs' programs, `/etc/mke2fs.conf` (so the node's `-t ext4` means what the
+/// build host's does), the libraries and the loader into `out`, then check with the copied
+/// loader that every library resolves inside `out`. Returns the bytes added.
+fn install_e2fsprogs(out: &Path) -> Result<u64> {
+    let trees = e2fsprogs_trees()?;
+    let find = |dirs: &[&str], name: &str| -> Result<PathBuf> {
+        trees
+            .iter()
+            .flat_map(|tree| {
+                dirs.iter()
+                    .map(move |dir| (tree, Path::new(dir).join(name)))
+            })
+            .find_map(|(tree, rel)| resolve_in(tree, &rel))
+            .with_context(|| format!("no {name} in the unpacked {E2FSPROGS_PACKAGES:?}"))
+    };
+    let mut bytes = 0;
+    let mut copy = |from: &Path, to: &Path, mode: u32| -> Result<()> {
+        fs::copy(from, to)
+            .with_context(|| format!("copying {} to {}", from.display(), to.display()))?;
+        set_mode(to, mode)?;
+        bytes += fs::metadata(to)?.len();
+        Ok(())
+    };
+    for program in E2FSPROGS {
+        let from = find(&["sbin", "usr/sbin"], program)?;
+        copy(&from, &out.join("bin").join(program), 0o755)?;
+    }
+    copy(
+        &find(&["etc"], "mke2fs.conf")?,
+        &out.join("etc/mke2fs.conf"),
+        0o644,
+    )?;
+    let libdir = out.join("lib/x86_64-linux-gnu");
+    let lib_dirs = ["lib/x86_64-linux-gnu", "usr/lib/x86_64-linux-gnu"];
+    for lib in E2FSPROGS_LIBS.iter().chain([&LOADER]) {
+        copy(&find(&lib_dirs, lib)?, &libdir.join(lib), 0o755)?;
+    }
+    symlink(
+        format!("../lib/x86_64-linux-gnu/{LOADER}"),
+        out.join("lib64").join(LOADER),
+    )
+    .context("linking /lib64/ld-linux-x86-64.so.2")?;
+    // Every library each program needs resolves to a copy in `out` (a missing one would fall
+    // back to the build host's and pass unnoticed).
+    let out_abs = fs::canonicalize(out)?;
+    for program in E2FSPROGS {
+        let list = output(
+            Command::new(libdir.join(LOADER))
+                .arg("--library-path")
+                .arg(out_abs.join("lib/x86_64-linux-gnu"))
+                .arg("--list")
+                .arg(out.join("bin").join(program)),
+        )?;
+        for line in list.lines().filter(|l| l.contains("=>")) {
+            let target = line.split("=>").nth(1).unwrap_or("").trim();
+            ensure!(
+                target.starts_with(out_abs.to_string_lossy().as_ref()),
+                "{program} needs a library the root lacks: {}",
+                line.trim()
+            );
+        }
+    }
+    Ok(bytes)
+}
+
+/// `rel` inside the unpacked tree `tree`, following symlinks inside it (an absolute link
+/// target is taken relative to `tree`, as it would be in the image); `None` if absent.
+fn resolve_in(tree: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut path = tree.join(rel);
+    for _ in 0..8 {
+        let meta = fs::symlink_metadata(&path).ok()?;
+        if !meta.file_type().is_symlink() {
+            return meta.is_file().then_some(path);
+        }
+        let target = fs::read_link(&path).ok()?;
+        path = match target.strip_prefix("/") {
+            Ok(absolute) => tree.join(absolute),
+            Err(_) => path.parent()?.join(target),
+        };
+    }
+    None
+}
+
+/// [`E2FSPROGS_PACKAGES`] at apt's candidate versions, each unpacked once into
+/// `<repo>/.cache/e2fsprogs/<package>/` (re-unpacked when a candidate version changes).
+fn e2fsprogs_trees() -> Result<Vec<PathBuf>> {
+    let cache = util::repo_root().join(".cache/e2fsprogs");
+    let mut trees = Vec::new();
+    for package in E2FSPROGS_PACKAGES {
+        let version = util::candidate_version(package)?;
+        let tree = cache.join(package);
+        let stamp = cache.join(format!("{package}.STAMP"));
+        let stamp_text = format!("{package} {version}\n");
+        if !(fs::read_to_string(&stamp).is_ok_and(|s| s == stamp_text) && tree.is_dir()) {
+            println!("unpacking {package} {version}");
+            let deb = util::download_deb(package, &version, &cache.join("debs"))?;
+            util::unpack_deb(&deb, &tree)?;
+            util::write_atomic(&stamp, &stamp_text)?;
+        }
+        trees.push(tree);
+    }
+    Ok(trees)
 }

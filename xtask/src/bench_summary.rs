@@ -19,7 +19,7 @@ use crate::util::{output, repo_root, write_atomic};
 pub const OPERATOR_NODES: usize = 2_000;
 
 /// Every benchmark, by the name `xtask bench` takes, in the order it runs them.
-const ALL: [&str; 7] = [
+const ALL: [&str; 8] = [
     "rootfs",
     "apply",
     "pull",
@@ -27,6 +27,7 @@ const ALL: [&str; 7] = [
     "reboot",
     "fleetlock",
     "operator",
+    "snapshot",
 ];
 
 fn run_one(name: &str, operator_nodes: usize) -> Result<Vec<Comparison>> {
@@ -39,6 +40,7 @@ fn run_one(name: &str, operator_nodes: usize) -> Result<Vec<Comparison>> {
         // The 1,000-id series: the 10,000-id ones add minutes and say the same.
         "fleetlock" => crate::bench_fleetlock::bench_fleetlock(true),
         "operator" => crate::bench_operator::bench_operator(operator_nodes),
+        "snapshot" => crate::bench_snapshot::bench_snapshot(None),
         _ => bail!("no benchmark {name}: one of {}", ALL.join(", ")),
     }
 }

@@ -13,6 +13,7 @@ mod bench_operator;
 mod bench_pull;
 mod bench_reboot;
 mod bench_rootfs;
+mod bench_snapshot;
 mod bench_summary;
 mod kernel;
 mod registry;
@@ -93,10 +94,18 @@ enum Task {
         #[arg(long, default_value_t = 10_000)]
         nodes: usize,
     },
+    /// Benchmark: `slate snapshot upgrade --command CMD` vs CMD chrooted on a copy of the root
+    /// (a loop-mounted Btrfs pool; root), and the bytes a snapshot adds for a one-file change.
+    BenchSnapshot {
+        /// Measure this slate binary and skip the preparation (without: `xtask vm-prep`).
+        #[arg(long)]
+        slate: Option<PathBuf>,
+    },
     /// Every benchmark (or those named), each side measured 3 times; writes
     /// target/bench/summary-<commit>.json and target/bench/latest.json.
     Bench {
-        /// rootfs, apply, pull, boot, reboot, fleetlock, operator (all when none is named).
+        /// rootfs, apply, pull, boot, reboot, fleetlock, operator, snapshot (all when none is
+        /// named).
         only: Vec<String>,
         /// Simulated nodes for the operator benchmark.
         #[arg(long, default_value_t = bench_summary::OPERATOR_NODES)]
@@ -124,6 +133,7 @@ fn main() -> Result<()> {
         Task::BenchApply => bench_apply::bench_apply().map(drop),
         Task::BenchFleetlock { quick } => bench_fleetlock::bench_fleetlock(quick).map(drop),
         Task::BenchOperator { nodes } => bench_operator::bench_operator(nodes).map(drop),
+        Task::BenchSnapshot { slate } => bench_snapshot::bench_snapshot(slate.as_deref()).map(drop),
         Task::Bench {
             only,
             operator_nodes,

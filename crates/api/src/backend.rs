@@ -60,6 +60,14 @@ pub trait NodeBackend: Send + Sync {
     fn status(&self) -> Status;
     /// `POST /v1/reboot` (operator).
     fn reboot(&self, mode: RebootMode) -> Result<(), BackendError>;
+    /// `POST /v1/reboot` with `entry` (admin): `entry` boots next, once (systemd-boot's
+    /// `LoaderEntryOneShot`), then the default again.
+    fn reboot_once_into(&self, entry: &str, mode: RebootMode) -> Result<(), BackendError> {
+        let _ = (entry, mode);
+        Err(BackendError::Unsupported(
+            "this node cannot boot an entry once".into(),
+        ))
+    }
     /// `POST /v1/reset` (admin).
     fn reset(&self) -> Result<(), BackendError>;
     /// `POST /v1/shutdown` (operator): the Shutdown sequence, then power off.
@@ -121,6 +129,25 @@ pub trait NodeBackend: Send + Sync {
     fn image_summary(&self) -> Result<serde_json::Value, BackendError> {
         Err(BackendError::Unsupported(
             "this node cannot describe its running image".into(),
+        ))
+    }
+    /// `GET /v1/snapshots` (reader): a snapshot root's snapshots, entries, running, fallback
+    /// and next (`slate_snapshot_engine::Listing` as JSON).
+    fn snapshot_list(&self) -> Result<serde_json::Value, BackendError> {
+        Err(BackendError::Unsupported(
+            "this node's root is not a Btrfs snapshot".into(),
+        ))
+    }
+    /// `POST /v1/snapshots/upgrade` (admin): snapshot the root, run the command in the new
+    /// snapshot, validate and register it to boot next on trial; the engine's report, with the
+    /// lines it logged. With `reboot`, the node reboots after answering.
+    fn snapshot_upgrade(
+        &self,
+        req: crate::SnapshotUpgradeRequest,
+    ) -> Result<serde_json::Value, BackendError> {
+        let _ = req;
+        Err(BackendError::Unsupported(
+            "this node's root is not a Btrfs snapshot".into(),
         ))
     }
     /// `GET /v1/events`: a new subscription; see [`EventStream`] for the contract.

@@ -201,7 +201,18 @@ impl Client {
 
     /// `POST /v1/reboot` (operator).
     pub fn reboot(&self, mode: RebootMode) -> Result<(), ClientError> {
-        self.unary::<serde_json::Value, _>(Endpoint::Reboot, Some(&RebootRequest { mode }))
+        let req = RebootRequest { mode, entry: None };
+        self.unary::<serde_json::Value, _>(Endpoint::Reboot, Some(&req))
+            .map(drop)
+    }
+
+    /// `POST /v1/reboot` with an entry (admin): that entry boots once, then the default again.
+    pub fn reboot_once_into(&self, entry: &str, mode: RebootMode) -> Result<(), ClientError> {
+        let req = RebootRequest {
+            mode,
+            entry: Some(entry.to_owned()),
+        };
+        self.unary::<serde_json::Value, _>(Endpoint::Reboot, Some(&req))
             .map(drop)
     }
 
@@ -231,6 +242,19 @@ impl Client {
     /// `POST /v1/rollback` (admin): what boots next; the node then reboots (not on a dry run).
     pub fn rollback(&self, req: &RollbackRequest) -> Result<RollbackResult, ClientError> {
         self.unary(Endpoint::Rollback, Some(req))
+    }
+
+    /// `GET /v1/snapshots` (reader): a snapshot root's listing, as JSON.
+    pub fn snapshots(&self) -> Result<serde_json::Value, ClientError> {
+        self.unary(Endpoint::SnapshotList, None::<&()>)
+    }
+
+    /// `POST /v1/snapshots/upgrade` (admin): the engine's report, as JSON.
+    pub fn snapshot_upgrade(
+        &self,
+        req: &crate::SnapshotUpgradeRequest,
+    ) -> Result<serde_json::Value, ClientError> {
+        self.unary(Endpoint::SnapshotUpgrade, Some(req))
     }
 
     /// `GET /v1/boot` (reader): the node's boot entries and its next boot, as JSON.

@@ -21,7 +21,7 @@ use crate::pace::Paced;
 use crate::routes::{self, Endpoint, Route, ROUTES};
 use crate::types::{
     Accepted, ApplyConfigRequest, ErrorCode, Event, PinRequest, RebootRequest, Role,
-    RollbackRequest, UpgradeRequest,
+    RollbackRequest, SnapshotUpgradeRequest, UpgradeRequest,
 };
 use crate::upload::{upload_room, ChannelReader, MAX_UPLOAD_BYTES, UPLOAD_CHANNEL};
 
@@ -128,6 +128,19 @@ async fn dispatch(
         Endpoint::Version => reply(call(node, |b| Ok(b.version())).await),
         Endpoint::Status => reply(call(node, |b| Ok(b.status())).await),
         Endpoint::Reboot => match read_json::<RebootRequest>(req, true, MAX_REQUEST_BODY).await {
+            Ok(RebootRequest { entry: Some(_), .. }) if role < Role::Admin => Reject::new(
+                StatusCode::FORBIDDEN,
+                ErrorCode::PermissionDenied,
+                "a reboot into a named entry requires role admin",
+            )
+            .into_response(),
+            Ok(RebootRequest {
+                mode,
+                entry: Some(entry),
+            }) => accepted(
+                "reboot",
+                call(node, move |b| b.reboot_once_into(&entry, mode)).await,
+            ),
             Ok(body) => accepted("reboot", call(node, move |b| b.reboot(body.mode)).await),
             Err(reject) => reject.into_response(),
         },
@@ -167,6 +180,13 @@ async fn dispatch(
         Endpoint::ShowConfig => reply(call(node, |b| b.show_config()).await),
         Endpoint::BootExplain => reply(call(node, |b| b.boot_explain()).await),
         Endpoint::ImageSummary => reply(call(node, |b| b.image_summary()).await),
+        Endpoint::SnapshotList => reply(call(node, |b| b.snapshot_list()).await),
+        Endpoint::SnapshotUpgrade => {
+            match read_json::<SnapshotUpgradeRequest>(req, false, MAX_REQUEST_BODY).await {
+                Ok(body) => reply(call(node, move |b| b.snapshot_upgrade(body)).await),
+                Err(reject) => reject.into_response(),
+            }
+        }
         Endpoint::ApplyConfig => {
             match read_json::<ApplyConfigRequest>(req, false, MAX_CONFIG_BODY).await {
                 Ok(body) => reply(call(node, move |b| b.apply_config(body)).await),

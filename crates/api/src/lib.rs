@@ -80,7 +80,7 @@ pub use service::{serve_service, spawn_service, JsonService, ServiceRoute, MAX_S
 pub use types::{
     Accepted, AgentStatus, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, ConfigView,
     ErrorCode, Event, EventKind, Failure, Mode, PinRequest, PinResult, RebootMode, RebootRequest,
-    Role, RollbackRecord, RollbackRequest, RollbackResult, SecureBootStatus, Stage, Status,
-    UpgradeRequest, UploadedBundle, VersionInfo,
+    Role, RollbackRecord, RollbackRequest, RollbackResult, SecureBootStatus,
+    SnapshotUpgradeRequest, Stage, Status, UpgradeRequest, UploadedBundle, VersionInfo,
 };
 pub use upload::{upload_room, MAX_UPLOAD_BYTES};

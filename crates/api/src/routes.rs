@@ -22,6 +22,8 @@ pub enum Endpoint {
     ApplyConfig,
     BootExplain,
     ImageSummary,
+    SnapshotList,
+    SnapshotUpgrade,
 }
 
 /// One route: method, path and the least role allowed to call it.
@@ -70,6 +72,15 @@ pub const ROUTES: &[Route] = &[
     // Reader: what the running image holds is what its bundle holds, nothing of the node's
     // own; the work it costs (reading and hashing the booted UKI) runs one at a time.
     route("GET", "/v1/image", Role::Reader, Endpoint::ImageSummary),
+    // A Btrfs snapshot root's snapshots and boot entries.
+    route("GET", "/v1/snapshots", Role::Reader, Endpoint::SnapshotList),
+    // Admin: the command runs as root in the new snapshot, whatever it is.
+    route(
+        "POST",
+        "/v1/snapshots/upgrade",
+        Role::Admin,
+        Endpoint::SnapshotUpgrade,
+    ),
 ];
 
 /// What a node in maintenance mode (no machine configuration yet) serves, to a client that

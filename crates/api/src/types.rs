@@ -269,11 +269,15 @@ pub struct ConfigView {
 }
 
 /// `POST /v1/reboot` body. An empty body means `{"mode":"default"}`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RebootRequest {
     #[serde(default)]
     pub mode: RebootMode,
+    /// Boot this entry (a systemd-boot entry ID such as `slate-1.0.0.efi`) for the next boot
+    /// only, through `LoaderEntryOneShot` (admin: it may start an older version).
+    #[serde(default)]
+    pub entry: Option<String>,
 }
 
 /// `POST /v1/rollback` body (admin). An empty body means a rollback with the defaults.
@@ -289,6 +293,20 @@ pub struct RollbackRequest {
     pub tries: Option<u32>,
     #[serde(default)]
     pub reboot_mode: RebootMode,
+}
+
+/// `POST /v1/snapshots/upgrade` body (admin): the seed's `upgrade --command` on a node whose
+/// root is a Btrfs snapshot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotUpgradeRequest {
+    /// Run with `/bin/sh -c` chrooted in the new snapshot (with /proc, /sys, /dev bound).
+    pub command: String,
+    /// Reboot into the new snapshot after answering.
+    #[serde(default)]
+    pub reboot: bool,
+    #[serde(default)]
+    pub dry_run: bool,
 }
 
 /// `POST /v1/pins` body (admin): pin or unpin one version.

@@ -49,6 +49,32 @@ fn reader_may_not_reboot_operator_may() {
 }
 
 #[test]
+fn a_reboot_into_a_named_entry_is_for_admins() {
+    let fake = Arc::new(Fake::default());
+    let (dir, server) = start(fake.clone());
+    for role in [Role::Reader, Role::Operator] {
+        let err = client(&dir, &server, role)
+            .reboot_once_into("slate-1.0.0.efi", RebootMode::Default)
+            .unwrap_err();
+        // The reader is refused by the route, the operator by the field.
+        assert!(
+            matches!(&err, ClientError::PermissionDenied(m)
+                if m.contains(if role == Role::Reader { "operator" } else { "requires role admin" })),
+            "{role}: {err}"
+        );
+    }
+    client(&dir, &server, Role::Admin)
+        .reboot_once_into("slate-1.0.0.efi", RebootMode::Powercycle)
+        .unwrap();
+    assert_eq!(
+        *fake.reboots_once.lock().unwrap(),
+        [("slate-1.0.0.efi".to_owned(), RebootMode::Powercycle)]
+    );
+    assert!(fake.reboots.lock().unwrap().is_empty());
+    server.shutdown().unwrap();
+}
+
+#[test]
 fn shutdown_is_for_operators_and_answers_locked_while_a_sequence_runs() {
     let fake = Arc::new(Fake::default());
     let (dir, server) = start(fake.clone());

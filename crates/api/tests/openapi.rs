@@ -181,6 +181,17 @@ fn schemas_match_the_types() {
         dry_run: false,
     };
     check_object(&spec, "PinResult", &pinned, &pinned);
+    let snapshot_upgrade = slate_api::SnapshotUpgradeRequest {
+        command: "true".into(),
+        reboot: true,
+        dry_run: false,
+    };
+    let s = schema(&spec, "SnapshotUpgradeRequest");
+    assert_eq!(property_names(s), json_keys(&snapshot_upgrade));
+    assert_eq!(
+        strings(&s["required"]),
+        BTreeSet::from(["command".to_owned()])
+    );
     let pin = slate_api::PinRequest {
         version: "1.0.0".into(),
         pin: false,
@@ -317,12 +328,20 @@ fn schemas_match_the_types() {
     assert_eq!(codes, json_strings(ErrorCode::ALL));
     let operations = strings(&schema(&spec, "Accepted")["properties"]["operation"]["enum"]);
     // Every POST answers 202 Accepted, except the upload, which answers what it received, the
-    // configuration and the rollback, which answer what they did.
+    // configuration, the rollback, the pins and the snapshot upgrade, which answer what they
+    // did.
     let mutating: BTreeSet<_> = ROUTES
         .iter()
         .filter(|r| {
             r.method == "POST"
-                && !["/v1/bundles", "/v1/config", "/v1/rollback", "/v1/pins"].contains(&r.path)
+                && ![
+                    "/v1/bundles",
+                    "/v1/config",
+                    "/v1/rollback",
+                    "/v1/pins",
+                    "/v1/snapshots/upgrade",
+                ]
+                .contains(&r.path)
         })
         .map(|r| r.path.trim_start_matches("/v1/").to_owned())
         .collect();

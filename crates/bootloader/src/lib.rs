@@ -234,6 +234,11 @@ pub trait Bootloader {
     /// is longer than `limit` bytes (pure read; `slate upgrade --check` reads the booted one).
     /// GRUB refuses: its slots hold a kernel, an initramfs and a command line, not a UKI.
     fn read_uki(&self, reference: &str, limit: u64) -> Result<Vec<u8>, BootloaderError>;
+    /// The entry `reference` names boots next, once (systemd-boot: `LoaderEntryOneShot`);
+    /// refused before any write when it is not there, is marked bad, or an upgrade's trial
+    /// boot comes next. Returns the entry's ID. GRUB refuses: its `next_entry` is the
+    /// upgrade transaction's.
+    fn boot_once(&mut self, reference: &str) -> Result<String, BootloaderError>;
 }
 
 /// Which boot loader a slate disk was installed with.

@@ -26,8 +26,9 @@ mod teardown;
 mod watchdog;
 
 pub use block::{
-    filesystem_signature, find_partition_by_label, format_ext, is_blank, uevent_value,
-    BlockPartition,
+    add_ext_journal, check_ext, device_ext_has_journal, disk_of_partition, ext_has_journal,
+    filesystem_identity, filesystem_signature, find_filesystem_by_uuid, find_partition_by_label,
+    format_ext, is_blank, uevent_value, BlockPartition, FsIdentity, FsckOutcome, IDENTITY_HEAD_LEN,
 };
 pub use btrfs::{
     child_subvolumes, create_subvolume, delete_subvolume, is_btrfs, is_subvolume, pool_uuid,
@@ -36,8 +37,8 @@ pub use btrfs::{
 pub use chroot::{spawn_chrooted, ApiMounts};
 pub use cmdline::{cmdline_value, kernel_cmdline};
 pub use efivars::{
-    loader_var_path, mount_efivarfs, read_global_u8, read_loader_string, EFI_GLOBAL_GUID,
-    LOADER_GUID,
+    loader_var_path, mount_efivarfs, read_global_u8, read_loader_string, remove_loader_var,
+    remove_var_file, write_loader_string, write_var_file, EFI_GLOBAL_GUID, LOADER_GUID,
 };
 pub use error::{HostError, Result};
 pub use kexec::{
@@ -46,7 +47,7 @@ pub use kexec::{
 };
 pub use kmsg::{disable_kmsg_ratelimit, KmsgLogger, Level};
 pub use kmsg_read::{format_kmsg_record, kernel_log, KernelLog};
-pub use loopdev::{attach_loop_read_only, detach_loop};
+pub use loopdev::{attach_loop_read_only, attach_loop_window, detach_loop};
 pub use mount::{
     is_mount_point, mount, mount_overlay, mount_overlay_read_only, mount_pseudo_filesystems,
     move_mount, overlay_lowerdir_option, overlay_writable_options, switch_root, unmount, MsFlags,

@@ -1,5 +1,6 @@
 //! Loop devices: exposing an image file (the root squashfs, an extension) as a read-only block
-//! device that a filesystem can be mounted from.
+//! device that a filesystem can be mounted from; and, for the imager and the installer, a
+//! writable window of an image or disk (a Btrfs pool being built or configured).
 
 use std::fs::{File, OpenOptions};
 use std::io::ErrorKind;
@@ -112,6 +113,57 @@ pub fn attach_loop_read_only(image: &Path) -> Result<PathBuf> {
         path: image.to_path_buf(),
         source,
     })?;
+    attach_free(image, &backing, Window::READ_ONLY)
+}
+
+/// Attaches bytes `offset .. offset + len` of `image` (a file or a whole disk; `len` 0: to its
+/// end) to a free loop device, read-write unless `read_only`, and returns the device path: a
+/// partition of a disk image mounted without a partition table scan. Needs `LOOP_CONFIGURE`
+/// (Linux 5.8): older kernels have no way to set the window in the same step, and a device
+/// briefly showing the whole disk is not something to mount.
+pub fn attach_loop_window(image: &Path, offset: u64, len: u64, read_only: bool) -> Result<PathBuf> {
+    let backing = OpenOptions::new()
+        .read(true)
+        .write(!read_only)
+        .open(image)
+        .map_err(|source| HostError::Open {
+            path: image.to_path_buf(),
+            source,
+        })?;
+    attach_free(
+        image,
+        &backing,
+        Window {
+            offset,
+            len,
+            flags: if read_only {
+                sys::LO_FLAGS_READ_ONLY
+            } else {
+                0
+            },
+        },
+    )
+}
+
+/// Where in the backing file a loop device looks, and its flags.
+#[derive(Debug, Clone, Copy)]
+struct Window {
+    offset: u64,
+    /// 0: to the end of the backing file.
+    len: u64,
+    flags: u32,
+}
+
+impl Window {
+    const READ_ONLY: Window = Window {
+        offset: 0,
+        len: 0,
+        flags: sys::LO_FLAGS_READ_ONLY,
+    };
+}
+
+fn attach_free(image: &Path, backing: &File, window: Window) -> Result<PathBuf> {
+    let read_only = window.flags & sys::LO_FLAGS_READ_ONLY != 0;
     let control = open_waiting(Path::new(LOOP_CONTROL))?;
     for _ in 0..ATTACH_ATTEMPTS {
         let n = sys::get_free(&control).map_err(|source| HostError::Loop {
@@ -121,13 +173,21 @@ pub fn attach_loop_read_only(image: &Path) -> Result<PathBuf> {
         })?;
         let device = PathBuf::from(format!("/dev/loop{n}"));
         let opened = open_waiting(&device)?;
-        match attach(&opened, &backing, image) {
+        match attach(&opened, backing, image, window) {
             Ok(()) => return Ok(device),
             // Another process attached this device between GET_FREE and our ioctl: ask again.
             Err(Errno::EBUSY) => continue,
             Err(source) => {
                 return Err(HostError::Loop {
-                    op: format!("attach {} read-only", image.display()),
+                    op: format!(
+                        "attach {} {}",
+                        image.display(),
+                        if read_only {
+                            format!("bytes {}+{} read-only", window.offset, window.len)
+                        } else {
+                            format!("bytes {}+{}", window.offset, window.len)
+                        }
+                    ),
                     device,
                     source,
                 })
@@ -153,7 +213,7 @@ pub fn detach_loop(device: &Path) -> Result<()> {
     })
 }
 
-fn attach(device: &File, backing: &File, image: &Path) -> nix::Result<()> {
+fn attach(device: &File, backing: &File, image: &Path, window: Window) -> nix::Result<()> {
     let mut name = [0u8; sys::LO_NAME_SIZE];
     // Shown by `losetup -l`; truncated, and NUL-terminated by the zeroed last byte.
     let bytes = image.as_os_str().as_bytes();
@@ -166,12 +226,12 @@ fn attach(device: &File, backing: &File, image: &Path) -> nix::Result<()> {
             lo_device: 0,
             lo_inode: 0,
             lo_rdevice: 0,
-            lo_offset: 0,
-            lo_sizelimit: 0,
+            lo_offset: window.offset,
+            lo_sizelimit: window.len,
             lo_number: 0,
             lo_encrypt_type: 0,
             lo_encrypt_key_size: 0,
-            lo_flags: sys::LO_FLAGS_READ_ONLY,
+            lo_flags: window.flags,
             lo_file_name: name,
             lo_crypt_name: [0; sys::LO_NAME_SIZE],
             lo_encrypt_key: [0; 32],
@@ -181,8 +241,11 @@ fn attach(device: &File, backing: &File, image: &Path) -> nix::Result<()> {
     };
     match sys::configure(device, &config) {
         // Kernels before 5.8 do not know LOOP_CONFIGURE. LOOP_SET_FD with a backing file
-        // opened read-only gives a read-only device there too.
-        Err(Errno::EINVAL | Errno::ENOTTY) => sys::set_fd(device, backing),
+        // opened read-only gives a read-only device there too (one opened read-write, a
+        // writable one); a window cannot be set that way.
+        Err(Errno::EINVAL | Errno::ENOTTY) if window.offset == 0 && window.len == 0 => {
+            sys::set_fd(device, backing)
+        }
         other => other,
     }
 }

@@ -65,7 +65,7 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), ImagerError> {
 /// Write a file the imager generates into the root tree, replacing what the base had there.
 /// Modes are explicit (files 0644, directories created here 0755) so the build host's umask
 /// cannot reach the image.
-fn write_generated(path: &Path, contents: &[u8]) -> Result<(), ImagerError> {
+pub(crate) fn write_generated(path: &Path, contents: &[u8]) -> Result<(), ImagerError> {
     let write_err = |path: &Path| {
         let path = path.to_owned();
         move |source| ImagerError::Output { path, source }
@@ -89,46 +89,65 @@ fn write_generated(path: &Path, contents: &[u8]) -> Result<(), ImagerError> {
     fs::set_permissions(path, fs::Permissions::from_mode(0o644)).map_err(write_err(path))
 }
 
-/// The root filesystem as squashfs: the base tree (directory or tar), with `/etc/os-release`
-/// written from the profile so the booted root names its own version, and the node's runtime
-/// configuration (`/etc/slate/node.toml`: health checks, watchdog) when the profile has one, and
-/// the keys it trusts for updates (`/etc/slate/trusted-keys/<key id>.pub`).
+/// The root filesystem as squashfs: the tree [`assemble_root`] makes, compressed.
 pub fn build_rootfs(
     inputs: &Inputs,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<Vec<u8>, ImagerError> {
     progress(Progress::Step("assembling the root filesystem"));
     let tree = tempfile::tempdir().map_err(io_err(Path::new("a temporary directory")))?;
+    assemble_root(inputs, tree.path())?;
+
+    progress(Progress::Step("compressing the root filesystem"));
+    let opts = SquashfsOptions {
+        source_date_epoch: u32::try_from(inputs.source_date_epoch).unwrap_or(u32::MAX),
+        compression: slate_rootfs::Compression::Zstd {
+            level: inputs.profile.rootfs.zstd_level,
+        },
+        ..SquashfsOptions::default()
+    };
+    let mut out = Cursor::new(Vec::new());
+    build_squashfs_with_progress(tree.path(), &mut out, &opts, &mut |done, total| {
+        progress(Progress::Files { done, total })
+    })?;
+    Ok(out.into_inner())
+}
+
+/// The image's root tree, in the empty directory `tree`: the base (directory or tar), with
+/// `/etc/os-release` written from the profile so the booted root names its own version, the
+/// node's runtime configuration (`/etc/slate/node.toml`: health checks, watchdog) when the
+/// profile has one, the keys it trusts for updates (`/etc/slate/trusted-keys/<key id>.pub`)
+/// and, for a Secure Boot image, its db certificate. The squashfs root and a `btrfs-image`'s
+/// first snapshot are both this tree.
+pub fn assemble_root(inputs: &Inputs, tree: &Path) -> Result<(), ImagerError> {
     let base = &inputs.base_rootfs;
     if base.is_dir() {
-        copy_tree(base, tree.path())?;
+        copy_tree(base, tree)?;
     } else {
         let file = fs::File::open(base).map_err(io_err(base))?;
         let mut archive = tar::Archive::new(file);
         archive.set_preserve_permissions(true);
-        archive
-            .unpack(tree.path())
-            .map_err(|e| ImagerError::BadInput {
-                what: "the base rootfs",
-                reason: format!(
-                    "{} is neither a directory nor a tar archive: {e}",
-                    base.display()
-                ),
-            })?;
+        archive.unpack(tree).map_err(|e| ImagerError::BadInput {
+            what: "the base rootfs",
+            reason: format!(
+                "{} is neither a directory nor a tar archive: {e}",
+                base.display()
+            ),
+        })?;
     }
-    let etc = tree.path().join("etc");
+    let etc = tree.join("etc");
     write_generated(
         &etc.join("os-release"),
         inputs.profile.os_release().as_bytes(),
     )?;
     if let Some(node) = inputs.profile.node_config() {
         write_generated(
-            &tree.path().join(slate_profile::NODE_CONFIG_PATH),
+            &tree.join(slate_profile::NODE_CONFIG_PATH),
             node.to_toml().as_bytes(),
         )?;
     }
     // The image trusts exactly the profile's keys: whatever the base had there goes.
-    let trusted = tree.path().join(image_contract::TRUSTED_KEYS_PATH);
+    let trusted = tree.join(image_contract::TRUSTED_KEYS_PATH);
     if let Ok(meta) = fs::symlink_metadata(&trusted) {
         let removed = if meta.is_dir() {
             fs::remove_dir_all(&trusted)
@@ -149,7 +168,7 @@ pub fn build_rootfs(
 
     // A Secure Boot image names its db certificate; any other image carries none, whatever
     // the base had.
-    let db = tree.path().join(image_contract::SECURE_BOOT_DB_PATH);
+    let db = tree.join(image_contract::SECURE_BOOT_DB_PATH);
     match &inputs.secure_boot {
         Some(sb) => write_generated(&db, &sb.cert_pem)?,
         None if fs::symlink_metadata(&db).is_ok() => {
@@ -160,25 +179,14 @@ pub fn build_rootfs(
         }
         None => {}
     }
-
-    progress(Progress::Step("compressing the root filesystem"));
-    let opts = SquashfsOptions {
-        source_date_epoch: u32::try_from(inputs.source_date_epoch).unwrap_or(u32::MAX),
-        compression: slate_rootfs::Compression::Zstd {
-            level: inputs.profile.rootfs.zstd_level,
-        },
-        ..SquashfsOptions::default()
-    };
-    let mut out = Cursor::new(Vec::new());
-    build_squashfs_with_progress(tree.path(), &mut out, &opts, &mut |done, total| {
-        progress(Progress::Files { done, total })
-    })?;
-    Ok(out.into_inner())
+    Ok(())
 }
 
-/// The initramfs: slate as `/init`, the module closure with its load order, and the rootfs; the
-/// system extensions and their manifest follow as a second, gzip-compressed archive.
-pub fn build_initramfs(inputs: &Inputs, rootfs: &[u8]) -> Result<Vec<u8>, ImagerError> {
+/// The initramfs: slate as `/init`, the module closure with its load order, and the root
+/// squashfs when there is one (a `btrfs-image`'s init mounts the root named by `root=`
+/// instead); the system extensions and their manifest follow as a second, gzip-compressed
+/// archive.
+pub fn build_initramfs(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Vec<u8>, ImagerError> {
     let epoch = u32::try_from(inputs.source_date_epoch).unwrap_or(u32::MAX);
     let mut cpio = CpioWriter::with_mtime(epoch);
     for dir in [
@@ -218,7 +226,9 @@ pub fn build_initramfs(inputs: &Inputs, rootfs: &[u8]) -> Result<Vec<u8>, Imager
         .map(|m| format!("{m}\n"))
         .collect();
     cpio.file(image_contract::MODULES_LOAD_PATH, 0o644, load_order)?;
-    cpio.file(image_contract::ROOTFS_IMAGE_PATH, 0o644, rootfs.to_vec())?;
+    if let Some(rootfs) = rootfs {
+        cpio.file(image_contract::ROOTFS_IMAGE_PATH, 0o644, rootfs.to_vec())?;
+    }
     let main = cpio.finish();
 
     if inputs.extensions.is_empty() {

@@ -20,6 +20,9 @@ use slate_bundle::{
 
 /// The steps a build of `inputs.kind` takes, for `--dry-run`.
 pub fn plan(inputs: &Inputs) -> Vec<String> {
+    if inputs.kind == OutputKind::BtrfsImage {
+        return crate::btrfs_image::plan(inputs);
+    }
     let p = &inputs.profile;
     let mut steps = Vec::new();
     let kind = inputs.kind;
@@ -112,6 +115,11 @@ pub fn build(
     out: &Path,
     progress: &mut dyn FnMut(Progress),
 ) -> Result<PathBuf, ImagerError> {
+    if inputs.kind == OutputKind::BtrfsImage {
+        // Refused before the output's temporary file exists.
+        slate_installer::require_root("building a btrfs-image")
+            .map_err(crate::BtrfsImageError::from)?;
+    }
     let pending = match inputs.kind {
         OutputKind::Installer => PendingOutput::dir(out)?,
         _ => PendingOutput::file(out)?,
@@ -138,7 +146,7 @@ pub fn build(
         OutputKind::Initramfs => {
             let rootfs = build_rootfs(inputs, progress)?;
             progress(Progress::Step("packing the initramfs"));
-            write(&build_initramfs(inputs, &rootfs)?)?
+            write(&build_initramfs(inputs, Some(&rootfs))?)?
         }
         OutputKind::Uki => write(&uki(inputs, progress)?)?,
         OutputKind::Image if inputs.grub_efi.is_some() => {
@@ -165,6 +173,7 @@ pub fn build(
                 })?;
             write_image(&mut disk, &plan, &mut |_| {})?;
         }
+        OutputKind::BtrfsImage => crate::btrfs_image::build(inputs, pending.path(), progress)?,
         OutputKind::Installer => {
             let uki = uki(inputs, progress)?;
             progress(Progress::Step("laying out the installer bundle"));
@@ -236,7 +245,7 @@ fn grub_image(
     };
     let rootfs = build_rootfs(inputs, progress)?;
     progress(Progress::Step("packing the initramfs"));
-    let initramfs = compress_initramfs(&build_initramfs(inputs, &rootfs)?)?;
+    let initramfs = compress_initramfs(&build_initramfs(inputs, Some(&rootfs))?)?;
     let plan = GrubImagePlan {
         image_id: inputs.image_id(),
         layout: layout_params(p)?,
@@ -262,7 +271,7 @@ fn grub_image(
 fn uki(inputs: &Inputs, progress: &mut dyn FnMut(Progress)) -> Result<Vec<u8>, ImagerError> {
     let rootfs = build_rootfs(inputs, progress)?;
     progress(Progress::Step("packing the initramfs"));
-    let initramfs = compress_initramfs(&build_initramfs(inputs, &rootfs)?)?;
+    let initramfs = compress_initramfs(&build_initramfs(inputs, Some(&rootfs))?)?;
     progress(Progress::Step("assembling the UKI"));
     let uki = build_uki(inputs, &initramfs)?;
     match &inputs.secure_boot {
@@ -300,7 +309,7 @@ fn layout_params(profile: &slate_profile::Profile) -> Result<LayoutParams, Image
 /// A profile size in bytes. A parsed profile's sizes are bounded so that this never fails; the
 /// conversion is checked all the same, because a size that wrapped around would build an image
 /// of the wrong size without a word.
-fn in_bytes(size: Result<u64, slate_profile::ProfileError>) -> Result<u64, ImagerError> {
+pub(crate) fn in_bytes(size: Result<u64, slate_profile::ProfileError>) -> Result<u64, ImagerError> {
     size.map_err(|e| ImagerError::BadInput {
         what: "profile",
         reason: e.to_string(),

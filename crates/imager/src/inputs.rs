@@ -18,10 +18,13 @@ pub enum OutputKind {
     Uki,
     Image,
     Installer,
+    /// GPT + ESP (systemd-boot, a Type #1 entry) + one Btrfs pool whose first `root-<ts>`
+    /// snapshot holds the root: the snapshot engine's disk (docs/formats.md §12.8).
+    BtrfsImage,
 }
 
 impl OutputKind {
-    pub const ALL: [OutputKind; 7] = [
+    pub const ALL: [OutputKind; 8] = [
         OutputKind::Rootfs,
         OutputKind::Initramfs,
         OutputKind::Cmdline,
@@ -29,6 +32,7 @@ impl OutputKind {
         OutputKind::Uki,
         OutputKind::Image,
         OutputKind::Installer,
+        OutputKind::BtrfsImage,
     ];
 
     pub fn name(self) -> &'static str {
@@ -40,6 +44,7 @@ impl OutputKind {
             OutputKind::Uki => "uki",
             OutputKind::Image => "image",
             OutputKind::Installer => "installer",
+            OutputKind::BtrfsImage => "btrfs-image",
         }
     }
 
@@ -62,13 +67,21 @@ impl OutputKind {
     fn needs_initramfs(self) -> bool {
         matches!(
             self,
-            OutputKind::Initramfs | OutputKind::Uki | OutputKind::Image | OutputKind::Installer
+            OutputKind::Initramfs
+                | OutputKind::Uki
+                | OutputKind::Image
+                | OutputKind::Installer
+                | OutputKind::BtrfsImage
         )
     }
     fn needs_kernel(self) -> bool {
         matches!(
             self,
-            OutputKind::Kernel | OutputKind::Uki | OutputKind::Image | OutputKind::Installer
+            OutputKind::Kernel
+                | OutputKind::Uki
+                | OutputKind::Image
+                | OutputKind::Installer
+                | OutputKind::BtrfsImage
         )
     }
     fn needs_uki(self) -> bool {
@@ -197,6 +210,9 @@ impl Inputs {
 
     fn check(mut self, base: &Path) -> Result<Self, ImagerError> {
         let kind = self.kind;
+        if kind == OutputKind::BtrfsImage {
+            crate::btrfs_image::check_profile(&self.profile)?;
+        }
         if kind.needs_kernel() {
             must_exist("the kernel image", &self.kernel_image)?;
         }
@@ -221,6 +237,9 @@ impl Inputs {
         }
         if kind.needs_uki() {
             must_exist("systemd-stub", &self.stub)?;
+        }
+        if kind == OutputKind::BtrfsImage {
+            must_exist("systemd-boot", &self.systemd_boot)?;
         }
         if kind == OutputKind::Image {
             match &self.grub_efi {

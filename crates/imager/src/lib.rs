@@ -7,13 +7,18 @@
 //! written beside their destination under a temporary name and renamed into place.
 
 mod artifacts;
+mod btrfs_image;
 mod build;
 mod inputs;
 mod output;
 mod secure_boot;
 
 pub use artifacts::{
-    build_cmdline, build_initramfs, build_rootfs, build_uki, compress_initramfs, uki_name,
+    assemble_root, build_cmdline, build_initramfs, build_rootfs, build_uki, compress_initramfs,
+    uki_name,
+};
+pub use btrfs_image::{
+    first_snapshot, fstab_text, pool_uuid, BtrfsImageError, POOL_FS_LABEL, POOL_MIN_MIB,
 };
 pub use build::{build, plan};
 pub use inputs::{Inputs, OutputKind};
@@ -61,6 +66,8 @@ pub enum ImagerError {
     Esp(#[from] slate_esp::EspError),
     #[error("laying out the installer bundle")]
     Bundle(#[from] slate_bundle::BundleError),
+    #[error("building the btrfs-image")]
+    BtrfsImage(#[from] BtrfsImageError),
     #[error("output {path} cannot be written")]
     Output {
         path: std::path::PathBuf,

@@ -1,7 +1,9 @@
 //! The `init` role: PID 1 of the initramfs.
 //!
 //! It loads the kernel modules the image needs, mounts the root squashfs (with any system
-//! extensions layered above it by a read-only overlay), moves `/dev`, `/proc`, `/sys` and `/run`
+//! extensions layered above it by a read-only overlay) — or, when the command line names a
+//! `root=` (a Btrfs snapshot root: `root=UUID=… rootflags=subvol=… rootfstype=btrfs rw`),
+//! that block device once the kernel has probed it — moves `/dev`, `/proc`, `/sys` and `/run`
 //! into it, switches root and executes the real init. If anything fails it says so on the
 //! kernel log and reboots (or halts with `panic=0`), because PID 1 exiting panics the kernel
 //! and a panic message would hide the reason.
@@ -19,8 +21,8 @@ use slate_profile::image_contract::{EXTENSIONS as EXTENSIONS_DIR, MODULES_LOAD, 
 mod parse;
 
 use parse::{
-    failure_action, init_program, module_name, parse_manifest, parse_modules_load, plan_layers,
-    FailureAction, Layer,
+    block_root, failure_action, init_program, module_name, parse_manifest, parse_modules_load,
+    plan_layers, BlockRoot, FailureAction, Layer, RootSource,
 };
 
 const MODULES_DIR: &str = "/lib/modules";
@@ -89,21 +91,13 @@ fn boot(log: &KmsgLogger, init_args: Vec<OsString>) -> Result<Infallible> {
         Some("mode=0755"),
     )?;
 
-    let extensions = find_extensions(Path::new(EXTENSIONS_DIR))?;
-    for name in &extensions.unlisted {
-        log.warn(format_args!(
-            "ignoring {EXTENSIONS_DIR}/{name}: not listed in {MANIFEST}"
-        ));
-    }
-    let layers = plan_layers(
-        Path::new(ROOTFS_IMAGE),
-        Path::new(EXTENSIONS_DIR),
-        &extensions.ordered,
-        Path::new(LAYERS_DIR),
-    );
     let new_root = Path::new(NEW_ROOT);
     create_dir(new_root)?;
-    mount_root_stack(log, &layers, new_root).context("mounting the root filesystem")?;
+    match block_root(&cmdline)? {
+        Some(root) => mount_block_root(log, &root, new_root)
+            .context("mounting the root filesystem named by root=")?,
+        None => mount_image_root(log, new_root)?,
+    }
 
     for dir in [RUN, "/dev", "/proc", "/sys"] {
         let target = new_root.join(dir.trim_start_matches('/'));
@@ -121,6 +115,73 @@ fn boot(log: &KmsgLogger, init_args: Vec<OsString>) -> Result<Infallible> {
     log.info(format_args!("switched root; executing {init}"));
     let Err(err) = host::exec(Path::new(&init), &init_args);
     Err(err).with_context(|| format!("starting the real init (slate.init={init})"))
+}
+
+/// The squashfs root in the initramfs, with the system extensions layered above it.
+fn mount_image_root(log: &KmsgLogger, new_root: &Path) -> Result<()> {
+    let extensions = find_extensions(Path::new(EXTENSIONS_DIR))?;
+    for name in &extensions.unlisted {
+        log.warn(format_args!(
+            "ignoring {EXTENSIONS_DIR}/{name}: not listed in {MANIFEST}"
+        ));
+    }
+    let layers = plan_layers(
+        Path::new(ROOTFS_IMAGE),
+        Path::new(EXTENSIONS_DIR),
+        &extensions.ordered,
+        Path::new(LAYERS_DIR),
+    );
+    mount_root_stack(log, &layers, new_root).context("mounting the root filesystem")?;
+    Ok(())
+}
+
+/// How long a root device may take to appear after its driver loaded (virtio and AHCI probe
+/// in well under a second; USB storage can take several).
+const ROOT_DEVICE_WAIT: Duration = Duration::from_secs(30);
+
+/// A root on a block device (a Btrfs snapshot, `root=UUID=… rootflags=subvol=…`): found by
+/// its filesystem UUID once the kernel has probed it, then mounted as the command line says.
+fn mount_block_root(log: &KmsgLogger, root: &BlockRoot, new_root: &Path) -> Result<()> {
+    let started = std::time::Instant::now();
+    let (device, probed) = loop {
+        let found = match &root.source {
+            RootSource::Uuid(uuid) => host::find_filesystem_by_uuid(uuid)?
+                .map(|(device, identity)| (device, Some(identity.fstype))),
+            RootSource::Device(device) => device.exists().then(|| (device.clone(), None)),
+        };
+        if let Some(found) = found {
+            break found;
+        }
+        ensure!(
+            started.elapsed() < ROOT_DEVICE_WAIT,
+            "no block device holds the root {:?} after {} s (is its disk driver in the \
+             profile's modules?)",
+            root.source,
+            ROOT_DEVICE_WAIT.as_secs()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let fstype = root.fstype.as_deref().or(probed).context(
+        "rootfstype= is not given and the root device's filesystem is not one slate knows",
+    )?;
+    let flags = if root.read_write {
+        MsFlags::empty()
+    } else {
+        MsFlags::MS_RDONLY
+    };
+    host::mount(&device, new_root, fstype, flags, root.flags.as_deref())?;
+    log.info(format_args!(
+        "mounted {} ({fstype}{}{}) on {} after {} ms",
+        device.display(),
+        root.flags
+            .as_deref()
+            .map(|f| format!(", {f}"))
+            .unwrap_or_default(),
+        if root.read_write { ", rw" } else { ", ro" },
+        new_root.display(),
+        started.elapsed().as_millis()
+    ));
+    Ok(())
 }
 
 fn fail(log: &KmsgLogger) -> ! {

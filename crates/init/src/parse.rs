@@ -88,6 +88,65 @@ pub(crate) fn parse_manifest(text: &str) -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// A root on a block device, named by the kernel's own parameters: `root=UUID=<uuid>`
+/// (`root=/dev/…` too), `rootfstype=`, `rootflags=` and `rw`/`ro`. A Btrfs snapshot root is
+/// `root=UUID=<pool> rootflags=subvol=<snapshot> rootfstype=btrfs rw`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct BlockRoot {
+    pub(crate) source: RootSource,
+    /// `rootfstype=`; `None`: the type the device's head names.
+    pub(crate) fstype: Option<String>,
+    /// `rootflags=`, handed to mount(2) as its data.
+    pub(crate) flags: Option<String>,
+    /// `rw` given (and not overridden by a later `ro`): mounted writable.
+    pub(crate) read_write: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum RootSource {
+    Uuid(String),
+    Device(PathBuf),
+}
+
+/// The block root the command line names; `None` when it names none (the squashfs root in the
+/// initramfs is then mounted).
+pub(crate) fn block_root(cmdline: &str) -> Result<Option<BlockRoot>> {
+    let Some(root) = host::cmdline_value(cmdline, "root").filter(|r| !r.is_empty()) else {
+        return Ok(None);
+    };
+    let source = if let Some(uuid) = root.strip_prefix("UUID=") {
+        let hex: String = uuid.chars().filter(|c| *c != '-').collect();
+        ensure!(
+            hex.len() == 32 && hex.chars().all(|c| c.is_ascii_hexdigit()),
+            "root={root}: {uuid:?} is not a UUID"
+        );
+        RootSource::Uuid(uuid.to_ascii_lowercase())
+    } else if root.starts_with("/dev/") {
+        RootSource::Device(PathBuf::from(root))
+    } else {
+        anyhow::bail!("root={root}: slate's init takes root=UUID=<uuid> or root=/dev/<device>");
+    };
+    let fstype = host::cmdline_value(cmdline, "rootfstype")
+        .filter(|t| !t.is_empty())
+        .map(str::to_owned);
+    let flags = host::cmdline_value(cmdline, "rootflags")
+        .filter(|f| !f.is_empty())
+        .map(str::to_owned);
+    // The later of `rw` and `ro` wins, as in the kernel; the kernel's default is read-only.
+    let read_write = cmdline
+        .split_ascii_whitespace()
+        .take_while(|t| *t != "--")
+        .filter(|t| *t == "rw" || *t == "ro")
+        .last()
+        == Some("rw");
+    Ok(Some(BlockRoot {
+        source,
+        fstype,
+        flags,
+        read_write,
+    }))
+}
+
 /// One read-only squashfs layer of the root.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct Layer {
@@ -124,6 +183,45 @@ pub(crate) fn plan_layers(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn block_root_reads_the_kernel_root_parameters() {
+        assert_eq!(block_root("console=ttyS0 panic=10").unwrap(), None);
+        let snap = block_root(
+            "console=ttyS0 root=UUID=5F1C7A9E-2b3d-4e8f-9a0b-1c2d3e4f5a6b \
+             rootflags=subvol=root-20260101-000000 rootfstype=btrfs rw slate.init=/usr/bin/machined",
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(
+            snap,
+            BlockRoot {
+                source: RootSource::Uuid("5f1c7a9e-2b3d-4e8f-9a0b-1c2d3e4f5a6b".into()),
+                fstype: Some("btrfs".into()),
+                flags: Some("subvol=root-20260101-000000".into()),
+                read_write: true,
+            }
+        );
+        let dev = block_root("root=/dev/vda2 rw ro").unwrap().unwrap();
+        assert_eq!(dev.source, RootSource::Device("/dev/vda2".into()));
+        assert!(!dev.read_write, "a later ro wins");
+        assert_eq!((dev.fstype, dev.flags), (None, None));
+        // After `--` the words are init's.
+        assert!(
+            !block_root("root=/dev/vda2 -- rw")
+                .unwrap()
+                .unwrap()
+                .read_write
+        );
+        for bad in [
+            "root=UUID=nope",
+            "root=LABEL=x",
+            "root=vda2",
+            "root=UUID=0123",
+        ] {
+            assert!(block_root(bad).is_err(), "{bad}");
+        }
+    }
 
     #[test]
     fn init_program_defaults_and_must_be_absolute() {

@@ -25,6 +25,7 @@
 mod grub_image;
 mod image;
 mod install;
+mod pool;
 mod rollback;
 mod secure_boot;
 mod state;
@@ -43,6 +44,10 @@ pub use grub_image::{write_grub_image, GrubImagePlan};
 pub use image::{write_image, ImagePlan, ImageStep, CLEARED_HEAD};
 pub use install::{
     install, InstallEvent, InstallModeError, InstallPlan, InstallReport, InstallRequest,
+};
+pub use pool::{
+    configure_pool, find_pool, require_root, MountedPool, PoolConfigured, PoolError,
+    HOME_SUBVOLUME, STATE_SUBVOLUME,
 };
 pub use rollback::{rollback, RollbackModeError};
 pub use secure_boot::{

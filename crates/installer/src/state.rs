@@ -3,8 +3,10 @@
 //! STATE partition through the [`Disk`] trait, like every other byte slate writes.
 //!
 //! Why mke2fs and not a crate: no maintained Rust crate writes ext4, and the node formats STATE
-//! with mke2fs too. The temporary file is never a disk: it is read back and written through the
-//! partition view, so a refused or failed build writes nothing.
+//! with mke2fs too. It is a journaled ext4 (`-t ext4 -j`), like the one the node makes, so a
+//! power cut is repaired by a journal replay (docs/node.md, "Volumes"). The temporary file is
+//! never a disk: it is read back and written through the partition view, so a refused or
+//! failed build writes nothing.
 
 use std::io::Read as _;
 use std::path::{Path, PathBuf};
@@ -41,6 +43,13 @@ pub enum StateError {
     NotBlank { disk: PathBuf, offset: u64 },
     #[error("writing STATE")]
     Write(#[source] DiskError),
+    /// A `btrfs-image` disk: the configuration goes into the pool's `@state`.
+    #[error("configuring the Btrfs pool of {}", disk.display())]
+    Pool {
+        disk: PathBuf,
+        #[source]
+        source: Box<crate::PoolError>,
+    },
 }
 
 /// An ext4 image the size of STATE holding the configuration.
@@ -71,7 +80,8 @@ impl StateFilesystem {
         let image_path = work.path().join("state.ext4");
         let uuid = slate_layout::partition_guid(seed, "STATE-filesystem").to_string();
         let output = Command::new("mke2fs")
-            .args(["-q", "-F", "-t", "ext4", "-L", STATE_LABEL, "-U", &uuid])
+            .args(["-q", "-F", "-t", "ext4", "-j"])
+            .args(["-L", STATE_LABEL, "-U", &uuid])
             .arg("-E")
             .arg(format!(
                 "root_owner=0:0,hash_seed={uuid},lazy_itable_init=0"
@@ -121,7 +131,10 @@ impl StateFilesystem {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SeedReport {
     pub node_name: String,
+    /// Bytes written: STATE's whole file system, or the configuration file on a Btrfs pool.
     pub state_len: u64,
+    /// Where: `STATE`, or `SLATE-POOL:@state/config/machine.toml`.
+    pub place: String,
     /// False for a dry run.
     pub written: bool,
 }
@@ -129,6 +142,10 @@ pub struct SeedReport {
 /// Put a machine configuration onto the STATE partition of the slate disk `disk` (formatting
 /// STATE). Refused, before anything is written, when the configuration is invalid or STATE
 /// already holds data and `force` is not given.
+///
+/// A `btrfs-image` disk (a `SLATE-POOL` partition and no STATE) gets it as
+/// `@state/config/machine.toml` in its pool instead (`crate::pool::configure_pool`; root
+/// only), refused without `force` when a configuration is there already.
 pub fn seed_config(
     disk: &Path,
     config_text: &str,
@@ -144,6 +161,25 @@ pub fn seed_config(
         disk: disk.to_owned(),
         source,
     })?;
+    let pool_err = |source| StateError::Pool {
+        disk: disk.to_owned(),
+        source: Box::new(source),
+    };
+    let has_state = slate_layout::partitions(&mut file)
+        .is_ok_and(|all| all.iter().any(|p| p.label == STATE_LABEL));
+    if !has_state {
+        if let Some(window) = crate::pool::find_pool(disk).map_err(pool_err)? {
+            drop(file);
+            let done = crate::pool::configure_pool(disk, window, config_text, force, dry_run)
+                .map_err(pool_err)?;
+            return Ok(SeedReport {
+                node_name: done.node_name,
+                state_len: done.len,
+                place: format!("{}:{}", slate_layout::POOL_LABEL, done.path),
+                written: !dry_run,
+            });
+        }
+    }
     let mut view = slate_layout::open_partition(&mut file, STATE_LABEL).map_err(|source| {
         StateError::NoState {
             disk: disk.to_owned(),
@@ -168,10 +204,37 @@ pub fn seed_config(
     let report = SeedReport {
         node_name: fs.node_name.clone(),
         state_len: fs.len(),
+        place: STATE_LABEL.to_owned(),
         written: !dry_run,
     };
     if !dry_run {
         fs.write_to(&mut view).map_err(StateError::Write)?;
     }
     Ok(report)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONFIG: &str = include_str!("../../machine-config/tests/fixtures/node-v1.toml");
+
+    /// A journaled ext4 (superblock `s_feature_compat` has `has_journal`, 0x4), and the same
+    /// inputs give the same bytes.
+    #[test]
+    fn state_is_a_reproducible_journaled_ext4() {
+        if !slate_testkit::require_tool("mke2fs") {
+            return;
+        }
+        let build = || StateFilesystem::build(CONFIG, 32 << 20, "disk.raw", 1_700_000_000);
+        let (a, b) = (build().unwrap(), build().unwrap());
+        assert_eq!(a.len(), 32 << 20);
+        assert_eq!(&a.image[1080..1082], &[0x53, 0xEF], "ext magic");
+        let compat = u32::from_le_bytes(a.image[1024 + 0x5C..1024 + 0x60].try_into().unwrap());
+        assert_ne!(compat & 0x4, 0, "has_journal");
+        assert!(
+            a.image == b.image,
+            "the same inputs must give the same bytes"
+        );
+    }
 }

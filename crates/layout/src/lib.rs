@@ -27,8 +27,8 @@ pub use guid::{derived_u32, disk_guid, partition_guid};
 pub use read::{read_gpt_with_sector_size, GptSource, GptTable, DEFAULT_SECTOR_SIZE};
 pub use spec::{
     DiskLayout, LayoutParams, PartitionSize, PartitionSpec, PlacedLayout, PlacedPartition,
-    EFI_LABEL, EPHEMERAL_LABEL, ESP_TYPE, LINUX_DATA_TYPE, META_LABEL, META_SIZE, MIB, STATE_LABEL,
-    VAR_TYPE,
+    EFI_LABEL, EPHEMERAL_LABEL, ESP_TYPE, LINUX_DATA_TYPE, LINUX_ROOT_X86_64_TYPE, META_LABEL,
+    META_SIZE, MIB, POOL_LABEL, STATE_LABEL, VAR_TYPE,
 };
 pub use uuid::Uuid;
 pub use verify::verify_gpt;

@@ -16,6 +16,12 @@ pub const LINUX_DATA_TYPE: Uuid = Uuid::from_u128(0x0FC63DAF_8483_4772_8E79_3D69
 /// GPT type of a Discoverable Partitions `/var` partition.
 pub const VAR_TYPE: Uuid = Uuid::from_u128(0x4D21B016_B534_45C2_A9FB_5C16E091FD2D);
 
+/// GPT type "Linux root (x86-64)" (Discoverable Partitions): the Btrfs pool of a
+/// `btrfs-image` disk, which holds the root snapshots.
+pub const LINUX_ROOT_X86_64_TYPE: Uuid = Uuid::from_u128(0x4F68BCE3_E8CD_4DB1_96E7_FBCAF984B709);
+/// The partition name of that pool (docs/formats.md §12.8).
+pub const POOL_LABEL: &str = "SLATE-POOL";
+
 /// Partition labels of the reference layout.
 pub const EFI_LABEL: &str = "EFI";
 pub const META_LABEL: &str = "META";

@@ -169,6 +169,35 @@ impl NodeBackend for Backend {
         crate::transaction::explain().map_err(BackendError::Failed)
     }
 
+    fn snapshot_list(&self) -> Result<serde_json::Value, BackendError> {
+        crate::snapshot_root::list(&self.0)
+    }
+
+    /// Under the upgrade lock; the reboot (if asked) follows the answer like any other.
+    fn snapshot_upgrade(
+        &self,
+        req: slate_api::SnapshotUpgradeRequest,
+    ) -> Result<serde_json::Value, BackendError> {
+        let guard = self
+            .0
+            .lock
+            .try_lock(SequenceKind::Upgrade)
+            .map_err(locked)?;
+        self.0.journal.info(format_args!(
+            "snapshot upgrade requested: `{}`",
+            req.command.chars().take(256).collect::<String>()
+        ));
+        let report = crate::snapshot_root::upgrade(&self.0, &req)?;
+        drop(guard);
+        if req.reboot && !req.dry_run {
+            let guard = self.0.lock.try_lock(SequenceKind::Reboot).map_err(locked)?;
+            self.0
+                .request(Request::Reboot(RebootMode::Default, guard))
+                .map_err(BackendError::Failed)?;
+        }
+        Ok(report)
+    }
+
     fn image_summary(&self) -> Result<serde_json::Value, BackendError> {
         self.require(Capabilities::UPGRADE, "describing the running image")?;
         image_summary::image_summary(&self.0)
@@ -188,6 +217,27 @@ impl NodeBackend for Backend {
     fn reboot(&self, mode: RebootMode) -> Result<(), BackendError> {
         self.require(Capabilities::REBOOT, "reboot")?;
         let guard = self.0.lock.try_lock(SequenceKind::Reboot).map_err(locked)?;
+        self.0
+            .request(Request::Reboot(mode, guard))
+            .map_err(BackendError::Failed)
+    }
+
+    /// The variable is written here, under the reboot lock, so that the answer says whether it
+    /// was; the reboot follows the answer like any other.
+    fn reboot_once_into(&self, entry: &str, mode: RebootMode) -> Result<(), BackendError> {
+        self.require(Capabilities::REBOOT, "reboot")?;
+        if self.0.snapshot_root.is_some() {
+            return Err(BackendError::Unsupported(
+                "a snapshot root boots its snapshots' entries; `slate snapshot rollback` puts \
+                 the previous one on trial"
+                    .into(),
+            ));
+        }
+        let guard = self.0.lock.try_lock(SequenceKind::Reboot).map_err(locked)?;
+        let id = crate::transaction::boot_once(entry)?;
+        self.0.journal.info(format_args!(
+            "{id} boots next, once (LoaderEntryOneShot written); rebooting"
+        ));
         self.0
             .request(Request::Reboot(mode, guard))
             .map_err(BackendError::Failed)

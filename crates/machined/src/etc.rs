@@ -169,10 +169,14 @@ pub(crate) fn overlay_task(
 
 /// Task `setupHooks`: the image's setup hooks, when they are due for the booted version.
 pub(crate) fn setup_hooks_task(ctx: &TaskContext<'_>, node: &Node) -> Result<(), TaskError> {
+    let state_etc_dir = state_etc_dir();
+    // The etc overlay made it on an image root; a snapshot root (its /etc is its own) has
+    // only the record here.
+    fs::create_dir_all(&state_etc_dir).map_err(io_error("create", &state_etc_dir))?;
     let run = HookRun {
         dir: Path::new(SETUP_HOOKS_DIR),
         timeout: HOOK_TIMEOUT,
-        state_etc_dir: &state_etc_dir(),
+        state_etc_dir: &state_etc_dir,
         version: &node.version,
     };
     hooks_when_due(ctx, &run)

@@ -170,7 +170,13 @@ pub fn fatal(node: &Node, error: &(dyn std::error::Error + 'static)) -> ! {
     let message = error_chain(error);
     node.journal.error(format_args!("fatal: {message}"));
     node.set_stage(Stage::Failed);
-    if let Err(err) = super::transaction::record_failure(node, &message) {
+    if node.snapshot_root.is_some() {
+        // No META on a snapshot root: the failure is in the journal and the status only.
+        *node.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(slate_api::Failure {
+            version: node.version.clone(),
+            reason: message.clone(),
+        });
+    } else if let Err(err) = super::transaction::record_failure(node, &message) {
         node.journal
             .error(format_args!("could not record the failure in META: {err}"));
     }

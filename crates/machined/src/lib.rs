@@ -25,6 +25,7 @@ mod records;
 mod replace;
 mod secure_boot;
 mod sequences;
+mod snapshot_root;
 mod system_disk;
 mod task;
 mod transaction;
@@ -66,10 +67,13 @@ pub fn run() -> Result<()> {
     let cmdline = slate_host::kernel_cmdline().unwrap_or_default();
     let (node, requests) = Node::new(journal, &cmdline);
     let _ = slate_host::mount_efivarfs();
-    let node = node.with_booted_entry(transaction::booted_entry_at_start(
-        &cmdline,
-        slate_host::read_loader_string("LoaderEntrySelected"),
-    ));
+    let node = node.with_booted_entry(
+        transaction::booted_entry_at_start(
+            &cmdline,
+            slate_host::read_loader_string("LoaderEntrySelected"),
+        ),
+        snapshot_root::detect(),
+    );
 
     let panic_journal = node.journal.clone();
     std::panic::set_hook(Box::new(move |info| {

@@ -78,6 +78,8 @@ pub struct Node {
     pub variant: String,
     pub kernel: Option<String>,
     pub booted_entry: Option<String>,
+    /// The root is a Btrfs snapshot (`None`: an image root).
+    pub snapshot_root: Option<crate::snapshot_root::SnapshotRoot>,
     pub config: BootConfig,
     stage: Mutex<Stage>,
     pub last_failure: Mutex<Option<Failure>>,
@@ -123,6 +125,7 @@ impl Node {
                 .unwrap_or_else(|| "unknown".into()),
             kernel: slate_host::kernel_release().ok(),
             booted_entry: None,
+            snapshot_root: None,
             config: BootConfig::from_cmdline(cmdline),
             stage: Mutex::new(Stage::Booting),
             last_failure: Mutex::new(None),
@@ -149,10 +152,15 @@ impl Node {
         self.committed.store(true, Ordering::SeqCst);
     }
 
-    pub fn with_booted_entry(self: Arc<Self>, entry: Option<String>) -> Arc<Self> {
+    pub fn with_booted_entry(
+        self: Arc<Self>,
+        entry: Option<String>,
+        snapshot_root: Option<crate::snapshot_root::SnapshotRoot>,
+    ) -> Arc<Self> {
         match Arc::try_unwrap(self) {
             Ok(mut node) => {
                 node.booted_entry = entry;
+                node.snapshot_root = snapshot_root;
                 Arc::new(node)
             }
             Err(shared) => shared,

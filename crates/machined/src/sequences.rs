@@ -65,10 +65,18 @@ pub fn initialize<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
                 Ok(())
             })],
         )
-        .append(
+        .append_when(
+            node.snapshot_root.is_none(),
             "meta",
             [task(node, "loadMeta", move |ctx| {
                 load_meta(ctx, node, facts)
+            })],
+        )
+        .append_when(
+            node.snapshot_root.is_some(),
+            "snapshotRoot",
+            [task(node, "openSnapshotRoot", move |ctx| {
+                snapshot_root_facts(ctx, node, facts)
             })],
         )
         .append(
@@ -158,6 +166,24 @@ fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), Ta
     Ok(())
 }
 
+/// A snapshot root is installed on the pool's disk; what an upgrade interrupted by a power cut
+/// left there is removed now, before anything else can stumble on it.
+fn snapshot_root_facts(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), TaskError> {
+    let Some(root) = &node.snapshot_root else {
+        return Ok(());
+    };
+    ctx.log(&format!(
+        "the root is Btrfs snapshot {} on {} (disk {}): no META, the snapshot engine settles \
+         the boot",
+        root.snapshot,
+        root.device.display(),
+        root.disk.display()
+    ));
+    crate::snapshot_root::clean_up(ctx, root)?;
+    *facts.system_disk.lock().unwrap_or_else(|p| p.into_inner()) = Some(root.disk.clone());
+    Ok(())
+}
+
 fn open_meta(part: &BlockPartition) -> Result<crate::system_disk::SystemMeta, TaskError> {
     crate::system_disk::open_meta_on(part, true).map_err(|e| failed(format!("reading META: {e}")))
 }
@@ -206,6 +232,7 @@ pub fn boot<'a>(
 ) -> Sequence<'a> {
     let disk = facts.system_disk();
     let disk2 = disk.clone();
+    let snapshot_root = node.snapshot_root.as_ref();
     let replace = facts
         .replace
         .lock()
@@ -217,7 +244,31 @@ pub fn boot<'a>(
             "replace",
             super::replace::wipe_tasks(node, disk.clone()),
         )
-        .append(
+        .append_when(
+            snapshot_root.is_some(),
+            "volumes",
+            [
+                task(node, "mountState", move |ctx| {
+                    snapshot_root.map_or(Ok(()), |root| {
+                        let state = crate::snapshot_root::STATE_SUBVOLUME;
+                        crate::snapshot_root::mount_subvolume(
+                            ctx,
+                            root,
+                            state,
+                            Path::new(STATE_MOUNT),
+                        )
+                    })
+                }),
+                task(node, "mountHome", move |ctx| {
+                    snapshot_root.map_or(Ok(()), |root| {
+                        let home = crate::snapshot_root::HOME_SUBVOLUME;
+                        crate::snapshot_root::mount_subvolume(ctx, root, home, Path::new("/home"))
+                    })
+                }),
+            ],
+        )
+        .append_when(
+            snapshot_root.is_none(),
             "volumes",
             [
                 task(node, "mountState", move |ctx| {
@@ -244,7 +295,9 @@ pub fn boot<'a>(
                 crate::boot_config::machine_config(ctx, node, facts)
             })],
         )
-        .append(
+        // A snapshot root's /etc is its own, writable and snapshotted with it.
+        .append_when(
+            snapshot_root.is_none(),
             "etc",
             [task(node, "etcOverlay", move |ctx| {
                 crate::etc::overlay_task(ctx, node, &crate::etc::etc_keep_list(node))

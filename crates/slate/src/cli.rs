@@ -92,6 +92,11 @@ pub enum Command {
     Reboot {
         #[arg(long, value_enum, default_value_t)]
         mode: RebootModeArg,
+        /// Boot this entry (an ID such as `slate-1.0.0.efi`, `slate boot explain` lists them)
+        /// for the next boot only, then the default again (admin; systemd-boot's
+        /// `LoaderEntryOneShot`).
+        #[arg(long, value_name = "ENTRY")]
+        entry: Option<String>,
         #[arg(long)]
         dry_run: bool,
         #[command(flatten)]
@@ -208,15 +213,16 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Push(args) => transport_cmd::push(args),
         Command::Pull(args) => transport_cmd::pull(args),
         Command::Release(cmd) => release_cmd::run(cmd),
-        Command::Snapshot { pool, command } => snapshot_cmd::run(&pool, command),
+        Command::Snapshot { pool, command } => snapshot_cmd::run(&pool, &cli.target, command),
         Command::Status { output } => node_cmd::status(&cli.target, output),
         Command::Version { output } => node_cmd::version(&cli.target, output),
         Command::Reboot {
             mode,
+            entry,
             dry_run,
             wait,
             output,
-        } => node_cmd::reboot(&cli.target, mode, dry_run, &wait, output),
+        } => node_cmd::reboot(&cli.target, mode, entry.as_deref(), dry_run, &wait, output),
         Command::Pin {
             version,
             dry_run,

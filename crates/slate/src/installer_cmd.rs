@@ -195,13 +195,14 @@ pub fn run(cmd: InstallerCommand) -> Result<()> {
             let text = read_config(&config)?;
             let report = slate_installer::seed_config(&disk, &text, force, dry_run)?;
             println!(
-                "{} the machine configuration of node {} onto STATE ({} bytes) of {}",
+                "{} the machine configuration of node {} onto {} ({} bytes) of {}",
                 if report.written {
                     "wrote"
                 } else {
                     "would write"
                 },
                 report.node_name,
+                report.place,
                 report.state_len,
                 disk.display()
             );

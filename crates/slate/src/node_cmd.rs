@@ -222,20 +222,32 @@ pub fn version(target: &NodeTarget, output: OutputFormat) -> Result<()> {
 pub fn reboot(
     target: &NodeTarget,
     mode: RebootModeArg,
+    entry: Option<&str>,
     dry_run: bool,
     wait: &WaitArgs,
     output: OutputFormat,
 ) -> Result<()> {
     let client = target.client()?;
     if dry_run {
-        println!("would reboot {} ({mode:?})", client.addr());
+        match entry {
+            Some(entry) => println!(
+                "would reboot {} into {entry} once ({mode:?})",
+                client.addr()
+            ),
+            None => println!("would reboot {} ({mode:?})", client.addr()),
+        }
         return Ok(());
     }
     let before = wait
         .wait
         .then(|| crate::wait::status_before(target))
         .transpose()?;
-    client.reboot(mode.into()).context("rebooting the node")?;
+    match entry {
+        Some(entry) => client
+            .reboot_once_into(entry, mode.into())
+            .with_context(|| format!("rebooting the node into {entry} once"))?,
+        None => client.reboot(mode.into()).context("rebooting the node")?,
+    }
     let Some(before) = before else {
         println!("reboot accepted by {}", client.addr());
         return Ok(());

@@ -9,7 +9,7 @@ use clap::{Args, Subcommand, ValueEnum};
 use slate_snapshot::SnapshotName;
 use slate_snapshot_engine::{self as engine, Change, Pool, UpgradeOptions, VerifyPolicy};
 
-use crate::args::OutputFormat;
+use crate::args::{NodeTarget, OutputFormat};
 
 #[derive(Debug, Args)]
 pub struct PoolArgs {
@@ -35,6 +35,9 @@ pub enum SnapshotCommand {
         /// Print the plan; change nothing.
         #[arg(long)]
         dry_run: bool,
+        /// With --node: the node reboots into the new snapshot after answering.
+        #[arg(long)]
+        reboot: bool,
     },
     /// Bless the booted snapshot's entry (it stays the default) and prune.
     Commit {
@@ -124,7 +127,10 @@ fn name(s: &str) -> Result<SnapshotName> {
     Ok(SnapshotName::parse(s)?)
 }
 
-pub fn run(pool_args: &PoolArgs, cmd: SnapshotCommand) -> Result<()> {
+pub fn run(pool_args: &PoolArgs, target: &NodeTarget, cmd: SnapshotCommand) -> Result<()> {
+    if target.node.is_some() {
+        return run_remote(target, cmd);
+    }
     let mut say = |line: String| println!("{line}");
     match cmd {
         SnapshotCommand::InstallUnits {
@@ -168,7 +174,11 @@ pub fn run(pool_args: &PoolArgs, cmd: SnapshotCommand) -> Result<()> {
             command,
             tree,
             dry_run,
+            reboot,
         } => {
+            if reboot {
+                bail!("--reboot is for --node; on this machine, reboot through its init");
+            }
             let change = match (command, tree) {
                 (Some(c), None) => Change::Command(c),
                 (None, Some(t)) => Change::Tree(t),
@@ -265,37 +275,7 @@ pub fn run(pool_args: &PoolArgs, cmd: SnapshotCommand) -> Result<()> {
         SnapshotCommand::List { output } => {
             let pool = open(pool_args, false)?;
             let listing = engine::list(&pool).context("slate snapshot list")?;
-            if output == OutputFormat::Json {
-                println!("{}", serde_json::to_string_pretty(&listing)?);
-            } else {
-                println!(
-                    "pool {} — running {}, next boot {}",
-                    listing.pool_uuid,
-                    listing.running,
-                    listing.next_boot.as_deref().unwrap_or("(none)")
-                );
-                for s in &listing.snapshots {
-                    let flags: Vec<&str> = [
-                        (s.running, "running"),
-                        (s.fallback, "fallback"),
-                        (s.boots_next, "next"),
-                        (!s.manifest, "no-manifest"),
-                    ]
-                    .into_iter()
-                    .filter_map(|(on, f)| on.then_some(f))
-                    .collect();
-                    println!(
-                        "{}  {:13}  {}  {}",
-                        s.name,
-                        s.state,
-                        s.entry.as_deref().unwrap_or("-"),
-                        flags.join(",")
-                    );
-                }
-                for w in &listing.warnings {
-                    eprintln!("warning: {w}");
-                }
-            }
+            print_listing(&listing, output)?;
         }
         SnapshotCommand::Prune { dry_run } => {
             let pool = open(pool_args, !dry_run)?;
@@ -312,4 +292,85 @@ pub fn run(pool_args: &PoolArgs, cmd: SnapshotCommand) -> Result<()> {
         }
     }
     Ok(())
+}
+
+fn print_listing(listing: &engine::Listing, output: OutputFormat) -> Result<()> {
+    if output == OutputFormat::Json {
+        println!("{}", serde_json::to_string_pretty(listing)?);
+        return Ok(());
+    }
+    println!(
+        "pool {} — running {}, next boot {}",
+        listing.pool_uuid,
+        listing.running,
+        listing.next_boot.as_deref().unwrap_or("(none)")
+    );
+    for s in &listing.snapshots {
+        let flags: Vec<&str> = [
+            (s.running, "running"),
+            (s.fallback, "fallback"),
+            (s.boots_next, "next"),
+            (!s.manifest, "no-manifest"),
+        ]
+        .into_iter()
+        .filter_map(|(on, f)| on.then_some(f))
+        .collect();
+        println!(
+            "{}  {:13}  {}  {}",
+            s.name,
+            s.state,
+            s.entry.as_deref().unwrap_or("-"),
+            flags.join(",")
+        );
+    }
+    for w in &listing.warnings {
+        eprintln!("warning: {w}");
+    }
+    Ok(())
+}
+
+/// `--node`: `upgrade --command` and `list` through the node API (a slate node whose root is
+/// a Btrfs snapshot runs them in machined); the other commands are local only.
+fn run_remote(target: &NodeTarget, cmd: SnapshotCommand) -> Result<()> {
+    let client = target.client()?;
+    match cmd {
+        SnapshotCommand::Upgrade {
+            command: Some(command),
+            tree: None,
+            dry_run,
+            reboot,
+        } => {
+            let req = slate_api::SnapshotUpgradeRequest {
+                command,
+                reboot,
+                dry_run,
+            };
+            let report = client
+                .snapshot_upgrade(&req)
+                .with_context(|| format!("slate snapshot upgrade on {}", client.addr()))?;
+            for line in report["lines"].as_array().into_iter().flatten() {
+                println!("{}", line.as_str().unwrap_or_default());
+            }
+            if reboot && !dry_run {
+                println!(
+                    "{} is rebooting into {}",
+                    client.addr(),
+                    report["snapshot"].as_str().unwrap_or("?")
+                );
+            }
+            Ok(())
+        }
+        SnapshotCommand::List { output } => {
+            let value = client
+                .snapshots()
+                .with_context(|| format!("slate snapshot list on {}", client.addr()))?;
+            let listing: engine::Listing = serde_json::from_value(value)
+                .with_context(|| format!("the listing {} answered", client.addr()))?;
+            print_listing(&listing, output)
+        }
+        _ => bail!(
+            "with --node, `slate snapshot` runs `upgrade --command` and `list` only; run the \
+             others on the machine"
+        ),
+    }
 }

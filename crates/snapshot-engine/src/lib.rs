@@ -4,9 +4,10 @@
 //! top level mounted at `/run/slate/btrfs-<uuid>`, subvolumes through `slate-host`'s ioctls,
 //! the manifest key and manifests under `<top>/.slate/`, the ESP through the Disk trait.
 
-mod mountinfo;
+pub mod mountinfo;
 mod ops;
 mod pool;
+mod seed;
 pub mod tree;
 mod units;
 mod upgrade;
@@ -18,6 +19,7 @@ pub use ops::{
     Listing, RollbackOutcome, VerifyOutcome,
 };
 pub use pool::{Pool, ENGINE_DIR};
+pub use seed::{seed_engine_dir, SeedReport};
 pub use slate_snapshot::policy::VerifyPolicy;
 pub use units::install_units;
 pub use upgrade::{clean_up_interrupted, upgrade, Change, UpgradeOptions, UpgradeReport};

@@ -38,7 +38,7 @@ pub(crate) fn remove_snapshot(pool: &Pool, snap: &SnapshotName, with_esp: bool) 
 }
 
 /// One snapshot in `list`.
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct ListEntry {
     pub name: String,
     /// The entry file on the ESP, if any.
@@ -51,7 +51,7 @@ pub struct ListEntry {
     pub manifest: bool,
 }
 
-#[derive(Debug, Clone, serde::Serialize)]
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct Listing {
     pub pool_uuid: String,
     pub running: String,

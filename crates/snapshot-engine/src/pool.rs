@@ -80,7 +80,8 @@ impl Pool {
                 &mount.source,
                 &top,
                 "btrfs",
-                slate_host::MsFlags::empty(),
+                // The engine reads whole snapshots (manifests): no access-time writes.
+                slate_host::MsFlags::MS_NOATIME,
                 Some("subvolid=5"),
             )?;
             mounted_top = true;
@@ -117,6 +118,22 @@ impl Pool {
             pool._lock = Some(held);
         }
         Ok(pool)
+    }
+
+    /// The pool reached through its top level alone, mounted at `top` by the caller: no
+    /// running root, no ESP, no lock. What an image build uses to write `<top>/.slate`
+    /// (`crate::seed`); nothing here reads `root` or `esp_disk`.
+    pub(crate) fn at_top(top: &Path, uuid: &str) -> Pool {
+        Pool {
+            root: top.to_path_buf(),
+            top: top.to_path_buf(),
+            uuid: uuid.to_owned(),
+            running: None,
+            running_subvol: String::new(),
+            esp_disk: PathBuf::new(),
+            _lock: None,
+            mounted_top: false,
+        }
     }
 
     pub fn engine_dir(&self) -> PathBuf {

@@ -57,8 +57,24 @@ pub fn resolve_in_root(root: &Path, rel: &str) -> Option<PathBuf> {
     Some(root.join(done))
 }
 
+/// Opens a file to hash it without touching its access time: on a `relatime` pool, reading
+/// every file of a snapshot would otherwise rewrite the metadata of each one read since its
+/// last change — measured by `xtask bench-snapshot`, 4.8 MB of a 5.2 MB one-file upgrade.
+/// `O_NOATIME` needs the file's owner or CAP_FOWNER; without them, a plain open.
+fn open_without_atime(path: &Path) -> std::io::Result<fs::File> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(nix::fcntl::OFlag::O_NOATIME.bits())
+        .open(path)
+        .or_else(|e| match e.raw_os_error() {
+            Some(code) if code == nix::errno::Errno::EPERM as i32 => fs::File::open(path),
+            _ => Err(e),
+        })
+}
+
 fn sha256_file(path: &Path) -> Result<[u8; 32]> {
-    let mut f = fs::File::open(path).map_err(io_err("reading", path))?;
+    let mut f = open_without_atime(path).map_err(io_err("reading", path))?;
     let mut h = Sha256::new();
     let mut buf = vec![0; 1 << 16];
     loop {

@@ -16,6 +16,13 @@ pub mod validate;
 
 pub use name::{SnapshotName, PREFIX};
 
+/// The pool's subvolume mounted at `/home` on a slate snapshot root: outside every snapshot,
+/// so a rollback keeps it (formats.md §12.8).
+pub const HOME_SUBVOLUME: &str = "@home";
+/// The pool's subvolume mounted at `/system/state`: the machine configuration
+/// (`config/machine.toml`) and what machined keeps on STATE on an A/B disk.
+pub const STATE_SUBVOLUME: &str = "@state";
+
 /// Why a value was refused or an ESP operation failed.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
 pub enum SnapshotError {

@@ -8,7 +8,9 @@ mod operator;
 mod powercut;
 mod rollback;
 mod secureboot;
+mod snapshot;
 mod staged;
+mod var_powercut;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -660,6 +662,7 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
         Duration::from_secs(60),
         "/etc/slate-setup-stamp kept across the reboot",
     )?;
+    let (once, mut boot) = boot_once(&node, &mut vm, boot)?;
     let installed = online_upgrade(&node, &mut boot, &v3, "3.0.0")?;
     ensure!(
         installed.contains("installed slate-3.0.0+3.efi (fallback slate-2.0.0.efi"),
@@ -729,6 +732,9 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
         status["machine_id"] == machine_id.as_str(),
         "machine-id after the revert: {status}"
     );
+    let bad = node.refused(&["reboot", "--entry", "slate-3.0.0+0-1.efi"])?;
+    ensure!(bad.contains("is marked bad"), "a bad entry: {bad}");
+    ensure!(boot.is_running(), "a refused reboot left the node running");
     boot.kill();
     Ok(format!(
         "{}; unsigned bundle refused by the node; v1 -> v2 by `slate upgrade --image \
@@ -737,8 +743,50 @@ fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Result<String>
          (blessed, marker dropped), still v2 after a reboot; `{reset}`, hooks 10-stamp then \
          20-check; boot explain mid-upgrade: next {} (fallback {}); v3 with a failing setup hook \
          reverted to v2 unattended ({reverted}); boot explain after the revert: next {} = what \
-         booted; `{back}`",
+         booted; `{back}`; {once}; a bad entry refused for --entry",
         identity.summary, mid["next_boot"], mid["upgrade_tag"], after["next_boot"]
+    ))
+}
+
+/// `slate reboot --entry`: refused for a missing entry; v1 boots once through the
+/// `LoaderEntryOneShot` machined wrote into the firmware's variables (OVMF keeps them in the
+/// VM's variable store), which systemd-boot consumed; the boot after is v2's again.
+fn boot_once(node: &Node, vm: &mut Vm, mut boot: Running) -> Result<(String, Running)> {
+    let missing = node.refused(&["reboot", "--entry", "slate-9.9.9.efi"])?;
+    ensure!(
+        missing.contains("slate-9.9.9.efi"),
+        "a missing entry: {missing}"
+    );
+    ensure!(boot.is_running(), "a refused reboot left the node running");
+    node.ok(&["reboot", "--entry", "slate-1.0.0.efi"])?;
+    boot.wait_exit(Duration::from_secs(90))?;
+    let written = said_line(&boot, "boots next, once (LoaderEntryOneShot written)")?;
+    let mut boot = running(vm)?;
+    let status = node.status()?;
+    ensure!(
+        status["version"] == "1.0.0" && status["booted_entry"] == "slate-1.0.0.efi",
+        "v1 for one boot: {status}"
+    );
+    let explained: serde_json::Value =
+        serde_json::from_str(&node.ok(&["boot", "explain", "--output", "json"])?)?;
+    ensure!(
+        explained["next_boot"] == "slate-2.0.0.efi",
+        "the one-shot consumed, v2 next: {explained}"
+    );
+    node.ok(&["reboot"])?;
+    boot.wait_exit(Duration::from_secs(90))?;
+    let boot = running(vm)?;
+    let status = node.status()?;
+    ensure!(
+        status["version"] == "2.0.0" && status["booted_entry"] == "slate-2.0.0.efi",
+        "v2 again after the one-shot boot: {status}"
+    );
+    Ok((
+        format!(
+            "`reboot --entry` refused a missing entry; `{written}` → booted slate-1.0.0.efi \
+             once, then slate-2.0.0.efi"
+        ),
+        boot,
     ))
 }
 
@@ -1014,6 +1062,11 @@ pub fn vm_test(only: &[String]) -> Result<()> {
             powercut::power_cuts_during_upgrade,
         ),
         ("kexec_reboots", kexec::kexec_reboots),
+        (
+            "var_survives_power_cut",
+            var_powercut::var_survives_power_cut,
+        ),
+        ("btrfs_snapshot_upgrades", snapshot::btrfs_snapshot_upgrades),
         ("node_lifecycle", node_lifecycle),
         ("fatal_boot_task", fatal_boot_task),
     ];

@@ -25,6 +25,8 @@ pub struct Fake {
     pub sequence: Mutex<()>,
     pub upgrade_hold: Duration,
     pub reboots: Mutex<Vec<RebootMode>>,
+    /// Entries asked to boot once, with the mode.
+    pub reboots_once: Mutex<Vec<(String, RebootMode)>>,
     pub resets: AtomicUsize,
     pub shutdowns: AtomicUsize,
     /// Uploads that reached `receive_bundle`.
@@ -117,6 +119,15 @@ impl NodeBackend for Fake {
     fn reboot(&self, mode: RebootMode) -> Result<(), BackendError> {
         self.check_lock()?;
         self.reboots.lock().unwrap().push(mode);
+        Ok(())
+    }
+
+    fn reboot_once_into(&self, entry: &str, mode: RebootMode) -> Result<(), BackendError> {
+        self.check_lock()?;
+        self.reboots_once
+            .lock()
+            .unwrap()
+            .push((entry.to_owned(), mode));
         Ok(())
     }
 

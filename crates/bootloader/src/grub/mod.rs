@@ -518,6 +518,13 @@ impl<D: Disk> Bootloader for Grub<D> {
     }
 
     /// Refused before anything is read.
+    fn boot_once(&mut self, reference: &str) -> Result<String> {
+        Err(invalid(format!(
+            "cannot boot {reference} once on a GRUB disk: its one-shot (grubenv next_entry) \
+             belongs to the upgrade transaction"
+        )))
+    }
+
     fn read_uki(&self, reference: &str, _limit: u64) -> Result<Vec<u8>> {
         Err(invalid(format!(
             "slot {reference} holds no UKI: a GRUB slot is a kernel, an initramfs and a command \

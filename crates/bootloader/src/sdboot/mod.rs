@@ -4,6 +4,7 @@
 
 mod image;
 mod kexec;
+mod once;
 mod pin;
 mod plan;
 mod prune;
@@ -254,6 +255,10 @@ fn rename_in<T: ReadWriteSeek>(fs: &FileSystem<T>, from: &str, to: &str) -> Resu
 }
 
 impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
+    fn boot_once(&mut self, reference: &str) -> Result<String> {
+        SystemdBoot::boot_once(self, reference)
+    }
+
     fn status(&self) -> Result<BootStatus> {
         let scan = self.scan()?;
         let selected = self.selection(&scan.entries, &scan.conf(), &self.vars);

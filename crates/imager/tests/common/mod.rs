@@ -24,11 +24,20 @@ slate = "slate"
 
 /// `dir/profile.toml` resolved for a rootfs build at a fixed `SOURCE_DATE_EPOCH`.
 pub fn resolve_rootfs(dir: &Path) -> Result<Inputs, ImagerError> {
+    resolve(dir, OutputKind::Rootfs, 1_700_000_000)
+}
+
+/// `dir/profile.toml` resolved for a build of `kind` at `source_date_epoch`.
+pub fn resolve(
+    dir: &Path,
+    kind: OutputKind,
+    source_date_epoch: u64,
+) -> Result<Inputs, ImagerError> {
     Inputs::resolve(
         &dir.join("profile.toml"),
         None,
         &[],
-        OutputKind::Rootfs,
-        1_700_000_000,
+        kind,
+        source_date_epoch,
     )
 }

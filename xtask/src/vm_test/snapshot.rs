@@ -1,0 +1,286 @@
+//! The Btrfs snapshot engine on a slate node (issue 15): one VM booted from
+//! `slate imager build --output btrfs-image`, upgraded four times through
+//! `slate snapshot upgrade --node … --command … --reboot`.
+//!
+//! 1. v1 boots from `root-<ts>` (slate's init mounts `root=UUID=… rootflags=subvol=…`); its
+//!    entry was blessed by the imager.
+//! 2. v2: a command changes /usr and the version, and adds a setup hook that appends the
+//!    version to `/home/boots.log` and prints the file. It boots once on trial and is
+//!    committed after the health checks (its entry loses its counter).
+//! 3. v3's command removes the file a health check needs: the check fails, machined rolls
+//!    back (the previous snapshot boots next, v3's entry is marked bad) and reboots; v2 runs.
+//! 4. v4's command overwrites its initramfs: the kernel cannot mount its root and panics;
+//!    after three tries systemd-boot starts v2 again, unattended.
+//! 5. v5's command makes the boot hang (a health check that never passes, with a 20 s
+//!    watchdog): the watchdog resets it three times, then v2 again.
+//! 6. v6, a good one: committed, and the pool is pruned to three snapshots.
+//!
+//! /home is the `@home` subvolume, outside every snapshot: v6 finds the lines written by v3
+//! and v5, which were rolled back.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+
+use super::{configure_disk, node_config, running, Node, Prepared, BOOT_TIMEOUT};
+use crate::util::{output, repo_root};
+use crate::vm::{tail, Running, Vm};
+
+/// `SOURCE_DATE_EPOCH` 1700000000 names the image's first snapshot.
+const FIRST_SNAPSHOT: &str = "root-20231114-221320";
+
+/// The command that makes a snapshot version `version` (and keeps the /home hook in it).
+fn set_version(version: &str) -> String {
+    format!(
+        "sed -i -e 's/^IMAGE_VERSION=.*/IMAGE_VERSION={version}/' \
+         -e 's/^VERSION_ID=.*/VERSION_ID={version}/' \
+         -e 's/^PRETTY_NAME=.*/PRETTY_NAME=\"slate {version} (btrfs)\"/' /etc/os-release \
+         && echo {version} > /usr/share/slate-snapshot-version"
+    )
+}
+
+/// v2's addition: a setup hook (run once per version) recording each version in /home.
+const HOME_HOOK: &str = "printf '#!/bin/sh\\n. /etc/os-release\\n\
+    echo \"$VERSION_ID\" >> /home/boots.log\\n\
+    echo \"setup: /home/boots.log: $(tr \"\\\\n\" \" \" < /home/boots.log)\"\\n' \
+    > /usr/lib/slate/setup.d/30-home && chmod 755 /usr/lib/slate/setup.d/30-home";
+
+fn snapshot_list(node: &Node) -> Result<serde_json::Value> {
+    let text = node.ok(&["snapshot", "list", "--output", "json"])?;
+    serde_json::from_str(&text).with_context(|| format!("snapshot list: {text}"))
+}
+
+/// `slate snapshot upgrade --node … --command CMD --reboot`; the new snapshot's name.
+fn upgrade(node: &Node, boot: &mut Running, command: &str) -> Result<String> {
+    let said = node.ok(&["snapshot", "upgrade", "--command", command, "--reboot"])?;
+    ensure!(
+        said.contains("(4) register: ") && said.contains("(5) manifest: "),
+        "snapshot upgrade printed:\n{said}"
+    );
+    let name = said
+        .lines()
+        .find_map(|l| l.split("is rebooting into ").nth(1))
+        .map(|n| n.trim().to_owned())
+        .with_context(|| format!("no new snapshot named in:\n{said}"))?;
+    boot.wait_exit(Duration::from_secs(120))
+        .context("the node rebooting after the upgrade")?;
+    Ok(name)
+}
+
+fn state_of<'a>(listing: &'a serde_json::Value, snapshot: &str) -> Option<&'a str> {
+    listing["snapshots"]
+        .as_array()?
+        .iter()
+        .find(|s| s["name"] == snapshot)
+        .and_then(|s| s["state"].as_str())
+}
+
+/// Boots until one is not on `snapshot`: each boot on it must end by itself (a panic's reboot,
+/// the watchdog's reset) with `sign` on its console, three times — its tries — and the next
+/// boot, on another snapshot, reaches Running. Returns that boot and what was seen.
+fn three_failed_tries(vm: &mut Vm, snapshot: &str, sign: &str) -> Result<(Running, String)> {
+    let mut tries = Vec::new();
+    loop {
+        let mut boot = vm.start()?;
+        // Which snapshot this boot is on: the kernel prints its command line.
+        let cmdline = boot.expect(
+            &["Kernel command line: "],
+            BOOT_TIMEOUT,
+            "the kernel starting",
+        )?;
+        if !cmdline.contains(&format!("subvol={snapshot} ")) {
+            boot.expect(&[super::RUNNING], BOOT_TIMEOUT, "the fallback snapshot")?;
+            ensure!(
+                tries.len() == 3,
+                "{snapshot} used {} tries, not 3",
+                tries.len()
+            );
+            return Ok((
+                boot,
+                format!("{} failed tries ({})", tries.len(), tries.join(", ")),
+            ));
+        }
+        ensure!(tries.len() < 3, "{snapshot} booted a fourth time");
+        boot.wait_exit(Duration::from_secs(180))
+            .with_context(|| format!("try {} of {snapshot} ending by itself", tries.len() + 1))?;
+        let serial = boot.serial();
+        ensure!(
+            serial.contains(sign) && !serial.contains(&format!("committed: snapshot {snapshot}")),
+            "try {} of {snapshot}: {sign:?} expected, and no commit:\n{}",
+            tries.len() + 1,
+            tail(&serial, 30)
+        );
+        tries.push(format!("{:.0} s", boot.elapsed().as_secs_f64()));
+    }
+}
+
+/// The scenario; see the module documentation.
+pub(super) fn btrfs_snapshot_upgrades(prepared: &Prepared, work: &Path) -> Result<String> {
+    let slate = &prepared.slate;
+    let image = work.join("btrfs.raw");
+    output(
+        Command::new(slate)
+            .args(["imager", "build", "--profile"])
+            .arg(repo_root().join("profiles/demo-btrfs.toml"))
+            .args(["--version", "1.0.0", "--output", "btrfs-image", "--out"])
+            .arg(&image)
+            .env("SOURCE_DATE_EPOCH", "1700000000"),
+    )?;
+    let config = node_config(slate, work, "btrfs-node")?;
+    configure_disk(slate, &image, &config)?;
+    let mut vm = Vm::new(&image, &work.join("vm"))?;
+    let node = Node {
+        prepared,
+        port: vm.api_port,
+    };
+    let mut lines = Vec::new();
+
+    // 1. v1 from the image's first snapshot.
+    let mut boot = running(&mut vm)?;
+    boot.expect(
+        &[&format!("snapshot {FIRST_SNAPSHOT} was committed already")],
+        Duration::from_secs(60),
+        "v1 settled by the snapshot engine",
+    )?;
+    let serial = boot.serial();
+    ensure!(
+        serial.contains(&format!("subvol={FIRST_SNAPSHOT}, rw)")),
+        "init mounted the snapshot root:\n{}",
+        tail(&serial, 40)
+    );
+    ensure!(
+        node.status()?["version"] == "1.0.0",
+        "v1 runs: {}",
+        node.status()?
+    );
+
+    // 2. v2: changed /usr and version, on trial, committed after its health checks.
+    let v2 = upgrade(
+        &node,
+        &mut boot,
+        &format!("{} && {HOME_HOOK}", set_version("2.0.0")),
+    )?;
+    let mut boot = running(&mut vm)?;
+    let committed = boot.expect(
+        &[&format!(
+            "committed: snapshot {v2} (loader/entries/{v2}+2-1.conf -> {v2}.conf)"
+        )],
+        Duration::from_secs(60),
+        "v2 committed",
+    )?;
+    lines.push(committed);
+    let status = node.status()?;
+    ensure!(status["version"] == "2.0.0", "v2 runs: {status}");
+    let listing = snapshot_list(&node)?;
+    ensure!(
+        listing["running"] == v2.as_str() && state_of(&listing, &v2) == Some("good"),
+        "v2 running and good: {listing}"
+    );
+
+    // 3. v3 fails its health check: rolled back by machined, v2 again.
+    let v3 = upgrade(
+        &node,
+        &mut boot,
+        &format!("{} && rm /usr/lib/slate/healthy", set_version("3.0.0")),
+    )?;
+    let mut boot = vm.start()?;
+    let reverted = boot.expect(
+        &[&format!("snapshot reverted: {v3} failed its boot")],
+        BOOT_TIMEOUT + Duration::from_secs(60),
+        "v3 rolled back after its failed health check",
+    )?;
+    lines.push(reverted);
+    ensure!(
+        boot.serial()
+            .contains("health check `file /usr/lib/slate/healthy` failed"),
+        "the failed check named:\n{}",
+        tail(&boot.serial(), 30)
+    );
+    boot.wait_exit(Duration::from_secs(60))?;
+    let mut boot = running(&mut vm)?;
+    let status = node.status()?;
+    ensure!(status["version"] == "2.0.0", "back on v2: {status}");
+
+    // 4. v4's initramfs is garbage: the kernel cannot mount its root and panics (panic=10),
+    // three times, then systemd-boot starts v2 again.
+    let v4 = upgrade(
+        &node,
+        &mut boot,
+        &format!(
+            "{} && for f in /boot/initrd.img-*; do echo garbage > \"$f\"; done",
+            set_version("4.0.0")
+        ),
+    )?;
+    let (mut boot, panics) = three_failed_tries(&mut vm, &v4, "VFS: Unable to mount root")?;
+    lines.push(format!("v4: {panics}"));
+    let status = node.status()?;
+    ensure!(
+        status["version"] == "2.0.0",
+        "back on v2 after the kernel failure: {status}"
+    );
+
+    // 5. v5 hangs before its commit: the watchdog and boot counting bring v2 back.
+    let hang = "printf '[health]\\ntimeout_secs = 600\\n[[health.checks]]\\n\
+                file = \"/nonexistent\"\\n[watchdog]\\ntimeout_secs = 20\\n\
+                device = \"/dev/watchdog\"\\n' > /etc/slate/node.toml";
+    let v5 = upgrade(
+        &node,
+        &mut boot,
+        &format!("{} && {hang}", set_version("5.0.0")),
+    )?;
+    let (mut boot, hangs) = three_failed_tries(
+        &mut vm,
+        &v5,
+        "watchdog armed: /dev/watchdog, 20s (fed from the commit on)",
+    )?;
+    lines.push(format!("v5: {hangs}"));
+    let status = node.status()?;
+    ensure!(
+        status["version"] == "2.0.0",
+        "back on v2 after the hang: {status}"
+    );
+    let listing = snapshot_list(&node)?;
+    ensure!(
+        state_of(&listing, &v4) == Some("bad") && state_of(&listing, &v5) == Some("bad"),
+        "v4's and v5's entries are bad after three tries each: {listing}"
+    );
+
+    // 6. v6, good: committed; three snapshots remain; /home kept every version's line.
+    let v6 = upgrade(&node, &mut boot, &set_version("6.0.0"))?;
+    let mut boot = running(&mut vm)?;
+    boot.expect(
+        &[&format!("committed: snapshot {v6}")],
+        Duration::from_secs(60),
+        "v6 committed",
+    )?;
+    let home = boot.expect(
+        &["setup: /home/boots.log: "],
+        Duration::from_secs(5),
+        "the /home hook",
+    )?;
+    // v4 never reached its setup hooks; v3 and v5 did before they were rolled back.
+    ensure!(
+        home.trim_end().ends_with("2.0.0 3.0.0 5.0.0 6.0.0"),
+        "/home kept the lines of the rolled-back versions: {home}"
+    );
+    let listing = snapshot_list(&node)?;
+    let names: Vec<&str> = listing["snapshots"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["name"].as_str())
+        .collect();
+    ensure!(
+        names.len() == 3 && names.contains(&v6.as_str()) && listing["running"] == v6.as_str(),
+        "three snapshots after five upgrades, v6 running: {listing}"
+    );
+    lines.push(home.trim().to_owned());
+    Ok(format!(
+        "v2 {v2} committed; v3 {v3} health check failed → reverted; v4 {v4} kernel failed → \
+         3 tries → v2; v5 {v5} hung → 3 watchdog resets → v2; v6 {v6} committed; snapshots \
+         {names:?}; {}",
+        lines.join(" | ")
+    ))
+}
