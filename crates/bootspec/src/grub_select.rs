@@ -15,6 +15,11 @@
 //! set fallback="${saved_entry}"             # where GRUB goes when the entry fails in GRUB
 //! ```
 //!
+//! Between `load_env` and the one-shot test, slate's `grub.cfg` checks that `saved_entry` is
+//! exactly one of the menu's ids; when it is not (grubenv did not load, or lost the line),
+//! it loads `saved_entry` alone from slate's second record, `grub/slate-default.env`
+//! ([`grub_select_with_record`]; docs/formats.md §4.3).
+//!
 //! GRUB resolves `default` (and `fallback`) as a number (an index, `strtoul` base 0), else the
 //! first entry whose title or `--id` equals it; a value that resolves to nothing (unset, empty,
 //! unknown) means the first entry.
@@ -52,6 +57,9 @@ pub struct GrubSelection {
     /// The block GRUB leaves behind (`next_entry=` after a one-shot; `None` when nothing was
     /// saved: no one-shot, or an unloadable block).
     pub env_after: Option<GrubEnv>,
+    /// `saved_entry` (the default and the fallback) came from slate's second record, because
+    /// grubenv's named no menu id ([`grub_select_with_record`]).
+    pub saved_from_record: bool,
 }
 
 /// GRUB's `get_entry_number`: a number in range, else a title or id, else nothing.
@@ -85,10 +93,43 @@ fn parse_ulong(s: &str) -> Option<u64> {
 /// The entry GRUB starts with `env` (`None`: the block could not be loaded) and `menu`.
 /// `None` only for an empty menu.
 pub fn grub_select(env: Option<&GrubEnv>, menu: &[GrubMenuEntry]) -> Option<GrubSelection> {
+    select(env, None, menu)
+}
+
+/// [`grub_select`] for slate's `grub.cfg`, which has a second record of the committed default:
+/// when grubenv's `saved_entry` is not exactly the `--id` of a menu entry (the block did not
+/// load, lost the line, or holds something else), `load_env --file … saved_entry` takes it
+/// from `record` (`None`: absent or unloadable — then nothing changes). `saved_entry` feeds
+/// `default` and `fallback` as before; the one-shot and what `save_env` writes back are
+/// grubenv's alone.
+pub fn grub_select_with_record(
+    env: Option<&GrubEnv>,
+    record: Option<&GrubEnv>,
+    menu: &[GrubMenuEntry],
+) -> Option<GrubSelection> {
+    let names_an_id = |saved: Option<&str>| saved.is_some_and(|s| menu.iter().any(|e| e.id == s));
+    if names_an_id(env.and_then(|e| e.get("saved_entry"))) {
+        return select(env, None, menu);
+    }
+    match record.and_then(|r| r.get("saved_entry")) {
+        Some(saved) => select(env, Some(saved), menu),
+        None => select(env, None, menu),
+    }
+}
+
+/// The selection with `saved_entry` overridden by `record_saved` (loaded from the record).
+fn select(
+    env: Option<&GrubEnv>,
+    record_saved: Option<&str>,
+    menu: &[GrubMenuEntry],
+) -> Option<GrubSelection> {
     if menu.is_empty() {
         return None;
     }
-    let saved = env.and_then(|e| e.get_nonempty("saved_entry"));
+    let saved = match record_saved {
+        Some(s) => Some(s).filter(|s| !s.is_empty()),
+        None => env.and_then(|e| e.get_nonempty("saved_entry")),
+    };
     let fallback = saved.and_then(|s| grub_entry_index(menu, s));
     let next = env.and_then(|e| e.get_nonempty("next_entry"));
     let (default, one_shot) = match next {
@@ -116,6 +157,7 @@ pub fn grub_select(env: Option<&GrubEnv>, menu: &[GrubMenuEntry]) -> Option<Grub
         reason,
         fallback,
         env_after,
+        saved_from_record: record_saved.is_some(),
     })
 }
 
@@ -197,5 +239,40 @@ mod tests {
         let s = grub_select(Some(&e), &m).unwrap();
         assert_eq!((s.index, s.reason), (1, GrubReason::SavedEntry));
         assert!(grub_select(Some(&e), &[]).is_none());
+    }
+
+    #[test]
+    fn the_record_stands_in_when_grubenv_names_no_slot() {
+        let m = menu();
+        let record = env(&[("saved_entry", "B")]);
+        // grubenv names a slot: the record is not read.
+        let e = env(&[("saved_entry", "A")]);
+        let s = grub_select_with_record(Some(&e), Some(&record), &m).unwrap();
+        assert_eq!((s.index, s.fallback, s.saved_from_record), (0, Some(0), false));
+        // Unloadable, lost the line, or a value that is no id (even one GRUB would resolve):
+        // the record's saved_entry is the default and the fallback.
+        for e in [
+            None,
+            Some(env(&[])),
+            Some(env(&[("saved_entry", "1")])),
+            Some(env(&[("saved_entry", "slate A")])),
+        ] {
+            let s = grub_select_with_record(e.as_ref(), Some(&record), &m).unwrap();
+            assert_eq!(
+                (s.index, s.reason, s.fallback, s.saved_from_record),
+                (1, GrubReason::SavedEntry, Some(1), true),
+                "{e:?}"
+            );
+        }
+        // The one-shot is grubenv's: it still wins, and only it is written back.
+        let e = env(&[("next_entry", "A")]);
+        let s = grub_select_with_record(Some(&e), Some(&record), &m).unwrap();
+        assert_eq!((s.index, s.reason, s.fallback), (0, GrubReason::NextEntry, Some(1)));
+        assert_eq!(s.env_after.unwrap().get("saved_entry"), None);
+        // No record (or one without the line): GRUB's first entry, as before.
+        let s = grub_select_with_record(None, None, &m).unwrap();
+        assert_eq!((s.index, s.reason, s.saved_from_record), (0, GrubReason::FirstEntry, false));
+        let s = grub_select_with_record(None, Some(&env(&[])), &m).unwrap();
+        assert_eq!((s.index, s.reason), (0, GrubReason::FirstEntry));
     }
 }

@@ -38,7 +38,10 @@ pub use efivars::{
 };
 pub use error::{EfiVarError, LoaderConfError, NameError, Type1Error};
 pub use glob::fnmatch;
-pub use grub_select::{grub_entry_index, grub_select, GrubMenuEntry, GrubReason, GrubSelection};
+pub use grub_select::{
+    grub_entry_index, grub_select, grub_select_with_record, GrubMenuEntry, GrubReason,
+    GrubSelection,
+};
 pub use grubenv::{
     check_grubenv_name, GrubEnv, GrubEnvError, GRUBENV_LEN, GRUBENV_SIGNATURE, GRUBENV_WARNING,
 };

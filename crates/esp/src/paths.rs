@@ -16,6 +16,10 @@ pub const SYSTEMD_BOOT_DIRECTORIES: [&str; 5] =
 pub const GRUB_DIR: &str = "grub";
 pub const GRUB_CFG_PATH: &str = "grub/grub.cfg";
 pub const GRUBENV_PATH: &str = "grub/grubenv";
+/// slate's second record of the committed slot: a 1024-byte environment block holding only
+/// `saved_entry`, which `grub.cfg` reads when `grubenv` names no slot (docs/formats.md §4.3).
+/// GRUB never writes it.
+pub const GRUB_DEFAULT_ENV_PATH: &str = "grub/slate-default.env";
 /// The two slots, in menu order (the first is what GRUB boots when nothing names an entry).
 pub const GRUB_SLOTS: [&str; 2] = ["A", "B"];
 pub const SLOT_KERNEL: &str = "vmlinuz";

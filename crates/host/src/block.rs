@@ -249,11 +249,9 @@ pub struct FsckOutcome {
 }
 
 impl FsckOutcome {
-    /// `clean`, or `errors corrected: <the first lines e2fsck printed>`.
+    /// `clean` or `errors corrected`, then what e2fsck printed (its first four lines, joined
+    /// with ` | `): `clean: EPHEMERAL: recovering journal | EPHEMERAL: clean, 11/8192 files, …`.
     pub fn summary(&self) -> String {
-        if self.clean {
-            return "clean".to_owned();
-        }
         let lines: Vec<&str> = self
             .output
             .lines()
@@ -269,14 +267,21 @@ impl FsckOutcome {
         if lines.len() > 4 {
             first.push_str(&format!(" | … ({} lines)", lines.len()));
         }
-        format!(
-            "errors corrected{}: {first}",
-            if self.reboot_advised {
-                " (e2fsck advises a reboot)"
-            } else {
-                ""
-            }
-        )
+        let verdict = match (self.clean, self.reboot_advised) {
+            (true, _) => "clean",
+            (false, false) => "errors corrected",
+            (false, true) => "errors corrected (e2fsck advises a reboot)",
+        };
+        if first.is_empty() {
+            verdict.to_owned()
+        } else {
+            format!("{verdict}: {first}")
+        }
+    }
+
+    /// Whether e2fsck replayed the journal (the filesystem was not unmounted cleanly).
+    pub fn journal_recovered(&self) -> bool {
+        self.output.contains("recovering journal")
     }
 }
 
@@ -497,8 +502,11 @@ mod tests {
         }
         let outcome = check_ext(&img).unwrap();
         assert!(outcome.clean, "{outcome:?}");
-        assert_eq!(outcome.summary(), "clean");
-        assert!(outcome.output.contains("EPHEMERAL: clean"), "{outcome:?}");
+        assert!(
+            outcome.summary().starts_with("clean: EPHEMERAL: clean, "),
+            "{outcome:?}"
+        );
+        assert!(!outcome.journal_recovered());
     }
 
     /// A harmless inconsistency (a wrong free-blocks count in the superblock and group
@@ -594,5 +602,20 @@ mod tests {
             corrected.summary(),
             "errors corrected (e2fsck advises a reboot): a | b | c | d | … (5 lines)"
         );
+        let replayed = FsckOutcome {
+            clean: true,
+            reboot_advised: false,
+            output: "V: recovering journal\nV: clean, 11/8192 files\n".into(),
+        };
+        assert!(replayed.journal_recovered());
+        assert_eq!(
+            replayed.summary(),
+            "clean: V: recovering journal | V: clean, 11/8192 files"
+        );
+        let silent = FsckOutcome {
+            output: String::new(),
+            ..replayed
+        };
+        assert_eq!(silent.summary(), "clean");
     }
 }

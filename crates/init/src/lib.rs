@@ -20,9 +20,10 @@ use slate_profile::image_contract::{EXTENSIONS as EXTENSIONS_DIR, MODULES_LOAD, 
 
 mod parse;
 
+pub use parse::{block_root, BlockRoot, RootSource};
 use parse::{
-    block_root, failure_action, init_program, module_name, parse_manifest, parse_modules_load,
-    plan_layers, BlockRoot, FailureAction, Layer, RootSource,
+    failure_action, init_program, module_name, parse_manifest, parse_modules_load,
+    plan_layers, FailureAction, Layer,
 };
 
 const MODULES_DIR: &str = "/lib/modules";

@@ -92,25 +92,25 @@ pub(crate) fn parse_manifest(text: &str) -> Result<Vec<String>> {
 /// (`root=/dev/…` too), `rootfstype=`, `rootflags=` and `rw`/`ro`. A Btrfs snapshot root is
 /// `root=UUID=<pool> rootflags=subvol=<snapshot> rootfstype=btrfs rw`.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct BlockRoot {
-    pub(crate) source: RootSource,
+pub struct BlockRoot {
+    pub source: RootSource,
     /// `rootfstype=`; `None`: the type the device's head names.
-    pub(crate) fstype: Option<String>,
+    pub fstype: Option<String>,
     /// `rootflags=`, handed to mount(2) as its data.
-    pub(crate) flags: Option<String>,
+    pub flags: Option<String>,
     /// `rw` given (and not overridden by a later `ro`): mounted writable.
-    pub(crate) read_write: bool,
+    pub read_write: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum RootSource {
+pub enum RootSource {
     Uuid(String),
     Device(PathBuf),
 }
 
 /// The block root the command line names; `None` when it names none (the squashfs root in the
 /// initramfs is then mounted).
-pub(crate) fn block_root(cmdline: &str) -> Result<Option<BlockRoot>> {
+pub fn block_root(cmdline: &str) -> Result<Option<BlockRoot>> {
     let Some(root) = host::cmdline_value(cmdline, "root").filter(|r| !r.is_empty()) else {
         return Ok(None);
     };

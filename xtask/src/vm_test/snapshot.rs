@@ -41,9 +41,11 @@ fn set_version(version: &str) -> String {
     )
 }
 
-/// v2's addition: a setup hook (run once per version) recording each version in /home.
+/// v2's addition: a setup hook recording the version in /home whenever the hooks are due (the
+/// record of the last version they ran for is on `@state`: a return to an older snapshot runs
+/// them again). `sync`, or a watchdog reset would lose the line.
 const HOME_HOOK: &str = "printf '#!/bin/sh\\n. /etc/os-release\\n\
-    echo \"$VERSION_ID\" >> /home/boots.log\\n\
+    echo \"$VERSION_ID\" >> /home/boots.log && sync\\n\
     echo \"setup: /home/boots.log: $(tr \"\\\\n\" \" \" < /home/boots.log)\"\\n' \
     > /usr/lib/slate/setup.d/30-home && chmod 755 /usr/lib/slate/setup.d/30-home";
 
@@ -260,9 +262,20 @@ pub(super) fn btrfs_snapshot_upgrades(prepared: &Prepared, work: &Path) -> Resul
         Duration::from_secs(5),
         "the /home hook",
     )?;
-    // v4 never reached its setup hooks; v3 and v5 did before they were rolled back.
+    // v3 and v5 wrote their lines before they were rolled back (v4 never reached its setup
+    // hooks): /home is the same through every snapshot.
+    let versions: Vec<&str> = home
+        .split("boots.log: ")
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
     ensure!(
-        home.trim_end().ends_with("2.0.0 3.0.0 5.0.0 6.0.0"),
+        versions.first() == Some(&"2.0.0")
+            && versions.contains(&"3.0.0")
+            && versions.contains(&"5.0.0")
+            && !versions.contains(&"4.0.0")
+            && versions.last() == Some(&"6.0.0"),
         "/home kept the lines of the rolled-back versions: {home}"
     );
     let listing = snapshot_list(&node)?;

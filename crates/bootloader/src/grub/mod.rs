@@ -20,14 +20,14 @@ use std::io::{self, Read, Seek, Write};
 
 use fatfs::ReadWriteSeek;
 use slate_bootspec::{
-    grub_entry_index, grub_select, GrubEnv, GrubMenuEntry, GrubReason, GrubSelection, Reason,
-    Selection,
+    grub_entry_index, grub_select_with_record, GrubEnv, GrubEnvError, GrubMenuEntry, GrubReason,
+    GrubSelection, Reason, Selection,
 };
 use slate_disk::{Disk, PartitionView};
 use slate_esp::fat;
 use slate_esp::{
-    fat_space, FatSpace, ReadOnly, GRUBENV_PATH, GRUB_CFG_PATH, GRUB_SLOTS, SLOT_CMDLINE,
-    SLOT_INITRAMFS, SLOT_KERNEL,
+    fat_space, FatSpace, ReadOnly, GRUBENV_PATH, GRUB_CFG_PATH, GRUB_DEFAULT_ENV_PATH, GRUB_SLOTS,
+    SLOT_CMDLINE, SLOT_INITRAMFS, SLOT_KERNEL,
 };
 
 use crate::parts::{self, fat_err, invalid, EspFs, Result};
@@ -106,7 +106,15 @@ impl SlotStatus {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GrubStatus {
     pub slots: Vec<SlotStatus>,
+    /// `grub/grubenv` as read; an empty block when it could not be ([`Self::env_error`]).
     pub env: GrubEnv,
+    /// Why `grub/grubenv` could not be read (corrupted, unsigned, not 1024 bytes). GRUB then
+    /// loads nothing from it, `grub.cfg` takes `saved_entry` from the second record, and slate
+    /// refuses every write to the loader ([`Self::writable`]).
+    pub env_error: Option<GrubEnvError>,
+    /// `grub/slate-default.env`, the second record of the committed slot: `None` when absent
+    /// (a disk imaged before it existed), `Some(Err)` when unreadable.
+    pub default_record: Option<std::result::Result<GrubEnv, GrubEnvError>>,
     /// META `Upgrade`: the slot to return to while an upgrade is uncommitted.
     pub upgrade_tag: Option<String>,
     /// What GRUB does on the next boot, by the selection model.
@@ -137,6 +145,30 @@ impl GrubStatus {
 
     fn slot(&self, reference: &str) -> Option<usize> {
         grub_entry_index(&menu(), reference)
+    }
+
+    /// The status, if slate may write the loader: refused while grubenv is unreadable (slate
+    /// rewrites it in place and edits it line by line, and would not guess what it held).
+    pub fn writable(self) -> Result<Self> {
+        match self.env_error {
+            Some(err) => Err(err.into()),
+            None => Ok(self),
+        }
+    }
+
+    /// The slot the second record names (`saved_entry`), when it is present and readable.
+    pub fn record_entry(&self) -> Option<&str> {
+        match &self.default_record {
+            Some(Ok(record)) => record.get_nonempty("saved_entry"),
+            _ => None,
+        }
+    }
+
+    /// grubenv's `saved_entry` when it is exactly a slot's id (what `grub.cfg` tests before it
+    /// reads the record).
+    fn env_saved_slot(&self) -> Option<&'static str> {
+        let saved = self.env.get("saved_entry")?;
+        GRUB_SLOTS.iter().copied().find(|s| *s == saved)
     }
 }
 
@@ -238,7 +270,19 @@ impl<D: Disk> Grub<D> {
         root.open_file(GRUBENV_PATH)
             .and_then(|mut f| f.read_to_end(&mut env_bytes))
             .map_err(fat_err("reading", GRUBENV_PATH))?;
-        let env = GrubEnv::parse(&env_bytes)?;
+        let (env, env_error) = match GrubEnv::parse(&env_bytes) {
+            Ok(env) => (env, None),
+            Err(err) => (GrubEnv::new(), Some(err)),
+        };
+        let mut record_bytes = Vec::new();
+        let default_record = match root
+            .open_file(GRUB_DEFAULT_ENV_PATH)
+            .and_then(|mut f| f.read_to_end(&mut record_bytes))
+        {
+            Ok(_) => Some(GrubEnv::parse(&record_bytes)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
+            Err(e) => return Err(fat_err("reading", GRUB_DEFAULT_ENV_PATH)(e)),
+        };
         let (mut slots, mut temp_files) = (Vec::new(), Vec::new());
         for label in GRUB_SLOTS {
             let mut slot = SlotStatus {
@@ -281,10 +325,58 @@ impl<D: Disk> Grub<D> {
             ..
         } = parts::read_meta_facts(&self.disk)?;
         warnings.extend(meta_warnings);
-        let selection = grub_select(Some(&env), &menu());
+        let record = default_record.as_ref().and_then(|r| r.as_ref().ok());
+        let selection = grub_select_with_record(
+            env_error.is_none().then_some(&env),
+            record,
+            &menu(),
+        );
+        let record_says = record.and_then(|r| r.get_nonempty("saved_entry"));
+        if let Some(err) = &env_error {
+            let record_text = match (&default_record, record_says) {
+                (Some(Ok(_)), Some(slot)) => format!(
+                    "grub.cfg takes saved_entry={slot} from {GRUB_DEFAULT_ENV_PATH}"
+                ),
+                (Some(Ok(_)), None) => {
+                    format!("{GRUB_DEFAULT_ENV_PATH} names no slot either: GRUB starts the first entry")
+                }
+                (Some(Err(e)), _) => {
+                    format!("{GRUB_DEFAULT_ENV_PATH} is unreadable too ({e}): GRUB starts the first entry")
+                }
+                (None, _) => format!(
+                    "there is no {GRUB_DEFAULT_ENV_PATH} (a disk imaged before slate kept one): \
+                     GRUB starts the first entry"
+                ),
+            };
+            warnings.push(format!(
+                "{GRUBENV_PATH}: {err}: GRUB loads no slot from it; {record_text}; slate writes \
+                 nothing to the boot loader until grubenv is repaired"
+            ));
+        } else {
+            match (&default_record, record_says) {
+                (Some(Err(e)), _) => warnings.push(format!(
+                    "{GRUB_DEFAULT_ENV_PATH}: {e}: should grubenv become unreadable, GRUB would \
+                     start the first entry; the next commit rewrites it"
+                )),
+                (Some(Ok(_)), found) => {
+                    let saved = env.get_nonempty("saved_entry");
+                    if saved.is_some() && found != saved {
+                        warnings.push(format!(
+                            "{GRUB_DEFAULT_ENV_PATH} names {}, grubenv saved_entry={}: the next \
+                             commit or upgrade brings the record in line",
+                            found.unwrap_or("no slot"),
+                            saved.unwrap_or_default()
+                        ));
+                    }
+                }
+                (None, _) => {}
+            }
+        }
         Ok(GrubStatus {
             slots,
             env,
+            env_error,
+            default_record,
             upgrade_tag,
             selection,
             temp_files,
@@ -305,22 +397,46 @@ impl<D: Disk> Grub<D> {
 
     /// Rewrite `grub/grubenv` in place: the same 1024 bytes over the same clusters (flushed).
     fn write_env(&mut self, env: &GrubEnv) -> Result<()> {
+        self.write_block(GRUBENV_PATH, env)
+    }
+
+    /// Rewrite the second record, `grub/slate-default.env`, in place with a fresh block naming
+    /// `slot` (flushed). Its 1024 bytes span two sectors, and `saved_entry` sits in the first:
+    /// a torn write leaves the old or the new slot (the crash matrix replays it).
+    fn write_record(&mut self, slot: &str) -> Result<()> {
+        self.write_block(GRUB_DEFAULT_ENV_PATH, &config::default_record(slot))
+    }
+
+    /// The record rewritten to name `slot` if it is present and names something else (a disk
+    /// imaged before the record existed keeps doing without it).
+    fn sync_record(&mut self, status: &GrubStatus, slot: &str) -> Result<()> {
+        if status.default_record.is_some() && status.record_entry() != Some(slot) {
+            self.write_record(slot)?;
+        }
+        Ok(())
+    }
+
+    /// An environment block rewritten in place: the same 1024 bytes over the same clusters.
+    fn write_block(&mut self, path: &str, env: &GrubEnv) -> Result<()> {
         let bytes = env.to_bytes();
         self.with_esp(|fs| {
             let mut f = fs
                 .root_dir()
-                .open_file(GRUBENV_PATH)
-                .map_err(fat_err("opening", GRUBENV_PATH))?;
-            let len = f
-                .seek(io::SeekFrom::End(0))
-                .map_err(fat_err("sizing", GRUBENV_PATH))?;
+                .open_file(path)
+                .map_err(fat_err("opening", path))?;
+            let len = f.seek(io::SeekFrom::End(0)).map_err(fat_err("sizing", path))?;
             if len != bytes.len() as u64 {
-                return Err(slate_bootspec::GrubEnvError::WrongLength { len: len as usize }.into());
+                let err = GrubEnvError::WrongLength { len: len as usize };
+                return Err(if path == GRUBENV_PATH {
+                    err.into()
+                } else {
+                    invalid(format!("{path}: {err}"))
+                });
             }
             f.seek(io::SeekFrom::Start(0))
                 .and_then(|_| f.write_all(&bytes))
                 .and_then(|()| f.flush())
-                .map_err(fat_err("rewriting", GRUBENV_PATH))
+                .map_err(fat_err("rewriting", path))
         })
     }
 
@@ -348,7 +464,7 @@ impl<D: Disk> Grub<D> {
         }
         let cfg = slot_cmdline_cfg(version, &payload.cmdline)
             .map_err(|err| BootloaderError::Invalid(err.to_string()))?;
-        let status = self.grub_status()?;
+        let status = self.grub_status()?.writable()?;
         let running = status
             .slot(running_entry)
             .ok_or_else(|| BootloaderError::EntryNotFound(running_entry.to_owned()))?;
@@ -365,12 +481,19 @@ impl<D: Disk> Grub<D> {
             .env
             .get_nonempty("saved_entry")
             .and_then(|s| grub_entry_index(&menu, s));
-        if saved == Some(target) {
+        // The default GRUB falls back to, the record's when grubenv names no slot.
+        let fallback = status.selection.as_ref().and_then(|s| s.fallback);
+        if saved == Some(target) || fallback == Some(target) {
             return Err(invalid(format!(
                 "slot {target_label} is GRUB's saved default (saved_entry) while {running_label} \
                  runs: an upgrade is uncommitted; commit or revert it first"
             )));
         }
+        // The record must not name the slot about to be emptied: brought in line with
+        // grubenv's saved_entry first (it lags only after a cut commit).
+        let record_sync = status
+            .env_saved_slot()
+            .filter(|&s| status.default_record.is_some() && status.record_entry() != Some(s));
         // Room: what is free, plus what the old slot and stale temp files give back, for three
         // files and their directory entries.
         let space = status.space;
@@ -397,6 +520,9 @@ impl<D: Disk> Grub<D> {
             .collect();
 
         // Writes start here.
+        if let Some(slot) = record_sync {
+            self.write_record(slot)?;
+        }
         match self.order {
             GrubWriteOrder::SlotThenFlip => {
                 self.write_slot(target_label, payload, &cfg, &temps)?;
@@ -561,7 +687,7 @@ impl<D: Disk> Bootloader for Grub<D> {
     /// flushed; then META `Upgrade` deleted (flush). A cut between the two leaves the running
     /// slot the default and the tag: the next boot commits again (both steps are idempotent).
     fn commit(&mut self, running_entry: &str) -> Result<CommitOutcome> {
-        let status = self.grub_status()?;
+        let status = self.grub_status()?.writable()?;
         let running = status
             .slot(running_entry)
             .ok_or_else(|| BootloaderError::EntryNotFound(running_entry.to_owned()))?;
@@ -582,6 +708,7 @@ impl<D: Disk> Bootloader for Grub<D> {
         if env != status.env {
             self.write_env(&env)?;
         }
+        self.sync_record(&status, label)?;
         let previous = status.upgrade_tag.clone();
         if previous.is_some() {
             self.set_tag(None)?;
@@ -615,7 +742,7 @@ impl<D: Disk> Bootloader for Grub<D> {
     }
 
     fn revert(&mut self, failed_entry: &str) -> Result<Option<String>> {
-        let status = self.grub_status()?;
+        let status = self.grub_status()?.writable()?;
         let Some(tag) = status.upgrade_tag.clone() else {
             return Ok(None);
         };
@@ -642,6 +769,7 @@ impl<D: Disk> Bootloader for Grub<D> {
         if env != status.env {
             self.write_env(&env)?;
         }
+        self.sync_record(&status, GRUB_SLOTS[prev])?;
         self.set_tag(None)?;
         Ok(Some(tag))
     }

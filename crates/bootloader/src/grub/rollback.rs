@@ -14,7 +14,7 @@ impl<D: Disk> Grub<D> {
     /// The checks of a GRUB rollback, nothing written: no upgrade pending, the other slot
     /// complete, its version not below META `VersionFloor`.
     pub fn plan_slot_rollback(&self, running_entry: &str) -> Result<RollbackPlan> {
-        let status = self.grub_status()?;
+        let status = self.grub_status()?.writable()?;
         if let Some(pending) = status.upgrade_tag.as_deref().filter(|t| !t.is_empty()) {
             return Err(invalid(format!(
                 "an upgrade is pending (its fallback is slot {pending}): it commits or reverts \
@@ -49,7 +49,7 @@ impl<D: Disk> Grub<D> {
     /// (grubenv rewritten in place, flushed): a cut between the two boots the running slot
     /// with the marker naming it, and its commit drops the marker.
     pub(super) fn execute_slot_rollback(&mut self, plan: &RollbackPlan) -> Result<()> {
-        let mut env = self.grub_status()?.env;
+        let mut env = self.grub_status()?.writable()?.env;
         env.set("next_entry", &plan.to_on_trial)?;
         self.set_tag(Some(&plan.from))?;
         self.write_env(&env)
