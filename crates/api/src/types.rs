@@ -172,6 +172,48 @@ pub struct Status {
     /// The firmware's Secure Boot state (absent without UEFI variables).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub secure_boot: Option<SecureBootStatus>,
+    /// Where this boot's time went (firmware, loader, init, machined's phases and tasks).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub boot_times: Option<BootTimes>,
+}
+
+/// Where a boot's time went (`slate status --boot-times`). Times are microseconds; points of
+/// this boot are counted from the kernel's start (the monotonic clock the console timestamps
+/// use).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootTimes {
+    /// Firmware start to systemd-boot's start (`LoaderTimeInitUSec`; absent without it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub firmware_us: Option<u64>,
+    /// systemd-boot's start to the kernel's (`LoaderTimeExecUSec` − `LoaderTimeInitUSec`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub loader_us: Option<u64>,
+    /// Points of the boot in order: `init started`, `modules loaded`, `root mounted`,
+    /// `switched root` (slate's init), `machined started`, `running`, `committed`.
+    pub milestones: Vec<Milestone>,
+    /// machined's phases (`task` absent) and tasks of Initialize, Install and Boot, in the
+    /// order they ended.
+    pub spans: Vec<BootSpan>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Milestone {
+    pub name: String,
+    /// Microseconds after the kernel started.
+    pub at_us: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootSpan {
+    pub sequence: String,
+    pub phase: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task: Option<String>,
+    /// Microseconds after the kernel started.
+    pub start_us: u64,
+    pub took_us: u64,
+    /// Ended without an error.
+    pub ok: bool,
 }
 
 /// Secure Boot as the firmware reports it (the UEFI variables `SecureBoot` and `SetupMode`),

@@ -150,6 +150,22 @@ fn schemas_match_the_types() {
             reason: Some("window opens Tue 02:00".into()),
             skipped: vec!["1.9.0".into()],
         }),
+        boot_times: Some(slate_api::BootTimes {
+            firmware_us: Some(1_200_000),
+            loader_us: Some(300_000),
+            milestones: vec![slate_api::Milestone {
+                name: "running".into(),
+                at_us: 5_000_000,
+            }],
+            spans: vec![slate_api::BootSpan {
+                sequence: "Boot".into(),
+                phase: "network".into(),
+                task: Some("network".into()),
+                start_us: 4_000_000,
+                took_us: 500_000,
+                ok: true,
+            }],
+        }),
     };
     let status_min = Status {
         booted_entry: None,
@@ -164,9 +180,29 @@ fn schemas_match_the_types() {
         last_rollback: None,
         pinned: Vec::new(),
         secure_boot: None,
+        boot_times: None,
         ..status.clone()
     };
     check_object(&spec, "Status", &status, &status_min);
+    let times = status.boot_times.clone().unwrap();
+    let times_min = slate_api::BootTimes {
+        firmware_us: None,
+        loader_us: None,
+        ..times.clone()
+    };
+    check_object(&spec, "BootTimes", &times, &times_min);
+    check_object(
+        &spec,
+        "Milestone",
+        &times.milestones[0],
+        &times.milestones[0],
+    );
+    let span = times.spans[0].clone();
+    let span_min = slate_api::BootSpan {
+        task: None,
+        ..span.clone()
+    };
+    check_object(&spec, "BootSpan", &span, &span_min);
     let secure_boot = status.secure_boot.clone().unwrap();
     let secure_boot_min = slate_api::SecureBootStatus {
         db: Vec::new(),

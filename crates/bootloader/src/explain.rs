@@ -158,6 +158,9 @@ pub enum NextBootReason {
     GrubNextEntry { value: String },
     /// grubenv `saved_entry`.
     GrubSavedEntry { value: String },
+    /// grubenv names no slot in `saved_entry` (it is corrupted, or lost the line), so
+    /// `grub.cfg` took `saved_entry` from slate's second record, `grub/slate-default.env`.
+    GrubDefaultRecord { value: String },
     /// Neither names an entry: GRUB's first entry.
     GrubFirst,
     /// The selected slot is incomplete, so its menu entry fails and GRUB starts `fallback`
@@ -364,7 +367,28 @@ pub fn grub(status: &GrubStatus) -> BootExplanation {
     let menu = grub_menu();
     let slot_of = |reference: Option<&str>| reference.and_then(|r| grub_entry_index(&menu, r));
     let next_entry = status.env.get_nonempty("next_entry");
-    let saved_entry = status.env.get_nonempty("saved_entry");
+    let from_record = status
+        .selection
+        .as_ref()
+        .is_some_and(|s| s.saved_from_record);
+    // The saved_entry GRUB goes by: grubenv's, or the second record's when grubenv names no
+    // slot.
+    let saved_entry = if from_record {
+        status.record_entry()
+    } else {
+        status.env.get_nonempty("saved_entry")
+    };
+    let saved_name = if from_record {
+        slate_esp::GRUB_DEFAULT_ENV_PATH
+    } else {
+        "grubenv"
+    };
+    // Where saved_entry came from, when it is not grubenv.
+    let saved_from = if from_record {
+        format!(" (from {saved_name})")
+    } else {
+        String::new()
+    };
     let (next_idx, saved_idx) = (slot_of(next_entry), slot_of(saved_entry));
     let tag = status.upgrade_tag.as_deref().filter(|t| !t.is_empty());
     let tag_idx = slot_of(tag);
@@ -381,7 +405,7 @@ pub fn grub(status: &GrubStatus) -> BootExplanation {
     }
     if let (Some(v), None) = (saved_entry, saved_idx) {
         warnings.push(format!(
-            "grubenv saved_entry={v} names no menu entry: GRUB has no fallback"
+            "{saved_name} saved_entry={v} names no menu entry: GRUB has no fallback"
         ));
     }
     match (tag, tag_idx) {
@@ -432,7 +456,7 @@ pub fn grub(status: &GrubStatus) -> BootExplanation {
     let label = |i: usize| GRUB_SLOTS.get(i).copied().unwrap_or("?");
     let after_one_shot = match saved_idx {
         Some(s) => format!(
-            "saved_entry={} boots after it unless it is committed",
+            "saved_entry={}{saved_from} boots after it unless it is committed",
             label(s)
         ),
         None => "GRUB's first entry boots after it unless it is committed".to_owned(),
@@ -453,7 +477,7 @@ pub fn grub(status: &GrubStatus) -> BootExplanation {
             },
             format!(
                 "slot {} is selected but incomplete (kernel, initramfs or cmdline.cfg missing): \
-                 its menu entry fails and GRUB starts its fallback, saved_entry={b}",
+                 its menu entry fails and GRUB starts its fallback, saved_entry={b}{saved_from}",
                 label(sel.index)
             ),
         ),
@@ -466,6 +490,18 @@ pub fn grub(status: &GrubStatus) -> BootExplanation {
                 );
                 (NextBootReason::GrubNextEntry { value }, text)
             }
+            GrubReason::SavedEntry if from_record => {
+                let value = saved_entry.unwrap_or_default().to_owned();
+                let why = match &status.env_error {
+                    Some(err) => format!("grubenv is unreadable ({err})"),
+                    None => "grubenv's saved_entry names no slot".to_owned(),
+                };
+                let text = format!(
+                    "{why}, so grub.cfg takes saved_entry={value} from slate's second record of \
+                     the committed slot, {saved_name}, and no next_entry is set"
+                );
+                (NextBootReason::GrubDefaultRecord { value }, text)
+            }
             GrubReason::SavedEntry => {
                 let value = saved_entry.unwrap_or_default().to_owned();
                 let text = format!("grubenv saved_entry={value} names it and no next_entry is set");
@@ -473,9 +509,15 @@ pub fn grub(status: &GrubStatus) -> BootExplanation {
             }
             GrubReason::FirstEntry => (
                 NextBootReason::GrubFirst,
-                "neither grubenv next_entry nor saved_entry names a menu entry, so GRUB starts \
-                 the first one"
-                    .to_owned(),
+                match &status.env_error {
+                    Some(err) => format!(
+                        "grubenv is unreadable ({err}) and slate's second record names no slot, \
+                         so GRUB starts the first entry"
+                    ),
+                    None => "neither grubenv next_entry nor saved_entry names a menu entry, so \
+                             GRUB starts the first one"
+                        .to_owned(),
+                },
             ),
         },
     };

@@ -3,6 +3,8 @@
 //! torn, scattered). For each state the GRUB selection model must start a slot holding the old
 //! or the new version, every file of it intact; and the boot after that one (the one-shot
 //! `next_entry` consumed, nothing committed) must also come up on an intact old or new slot.
+//! And should grubenv then be corrupted (GRUB loads nothing from it), the slot `grub.cfg`
+//! takes from slate's second record, `grub/slate-default.env`, must come up the same way.
 
 use slate_bootloader::{Bootloader, Grub, GrubWriteOrder, SlotPayload};
 use slate_disk::{CrashPoint, Disk, MemDisk, RecordingDisk};
@@ -95,14 +97,44 @@ fn boots(g: &Grub<MemDisk>, versions: &[u64]) -> Result<u64, String> {
     Ok(v)
 }
 
-/// The check of one crash state: this boot and the next (one-shot consumed).
-fn check(disk: MemDisk, versions: &[u64]) -> Result<(u64, u64), String> {
+/// The check of one crash state: this boot and the next (one-shot consumed), each one of
+/// `versions`, and the boot of the same state with grubenv corrupted, one of `corrupted`.
+fn check(
+    disk: MemDisk,
+    versions: &[u64],
+    corrupted_versions: &[u64],
+) -> Result<(u64, u64), String> {
+    let mut corrupted = disk.clone();
     let mut g = grub(disk);
     let first = boots(&g, versions)?;
     g.simulate_boot()
         .map_err(|e| format!("GRUB's save_env: {e:?}"))?;
     let second = boots(&g, versions).map_err(|e| format!("the boot after: {e}"))?;
+    corrupt_grubenv(&mut corrupted, b'x');
+    let g = grub(corrupted);
+    boots(&g, corrupted_versions).map_err(|e| format!("grubenv corrupted: {e}"))?;
+    if g.grub_status().unwrap().env_error.is_none() {
+        return Err("the corrupted grubenv reads".into());
+    }
     Ok((first, second))
+}
+
+/// Overwrite `path` on the ESP in place (same clusters, as a stray writer or a failing medium
+/// would) with 1024 bytes of `fill`.
+fn overwrite_in_place(disk: &mut MemDisk, path: &str, bytes: &[u8]) {
+    use std::io::Write;
+    let esp = slate_layout::open_partition(disk, slate_layout::EFI_LABEL).unwrap();
+    let fs = slate_esp::fat::mount(esp, EPOCH).unwrap();
+    {
+        let mut f = fs.root_dir().open_file(path).unwrap();
+        f.write_all(bytes).unwrap();
+        f.flush().unwrap();
+    }
+    slate_esp::fat::unmount(fs).unwrap();
+}
+
+fn corrupt_grubenv(disk: &mut MemDisk, fill: u8) {
+    overwrite_in_place(disk, "grub/grubenv", &[fill; 1024]);
 }
 
 fn record(
@@ -120,11 +152,12 @@ fn run_matrix(
     rec: &RecordingDisk,
     pts: &[CrashPoint],
     versions: &[u64],
+    corrupted_versions: &[u64],
 ) -> (usize, Vec<String>, Vec<u64>) {
     let mut failures = Vec::new();
     let mut seen = Vec::new();
     for &point in pts {
-        match check(rec.materialize(point), versions) {
+        match check(rec.materialize(point), versions, corrupted_versions) {
             Ok((first, _)) => {
                 if !seen.contains(&first) {
                     seen.push(first);
@@ -149,13 +182,30 @@ fn grub_crash_matrix() {
         assert_eq!(s.slots[1].version(), Some("2"));
         assert_eq!(s.env.get("saved_entry"), Some("A"));
     }
+    // The same life with the record lagging one commit behind grubenv (the commit of v3 was cut
+    // after its grubenv write): saved_entry=A, the record still naming B — the slot the next
+    // upgrade empties. The upgrade brings the record in line before it touches the slot.
+    let mut lagging = later.clone();
+    overwrite_in_place(
+        &mut lagging,
+        "grub/slate-default.env",
+        &slate_bootloader::grub::config::default_record("B").to_bytes(),
+    );
+    assert_eq!(
+        grub(lagging.clone()).grub_status().unwrap().record_entry(),
+        Some("B")
+    );
     let mut booted = grub(fresh.clone());
     booted.upgrade_slot(&payload(2), "2", "A").unwrap();
     assert_eq!(booted.simulate_boot().unwrap(), Some("B"));
     let upgraded = booted.into_disk();
 
     let order = GrubWriteOrder::SlotThenFlip;
-    let cases: Vec<(&str, RecordingDisk, Vec<u64>, Vec<u64>)> = vec![
+    // (what, the writer, versions every boot may start, versions it must start in some state,
+    // versions a boot with grubenv corrupted may start: the same, except where the disk
+    // before the write already went by a lagging record)
+    type Case<'a> = (&'a str, RecordingDisk, Vec<u64>, Vec<u64>, Option<Vec<u64>>);
+    let cases: Vec<Case> = vec![
         (
             "upgrade v1 -> v2 (slot B empty)",
             record(&fresh, order, |g| {
@@ -163,6 +213,7 @@ fn grub_crash_matrix() {
             }),
             vec![1, 2],
             vec![1, 2],
+            None,
         ),
         (
             "upgrade v3 -> v4 (slot B holding v2)",
@@ -171,6 +222,17 @@ fn grub_crash_matrix() {
             }),
             vec![3, 4],
             vec![3, 4],
+            None,
+        ),
+        (
+            "upgrade v3 -> v4 (record lagging, naming slot B)",
+            record(&lagging, order, |g| {
+                g.upgrade_slot(&payload(4), "4", "A").unwrap();
+            }),
+            vec![3, 4],
+            vec![3, 4],
+            // Before the record is brought in line it names B, still intact v2.
+            Some(vec![2, 3, 4]),
         ),
         (
             "commit v2",
@@ -179,6 +241,7 @@ fn grub_crash_matrix() {
             }),
             vec![1, 2],
             vec![1, 2],
+            None,
         ),
         (
             "revert v2",
@@ -187,6 +250,7 @@ fn grub_crash_matrix() {
             }),
             vec![1, 2],
             vec![1],
+            None,
         ),
         (
             "rollback v3 -> v2 (slot B)",
@@ -197,13 +261,15 @@ fn grub_crash_matrix() {
             }),
             vec![2, 3],
             vec![2, 3],
+            None,
         ),
     ];
     let mut total = 0;
     let mut report = Vec::new();
-    for (what, rec, versions, must_see) in &cases {
+    for (what, rec, versions, must_see, corrupted) in &cases {
         let pts = rec.crash_points(8, 16);
-        let (n, failures, seen) = run_matrix(rec, &pts, versions);
+        let corrupted = corrupted.as_ref().unwrap_or(versions);
+        let (n, failures, seen) = run_matrix(rec, &pts, versions, corrupted);
         assert!(
             failures.is_empty(),
             "{what}: {} of {n} states fail, e.g. {:#?}",
@@ -220,7 +286,8 @@ fn grub_crash_matrix() {
         total += n;
     }
     println!(
-        "GRUB crash matrix: {total} crash states checked, each boot and the boot after: {}",
+        "GRUB crash matrix: {total} crash states checked, each boot, the boot after and the \
+         boot with grubenv corrupted: {}",
         report.join("; ")
     );
 }
@@ -270,7 +337,7 @@ fn the_matrix_catches_flipping_first() {
         g.upgrade_slot(&payload(4), "4", "A").unwrap();
     });
     let pts = rec.crash_points(8, 16);
-    let (n, failures, _) = run_matrix(&rec, &pts, &[3, 4]);
+    let (n, failures, _) = run_matrix(&rec, &pts, &[3, 4], &[3, 4]);
     assert!(!failures.is_empty(), "all {n} states passed flipping first");
     println!(
         "flip-first writer: {} of {n} crash states boot something else, e.g. {}",
@@ -279,38 +346,57 @@ fn the_matrix_catches_flipping_first() {
     );
 }
 
-/// A grubenv that is corrupted, too long or unsigned: status and upgrade refuse with a clear
-/// error before writing anything, and GRUB's model (load_env fails, nothing set) boots the
-/// first entry — slot A.
+/// A grubenv that is corrupted, too long or unsigned: GRUB loads no slot from it, and
+/// grub.cfg takes saved_entry from the second record — the committed slot B, not the first
+/// entry. Status and explain say so and name the damage; every write refuses with a clear
+/// error before writing anything.
 #[test]
-fn a_bad_grubenv_is_refused_before_any_write() {
-    let base = upgrade_boot_commit(installed(), 2); // saved_entry=B
-    let g = grub(base.clone());
-    let env_offset = {
-        // Find the grubenv's bytes on the disk by content.
-        let env = g.read_file("grub/grubenv").unwrap();
-        let hay = base.to_bytes();
-        hay.windows(env.len())
-            .position(|w| w == env.as_slice())
-            .unwrap()
+fn a_bad_grubenv_boots_the_recorded_default_and_refuses_writes() {
+    let base = upgrade_boot_commit(installed(), 2); // saved_entry=B, the record B
+    let patched = |patch: &[u8]| {
+        let mut disk = base.clone();
+        let mut env = grub(base.clone()).read_file("grub/grubenv").unwrap();
+        env[..patch.len()].copy_from_slice(patch);
+        overwrite_in_place(&mut disk, "grub/grubenv", &env);
+        disk
     };
-    for (what, patch, expect) in [
+    for (what, disk, expect) in [
         (
             "unsigned",
-            b"# GRUB Environment Blocq\n".to_vec(),
+            patched(b"# GRUB Environment Blocq\n"),
             "signature",
         ),
         (
             "corrupted",
-            b"# GRUB Environment Block\nnoequals\n".to_vec(),
+            patched(b"# GRUB Environment Block\nnoequals\n"),
             "neither a comment",
         ),
+        ("garbage", patched(&[b'x'; 1024]), "signature"),
     ] {
-        let mut bytes = base.to_bytes();
-        bytes[env_offset..env_offset + patch.len()].copy_from_slice(&patch);
-        let rec = RecordingDisk::new(bytes.clone());
-        let mut g = grub(rec);
-        let err = g.status().unwrap_err();
+        let mut g = grub(RecordingDisk::on(disk));
+        let status = g.status().unwrap();
+        assert_eq!(status.selected_file(), Some("B"), "{what}");
+        assert!(
+            status.warnings.iter().any(|w| w.contains("grub/grubenv")
+                && w.contains(expect)
+                && w.contains("saved_entry=B from grub/slate-default.env")),
+            "{what}: {:?}",
+            status.warnings
+        );
+        let x = g.explain().unwrap();
+        assert_eq!(
+            (x.next_boot.as_deref(), &x.reason),
+            (
+                Some("B"),
+                &slate_bootloader::NextBootReason::GrubDefaultRecord { value: "B".into() }
+            ),
+            "{what}"
+        );
+        let err = g.upgrade_slot(&payload(3), "3", "B").unwrap_err();
+        assert!(
+            matches!(err, slate_bootloader::BootloaderError::GrubEnv(_)),
+            "{what}: {err:?}"
+        );
         let chain = format!(
             "{err}: {}",
             std::error::Error::source(&err)
@@ -321,13 +407,9 @@ fn a_bad_grubenv_is_refused_before_any_write() {
             chain.contains("grubenv") && chain.contains(expect),
             "{what}: {chain}"
         );
-        let err = g.upgrade_slot(&payload(3), "3", "B").unwrap_err();
-        assert!(
-            matches!(err, slate_bootloader::BootloaderError::GrubEnv(_)),
-            "{what}: {err:?}"
-        );
+        assert!(g.commit("B").is_err() && g.revert("B").is_err() && g.rollback("B", 3).is_err());
         assert!(g.disk().log().is_empty(), "{what}: something was written");
-        // GRUB: load_env fails, default is empty, the first entry boots.
+        // Without the record (a disk imaged before it), GRUB starts the first entry.
         let sel = slate_bootspec::grub_select(None, &slate_bootloader::grub_menu()).unwrap();
         assert_eq!(sel.index, 0);
     }
@@ -341,10 +423,68 @@ fn a_bad_grubenv_is_refused_before_any_write() {
         slate_esp::fat::write_file_atomically(&fs, "grub/grubenv", &long).unwrap();
         slate_esp::fat::unmount(fs).unwrap();
     }
-    let g = grub(RecordingDisk::on(disk));
-    let err = g.status().unwrap_err();
+    let mut g = grub(RecordingDisk::on(disk));
+    let status = g.status().unwrap();
+    assert_eq!(status.selected_file(), Some("B"));
+    assert!(
+        status
+            .warnings
+            .iter()
+            .any(|w| w.contains("1536 bytes, too long")),
+        "{:?}",
+        status.warnings
+    );
+    let err = g.upgrade_slot(&payload(3), "3", "B").unwrap_err();
     let text = std::error::Error::source(&err).unwrap().to_string();
     assert!(text.contains("1536 bytes, too long"), "{text}");
+    assert!(g.disk().log().is_empty());
+}
+
+/// The record follows every change of the committed slot — commit, revert — and an upgrade
+/// first brings a lagging one in line; rollback and the one-shot leave it alone.
+#[test]
+fn the_second_record_follows_the_committed_slot() {
+    let record = |g: &Grub<MemDisk>| g.grub_status().unwrap().record_entry().map(str::to_owned);
+    let mut g = grub(installed());
+    assert_eq!(record(&g).as_deref(), Some("A"));
+    assert_eq!(
+        g.read_file("grub/slate-default.env").unwrap(),
+        g.read_file("grub/grubenv").unwrap(),
+        "a fresh record is byte for byte the initial grubenv"
+    );
+    g.upgrade_slot(&payload(2), "2", "A").unwrap();
+    assert_eq!(record(&g).as_deref(), Some("A"));
+    assert_eq!(g.simulate_boot().unwrap(), Some("B"));
+    g.commit("B").unwrap();
+    assert_eq!(record(&g).as_deref(), Some("B"));
+    g.upgrade_slot(&payload(3), "3", "B").unwrap();
+    assert_eq!(g.simulate_boot().unwrap(), Some("A"));
+    assert_eq!(g.revert("A").unwrap().as_deref(), Some("B"));
+    assert_eq!(record(&g).as_deref(), Some("B"));
+    let plan = g.rollback("B", 3).unwrap();
+    assert_eq!(plan.to, "A");
+    assert_eq!(record(&g).as_deref(), Some("B"));
+    // A commit cut after its grubenv write: the next commit writes the record alone.
+    let mut disk = g.into_disk();
+    overwrite_in_place(
+        &mut disk,
+        "grub/slate-default.env",
+        &slate_bootloader::grub::config::default_record("A").to_bytes(),
+    );
+    let g = grub(RecordingDisk::on(disk));
+    assert!(g
+        .status()
+        .unwrap()
+        .warnings
+        .iter()
+        .any(|w| w.contains("grub/slate-default.env names A, grubenv saved_entry=B")));
+    let mut g = g;
+    g.commit("B").unwrap();
+    assert_eq!(
+        g.grub_status().unwrap().record_entry(),
+        Some("B"),
+        "the commit brought the record in line"
+    );
 }
 
 /// GRUB's two slots leave nothing to pin: refused, nothing written.

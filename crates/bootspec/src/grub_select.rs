@@ -248,7 +248,10 @@ mod tests {
         // grubenv names a slot: the record is not read.
         let e = env(&[("saved_entry", "A")]);
         let s = grub_select_with_record(Some(&e), Some(&record), &m).unwrap();
-        assert_eq!((s.index, s.fallback, s.saved_from_record), (0, Some(0), false));
+        assert_eq!(
+            (s.index, s.fallback, s.saved_from_record),
+            (0, Some(0), false)
+        );
         // Unloadable, lost the line, or a value that is no id (even one GRUB would resolve):
         // the record's saved_entry is the default and the fallback.
         for e in [
@@ -267,11 +270,17 @@ mod tests {
         // The one-shot is grubenv's: it still wins, and only it is written back.
         let e = env(&[("next_entry", "A")]);
         let s = grub_select_with_record(Some(&e), Some(&record), &m).unwrap();
-        assert_eq!((s.index, s.reason, s.fallback), (0, GrubReason::NextEntry, Some(1)));
+        assert_eq!(
+            (s.index, s.reason, s.fallback),
+            (0, GrubReason::NextEntry, Some(1))
+        );
         assert_eq!(s.env_after.unwrap().get("saved_entry"), None);
         // No record (or one without the line): GRUB's first entry, as before.
         let s = grub_select_with_record(None, None, &m).unwrap();
-        assert_eq!((s.index, s.reason, s.saved_from_record), (0, GrubReason::FirstEntry, false));
+        assert_eq!(
+            (s.index, s.reason, s.saved_from_record),
+            (0, GrubReason::FirstEntry, false)
+        );
         let s = grub_select_with_record(None, Some(&env(&[])), &m).unwrap();
         assert_eq!((s.index, s.reason), (0, GrubReason::FirstEntry));
     }

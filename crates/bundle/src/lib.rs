@@ -62,6 +62,10 @@ pub const UKI_ROLE: &str = "uki";
 pub const INSTALLER_ROLE: &str = "installer";
 /// systemd-boot's EFI binary, for installs onto a blank disk.
 pub const SYSTEMD_BOOT_ROLE: &str = "systemd-boot";
+/// GRUB's EFI binary (`grub-mkstandalone` around slate's embedded config), carried instead of
+/// systemd-boot by the bundles of a `bootloader = "grub"` profile: its presence is what makes
+/// `slate installer install` lay down the GRUB layout (docs/formats.md §7).
+pub const GRUB_ROLE: &str = "grub";
 pub const EFI_MEDIA_TYPE: &str = "application/vnd.slate.efi-binary.v1";
 
 /// The bundle's own manifest (the OCI config blob): what the bundle is and what it holds.
@@ -72,7 +76,8 @@ pub struct BundleManifest {
     pub version: String,
     pub arch: String,
     pub variant: String,
-    /// Blob role (`uki`, `installer`, `systemd-boot`) → its file name, digest and size.
+    /// Blob role (`uki`, `installer`, `systemd-boot` or `grub`) → its file name, digest and
+    /// size.
     pub blobs: BTreeMap<String, BlobRef>,
     /// How a fresh install of this bundle lays out a disk (from the image profile); absent in
     /// bundles that can only upgrade.

@@ -401,6 +401,7 @@ impl NodeBackend for SimBackend {
             last_rollback: None,
             pinned: Vec::new(),
             secure_boot: None,
+            boot_times: None,
             version: st.version.clone(),
             booted_entry: None,
             stage: st.stage,

@@ -9,6 +9,7 @@
 //! sentence on the console.
 
 mod block;
+mod boot_clock;
 mod btrfs;
 mod chroot;
 mod cmdline;
@@ -29,6 +30,9 @@ pub use block::{
     add_ext_journal, check_ext, device_ext_has_journal, disk_of_partition, ext_has_journal,
     filesystem_identity, filesystem_signature, find_filesystem_by_uuid, find_partition_by_label,
     format_ext, is_blank, uevent_value, BlockPartition, FsIdentity, FsckOutcome, IDENTITY_HEAD_LEN,
+};
+pub use boot_clock::{
+    parse_milestones, record_milestone, record_milestone_at, since_boot, INIT_MILESTONES,
 };
 pub use btrfs::{
     child_subvolumes, create_subvolume, delete_subvolume, is_btrfs, is_subvolume, pool_uuid,

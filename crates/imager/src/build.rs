@@ -62,8 +62,9 @@ pub fn plan(inputs: &Inputs) -> Vec<String> {
     }
     match kind {
         OutputKind::Image if inputs.grub_efi.is_some() => steps.push(format!(
-            "{} MiB GPT disk: EFI {} MiB (GRUB {}, grub.cfg, grubenv saved_entry=A, slot A: \
-             vmlinuz, initramfs, cmdline.cfg), META 1 MiB, STATE {} MiB, EPHEMERAL rest",
+            "{} MiB GPT disk: EFI {} MiB (GRUB {}, grub.cfg, grubenv and slate-default.env \
+             saved_entry=A, slot A: vmlinuz, initramfs, cmdline.cfg), META 1 MiB, STATE {} MiB, \
+             EPHEMERAL rest",
             p.image.size_mib,
             p.image.esp_mib,
             inputs.grub_efi.as_deref().unwrap_or(Path::new("")).display(),
@@ -77,7 +78,10 @@ pub fn plan(inputs: &Inputs) -> Vec<String> {
             p.image.state_mib
         )),
         OutputKind::Installer => {
-            steps.push("OCI layout: UKI + slate binary + systemd-boot + bundle manifest (signed separately: slate sign)".to_string())
+            steps.push(format!(
+                "OCI layout: UKI + slate binary + {} + bundle manifest (signed separately: slate sign)",
+                if inputs.grub_efi.is_some() { "GRUB" } else { "systemd-boot" }
+            ))
         }
         OutputKind::Cmdline => steps.push(format!("command line: {}", build_cmdline(inputs))),
         OutputKind::Kernel => steps.push(format!("kernel: {}", inputs.kernel_image.display())),
@@ -185,7 +189,23 @@ pub fn build(
                     source,
                 })?;
             let uki_file = uki_name(inputs, None)?;
-            let systemd_boot = systemd_boot(inputs)?;
+            // The loader an install from this bundle lays down: GRUB for a GRUB profile.
+            let (loader_role, loader_file, loader) = match &inputs.grub_efi {
+                Some(grub_efi) => (
+                    slate_bundle::GRUB_ROLE,
+                    "grubx64.efi",
+                    std::fs::read(grub_efi).map_err(|source| ImagerError::MissingInput {
+                        what: "the GRUB EFI image",
+                        path: grub_efi.clone(),
+                        source,
+                    })?,
+                ),
+                None => (
+                    slate_bundle::SYSTEMD_BOOT_ROLE,
+                    "systemd-bootx64.efi",
+                    systemd_boot(inputs)?,
+                ),
+            };
             write_installable_bundle(
                 pending.path(),
                 BundleSpec {
@@ -215,10 +235,10 @@ pub fn build(
                         bytes: &slate,
                     },
                     BlobInput {
-                        role: slate_bundle::SYSTEMD_BOOT_ROLE,
-                        file_name: "systemd-bootx64.efi",
+                        role: loader_role,
+                        file_name: loader_file,
                         media_type: slate_bundle::EFI_MEDIA_TYPE,
-                        bytes: &systemd_boot,
+                        bytes: &loader,
                     },
                 ],
             )?;

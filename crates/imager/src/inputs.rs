@@ -241,7 +241,7 @@ impl Inputs {
         if kind == OutputKind::BtrfsImage {
             must_exist("systemd-boot", &self.systemd_boot)?;
         }
-        if kind == OutputKind::Image {
+        if kind == OutputKind::Image || kind == OutputKind::Installer {
             match &self.grub_efi {
                 Some(grub) => must_exist("the GRUB EFI image", grub)?,
                 None => must_exist("systemd-boot", &self.systemd_boot)?,

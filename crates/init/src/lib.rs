@@ -22,8 +22,8 @@ mod parse;
 
 pub use parse::{block_root, BlockRoot, RootSource};
 use parse::{
-    failure_action, init_program, module_name, parse_manifest, parse_modules_load,
-    plan_layers, FailureAction, Layer,
+    failure_action, init_program, module_name, parse_manifest, parse_modules_load, plan_layers,
+    FailureAction, Layer,
 };
 
 const MODULES_DIR: &str = "/lib/modules";
@@ -78,7 +78,9 @@ fn boot(log: &KmsgLogger, init_args: Vec<OsString>) -> Result<Infallible> {
     let cmdline = host::kernel_cmdline()?;
     let init = init_program(&cmdline)?.to_string();
 
+    let started = host::since_boot();
     load_modules(log)?;
+    let modules_loaded = host::since_boot();
 
     // A tmpfs on /run from the start: the layer mount points live there, and it moves into
     // the new root with them, so the real system sees its layers under /run/slate/layers.
@@ -99,6 +101,15 @@ fn boot(log: &KmsgLogger, init_args: Vec<OsString>) -> Result<Infallible> {
             .context("mounting the root filesystem named by root=")?,
         None => mount_image_root(log, new_root)?,
     }
+    // For machined's boot breakdown (`slate status --boot-times`); /run moves with the root.
+    let milestones = Path::new(host::INIT_MILESTONES);
+    for (name, at) in [
+        ("init started", started),
+        ("modules loaded", modules_loaded),
+        ("root mounted", host::since_boot()),
+    ] {
+        host::record_milestone_at(milestones, name, at);
+    }
 
     for dir in [RUN, "/dev", "/proc", "/sys"] {
         let target = new_root.join(dir.trim_start_matches('/'));
@@ -113,6 +124,7 @@ fn boot(log: &KmsgLogger, init_args: Vec<OsString>) -> Result<Infallible> {
         }
     }
     host::switch_root(new_root)?;
+    host::record_milestone(milestones, "switched root");
     log.info(format_args!("switched root; executing {init}"));
     let Err(err) = host::exec(Path::new(&init), &init_args);
     Err(err).with_context(|| format!("starting the real init (slate.init={init})"))

@@ -1,5 +1,7 @@
 //! Install mode: a bundle's version laid onto a blank disk (or, forced, over whatever it holds):
-//! the image mode over a plan made from the bundle and its install settings.
+//! the image mode over a plan made from the bundle and its install settings — systemd-boot and
+//! the UKI, or, for a bundle carrying GRUB (`grub` blob: a `bootloader = "grub"` profile), the
+//! GRUB layout with the UKI's kernel, initramfs and command line in slot A.
 
 use std::path::{Path, PathBuf};
 
@@ -9,7 +11,10 @@ use slate_disk::{Disk as _, DiskError, FileDisk};
 use slate_esp::{loader_conf, uki_file_name, EspError};
 use slate_layout::{LayoutError, LayoutParams, PlacedLayout, MIB};
 
-use crate::{open_trusted, write_image, ImagePlan, ImageStep, InstallError};
+use slate_bootloader::{LoaderKind, SlotPayload};
+
+use crate::InstallError;
+use crate::{open_trusted, write_grub_image, write_image, GrubImagePlan, ImagePlan, ImageStep};
 use crate::{OpenBundleError, Provenance, Trust};
 
 /// What to install, and how far to go.
@@ -37,8 +42,11 @@ pub struct InstallPlan {
     pub name: String,
     pub version: String,
     pub disk_len: u64,
-    /// The UKI's file name in `EFI/Linux`, boot counter included.
+    /// The loader laid down: systemd-boot, or GRUB when the bundle carries it.
+    pub loader: LoaderKind,
+    /// The UKI's file name in `EFI/Linux`, boot counter included; on GRUB the slot (`A`).
     pub uki_name: String,
+    /// The UKI's size; on GRUB the slot's kernel and initramfs.
     pub uki_len: u64,
     /// The partitions as they will be on this disk.
     pub layout: PlacedLayout,
@@ -71,6 +79,17 @@ pub enum InstallModeError {
     /// The target's Secure Boot db would refuse the bundle's systemd-boot or UKI.
     #[error(transparent)]
     SecureBoot(#[from] crate::SecureBootError),
+    /// A GRUB bundle with `--secureboot-db`: slate's GRUB layout boots an unsigned kernel, so
+    /// no Secure Boot target could start it.
+    #[error(
+        "the bundle {name} {version} installs GRUB, which slate does not sign: it cannot be \
+         installed for a Secure Boot target (--secureboot-db)"
+    )]
+    GrubSecureBoot { name: String, version: String },
+    /// The bundle's UKI does not split into the kernel, initramfs and command line of a GRUB
+    /// slot.
+    #[error("the bundle's UKI, for GRUB's slot A")]
+    GrubSlot(#[source] slate_bootloader::BootloaderError),
     #[error(transparent)]
     Bundle(#[from] OpenBundleError),
     #[error("the bundle is for {bundle}, this installer for {NATIVE_ARCH}")]
@@ -126,7 +145,8 @@ pub enum InstallModeError {
 }
 
 /// Install the bundle's version onto `disk` (block device or image file): partition table, ESP
-/// with systemd-boot and the UKI, META. The bundle, its settings and the disk's blankness are
+/// with systemd-boot and the UKI — or GRUB, `grub.cfg`, `grubenv`, the second record and slot A
+/// for a bundle that carries GRUB — META. The bundle, its settings and the disk's blankness are
 /// all checked before the disk is opened for writing.
 pub fn install(
     disk: &Path,
@@ -149,31 +169,55 @@ pub fn install(
     };
     let (esp_size, state_size) = checked_settings(&defaults)?;
     let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
-    let systemd_boot = bundle.read_blob(slate_bundle::SYSTEMD_BOOT_ROLE)?;
-    if let Some(db) = &request.secure_boot_db {
-        crate::check_signed("the bundle's systemd-boot", &systemd_boot, db)?;
-        crate::check_signed(
-            &format!("the UKI of {} {}", manifest.name, manifest.version),
-            &uki,
-            db,
-        )?;
-    }
-    let image = ImagePlan {
-        image_id: install_id(&manifest)?,
-        layout: LayoutParams {
-            esp_size,
-            state_size,
-            ..LayoutParams::default()
-        },
-        source_date_epoch: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-        systemd_boot,
-        uki_name: uki_file_name(&manifest.name, &manifest.version, Some(defaults.tries))?,
-        uki,
-        loader_conf: loader_conf(&format!("{}-*", manifest.name), defaults.menu_timeout)?,
-        enroll: None,
+    let layout = LayoutParams {
+        esp_size,
+        state_size,
+        ..LayoutParams::default()
+    };
+    let source_date_epoch = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    let image = if manifest.blobs.contains_key(slate_bundle::GRUB_ROLE) {
+        if request.secure_boot_db.is_some() {
+            return Err(InstallModeError::GrubSecureBoot {
+                name: manifest.name,
+                version: manifest.version,
+            });
+        }
+        let grub_efi = bundle.read_blob(slate_bundle::GRUB_ROLE)?;
+        let slot = SlotPayload::from_uki(&uki).map_err(InstallModeError::GrubSlot)?;
+        Image::Grub(GrubImagePlan {
+            image_id: install_id(&manifest)?,
+            layout,
+            source_date_epoch,
+            grub_efi,
+            kernel: slot.kernel,
+            initramfs: slot.initramfs,
+            cmdline: slot.cmdline,
+            version: manifest.version.clone(),
+            menu_timeout: defaults.menu_timeout,
+        })
+    } else {
+        let systemd_boot = bundle.read_blob(slate_bundle::SYSTEMD_BOOT_ROLE)?;
+        if let Some(db) = &request.secure_boot_db {
+            crate::check_signed("the bundle's systemd-boot", &systemd_boot, db)?;
+            crate::check_signed(
+                &format!("the UKI of {} {}", manifest.name, manifest.version),
+                &uki,
+                db,
+            )?;
+        }
+        Image::SystemdBoot(ImagePlan {
+            image_id: install_id(&manifest)?,
+            layout,
+            source_date_epoch,
+            systemd_boot,
+            uki_name: uki_file_name(&manifest.name, &manifest.version, Some(defaults.tries))?,
+            uki,
+            loader_conf: loader_conf(&format!("{}-*", manifest.name), defaults.menu_timeout)?,
+            enroll: None,
+        })
     };
     let mut file = if request.dry_run {
         FileDisk::open_read_only(disk)
@@ -201,12 +245,25 @@ pub fn install(
         }
         progress(InstallEvent::Wiping { offset });
     }
+    let (loader, uki_name, uki_len) = match &image {
+        Image::SystemdBoot(p) => (
+            LoaderKind::SystemdBoot,
+            p.uki_name.clone(),
+            p.uki.len() as u64,
+        ),
+        Image::Grub(p) => (
+            LoaderKind::Grub,
+            slate_esp::GRUB_SLOTS[0].to_owned(),
+            (p.kernel.len() + p.initramfs.len()) as u64,
+        ),
+    };
     let plan = InstallPlan {
         name: manifest.name,
         version: manifest.version,
         disk_len: file.len(),
-        uki_name: image.uki_name.clone(),
-        uki_len: image.uki.len() as u64,
+        loader,
+        uki_name,
+        uki_len,
         layout,
     };
     // The configuration is checked and STATE's filesystem made before the first write.
@@ -219,8 +276,8 @@ pub fn install(
             Some(crate::StateFilesystem::build(
                 text,
                 state_len,
-                &image.image_id,
-                image.source_date_epoch,
+                image.image_id(),
+                source_date_epoch,
             )?)
         }
         None => None,
@@ -232,9 +289,11 @@ pub fn install(
             written: false,
         });
     }
-    write_image(&mut file, &image, &mut |step| {
-        progress(InstallEvent::Image(step))
-    })
+    let mut step = |step| progress(InstallEvent::Image(step));
+    match &image {
+        Image::SystemdBoot(plan) => write_image(&mut file, plan, &mut step),
+        Image::Grub(plan) => write_grub_image(&mut file, plan, &mut step),
+    }
     .map_err(|source| InstallModeError::Write {
         disk: disk.to_owned(),
         source,
@@ -261,6 +320,28 @@ pub fn install(
         plan,
         written: true,
     })
+}
+
+/// What an install writes: the image mode's plan for the bundle's loader.
+enum Image {
+    SystemdBoot(ImagePlan),
+    Grub(GrubImagePlan),
+}
+
+impl Image {
+    fn disk_layout(&self) -> slate_layout::DiskLayout {
+        match self {
+            Image::SystemdBoot(p) => p.disk_layout(),
+            Image::Grub(p) => p.disk_layout(),
+        }
+    }
+
+    fn image_id(&self) -> &str {
+        match self {
+            Image::SystemdBoot(p) => &p.image_id,
+            Image::Grub(p) => &p.image_id,
+        }
+    }
 }
 
 /// The install settings' numbers, each within its bounds, and the ESP and STATE sizes in bytes.
@@ -542,6 +623,108 @@ pub(crate) mod tests {
             );
         }
         assert_eq!(checked_settings(&good).unwrap(), (40 * MIB, 16 * MIB));
+    }
+
+    /// issue 18: a bundle of a GRUB profile (it carries `grub` where others carry systemd-boot)
+    /// installs the GRUB layout onto a blank disk — GRUB, grub.cfg, grubenv and the second
+    /// record naming slot A, the UKI's kernel, initramfs and command line in slot A, slot B
+    /// empty — as the image mode does; never systemd-boot.
+    #[test]
+    fn a_grub_bundle_installs_the_grub_layout() {
+        const STUB: &str = "/usr/lib/systemd/boot/efi/linuxx64.efi.stub";
+        if !slate_testkit::require_path(STUB, "apt-get install systemd-boot-efi") {
+            return;
+        }
+        use slate_bootloader::grub::config as grub_config;
+        let dir = tempfile::tempdir().unwrap();
+        let stub = std::fs::read(STUB).unwrap();
+        let (kernel, initramfs) = (b"kernel ".repeat(3000), b"initramfs ".repeat(2000));
+        let uki = slate_uki::UkiBuilder::new(&stub)
+            .osrel("ID=slate\nVERSION_ID=1.0.0\n")
+            .cmdline("console=ttyS0 slate.init=/usr/bin/machined")
+            .linux(kernel.clone())
+            .initrd(initramfs.clone())
+            .build()
+            .unwrap();
+        let grub_efi = b"MZ pretend GRUB".repeat(100);
+        let blob = |role, file_name, media_type, bytes| BlobInput {
+            role,
+            file_name,
+            media_type,
+            bytes,
+        };
+        let bundle = dir.path().join("grub-bundle");
+        slate_bundle::write_installable_bundle(
+            &bundle,
+            BundleSpec {
+                name: "slate",
+                version: "1.0.0",
+                arch: NATIVE_ARCH,
+                variant: "demo",
+            },
+            InstallDefaults {
+                esp_mib: 40,
+                state_mib: 16,
+                tries: 3,
+                menu_timeout: 2,
+                keep_versions: DEFAULT_KEEP_VERSIONS,
+            },
+            &[
+                blob(
+                    slate_bundle::UKI_ROLE,
+                    "slate.efi",
+                    slate_bundle::UKI_MEDIA_TYPE,
+                    &uki,
+                ),
+                blob(
+                    slate_bundle::GRUB_ROLE,
+                    "grubx64.efi",
+                    slate_bundle::EFI_MEDIA_TYPE,
+                    &grub_efi,
+                ),
+            ],
+        )
+        .unwrap();
+        let disk = blank_disk(dir.path());
+        let (seen, report) = run(&disk, &request(bundle));
+        assert_eq!(seen, ["opened NotVerified", "planned A"], "{seen:?}");
+        assert_eq!(report.plan.loader, LoaderKind::Grub);
+        assert_eq!(report.plan.uki_len, (kernel.len() + initramfs.len()) as u64);
+
+        let file = FileDisk::open_read_only(&disk).unwrap();
+        assert_eq!(slate_bootloader::detect(&file).unwrap(), LoaderKind::Grub);
+        let grub = slate_bootloader::Grub::new(file);
+        let status = grub.grub_status().unwrap();
+        assert!(status.slots[0].complete() && !status.slots[1].complete());
+        assert_eq!(status.slots[0].version(), Some("1.0.0"));
+        assert_eq!(status.env.get("saved_entry"), Some("A"));
+        assert_eq!(status.record_entry(), Some("A"));
+        assert_eq!(status.booted_slot(), Some("A"));
+        assert!(status.warnings.is_empty(), "{:?}", status.warnings);
+        let (slot, version) = grub.read_slot("A").unwrap();
+        assert_eq!(
+            (
+                slot.kernel,
+                slot.initramfs,
+                slot.cmdline.as_str(),
+                version.as_str()
+            ),
+            (
+                kernel,
+                initramfs,
+                "console=ttyS0 slate.init=/usr/bin/machined",
+                "1.0.0"
+            )
+        );
+        assert_eq!(
+            grub.read_file(slate_esp::GRUB_CFG_PATH).unwrap(),
+            grub_config::grub_cfg(2).into_bytes()
+        );
+        assert_eq!(
+            grub.read_file(slate_esp::FALLBACK_LOADER_PATH).unwrap(),
+            grub_efi
+        );
+        assert!(grub.read_file(slate_esp::LOADER_CONF_PATH).is_err());
     }
 
     #[test]

@@ -139,6 +139,7 @@ impl NodeBackend for Backend {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             secure_boot: crate::secure_boot::status(),
+            boot_times: Some(self.0.journal.boot.times()),
             version: self.0.version.clone(),
             booted_entry: self.0.booted_entry.clone(),
             stage: self.0.stage(),

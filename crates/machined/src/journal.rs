@@ -36,6 +36,8 @@ pub struct Journal {
     kmsg: KmsgLogger,
     lines: Mutex<Lines>,
     grown: Condvar,
+    /// The boot's milestones and the sequencer's spans (`slate status --boot-times`).
+    pub boot: crate::boot_times::BootRecord,
 }
 
 /// Formats into at most [`MAX_LINE`] bytes, escaping control characters (but newlines, which
@@ -93,6 +95,7 @@ impl Journal {
                 bytes: 0,
             }),
             grown: Condvar::new(),
+            boot: crate::boot_times::BootRecord::default(),
         }
     }
 
@@ -158,6 +161,10 @@ impl Journal {
 impl slate_sequencer::Logger for Journal {
     fn log(&self, line: &str) {
         self.info(line);
+    }
+
+    fn span(&self, span: &slate_sequencer::Span) {
+        self.boot.span(span);
     }
 }
 

@@ -10,6 +10,7 @@
 mod agent;
 mod backend;
 mod boot_config;
+mod boot_times;
 mod decision;
 mod etc;
 mod handler;
@@ -62,6 +63,7 @@ pub fn run() -> Result<()> {
     let signals = power_events::block_signals();
     let _ = slate_host::disable_kmsg_ratelimit();
     let journal = Arc::new(Journal::new(KmsgLogger::open("machined")));
+    journal.boot.milestone("machined started");
     journal.info(format_args!("starting slate {}", env!("CARGO_PKG_VERSION")));
     slate_host::spawn_reaper(Duration::from_secs(1));
     let cmdline = slate_host::kernel_cmdline().unwrap_or_default();

@@ -45,6 +45,7 @@ impl NodeBackend for MaintenanceBackend {
             last_rollback: None,
             pinned: Vec::new(),
             secure_boot: None,
+            boot_times: None,
             version: self.version.clone(),
             booted_entry: None,
             stage: Stage::Booting,

@@ -150,6 +150,7 @@ impl Node {
 
     pub fn set_committed(&self) {
         self.committed.store(true, Ordering::SeqCst);
+        self.journal.boot.milestone("committed");
     }
 
     pub fn with_booted_entry(
@@ -173,6 +174,9 @@ impl Node {
 
     pub fn set_stage(&self, stage: Stage) {
         *self.stage.lock().unwrap_or_else(|p| p.into_inner()) = stage;
+        if stage == Stage::Running {
+            self.journal.boot.milestone("running");
+        }
         self.journal.info(format_args!("stage {stage:?}"));
         self.publish(EventKind::Stage { stage });
     }

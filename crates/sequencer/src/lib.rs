@@ -37,7 +37,7 @@ pub use error::{
 };
 pub use kind::{can_take_over, ParseSequenceKindError, SequenceKind};
 pub use lock::{PriorityLock, SequenceGuard};
-pub use log::{error_chain, Logger, MemoryLogger, NullLogger};
+pub use log::{error_chain, Logger, MemoryLogger, NullLogger, Span};
 pub use mode::{Capabilities, Mode, ParseModeError};
 pub use phase::{Phase, PhaseCheck, PhaseListBuilder, Sequence};
 pub use task::{Progress, Task, TaskContext, TaskError, TaskFn};

@@ -11,11 +11,32 @@ use std::sync::{Arc, Mutex, PoisonError};
 pub trait Logger: Send + Sync {
     /// Records one line.
     fn log(&self, line: &str);
+
+    /// A phase or a task ended: when it started and how long it took (a boot breakdown is
+    /// made of these). Ignored unless the logger keeps them.
+    fn span(&self, span: &Span) {
+        let _ = span;
+    }
+}
+
+/// One finished phase (`task` `None`) or task of a sequence, timed by the monotonic clock.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Span {
+    pub sequence: crate::SequenceKind,
+    pub phase: String,
+    pub task: Option<String>,
+    pub started: std::time::Instant,
+    pub took: std::time::Duration,
+    /// Ended without an error (a requested reboot is not one).
+    pub ok: bool,
 }
 
 impl<L: Logger + ?Sized> Logger for &L {
     fn log(&self, line: &str) {
         (**self).log(line);
+    }
+    fn span(&self, span: &Span) {
+        (**self).span(span);
     }
 }
 
@@ -23,11 +44,17 @@ impl<L: Logger + ?Sized> Logger for Arc<L> {
     fn log(&self, line: &str) {
         (**self).log(line);
     }
+    fn span(&self, span: &Span) {
+        (**self).span(span);
+    }
 }
 
 impl<L: Logger + ?Sized> Logger for Box<L> {
     fn log(&self, line: &str) {
         (**self).log(line);
+    }
+    fn span(&self, span: &Span) {
+        (**self).span(span);
     }
 }
 
@@ -43,6 +70,7 @@ impl Logger for NullLogger {
 #[derive(Debug, Default)]
 pub struct MemoryLogger {
     lines: Mutex<Vec<String>>,
+    spans: Mutex<Vec<Span>>,
 }
 
 impl MemoryLogger {
@@ -58,6 +86,14 @@ impl MemoryLogger {
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
     }
+
+    /// A copy of the spans recorded so far, in the order they ended.
+    pub fn spans(&self) -> Vec<Span> {
+        self.spans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
 }
 
 impl Logger for MemoryLogger {
@@ -66,6 +102,13 @@ impl Logger for MemoryLogger {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .push(line.to_owned());
+    }
+
+    fn span(&self, span: &Span) {
+        self.spans
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(span.clone());
     }
 }
 

@@ -10,9 +10,10 @@ use std::time::{Duration, Instant};
 
 use crate::cancel::CancelToken;
 use crate::error::SequenceError;
-use crate::log::{error_chain, Logger};
+use crate::log::{error_chain, Logger, Span};
 use crate::phase::Sequence;
 use crate::task::{Message, Progress, Task, TaskContext, TaskError};
+use crate::SequenceKind;
 
 impl Sequence<'_> {
     /// Runs the sequence to completion, or to its first failure or cancellation.
@@ -56,7 +57,18 @@ impl Sequence<'_> {
                 tasks.len()
             ));
             let phase_started = Instant::now();
-            if let Some((task, error)) = run_phase(&name, tasks, cancel, logger) {
+            let failure = run_phase(kind, &name, tasks, cancel, logger);
+            logger.span(&Span {
+                sequence: kind,
+                phase: name.clone(),
+                task: None,
+                started: phase_started,
+                took: phase_started.elapsed(),
+                ok: failure
+                    .as_ref()
+                    .is_none_or(|(_, e)| matches!(e, TaskError::Reboot(_))),
+            });
+            if let Some((task, error)) = failure {
                 logger.log(&format!("phase {name} ({position}): failed"));
                 let error = match error {
                     TaskError::Reboot(mode) => SequenceError::Reboot { mode },
@@ -86,6 +98,7 @@ impl Sequence<'_> {
 
 /// Runs one phase's tasks concurrently; returns the first failure (in time), if any.
 fn run_phase<'a>(
+    kind: SequenceKind,
     phase: &str,
     tasks: Vec<Task<'a>>,
     cancel: &CancelToken,
@@ -126,7 +139,16 @@ fn run_phase<'a>(
                     let started = Instant::now();
                     let result = panic::catch_unwind(AssertUnwindSafe(|| body(&ctx)))
                         .unwrap_or_else(|payload| Err(panicked(payload.as_ref())));
-                    let elapsed = Millis(started.elapsed());
+                    let took = started.elapsed();
+                    logger.span(&Span {
+                        sequence: kind,
+                        phase: phase.to_owned(),
+                        task: Some(task_name.clone()),
+                        started,
+                        took,
+                        ok: matches!(result, Ok(()) | Err(TaskError::Reboot(_))),
+                    });
+                    let elapsed = Millis(took);
                     match result {
                         Ok(()) => {
                             logger.log(&format!("task {task_name} ({progress}) done in {elapsed}"))

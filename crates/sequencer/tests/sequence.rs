@@ -24,6 +24,46 @@ fn timed<'a>(
     })
 }
 
+/// Every task and every phase that ran ends with a span: its start, its duration, and whether
+/// it ended without an error; a phase after a failure never runs, so has none.
+#[test]
+fn tasks_and_phases_are_timed() {
+    let ms = Duration::from_millis;
+    let log = Mutex::new(Vec::new());
+    let logger = MemoryLogger::new();
+    let sequence = PhaseListBuilder::new()
+        .append("one", [timed("a", ms(30), &log), timed("b", ms(5), &log)])
+        .append("two", [Task::new("fails", |_| Err(TaskError::msg("no")))])
+        .append("three", [timed("c", ms(1), &log)])
+        .into_sequence(SequenceKind::Boot);
+    let before = Instant::now();
+    assert!(sequence.run(&CancelToken::new(), &logger).is_err());
+    let spans = logger.spans();
+    let names: Vec<(&str, Option<&str>, bool)> = spans
+        .iter()
+        .map(|s| (s.phase.as_str(), s.task.as_deref(), s.ok))
+        .collect();
+    assert_eq!(names.len(), 5, "{names:?}");
+    assert!(names[..2].contains(&("one", Some("a"), true)));
+    assert!(names[..2].contains(&("one", Some("b"), true)));
+    assert_eq!(
+        names[2..],
+        [
+            ("one", None, true),
+            ("two", Some("fails"), false),
+            ("two", None, false)
+        ]
+    );
+    let a = spans
+        .iter()
+        .find(|s| s.task.as_deref() == Some("a"))
+        .unwrap();
+    let one = &spans[2];
+    assert!(a.took >= ms(30) && one.took >= a.took, "{a:?} {one:?}");
+    assert!(a.started >= before && one.started >= before);
+    assert!(spans.iter().all(|s| s.sequence == SequenceKind::Boot));
+}
+
 #[test]
 fn phases_run_serially() {
     let log = Mutex::new(Vec::new());

@@ -82,6 +82,10 @@ pub enum Command {
     Status {
         #[arg(long, value_enum, default_value_t)]
         output: OutputFormat,
+        /// Only the boot breakdown: firmware, loader, init's milestones, machined's phases and
+        /// tasks, each with when it started and how long it took.
+        #[arg(long)]
+        boot_times: bool,
     },
     /// The node's version.
     Version {
@@ -214,7 +218,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Pull(args) => transport_cmd::pull(args),
         Command::Release(cmd) => release_cmd::run(cmd),
         Command::Snapshot { pool, command } => snapshot_cmd::run(&pool, &cli.target, command),
-        Command::Status { output } => node_cmd::status(&cli.target, output),
+        Command::Status { output, boot_times } => node_cmd::status(&cli.target, output, boot_times),
         Command::Version { output } => node_cmd::version(&cli.target, output),
         Command::Reboot {
             mode,

@@ -247,8 +247,20 @@ fn print_install_event(disk: &Path, dry_run: bool, event: InstallEvent<'_>) {
                     )
                 })
                 .collect();
+            let boot = match plan.loader {
+                slate_bootloader::LoaderKind::SystemdBoot => {
+                    format!(
+                        "systemd-boot, EFI/Linux/{} ({} bytes)",
+                        plan.uki_name, plan.uki_len
+                    )
+                }
+                slate_bootloader::LoaderKind::Grub => format!(
+                    "GRUB, grub.cfg, grubenv, slot {} (kernel and initramfs, {} bytes)",
+                    plan.uki_name, plan.uki_len
+                ),
+            };
             println!(
-                "{} {} {} onto {} ({} MiB): systemd-boot, EFI/Linux/{} ({} bytes), META\n{}",
+                "{} {} {} onto {} ({} MiB): {boot}, META\n{}",
                 if dry_run {
                     "would install"
                 } else {
@@ -258,8 +270,6 @@ fn print_install_event(disk: &Path, dry_run: bool, event: InstallEvent<'_>) {
                 plan.version,
                 disk.display(),
                 plan.disk_len >> 20,
-                plan.uki_name,
-                plan.uki_len,
                 partitions.join("\n")
             );
         }

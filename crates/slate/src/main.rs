@@ -6,6 +6,7 @@
 
 mod args;
 mod boot_cmd;
+mod boot_times;
 mod bundle_cmd;
 mod cli;
 mod config_cmd;

@@ -112,11 +112,23 @@ fn print_line(line: &str) -> ControlFlow<()> {
     }
 }
 
-pub fn status(target: &NodeTarget, output: OutputFormat) -> Result<()> {
+pub fn status(target: &NodeTarget, output: OutputFormat, boot_times: bool) -> Result<()> {
     let status = target
         .client()?
         .status()
         .context("asking the node for its status")?;
+    if boot_times {
+        let times = status
+            .boot_times
+            .context("the node reports no boot breakdown (an older version?)")?;
+        return match output {
+            OutputFormat::Json => print_json(&times),
+            OutputFormat::Text => {
+                print!("{}", crate::boot_times::render(&times));
+                Ok(())
+            }
+        };
+    }
     match output {
         OutputFormat::Json => print_json(&status),
         OutputFormat::Text => {

@@ -367,6 +367,7 @@ mod tests {
             last_rollback: None,
             pinned: Vec::new(),
             secure_boot: None,
+            boot_times: None,
             booted_entry: None,
             stage,
             running_sequence: None,

@@ -2,6 +2,8 @@
 //! OVMF + GRUB (slot A), is upgraded offline to v2 (slot B, `next_entry` one shot), commits
 //! it (`saved_entry=B`), and returns to v2 unattended after a broken v3. At every step slate's
 //! grubenv is read back out of the image with mtools and listed by the real `grub-editenv`.
+//! With v2 committed, grubenv is overwritten with garbage: GRUB still boots the committed slot
+//! B, from slate's second record `grub/slate-default.env` (issue 18).
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -161,6 +163,8 @@ pub(super) fn grub_upgrade_and_revert(prepared: &Prepared, work: &Path) -> Resul
     );
     boot.kill();
     step("after v2's commit", "saved_entry=B")?;
+    let corrupted = corrupted_grubenv_boots_the_record(slate, &image, work, &mut vm, &node)?;
+    step("restored after the corrupted boot", "saved_entry=B")?;
 
     let out = upgrade(slate, &image, &v3)?;
     ensure!(
@@ -282,11 +286,93 @@ pub(super) fn grub_upgrade_and_revert(prepared: &Prepared, work: &Path) -> Resul
 
     Ok(format!(
         "OVMF + GRUB: v1 (slot A) -> offline upgrade -> v2 via next_entry, committed ({}); \
+         {corrupted}; \
          broken v3 reverted to v2 unattended ({}); unhealthy v3 reverted ({}); staged v4 installed at boot and committed, \
          staged broken v5 reverted to v4 and not retried; grubenv: {}",
         committed.trim(),
         reverted.trim(),
         unhealthy.trim(),
         seen.join("; ")
+    ))
+}
+
+/// `file` copied onto the image's ESP at `path` (mtools, overwriting).
+fn mcopy_in(image: &Path, file: &Path, path: &str) -> Result<()> {
+    output(
+        Command::new("mcopy")
+            .args(["-o", "-i"])
+            .arg(format!("{}@@1M", image.display()))
+            .arg(file)
+            .arg(format!("::/{path}")),
+    )?;
+    Ok(())
+}
+
+/// v2 committed in slot B, the machine off: grubenv overwritten with 1024 bytes of garbage
+/// (GRUB's `load_env` refuses the block). Offline, `slate boot explain` names slot B from the
+/// second record; one boot shows GRUB starting slot B (`slate.slot=B` on the kernel command
+/// line) and the node up on v2, with nothing to commit. The good grubenv is put back after.
+fn corrupted_grubenv_boots_the_record(
+    slate: &Path,
+    image: &Path,
+    work: &Path,
+    vm: &mut Vm,
+    node: &Node,
+) -> Result<String> {
+    let good = work.join("grubenv.good");
+    let _ = fs::remove_file(&good);
+    output(
+        Command::new("mcopy")
+            .arg("-n")
+            .arg("-i")
+            .arg(format!("{}@@1M", image.display()))
+            .arg("::/grub/grubenv")
+            .arg(&good),
+    )?;
+    let garbage = work.join("grubenv.garbage");
+    fs::write(&garbage, vec![b'x'; 1024])?;
+    mcopy_in(image, &garbage, "grub/grubenv")?;
+
+    let explain = Command::new(slate)
+        .args(["boot", "explain", "--disk"])
+        .arg(image)
+        .output()?;
+    let text = String::from_utf8_lossy(&explain.stdout).into_owned();
+    ensure!(
+        explain.status.success() && text.contains("slate-default.env"),
+        "explain with a corrupted grubenv: {text}{}",
+        String::from_utf8_lossy(&explain.stderr)
+    );
+    let why = text
+        .lines()
+        .find(|l| l.contains("slate-default.env"))
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    println!("  explain, grubenv corrupted: {why}");
+
+    let mut boot = running(vm)?;
+    let status = node.status()?;
+    let serial = boot.serial();
+    let cmdline = serial
+        .lines()
+        .find(|l| l.contains("slate.slot="))
+        .unwrap_or_default()
+        .trim()
+        .to_owned();
+    ensure!(
+        status["version"] == "2.0.0" && serial.contains("slate.slot=B"),
+        "a corrupted grubenv boots the committed v2 in slot B: {status}; {cmdline}"
+    );
+    println!(
+        "  booted with grubenv corrupted: version {}, {cmdline}",
+        status["version"]
+    );
+    boot.kill();
+    mcopy_in(image, &good, "grub/grubenv")?;
+    Ok(format!(
+        "grubenv overwritten with garbage: v2 booted from slot B by the second record \
+         (version {}, slate.slot=B)",
+        status["version"]
     ))
 }

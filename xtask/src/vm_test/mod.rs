@@ -209,6 +209,40 @@ fn ensure_logged(boot: &Running, line: &str) -> Result<()> {
     Ok(())
 }
 
+/// `slate status --boot-times` on a node that just committed its boot: the loader's
+/// timestamps, each of init's milestones and machined's in order, the Boot sequence's phases.
+/// Returns the summary line, which the scenario prints.
+fn boot_breakdown(node: &Node) -> Result<String> {
+    let text = node.ok(&["status", "--boot-times"])?;
+    let order = [
+        "kernel started → init started",
+        "init started → modules loaded",
+        "modules loaded → root mounted",
+        "root mounted → switched root",
+        "switched root → machined started",
+        "machined started → running",
+        "running → committed",
+        "machined: Initialize sequence",
+        "machined: Boot sequence",
+        "  phase volumes",
+        "    task mountState",
+        "Running ",
+    ];
+    let mut from = 0;
+    for step in order {
+        let at = text[from..]
+            .find(step)
+            .with_context(|| format!("{step:?} in order in the boot breakdown:\n{text}"))?;
+        from += at + step.len();
+    }
+    ensure!(
+        text.contains("systemd-boot, to the kernel (LoaderTimeExecUSec)"),
+        "systemd-boot's timestamps in the breakdown:\n{text}"
+    );
+    println!("{text}");
+    Ok(text.lines().last().unwrap_or_default().to_owned())
+}
+
 /// One node through its life: first boot (through systemd-boot and the UKI into slate's init,
 /// the squashfs root and machined; STATE and EPHEMERAL formatted because blank), the API with
 /// its roles, a reboot asked over the API, a second boot that keeps STATE, two concurrent resets
@@ -253,6 +287,7 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
         esp_listing(&image)?.contains("slate-1.0.0.efi"),
         "the ESP should hold the blessed entry"
     );
+    let breakdown = boot_breakdown(&node)?;
     let status = node.status()?;
     ensure!(status["version"] == "1.0.0", "status: {status}");
     ensure!(status["stage"] == "Running", "status: {status}");
@@ -412,7 +447,7 @@ fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
          volumes reformatted after reset; maintenance mode (no configuration): mTLS refused, a \
          wrong token refused, configured with the console's token and pinned certificate \
          ({pin:.16}…), Running as node `reconfigured`; power button: unmounted, synced, powered \
-         off in {powered_off:.1?}"
+         off in {powered_off:.1?}; boot breakdown: {breakdown}"
     ))
 }
 
@@ -1045,6 +1080,8 @@ pub fn vm_test(only: &[String]) -> Result<()> {
     let scenarios: &[(&str, Scenario)] = &[
         // Three VMs at once: the longest by far (about 600 s alone).
         ("operator_rollout", operator::operator_rollout),
+        // About 320 s: five upgrades, two of them spending three boot tries each.
+        ("btrfs_snapshot_upgrades", snapshot::btrfs_snapshot_upgrades),
         (
             "broken_upgrades_roll_back",
             rollback::broken_upgrades_roll_back,
@@ -1066,7 +1103,6 @@ pub fn vm_test(only: &[String]) -> Result<()> {
             "var_survives_power_cut",
             var_powercut::var_survives_power_cut,
         ),
-        ("btrfs_snapshot_upgrades", snapshot::btrfs_snapshot_upgrades),
         ("node_lifecycle", node_lifecycle),
         ("fatal_boot_task", fatal_boot_task),
     ];

@@ -270,6 +270,8 @@ fn grub_status(env: &[(&str, &str)], complete: &[bool; 2], tag: Option<&str>) ->
         slots,
         selection: slate_bootspec::grub_select(Some(&block), &grub_menu()),
         env: block,
+        env_error: None,
+        default_record: None,
         upgrade_tag: tag.map(str::to_owned),
         temp_files: vec![],
         space: FatSpace {
@@ -361,4 +363,47 @@ fn grub_falls_back_from_an_incomplete_slot_and_defaults_to_the_first() {
     // Selected B incomplete and no saved_entry to fall back to: nothing boots.
     let x = grub(&grub_status(&[("next_entry", "B")], &[true, false], None));
     assert_eq!((x.next_boot, x.reason), (None, NextBootReason::NoEntry));
+}
+
+/// issue 18: a corrupted grubenv — GRUB loads nothing from it, and grub.cfg takes saved_entry
+/// from the second record: explain says so, and names the damage.
+#[test]
+fn grub_an_unreadable_grubenv_falls_back_to_the_second_record() {
+    let mut status = grub_status(&[], &[true, true], None);
+    let record = crate::grub::config::default_record("B");
+    let err = slate_bootspec::GrubEnvError::MissingSignature;
+    status.selection = slate_bootspec::grub_select_with_record(None, Some(&record), &grub_menu());
+    status.env_error = Some(err.clone());
+    status.default_record = Some(Ok(record));
+    let x = grub(&status);
+    assert_eq!(x.next_boot.as_deref(), Some("B"));
+    assert_eq!(
+        x.reason,
+        NextBootReason::GrubDefaultRecord { value: "B".into() }
+    );
+    assert!(
+        x.reason_text.contains("grubenv is unreadable")
+            && x.reason_text
+                .contains("saved_entry=B from slate's second record")
+            && x.reason_text.contains("grub/slate-default.env"),
+        "{}",
+        x.reason_text
+    );
+    assert!(x.entries[1].grub.as_ref().unwrap().saved_entry);
+    let json = serde_json::to_value(&x).unwrap();
+    assert_eq!(json["reason"]["kind"], "grub_default_record");
+
+    // No record to fall back to: the first entry, and the text says why.
+    status.selection = slate_bootspec::grub_select_with_record(None, None, &grub_menu());
+    status.default_record = None;
+    let x = grub(&status);
+    assert_eq!(
+        (x.next_boot.as_deref(), &x.reason),
+        (Some("A"), &NextBootReason::GrubFirst)
+    );
+    assert!(
+        x.reason_text.contains("grubenv is unreadable"),
+        "{}",
+        x.reason_text
+    );
 }

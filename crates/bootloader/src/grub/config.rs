@@ -236,7 +236,8 @@ mod tests {
         assert!(cfg.contains("save_env next_entry"));
         // The second record is read only when grubenv's saved_entry is neither slot, and
         // before the one-shot and the default are decided.
-        let record = "if [ \"${saved_entry}\" != A ]; then\n  if [ \"${saved_entry}\" != B ]; then\n    \
+        let record =
+            "if [ \"${saved_entry}\" != A ]; then\n  if [ \"${saved_entry}\" != B ]; then\n    \
                       if [ -s $prefix/slate-default.env ]; then\n      \
                       load_env --file $prefix/slate-default.env saved_entry\n";
         let at = cfg.find(record).expect(&cfg);

@@ -326,19 +326,18 @@ impl<D: Disk> Grub<D> {
         } = parts::read_meta_facts(&self.disk)?;
         warnings.extend(meta_warnings);
         let record = default_record.as_ref().and_then(|r| r.as_ref().ok());
-        let selection = grub_select_with_record(
-            env_error.is_none().then_some(&env),
-            record,
-            &menu(),
-        );
+        let selection =
+            grub_select_with_record(env_error.is_none().then_some(&env), record, &menu());
         let record_says = record.and_then(|r| r.get_nonempty("saved_entry"));
         if let Some(err) = &env_error {
             let record_text = match (&default_record, record_says) {
-                (Some(Ok(_)), Some(slot)) => format!(
-                    "grub.cfg takes saved_entry={slot} from {GRUB_DEFAULT_ENV_PATH}"
-                ),
+                (Some(Ok(_)), Some(slot)) => {
+                    format!("grub.cfg takes saved_entry={slot} from {GRUB_DEFAULT_ENV_PATH}")
+                }
                 (Some(Ok(_)), None) => {
-                    format!("{GRUB_DEFAULT_ENV_PATH} names no slot either: GRUB starts the first entry")
+                    format!(
+                        "{GRUB_DEFAULT_ENV_PATH} names no slot either: GRUB starts the first entry"
+                    )
                 }
                 (Some(Err(e)), _) => {
                     format!("{GRUB_DEFAULT_ENV_PATH} is unreadable too ({e}): GRUB starts the first entry")
@@ -424,7 +423,9 @@ impl<D: Disk> Grub<D> {
                 .root_dir()
                 .open_file(path)
                 .map_err(fat_err("opening", path))?;
-            let len = f.seek(io::SeekFrom::End(0)).map_err(fat_err("sizing", path))?;
+            let len = f
+                .seek(io::SeekFrom::End(0))
+                .map_err(fat_err("sizing", path))?;
             if len != bytes.len() as u64 {
                 let err = GrubEnvError::WrongLength { len: len as usize };
                 return Err(if path == GRUBENV_PATH {
