@@ -122,7 +122,26 @@ pub fn base_rootfs(
                 .all(|c| c.is_ascii_alphanumeric() || "._+~-".contains(c)),
         "--version {version:?} must be non-empty ASCII letters, digits and ._+~-"
     );
-    prepare_out(out, replace)?;
+    // Built beside `out` and swapped in whole: scenarios started from other shells (and their
+    // image builds, which read `out`) never see a half-made root.
+    let final_out = out;
+    if !replace && fs::read_dir(final_out).is_ok_and(|mut e| e.next().is_some()) {
+        bail!(
+            "{} exists and is not empty; remove it or pass --replace",
+            final_out.display()
+        );
+    }
+    let staging = final_out.with_file_name(format!(
+        ".{}.staging-{}",
+        final_out
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("rootfs"),
+        std::process::id()
+    ));
+    util::remove_if_exists(&staging)?;
+    prepare_out(&staging, true)?;
+    let out = staging.as_path();
     let busybox = busybox_binary()?;
 
     for (dir, mode) in DIRS {
@@ -198,10 +217,11 @@ pub fn base_rootfs(
         symlink("slate", out.join("usr/bin/machined")).context("linking /usr/bin/machined")?;
         println!("  /usr/bin/slate from {}", slate.display());
     }
+    swap_in(&staging, final_out)?;
     println!(
         "base rootfs at {} (version {version}, busybox with {} applets, {} with their \
          libraries: {} KiB)",
-        out.display(),
+        final_out.display(),
         APPLETS.len(),
         E2FSPROGS.join(", "),
         e2fsprogs_bytes / 1024
@@ -253,6 +273,18 @@ case "$1" in
 esac
 exit 0
 "#;
+
+/// Replaces `out` by the finished `staging` (two renames; the old tree is removed after).
+fn swap_in(staging: &Path, out: &Path) -> Result<()> {
+    let old = staging.with_extension("old");
+    util::remove_if_exists(&old)?;
+    if out.exists() {
+        fs::rename(out, &old).with_context(|| format!("moving {} aside", out.display()))?;
+    }
+    fs::rename(staging, out)
+        .with_context(|| format!("moving the new root to {}", out.display()))?;
+    util::remove_if_exists(&old)
+}
 
 fn prepare_out(out: &Path, replace: bool) -> Result<()> {
     match fs::read_dir(out) {

@@ -18,6 +18,7 @@ mod bench_summary;
 mod kernel;
 mod registry;
 mod slate_static;
+mod soak;
 mod util;
 mod vm;
 mod vm_test;
@@ -101,6 +102,23 @@ enum Task {
         #[arg(long)]
         slate: Option<PathBuf>,
     },
+    /// Soak (not a test; about 20 minutes): one VM, online upgrades alternating good and
+    /// broken versions (each good one committed, each broken one reverted; ESP free space and
+    /// META size equal after the last as after the 2nd), and 50 concurrent status clients
+    /// during one upgrade (every request answered within a stated bound). Works in
+    /// target/soak/.
+    Soak {
+        /// How many upgrades.
+        #[arg(long, default_value_t = 20)]
+        upgrades: usize,
+        /// The (good, so odd) upgrade during which the status clients ask.
+        #[arg(long, default_value_t = 11)]
+        load_at: usize,
+        /// Each status client's pause between its requests, in milliseconds (`slate ...
+        /// --wait` polls every 2,000); 0 asks in a tight loop.
+        #[arg(long, default_value_t = 1000)]
+        think_ms: u64,
+    },
     /// Every benchmark (or those named), each side measured 3 times; writes
     /// target/bench/summary-<commit>.json and target/bench/latest.json.
     Bench {
@@ -134,6 +152,15 @@ fn main() -> Result<()> {
         Task::BenchFleetlock { quick } => bench_fleetlock::bench_fleetlock(quick).map(drop),
         Task::BenchOperator { nodes } => bench_operator::bench_operator(nodes).map(drop),
         Task::BenchSnapshot { slate } => bench_snapshot::bench_snapshot(slate.as_deref()).map(drop),
+        Task::Soak {
+            upgrades,
+            load_at,
+            think_ms,
+        } => soak::soak(
+            upgrades,
+            load_at,
+            std::time::Duration::from_millis(think_ms),
+        ),
         Task::Bench {
             only,
             operator_nodes,

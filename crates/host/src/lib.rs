@@ -15,6 +15,7 @@ mod chroot;
 mod cmdline;
 mod efivars;
 mod error;
+mod ext;
 mod kexec;
 mod kmsg;
 mod kmsg_read;
@@ -27,9 +28,8 @@ mod teardown;
 mod watchdog;
 
 pub use block::{
-    add_ext_journal, check_ext, device_ext_has_journal, disk_of_partition, ext_has_journal,
-    filesystem_identity, filesystem_signature, find_filesystem_by_uuid, find_partition_by_label,
-    format_ext, is_blank, uevent_value, BlockPartition, FsIdentity, FsckOutcome, IDENTITY_HEAD_LEN,
+    disk_of_partition, filesystem_identity, filesystem_signature, find_filesystem_by_uuid,
+    find_partition_by_label, is_blank, uevent_value, BlockPartition, FsIdentity, IDENTITY_HEAD_LEN,
 };
 pub use boot_clock::{
     parse_milestones, record_milestone, record_milestone_at, since_boot, INIT_MILESTONES,
@@ -45,6 +45,9 @@ pub use efivars::{
     remove_var_file, write_loader_string, write_var_file, EFI_GLOBAL_GUID, LOADER_GUID,
 };
 pub use error::{HostError, Result};
+pub use ext::{
+    add_ext_journal, check_ext, device_ext_has_journal, ext_has_journal, format_ext, FsckOutcome,
+};
 pub use kexec::{
     kexec_load, kexec_loaded, kexec_reboot, kexec_unload, lockdown, refusal_hint,
     selected_lockdown, LOCKDOWN_PATH,

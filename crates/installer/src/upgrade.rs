@@ -160,6 +160,12 @@ pub fn upgrade(
         disk: disk.to_owned(),
         source,
     })?;
+    grub_env_writable(FileDisk::open_read_only(disk).map_err(open_error)?).map_err(|source| {
+        UpgradeModeError::BootEntries {
+            disk: disk.to_owned(),
+            source,
+        }
+    })?;
     let running = match &request.running_entry {
         Some(entry) => entry.clone(),
         None => status
@@ -254,6 +260,16 @@ pub fn upgrade(
     Ok(report)
 }
 
+/// On a GRUB disk, refuse an unreadable grubenv first: GRUB still boots the committed slot (from
+/// the second record, docs/formats.md §4.3), but slate writes nothing to the loader, and the
+/// version a bundle is judged against would be read through the damage.
+fn grub_env_writable(disk: FileDisk) -> Result<(), BootloaderError> {
+    if slate_bootloader::detect(&disk)? == LoaderKind::Grub {
+        Grub::new(disk).grub_status()?.writable()?;
+    }
+    Ok(())
+}
+
 /// The backend of the loader `disk` was installed with ([`slate_bootloader::probe`]), offline
 /// (no firmware variables), systemd-boot keeping `keep_versions` versions.
 fn loader<D: Disk + 'static>(
@@ -310,6 +326,67 @@ pub(crate) mod tests {
     fn hash(path: &Path) -> Vec<u8> {
         use sha2::Digest as _;
         sha2::Sha256::digest(std::fs::read(path).unwrap()).to_vec()
+    }
+
+    /// issue 18: a GRUB disk whose grubenv is garbage is refused first, naming grubenv and the
+    /// damage — before the bundle is judged against a version read through it (a newer and an
+    /// older bundle get the same answer) — and nothing is written.
+    #[test]
+    fn a_corrupted_grubenv_is_reported_before_anything_else() {
+        use std::io::Write as _;
+        let dir = tempfile::tempdir().unwrap();
+        let disk = blank_disk(dir.path());
+        {
+            let mut file = FileDisk::open(&disk).unwrap();
+            let plan = crate::GrubImagePlan {
+                image_id: "grub-upgrade".into(),
+                layout: slate_layout::LayoutParams {
+                    esp_size: 40 * slate_layout::MIB,
+                    state_size: 16 * slate_layout::MIB,
+                    ..slate_layout::LayoutParams::default()
+                },
+                source_date_epoch: 0,
+                grub_efi: b"MZ pretend GRUB".to_vec(),
+                kernel: b"kernel".repeat(100),
+                initramfs: b"initramfs".repeat(100),
+                cmdline: "console=ttyS0".into(),
+                version: "1.0.0".into(),
+                menu_timeout: 1,
+            };
+            crate::write_grub_image(&mut file, &plan, &mut |_| {}).unwrap();
+            let esp = slate_layout::open_partition(&mut file, slate_layout::EFI_LABEL).unwrap();
+            let fs = slate_esp::fat::mount(esp, 0).unwrap();
+            fs.root_dir()
+                .open_file(slate_esp::GRUBENV_PATH)
+                .unwrap()
+                .write_all(&[b'x'; 1024])
+                .unwrap();
+            slate_esp::fat::unmount(fs).unwrap();
+        }
+        let before = hash(&disk);
+        for version in ["2.0.0", "0.9.0"] {
+            let err = upgrade(
+                &disk,
+                &request(bundle(dir.path(), version, NATIVE_ARCH)),
+                &mut |_| {},
+            )
+            .unwrap_err();
+            assert!(
+                matches!(err, UpgradeModeError::BootEntries { .. }),
+                "{version}: {err:?}"
+            );
+            let mut chain = err.to_string();
+            let mut source = std::error::Error::source(&err);
+            while let Some(s) = source {
+                chain.push_str(&format!(": {s}"));
+                source = s.source();
+            }
+            assert!(
+                chain.contains("grub/grubenv") && chain.contains("signature"),
+                "{version}: {chain}"
+            );
+        }
+        assert_eq!(hash(&disk), before, "something was written");
     }
 
     #[test]

@@ -49,7 +49,7 @@ impl BootRecord {
         let mut spans = self.spans.lock().unwrap_or_else(|p| p.into_inner());
         if spans.len() < MAX_SPANS {
             spans.push(BootSpan {
-                sequence: span.sequence.to_string(),
+                sequence: format!("{:?}", span.sequence),
                 phase: span.phase.clone(),
                 task: span.task.clone(),
                 start_us: micros(start),

@@ -7,16 +7,17 @@
 //! (`slate snapshot rollback`), and the reboot that follows lands there.
 
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use slate_api::BackendError;
 use slate_bootspec::BootState;
-use slate_sequencer::{TaskContext, TaskError};
+use slate_sequencer::{Task, TaskContext, TaskError};
 use slate_snapshot::SnapshotName;
 use slate_snapshot_engine::{self as engine, Change, Pool, UpgradeOptions, VerifyPolicy};
 
 use crate::decision::{HealthOutcome, Phase};
 use crate::node::Node;
-use crate::task::failed;
+use crate::task::{failed, task};
 use crate::transaction::SettleError;
 
 pub use slate_snapshot::{HOME_SUBVOLUME, STATE_SUBVOLUME};
@@ -69,12 +70,46 @@ fn open_pool(root: &SnapshotRoot, lock: bool) -> Result<Pool, String> {
     })
 }
 
-/// Removes what an upgrade cut short by a power cut or a kill left on the pool (an
-/// Initialize task: before the boot is settled, and before any new upgrade).
-pub fn clean_up(ctx: &TaskContext<'_>, root: &SnapshotRoot) -> Result<(), TaskError> {
+/// Initialize's task on a snapshot root: the pool's disk is the system disk, and what an
+/// upgrade cut short by a power cut or a kill left on the pool is removed now, before the
+/// boot is settled and before any new upgrade.
+pub fn initialize(
+    ctx: &TaskContext<'_>,
+    node: &Node,
+    system_disk: &Mutex<Option<PathBuf>>,
+) -> Result<(), TaskError> {
+    let Some(root) = &node.snapshot_root else {
+        return Ok(());
+    };
+    ctx.log(&format!(
+        "the root is Btrfs snapshot {} on {} (disk {}): no META, the snapshot engine settles \
+         the boot",
+        root.snapshot,
+        root.device.display(),
+        root.disk.display()
+    ));
     let pool = open_pool(root, true).map_err(failed)?;
     engine::clean_up_interrupted(&pool, &mut |line| ctx.log(&line))
-        .map_err(|e| failed(slate_sequencer::error_chain(&e)))
+        .map_err(|e| failed(slate_sequencer::error_chain(&e)))?;
+    *system_disk.lock().unwrap_or_else(|p| p.into_inner()) = Some(root.disk.clone());
+    Ok(())
+}
+
+/// Boot's volumes on a snapshot root: `@state` on `/system/state`, `@home` on `/home`.
+pub fn volume_tasks(node: &Node) -> Vec<Task<'_>> {
+    let mounts = [
+        ("mountState", STATE_SUBVOLUME, crate::sequences::STATE_MOUNT),
+        ("mountHome", HOME_SUBVOLUME, "/home"),
+    ];
+    mounts
+        .into_iter()
+        .map(|(name, subvolume, target)| {
+            task(node, name, move |ctx| match &node.snapshot_root {
+                Some(root) => mount_subvolume(ctx, root, subvolume, Path::new(target)),
+                None => Ok(()),
+            })
+        })
+        .collect()
 }
 
 /// Mounts the pool's `subvolume` on `target` (a Boot task).

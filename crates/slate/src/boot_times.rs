@@ -15,6 +15,15 @@ pub fn render(times: &BootTimes) -> String {
     let mut out = String::new();
     let before_kernel = times.firmware_us.zip(times.loader_us).map(|(f, l)| f + l);
     let _ = writeln!(out, "{:>9} {:>8}  step", "at (s)", "took (s)");
+    if times.firmware_us.is_none() {
+        // systemd-boot leaves its TSC timer off under a hypervisor (the TSC may not be
+        // virtualized), and so sets neither variable in a VM.
+        let _ = writeln!(
+            out,
+            "{:>9} {:>8}  firmware and systemd-boot: not measured (no LoaderTimeInitUSec)",
+            "-", "-"
+        );
+    }
     if let (Some(firmware), Some(loader)) = (times.firmware_us, times.loader_us) {
         let _ = writeln!(
             out,
@@ -42,8 +51,11 @@ pub fn render(times: &BootTimes) -> String {
         );
         previous = (&m.name, m.at_us);
     }
+    // In start order: a phase before its tasks (they end first, so they were recorded first).
+    let mut spans: Vec<&slate_api::BootSpan> = times.spans.iter().collect();
+    spans.sort_by_key(|s| (s.start_us, s.task.is_some()));
     let mut sequence = "";
-    for span in &times.spans {
+    for span in spans {
         if span.sequence != sequence {
             sequence = &span.sequence;
             let _ = writeln!(out, "machined: {sequence} sequence");
@@ -114,6 +126,16 @@ mod tests {
             ],
         };
         let text = render(&times);
+        let unmeasured = render(&BootTimes {
+            firmware_us: None,
+            loader_us: None,
+            ..times.clone()
+        });
+        assert!(
+            unmeasured.contains("firmware and systemd-boot: not measured")
+                && unmeasured.ends_with("Running 5.000 s after the kernel started\n"),
+            "{unmeasured}"
+        );
         let expected = [
             "   at (s) took (s)  step",
             "        -    2.500  firmware, to systemd-boot (LoaderTimeInitUSec)",
@@ -122,8 +144,8 @@ mod tests {
             "    2.250    1.250  init started → root mounted",
             "    5.000    2.750  root mounted → running",
             "machined: Boot sequence",
-            "    3.000    1.500      task network",
             "    3.000    1.600    phase network (failed)",
+            "    3.000    1.500      task network",
             "Running 5.000 s after the kernel started, 7.900 s after power-on",
             "",
         ]

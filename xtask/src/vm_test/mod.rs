@@ -235,9 +235,10 @@ fn boot_breakdown(node: &Node) -> Result<String> {
             .with_context(|| format!("{step:?} in order in the boot breakdown:\n{text}"))?;
         from += at + step.len();
     }
+    // systemd-boot sets no LoaderTime* variables under a hypervisor (its TSC timer is off).
     ensure!(
-        text.contains("systemd-boot, to the kernel (LoaderTimeExecUSec)"),
-        "systemd-boot's timestamps in the breakdown:\n{text}"
+        text.contains("firmware and systemd-boot: not measured (no LoaderTimeInitUSec)"),
+        "the loader's timestamps, absent in a VM, said so:\n{text}"
     );
     println!("{text}");
     Ok(text.lines().last().unwrap_or_default().to_owned())

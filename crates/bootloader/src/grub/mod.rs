@@ -12,6 +12,7 @@
 //! fault-injecting disk and asks that model, for every power-cut state, which slot boots.
 
 pub mod config;
+mod record;
 mod rollback;
 
 use config::{grub_entry_title, parse_slot_cmdline_cfg, slot_cmdline_cfg};
@@ -328,49 +329,11 @@ impl<D: Disk> Grub<D> {
         let record = default_record.as_ref().and_then(|r| r.as_ref().ok());
         let selection =
             grub_select_with_record(env_error.is_none().then_some(&env), record, &menu());
-        let record_says = record.and_then(|r| r.get_nonempty("saved_entry"));
-        if let Some(err) = &env_error {
-            let record_text = match (&default_record, record_says) {
-                (Some(Ok(_)), Some(slot)) => {
-                    format!("grub.cfg takes saved_entry={slot} from {GRUB_DEFAULT_ENV_PATH}")
-                }
-                (Some(Ok(_)), None) => {
-                    format!(
-                        "{GRUB_DEFAULT_ENV_PATH} names no slot either: GRUB starts the first entry"
-                    )
-                }
-                (Some(Err(e)), _) => {
-                    format!("{GRUB_DEFAULT_ENV_PATH} is unreadable too ({e}): GRUB starts the first entry")
-                }
-                (None, _) => format!(
-                    "there is no {GRUB_DEFAULT_ENV_PATH} (a disk imaged before slate kept one): \
-                     GRUB starts the first entry"
-                ),
-            };
-            warnings.push(format!(
-                "{GRUBENV_PATH}: {err}: GRUB loads no slot from it; {record_text}; slate writes \
-                 nothing to the boot loader until grubenv is repaired"
-            ));
-        } else {
-            match (&default_record, record_says) {
-                (Some(Err(e)), _) => warnings.push(format!(
-                    "{GRUB_DEFAULT_ENV_PATH}: {e}: should grubenv become unreadable, GRUB would \
-                     start the first entry; the next commit rewrites it"
-                )),
-                (Some(Ok(_)), found) => {
-                    let saved = env.get_nonempty("saved_entry");
-                    if saved.is_some() && found != saved {
-                        warnings.push(format!(
-                            "{GRUB_DEFAULT_ENV_PATH} names {}, grubenv saved_entry={}: the next \
-                             commit or upgrade brings the record in line",
-                            found.unwrap_or("no slot"),
-                            saved.unwrap_or_default()
-                        ));
-                    }
-                }
-                (None, _) => {}
-            }
-        }
+        warnings.extend(record::warnings(
+            &env,
+            env_error.as_ref(),
+            default_record.as_ref(),
+        ));
         Ok(GrubStatus {
             slots,
             env,
@@ -397,22 +360,6 @@ impl<D: Disk> Grub<D> {
     /// Rewrite `grub/grubenv` in place: the same 1024 bytes over the same clusters (flushed).
     fn write_env(&mut self, env: &GrubEnv) -> Result<()> {
         self.write_block(GRUBENV_PATH, env)
-    }
-
-    /// Rewrite the second record, `grub/slate-default.env`, in place with a fresh block naming
-    /// `slot` (flushed). Its 1024 bytes span two sectors, and `saved_entry` sits in the first:
-    /// a torn write leaves the old or the new slot (the crash matrix replays it).
-    fn write_record(&mut self, slot: &str) -> Result<()> {
-        self.write_block(GRUB_DEFAULT_ENV_PATH, &config::default_record(slot))
-    }
-
-    /// The record rewritten to name `slot` if it is present and names something else (a disk
-    /// imaged before the record existed keeps doing without it).
-    fn sync_record(&mut self, status: &GrubStatus, slot: &str) -> Result<()> {
-        if status.default_record.is_some() && status.record_entry() != Some(slot) {
-            self.write_record(slot)?;
-        }
-        Ok(())
     }
 
     /// An environment block rewritten in place: the same 1024 bytes over the same clusters.
@@ -664,6 +611,9 @@ impl<D: Disk> Bootloader for Grub<D> {
     /// `next_entry` fits; the running slot is complete; the inactive slot is not GRUB's saved
     /// default; it has room — then:
     ///
+    /// 0. if the second record (`grub/slate-default.env`) lags grubenv's `saved_entry` (a
+    ///    commit cut after its grubenv write), it is brought in line (flush): the record never
+    ///    names the slot being emptied, so a damaged grubenv still boots the running slot;
     /// 1. empty the inactive slot, `cmdline.cfg` first (flush), and write kernel, initramfs,
     ///    `cmdline.cfg` (each temp name → rename, flushed). The slot is named by nothing in
     ///    grubenv, so a cut here boots the running slot, untouched;
@@ -685,8 +635,9 @@ impl<D: Disk> Bootloader for Grub<D> {
 
     /// `saved_entry` = the running slot, `next_entry` and `recordfail` cleared (unless
     /// `next_entry` names the other slot: an upgrade staged since this boot stays staged),
-    /// flushed; then META `Upgrade` deleted (flush). A cut between the two leaves the running
-    /// slot the default and the tag: the next boot commits again (both steps are idempotent).
+    /// flushed; the second record names the running slot (flush); then META `Upgrade` deleted
+    /// (flush). A cut between them leaves the running slot the default and the tag: the next
+    /// boot commits again (every step is idempotent, the record written when it differs).
     fn commit(&mut self, running_entry: &str) -> Result<CommitOutcome> {
         let status = self.grub_status()?.writable()?;
         let running = status
@@ -720,8 +671,8 @@ impl<D: Disk> Bootloader for Grub<D> {
         })
     }
 
-    /// `saved_entry` = the slot in META `Upgrade`, `next_entry` cleared (flush), then the tag
-    /// deleted (flush). GRUB has no "bad" mark: the failed slot is simply no longer named. A
+    /// `saved_entry` = the slot in META `Upgrade`, `next_entry` cleared (flush), the second
+    /// record names that slot (flush), then the tag deleted (flush). GRUB has no "bad" mark: the failed slot is simply no longer named. A
     /// cut before the grubenv write changes nothing (after a one-shot, saved_entry already
     /// names the previous slot; the tag is still there for the next failure or commit); after
     /// it, the previous slot boots with the tag naming itself, and its commit clears it.
