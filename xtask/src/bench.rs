@@ -52,6 +52,16 @@ impl Stats {
 
 /// slate's median over the baseline's; `None` where the baseline's is not above zero (no
 /// meaningful ratio, and JSON has no infinity).
+/// A ratio with two decimals, or four significant ones below 0.1 (a snapshot's bytes against a
+/// full copy would read 0.00x).
+pub fn ratio_text(r: f64) -> String {
+    if r != 0.0 && r.abs() < 0.1 {
+        format!("{r:.4}")
+    } else {
+        format!("{r:.2}")
+    }
+}
+
 pub fn ratio(slate: Stats, baseline: Stats) -> Option<f64> {
     (baseline.median > 0.0).then(|| slate.median / baseline.median)
 }
@@ -376,8 +386,9 @@ impl Comparison {
         let difference = s.median - b.median;
         let sign = if difference < 0.0 { "-" } else { "+" };
         format!(
-            "ratio (slate / {}): {r:.2}x ({sign}{} by the medians)",
+            "ratio (slate / {}): {}x ({sign}{} by the medians)",
             self.baseline.name,
+            ratio_text(r),
             format_value(difference.abs(), self.bench.unit)
         )
     }
@@ -433,7 +444,12 @@ pub fn print_ratios(comparisons: &[Comparison]) {
         .unwrap_or(0);
     for c in comparisons {
         match c.ratio() {
-            Some(r) => println!("  {:<width$}  {r:.2}x vs {}", c.name(), c.baseline.name),
+            Some(r) => println!(
+                "  {:<width$}  {}x vs {}",
+                c.name(),
+                ratio_text(r),
+                c.baseline.name
+            ),
             None => println!("  {:<width$}  none", c.name()),
         }
     }

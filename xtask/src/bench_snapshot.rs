@@ -336,8 +336,8 @@ pub fn bench_snapshot(slate: Option<&Path>) -> Result<Vec<Comparison>> {
         .about(about)
         .about(format!("CMD: {ONE_FILE_CMD}"))
         .about("slate: pool Used (btrfs filesystem usage -b, after sync) after - before;")
-        .about("it includes the snapshot's manifest in <top>/.slate (figure below) and the")
-        .about("metadata the manifest walk's reads dirty (relatime updates each file's atime)")
+        .about("it includes the snapshot's manifest in <top>/.slate (figure below); the walk")
+        .about("reads with O_NOATIME on a noatime top level, so reading dirties no metadata")
         .about("baseline: the root's files copied whole (du -sb)")
         .no_warm_up("a size, not a time")
         .run(
