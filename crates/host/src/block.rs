@@ -186,14 +186,10 @@ pub fn find_filesystem_by_uuid(uuid: &str) -> Result<Option<(PathBuf, FsIdentity
             continue;
         };
         let device = Path::new("/dev").join(name);
-        let mut head = vec![0u8; IDENTITY_HEAD_LEN];
         // Unreadable or short devices (an empty CD-ROM, a tiny partition) are not it.
-        let Ok(mut file) = fs::File::open(&device) else {
+        let Ok(head) = read_head(&device, IDENTITY_HEAD_LEN) else {
             continue;
         };
-        if file.read_exact(&mut head).is_err() {
-            continue;
-        }
         let Some(identity) = filesystem_identity(&head).filter(|i| i.uuid == wanted) else {
             continue;
         };
@@ -208,7 +204,12 @@ pub fn find_filesystem_by_uuid(uuid: &str) -> Result<Option<(PathBuf, FsIdentity
 /// Whether `device` holds no filesystem slate recognizes (the installer zeroes the head of
 /// STATE and EPHEMERAL, so a blank head means "format on first boot").
 pub fn is_blank(device: &Path) -> Result<bool> {
-    let mut head = vec![0u8; 0x10048];
+    Ok(filesystem_signature(&read_head(device, IDENTITY_HEAD_LEN)?).is_none())
+}
+
+/// The first `len` bytes of `device`.
+pub(crate) fn read_head(device: &Path, len: usize) -> Result<Vec<u8>> {
+    let mut head = vec![0u8; len];
     let mut file = fs::File::open(device).map_err(|source| HostError::Open {
         path: device.to_owned(),
         source,
@@ -218,7 +219,7 @@ pub fn is_blank(device: &Path) -> Result<bool> {
             path: device.to_owned(),
             source,
         })?;
-    Ok(filesystem_signature(&head).is_none())
+    Ok(head)
 }
 
 #[cfg(test)]

@@ -1,8 +1,6 @@
 //! ext4 data partitions (STATE, EPHEMERAL): made with a journal by e2fsprogs' mke2fs, checked
 //! with `e2fsck -p` before every mount, an old journal-less one given a journal.
 
-use std::fs;
-use std::io::Read;
 use std::path::Path;
 use std::process::Command;
 
@@ -153,17 +151,7 @@ pub fn ext_has_journal(head: &[u8]) -> Option<bool> {
 
 /// [`ext_has_journal`] of the filesystem on `device`.
 pub fn device_ext_has_journal(device: &Path) -> Result<Option<bool>> {
-    let mut head = vec![0u8; 2048];
-    let mut file = fs::File::open(device).map_err(|source| HostError::Open {
-        path: device.to_owned(),
-        source,
-    })?;
-    file.read_exact(&mut head)
-        .map_err(|source| HostError::Read {
-            path: device.to_owned(),
-            source,
-        })?;
-    Ok(ext_has_journal(&head))
+    Ok(ext_has_journal(&crate::block::read_head(device, 2048)?))
 }
 
 /// Add a journal to the unmounted, checked ext2 filesystem on `device` (`tune2fs -j`: what
@@ -174,6 +162,7 @@ pub fn add_ext_journal(device: &Path) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use std::fs;
     use std::path::PathBuf;
 
     use super::*;
