@@ -31,18 +31,7 @@ fn available() -> bool {
         && slate_testkit::require_tool("mount")
 }
 
-fn sh(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
+use slate_testkit::sh;
 
 /// The pool partition of `image` mounted read-only (top level) with losetup + mount, so the
 /// check does not go through the code under test; unmounted and detached on drop.

@@ -88,6 +88,21 @@ pub fn require_path(path: impl AsRef<Path>, remedy: &str) -> bool {
     require(path.exists(), &path.display().to_string(), remedy)
 }
 
+/// Runs `cmd args…` and returns its stdout, trimmed; panics (a test failure) with its stderr
+/// when it cannot start or exits non-zero.
+pub fn sh(cmd: &str, args: &[&str]) -> String {
+    let out = std::process::Command::new(cmd)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
+    assert!(
+        out.status.success(),
+        "{cmd} {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
 /// Where `tool` is: searched on `PATH` like `Command::new` does, or taken as a path when it
 /// contains a `/`.
 pub fn find_tool(tool: &str) -> Option<PathBuf> {

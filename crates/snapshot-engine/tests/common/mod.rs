@@ -16,18 +16,7 @@ pub const R0: &str = "root-20260101-000000";
 /// 2026-01-02T00:00:00Z; each upgrade in a test adds an hour.
 pub const T1: u64 = 1_767_312_000;
 
-pub fn sh(cmd: &str, args: &[&str]) -> String {
-    let out = Command::new(cmd)
-        .args(args)
-        .output()
-        .unwrap_or_else(|e| panic!("{cmd}: {e}"));
-    assert!(
-        out.status.success(),
-        "{cmd} {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
+pub use slate_testkit::sh;
 
 /// Whether the machine can run these tests (under CI=true a missing part fails the test).
 pub fn available() -> bool {
