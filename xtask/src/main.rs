@@ -118,6 +118,10 @@ enum Task {
         /// --wait` polls every 2,000); 0 asks in a tight loop.
         #[arg(long, default_value_t = 1000)]
         think_ms: u64,
+        /// One API client per status client for all its requests (each leaves its last
+        /// connection open until its next request) instead of one per request.
+        #[arg(long)]
+        reuse_clients: bool,
     },
     /// Every benchmark (or those named), each side measured 3 times; writes
     /// target/bench/summary-<commit>.json and target/bench/latest.json.
@@ -156,10 +160,12 @@ fn main() -> Result<()> {
             upgrades,
             load_at,
             think_ms,
+            reuse_clients,
         } => soak::soak(
             upgrades,
             load_at,
             std::time::Duration::from_millis(think_ms),
+            reuse_clients,
         ),
         Task::Bench {
             only,

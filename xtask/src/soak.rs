@@ -187,7 +187,7 @@ fn pause(time: Duration, stop: &AtomicBool) {
 
 /// One status request as a client with retries asks it: attempts the node turns away are
 /// tried again (50 ms, doubling to 1 s) until answered, [`REQUEST_TIMEOUT`] passes, or `stop`.
-fn ask(client: &Client, stop: &AtomicBool) -> Sample {
+fn ask(client: &StatusClient, stop: &AtomicBool) -> Sample {
     let asked = Instant::now();
     let mut refused = Vec::new();
     let mut pause = Duration::from_millis(50);
@@ -201,8 +201,7 @@ fn ask(client: &Client, stop: &AtomicBool) -> Sample {
                     refused,
                 }
             }
-            Err(e) => {
-                let error = e.to_string();
+            Err(error) => {
                 if stop.load(Ordering::SeqCst) || asked.elapsed() > REQUEST_TIMEOUT {
                     return Sample {
                         latency: asked.elapsed(),
@@ -237,9 +236,48 @@ struct Load {
     retried: usize,
 }
 
-/// 50 reader certificates of the demo CA, each its own client (the node allows one client
-/// certificate [`slate_api::CONNECTIONS_PER_CLIENT`] connections).
-fn clients(port: u16) -> Result<Vec<Client>> {
+/// One of the status clients: its own reader certificate of the demo CA (the node allows one
+/// client certificate [`slate_api::CONNECTIONS_PER_CLIENT`] connections).
+struct StatusClient {
+    addr: String,
+    ca: String,
+    cert: String,
+    key: String,
+    /// With `--reuse-clients`, one [`Client`] for all the requests.
+    kept: Option<Client>,
+}
+
+impl StatusClient {
+    /// `GET /v1/status`. By default through a new [`Client`] each time, dropped after the
+    /// answer, as each `slate status` process does: a kept `Client` leaves the connection of
+    /// its last call open until its next call (its task is aborted, but a current-thread
+    /// runtime only drops it when it runs again), so 50 kept clients hold up to twice as many
+    /// connections as they use, over the node's 64.
+    fn status(&self) -> Result<(), String> {
+        let fresh;
+        let client = match &self.kept {
+            Some(kept) => kept,
+            None => {
+                fresh = self.client().map_err(|e| e.to_string())?;
+                &fresh
+            }
+        };
+        client.status().map(drop).map_err(|e| e.to_string())
+    }
+
+    fn client(&self) -> Result<Client> {
+        Ok(Client::new(
+            &self.addr,
+            self.ca.as_bytes(),
+            self.cert.as_bytes(),
+            self.key.as_bytes(),
+        )?
+        .with_timeout(REQUEST_TIMEOUT))
+    }
+}
+
+/// [`CLIENTS`] status clients of the node at `port`, each with a reader certificate of its own.
+fn clients(port: u16, reuse: bool) -> Result<Vec<StatusClient>> {
     let pki = demo_pki();
     let read = |name: &str| -> Result<String> {
         fs::read_to_string(pki.join(name)).with_context(|| format!("reading {name}"))
@@ -256,13 +294,17 @@ fn clients(port: u16) -> Result<Vec<Client>> {
                 &format!("soak-client-{i}"),
                 Duration::from_secs(24 * 3600),
             )?;
-            Ok(Client::new(
-                &format!("127.0.0.1:{port}"),
-                ca.as_bytes(),
-                cert.as_bytes(),
-                key.as_bytes(),
-            )?
-            .with_timeout(REQUEST_TIMEOUT))
+            let mut client = StatusClient {
+                addr: format!("127.0.0.1:{port}"),
+                ca: ca.clone(),
+                cert,
+                key,
+                kept: None,
+            };
+            if reuse {
+                client.kept = Some(client.client()?);
+            }
+            Ok(client)
         })
         .collect()
 }
@@ -299,7 +341,7 @@ fn upgrade(
     bundle: &Path,
     version: &str,
     cache: &Path,
-    load: Option<Vec<Client>>,
+    load: Option<Vec<StatusClient>>,
     think: Duration,
 ) -> Result<(String, Option<Load>)> {
     let mut child = node
@@ -441,7 +483,7 @@ struct Outcome {
     boots: usize,
 }
 
-pub fn soak(upgrades: usize, load_at: usize, think: Duration) -> Result<()> {
+pub fn soak(upgrades: usize, load_at: usize, think: Duration, reuse_clients: bool) -> Result<()> {
     ensure!(upgrades >= 1, "--upgrades: at least 1");
     ensure!(
         (1..=upgrades).contains(&load_at) && !is_broken(load_at),
@@ -507,7 +549,7 @@ pub fn soak(upgrades: usize, load_at: usize, think: Duration) -> Result<()> {
         let began = Instant::now();
         let boots_before = crate::vm::boots_under(&vm_dir).0;
         let clients = if i == load_at {
-            Some(clients(vm.api_port)?)
+            Some(clients(vm.api_port, reuse_clients)?)
         } else {
             None
         };
