@@ -34,14 +34,15 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
-use slate_api::{Client, Role};
 use slate_disk::FileDisk;
 
-use crate::util::{output, repo_root};
-use crate::vm::{tail, Running, Vm};
-use crate::vm_test::{build_image, demo_pki, prepare, sign_bundle, Prepared};
+mod load;
 
-const RUNNING: &str = "[slate] [machined] stage Running";
+use crate::util::{output, repo_root};
+use crate::vm::{Running, Vm};
+use crate::vm_test::{build_bundle, build_image, ensure_logged, prepare, running, Node};
+use load::{ask, clients, pause, percentile, without_port, Load, Sample, StatusClient};
+
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 /// Concurrent status clients during the loaded upgrade.
 const CLIENTS: usize = 50;
@@ -60,61 +61,6 @@ fn version(i: usize) -> String {
 /// Odd upgrades are good, even ones broken.
 fn is_broken(i: usize) -> bool {
     i % 2 == 0
-}
-
-/// An installer bundle of the demo profile at `version`, signed with the demo key.
-fn build_bundle(slate: &Path, version: &str, extra_args: &[&str], out: &Path) -> Result<()> {
-    let mut cmd = Command::new(slate);
-    cmd.args(["imager", "build", "--profile"])
-        .arg(repo_root().join("profiles/demo.toml"))
-        .args(["--version", version, "--output", "installer", "--out"])
-        .arg(out)
-        .env("SOURCE_DATE_EPOCH", "1700000000");
-    for arg in extra_args {
-        cmd.args(["--kernel-arg", arg]);
-    }
-    output(&mut cmd)?;
-    sign_bundle(slate, out)
-}
-
-/// The slate CLI against the VM's API.
-struct Node<'a> {
-    prepared: &'a Prepared,
-    port: u16,
-}
-
-impl Node<'_> {
-    fn command(&self, args: &[&str]) -> Command {
-        let mut cmd = Command::new(&self.prepared.slate);
-        cmd.arg("--node")
-            .arg(format!("127.0.0.1:{}", self.port))
-            .arg("--certs")
-            .arg(&self.prepared.pki)
-            .args(args);
-        cmd
-    }
-
-    fn status(&self) -> Result<serde_json::Value> {
-        Ok(serde_json::from_str(&output(
-            &mut self.command(&["status", "--output", "json"]),
-        )?)?)
-    }
-}
-
-fn running(vm: &mut Vm) -> Result<Running> {
-    let mut boot = vm.start()?;
-    boot.expect(&[RUNNING], BOOT_TIMEOUT, "machined reaching stage Running")?;
-    Ok(boot)
-}
-
-fn ensure_logged(boot: &Running, line: &str) -> Result<()> {
-    let serial = boot.serial();
-    ensure!(
-        serial.contains(line),
-        "expected {line:?} on the console; it ended with:\n{}",
-        tail(&serial, 40)
-    );
-    Ok(())
 }
 
 /// What the disk image holds after an upgrade, read with the VM off.
@@ -161,174 +107,6 @@ fn measure(image: &Path) -> Result<DiskFigures> {
         meta_used: store.adv().used(),
         meta_tags,
     })
-}
-
-/// One status request of a loaded client.
-#[derive(Debug)]
-struct Sample {
-    /// From the first attempt to the answer.
-    latency: Duration,
-    ended: Instant,
-    /// Why it went unanswered (the last attempt's error).
-    error: Option<String>,
-    /// Attempts the node turned away before this one was answered: connections it closed
-    /// during the TLS handshake (over its 32 concurrent handshakes, or its 64 connections) or
-    /// answered 429 (over 8 connections of one certificate).
-    refused: Vec<String>,
-}
-
-/// Sleep `time`, or less when `stop` is set meanwhile.
-fn pause(time: Duration, stop: &AtomicBool) {
-    let until = Instant::now() + time;
-    while !stop.load(Ordering::SeqCst) && Instant::now() < until {
-        std::thread::sleep(Duration::from_millis(20).min(until - Instant::now()));
-    }
-}
-
-/// One status request as a client with retries asks it: attempts the node turns away are
-/// tried again (50 ms, doubling to 1 s) until answered, [`REQUEST_TIMEOUT`] passes, or `stop`.
-fn ask(client: &StatusClient, stop: &AtomicBool) -> Sample {
-    let asked = Instant::now();
-    let mut refused = Vec::new();
-    let mut pause = Duration::from_millis(50);
-    loop {
-        match client.status() {
-            Ok(_) => {
-                return Sample {
-                    latency: asked.elapsed(),
-                    ended: Instant::now(),
-                    error: None,
-                    refused,
-                }
-            }
-            Err(error) => {
-                if stop.load(Ordering::SeqCst) || asked.elapsed() > REQUEST_TIMEOUT {
-                    return Sample {
-                        latency: asked.elapsed(),
-                        ended: Instant::now(),
-                        error: Some(error),
-                        refused,
-                    };
-                }
-                refused.push(error);
-                std::thread::sleep(pause);
-                pause = (pause * 2).min(Duration::from_secs(1));
-            }
-        }
-    }
-}
-
-/// What the loaded upgrade measured.
-#[derive(Debug)]
-struct Load {
-    answered: usize,
-    /// Failures after the installer finished (the node going down for its reboot).
-    after_stop: usize,
-    p50: Duration,
-    p99: Duration,
-    max: Duration,
-    /// The longest time no answer came back (a deadlock would show here).
-    longest_gap: Duration,
-    window: Duration,
-    /// Attempts turned away and tried again, by error.
-    refused: std::collections::BTreeMap<String, usize>,
-    /// Answered requests that needed more than one attempt.
-    retried: usize,
-}
-
-/// One of the status clients: its own reader certificate of the demo CA (the node allows one
-/// client certificate [`slate_api::CONNECTIONS_PER_CLIENT`] connections).
-struct StatusClient {
-    addr: String,
-    ca: String,
-    cert: String,
-    key: String,
-    /// With `--reuse-clients`, one [`Client`] for all the requests.
-    kept: Option<Client>,
-}
-
-impl StatusClient {
-    /// `GET /v1/status`. By default through a new [`Client`] each time, dropped after the
-    /// answer, as each `slate status` process does: a kept `Client` leaves the connection of
-    /// its last call open until its next call (its task is aborted, but a current-thread
-    /// runtime only drops it when it runs again), so 50 kept clients hold up to twice as many
-    /// connections as they use, over the node's 64.
-    fn status(&self) -> Result<(), String> {
-        let fresh;
-        let client = match &self.kept {
-            Some(kept) => kept,
-            None => {
-                fresh = self.client().map_err(|e| e.to_string())?;
-                &fresh
-            }
-        };
-        client.status().map(drop).map_err(|e| e.to_string())
-    }
-
-    fn client(&self) -> Result<Client> {
-        Ok(Client::new(
-            &self.addr,
-            self.ca.as_bytes(),
-            self.cert.as_bytes(),
-            self.key.as_bytes(),
-        )?
-        .with_timeout(REQUEST_TIMEOUT))
-    }
-}
-
-/// [`CLIENTS`] status clients of the node at `port`, each with a reader certificate of its own.
-fn clients(port: u16, reuse: bool) -> Result<Vec<StatusClient>> {
-    let pki = demo_pki();
-    let read = |name: &str| -> Result<String> {
-        fs::read_to_string(pki.join(name)).with_context(|| format!("reading {name}"))
-    };
-    let (ca, ca_key) = (read(slate_api::CA_CERT)?, read(slate_api::CA_KEY)?);
-    (0..CLIENTS)
-        .map(|i| {
-            let key = slate_api::generate_key_pem()?;
-            let cert = slate_api::issue_client_cert(
-                &ca,
-                &ca_key,
-                &key,
-                Role::Reader,
-                &format!("soak-client-{i}"),
-                Duration::from_secs(24 * 3600),
-            )?;
-            let mut client = StatusClient {
-                addr: format!("127.0.0.1:{port}"),
-                ca: ca.clone(),
-                cert,
-                key,
-                kept: None,
-            };
-            if reuse {
-                client.kept = Some(client.client()?);
-            }
-            Ok(client)
-        })
-        .collect()
-}
-
-/// An error message with the client's address (`127.0.0.1:PORT`) taken out, so that the
-/// same refusal counts as one kind.
-fn without_port(error: &str) -> String {
-    match error.split_once("127.0.0.1:") {
-        Some((before, after)) => {
-            format!(
-                "{before}the node{}",
-                after.trim_start_matches(|c: char| c.is_ascii_digit())
-            )
-        }
-        None => error.to_owned(),
-    }
-}
-
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let at = ((sorted.len() as f64 * p).ceil() as usize).clamp(1, sorted.len()) - 1;
-    sorted[at]
 }
 
 /// `slate upgrade --image oci-layout:BUNDLE` against the running node, up to the installer's

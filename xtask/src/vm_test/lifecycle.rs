@@ -1,0 +1,238 @@
+//! A node through its life (first boot, API roles, reboots, reset, maintenance, power button)
+//! and a Boot task that fails.
+
+use super::*;
+
+/// One node through its life: first boot (through systemd-boot and the UKI into slate's init,
+/// the squashfs root and machined; STATE and EPHEMERAL formatted because blank), the API with
+/// its roles, a reboot asked over the API, a second boot that keeps STATE, two concurrent resets
+/// of which one is refused as locked, the third boot that formats again and waits in
+/// maintenance mode, and the ACPI power button that shuts it down.
+pub(super) fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String> {
+    let image = work.join("node.raw");
+    build_image(&prepared.slate, "1.0.0", &[], &image)?;
+    ensure!(
+        esp_listing(&image)?.contains("slate-1.0.0+3.efi"),
+        "a fresh image carries the UKI with 3 tries"
+    );
+    let mut vm = Vm::new(&image, &work.join("vm-node"))?;
+    let node = Node {
+        prepared,
+        port: vm.api_port,
+    };
+
+    // Boot 1.
+    let mut boot = running(&mut vm)?;
+    let first_boot = boot.elapsed();
+    for line in [
+        "[slate] [initramfs] loaded 22/22",
+        "[slate] [initramfs] switched root; executing /usr/bin/machined",
+        "[slate] [machined] starting slate",
+        "root squashfs",
+        // STATE holds the machine configuration the image was given; /var starts blank.
+        "STATE mounted on /system/state",
+        "machine configuration /system/state/config/machine.toml: node node, hostname node",
+        "EPHEMERAL (/dev/vda4) is blank: formatting it (first boot)",
+        "API listening on 0.0.0.0:50000",
+    ] {
+        ensure_logged(&boot, line)?;
+    }
+    // systemd-boot counted the try (+3 -> +2-1) and machined blessed the entry at Running.
+    boot.expect(
+        &["committed: slate-1.0.0+2-1.efi blessed as slate-1.0.0.efi"],
+        Duration::from_secs(30),
+        "the booted entry blessed",
+    )?;
+    ensure!(
+        esp_listing(&image)?.contains("slate-1.0.0.efi"),
+        "the ESP should hold the blessed entry"
+    );
+    let breakdown = boot_breakdown(&node)?;
+    let status = node.status()?;
+    ensure!(status["version"] == "1.0.0", "status: {status}");
+    ensure!(status["stage"] == "Running", "status: {status}");
+    ensure!(
+        status["node_name"] == "node",
+        "the configured name: {status}"
+    );
+    ensure_logged(&boot, "API identity: serving certificate sha256 ")?;
+    let entry = status["booted_entry"].as_str().unwrap_or("");
+    ensure!(entry.starts_with("slate-1.0.0"), "booted entry: {status}");
+    let version = node.ok(&["version"])?;
+    ensure!(version.starts_with("1.0.0 (amd64)"), "version: {version}");
+
+    let no_cert = node.refused(&["--no-certificate", "status"])?;
+    ensure!(
+        no_cert.to_lowercase().contains("tls") || no_cert.contains("certificate"),
+        "no certificate: {no_cert}"
+    );
+    let reader = node.refused(&["--role", "reader", "reboot"])?;
+    ensure!(reader.contains("permission"), "reader reboot: {reader}");
+    let logs = node.ok(&["logs"])?;
+    ensure!(logs.contains("stage Running"), "logs: {logs}");
+    let dmesg = node.ok(&["dmesg"])?;
+    ensure!(
+        dmesg.contains("Linux version"),
+        "dmesg lacks the kernel banner"
+    );
+
+    node.ok(&["reboot"])?;
+    boot.wait_exit(Duration::from_secs(90))?;
+    ensure_logged(&boot, "[slate] [machined] rebooting (default)")?;
+
+    // Boot 2: STATE survives a reboot.
+    let boot = running(&mut vm)?;
+    ensure!(
+        !boot.serial().contains("is blank: formatting"),
+        "the second boot must find STATE and EPHEMERAL formatted"
+    );
+    ensure_logged(&boot, "(kept)")?;
+    ensure!(node.status()?["stage"] == "Running");
+
+    // Two resets at once: the lock admits one.
+    let spawn = || -> Result<std::process::Child> {
+        Ok(node
+            .command(&["reset"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()?)
+    };
+    let (a, b) = (spawn()?, spawn()?);
+    let (first, second) = (a.wait_with_output()?, b.wait_with_output()?);
+    let outcomes = [&first, &second];
+    let accepted = outcomes.iter().filter(|o| o.status.success()).count();
+    let locked = outcomes
+        .iter()
+        .filter(|o| String::from_utf8_lossy(&o.stderr).contains("locked"))
+        .count();
+    ensure!(
+        accepted == 1 && locked == 1,
+        "expected one reset accepted and one locked: {:?}",
+        outcomes
+            .iter()
+            .map(|o| String::from_utf8_lossy(&o.stderr).into_owned())
+            .collect::<Vec<_>>()
+    );
+    let mut boot = boot;
+    boot.wait_exit(Duration::from_secs(90))?;
+    ensure_logged(&boot, "STATE (/dev/vda3) wiped")?;
+
+    // Boot 3: the reset wiped the volumes, so they are formatted again, and without a machine
+    // configuration the node waits in maintenance mode for one, applied with its token.
+    let mut boot = vm.start()?;
+    let token = boot.expect(&["maintenance token: "], BOOT_TIMEOUT, "maintenance mode")?;
+    let token = token
+        .rsplit("maintenance token: ")
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    let pin = boot.expect(
+        &["maintenance certificate sha256: "],
+        Duration::from_secs(10),
+        "the maintenance certificate's fingerprint",
+    )?;
+    let pin = pin
+        .rsplit("sha256: ")
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_owned();
+    ensure_logged(
+        &boot,
+        "STATE (/dev/vda3) is blank: formatting it (first boot)",
+    )?;
+    let mtls = node.refused(&["status"])?;
+    ensure!(
+        mtls.contains("certificate"),
+        "a node in maintenance mode has no identity the CA vouches for: {mtls}"
+    );
+    let config = node_config(&prepared.slate, work, "reconfigured")?;
+    let config_arg = config.to_str().unwrap_or_default();
+    let wrong = node.refused(&[
+        "apply-config",
+        config_arg,
+        "--insecure",
+        "--token",
+        "not-it",
+    ])?;
+    ensure!(wrong.contains("token"), "a wrong token: {wrong}");
+    let applied = node.ok(&[
+        "apply-config",
+        config_arg,
+        "--insecure",
+        "--token",
+        &token,
+        "--fingerprint",
+        &pin,
+    ])?;
+    ensure!(applied.starts_with("applied"), "apply-config: {applied}");
+    boot.expect(&[RUNNING], BOOT_TIMEOUT, "Running once configured")?;
+    let status = node.status()?;
+    ensure!(
+        status["node_name"] == "reconfigured" && status["hostname"] == "reconfigured",
+        "configured out of maintenance mode: {status}"
+    );
+
+    // The ACPI power button (what a host asks a guest to shut down with): machined stops
+    // everything, unmounts, syncs and powers off, and QEMU ends by itself.
+    ensure_logged(
+        &boot,
+        "[slate] [machined] power button: watching /dev/input/event",
+    )?;
+    boot.system_powerdown()?;
+    let pressed = std::time::Instant::now();
+    boot.wait_exit(Duration::from_secs(60))
+        .context("the power button should power the node off")?;
+    let powered_off = pressed.elapsed();
+    for line in [
+        "[slate] [machined] shutdown: power button pressed",
+        "[slate] [machined] stage ShuttingDown",
+        "[slate] [machined] teardown: stopping all processes",
+        "[slate] [machined] teardown: unmounted ",
+        "[slate] [machined] teardown: synced in ",
+        "[slate] [machined] powering off",
+    ] {
+        ensure_logged(&boot, line)?;
+    }
+    let serial = boot.serial();
+    ensure!(
+        !serial.contains("detached busy mounts") && !serial.contains("sync did not finish"),
+        "the power-off teardown should unmount and sync cleanly:\n{}",
+        crate::vm::tail(&serial, 20)
+    );
+    Ok(format!(
+        "first boot to Running in {first_boot:.1?}; +3 -> +2-1 counted by systemd-boot and blessed; \
+         API roles enforced; reboot, STATE kept; concurrent resets: 1 accepted, 1 locked; \
+         volumes reformatted after reset; maintenance mode (no configuration): mTLS refused, a \
+         wrong token refused, configured with the console's token and pinned certificate \
+         ({pin:.16}…), Running as node `reconfigured`; power button: unmounted, synced, powered \
+         off in {powered_off:.1?}; boot breakdown: {breakdown}"
+    ))
+}
+
+/// A Boot task that fails sends the node down the fatal path: the error chain on the console,
+/// teardown, and a reboot after the pause.
+pub(super) fn fatal_boot_task(prepared: &Prepared, work: &Path) -> Result<String> {
+    let image = work.join("fatal.raw");
+    build_image(
+        &prepared.slate,
+        "1.0.1",
+        &["slate.debug.fail-task=network"],
+        &image,
+    )?;
+    let mut vm = Vm::new(&image, &work.join("vm-fatal"))?;
+    let mut boot = vm.start()?;
+    let fatal = boot.expect(
+        &["[slate] [machined] fatal:"],
+        BOOT_TIMEOUT,
+        "the fatal path",
+    )?;
+    ensure!(
+        fatal.contains("fault injected by slate.debug.fail-task=network"),
+        "the fatal line names the cause: {fatal}"
+    );
+    boot.wait_exit(Duration::from_secs(90))?;
+    ensure_logged(&boot, "[slate] [machined] rebooting in 10s")?;
+    Ok(fatal)
+}
