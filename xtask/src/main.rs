@@ -118,8 +118,7 @@ enum Task {
         /// --wait` polls every 2,000); 0 asks in a tight loop.
         #[arg(long, default_value_t = 1000)]
         think_ms: u64,
-        /// One API client per status client for all its requests (each leaves its last
-        /// connection open until its next request) instead of one per request.
+        /// One API client per status client for all its requests instead of one per request.
         #[arg(long)]
         reuse_clients: bool,
     },

@@ -344,7 +344,7 @@ impl Client {
                 )
                 .await?;
             let data = collect(resp.body_mut(), MAX_RESPONSE).await;
-            conn.abort();
+            close(conn).await;
             let data = data.map_err(|_| self.protocol("the upload's answer broke".into()))?;
             serde_json::from_slice::<UploadedBundle>(&data)
                 .map_err(|e| self.protocol(format!("cannot decode the answer: {e}")))
@@ -393,7 +393,7 @@ impl Client {
                     .send(method, path_and_query, Body::full(body), content_type)
                     .await?;
                 let data = collect(resp.body_mut(), MAX_RESPONSE).await;
-                conn.abort();
+                close(conn).await;
                 let data = match data {
                     Ok(data) => data,
                     Err(CollectError::TooLarge) => {
@@ -449,7 +449,7 @@ impl Client {
                     break Ok(());
                 }
             };
-            conn.abort();
+            close(conn).await;
             if result.is_ok() && !pending.is_empty() {
                 let _ = on_line(&String::from_utf8_lossy(&pending));
             }
@@ -519,9 +519,14 @@ impl Client {
             Ok(resp) => resp,
             Err(e) => {
                 // The connection's own error carries the cause (e.g. the TLS alert).
-                let conn_err = match tokio::time::timeout(Duration::from_secs(1), conn).await {
+                let mut conn = conn;
+                let conn_err = match tokio::time::timeout(Duration::from_secs(1), &mut conn).await {
                     Ok(Ok(Err(conn_err))) => Some(conn_err),
-                    _ => None,
+                    Ok(_) => None,
+                    Err(_) => {
+                        close(conn).await;
+                        None
+                    }
                 };
                 return Err(match conn_err {
                     Some(ce) if tls::explain(&ce).is_some() => self.broken(&ce),
@@ -537,7 +542,7 @@ impl Client {
         let data = collect(resp.body_mut(), MAX_RESPONSE)
             .await
             .unwrap_or_default();
-        conn.abort();
+        close(conn).await;
         Err(self.status_error(status, &data))
     }
 
@@ -627,6 +632,15 @@ impl<F: Fn(u64)> std::io::Write for ProgressWriter<F> {
         (self.on_progress)(self.inner.sent);
         Ok(())
     }
+}
+
+/// Ends a connection's task and waits until it is gone. `abort` alone only marks it: on the
+/// client's current-thread runtime the task, and the request body it owns, would live on until
+/// the runtime next runs, so an upload's writer would wait forever on a channel nobody drains,
+/// and a kept [`Client`] would hold its last connection open until its next call.
+async fn close(conn: JoinHandle<Result<(), hyper::Error>>) {
+    conn.abort();
+    let _ = conn.await;
 }
 
 #[cfg(test)]

@@ -56,10 +56,11 @@ impl Site for NodeSite {
                         .route
                         .is_some_and(|r| r.endpoint == Endpoint::UploadBundle)
                     {
-                        // The client may still be sending: read it out, or it sees a broken
-                        // pipe instead of this answer (`drain`: after the answer when the body
-                        // has a length; a trickle is cut by the body timeouts).
-                        drain(req.into_body(), MAX_UPLOAD_BYTES).await;
+                        // The client may still be sending: read some of it out, or it sees a
+                        // broken pipe instead of this answer (`drain`: after the answer when
+                        // the body has a length; a trickle is cut by the body timeouts). Not
+                        // all of it: slate's client stops sending once answered.
+                        drain(req.into_body(), DRAIN_REFUSED);
                     }
                     refused.reject.into_response()
                 }
@@ -217,7 +218,7 @@ async fn upload(req: Request<Incoming>, node: &NodeSite) -> Response<Body> {
         }
         if let Some((dir, room)) = room.filter(|&(_, room)| declared > room) {
             // Answered now; a small body still being sent is read out after the answer.
-            drain_paced(body, DRAIN_REFUSED).await;
+            drain_paced(body, DRAIN_REFUSED);
             return Reject::new(
                 StatusCode::INSUFFICIENT_STORAGE,
                 ErrorCode::PayloadTooLarge,
@@ -273,7 +274,7 @@ async fn upload(req: Request<Incoming>, node: &NodeSite) -> Response<Body> {
     });
     if read_out {
         // So that the client gets the answer rather than a broken pipe.
-        drain_paced(body, MAX_UPLOAD_BYTES).await;
+        drain_paced(body, MAX_UPLOAD_BYTES);
     }
     match cut {
         Some(reject) => reject.into_response(),

@@ -192,7 +192,7 @@ pub(crate) async fn read_body(body: Incoming, limit: usize) -> Result<Vec<u8>, R
     let mut body = Paced::new(body, &limits());
     if let Some(declared) = body.declared().filter(|&n| n > limit as u64) {
         // Answered now; a body the client is still sending is read out after the answer.
-        drain_paced(body, DRAIN_REFUSED).await;
+        drain_paced(body, DRAIN_REFUSED);
         return Err(too_large(format!(
             "the request body is {declared} bytes; this endpoint takes at most {limit}"
         )));
@@ -200,7 +200,7 @@ pub(crate) async fn read_body(body: Incoming, limit: usize) -> Result<Vec<u8>, R
     let mut data = Vec::new();
     while let Some(chunk) = body.next().await.map_err(body_reject)? {
         if data.len() + chunk.len() > limit {
-            drain_paced(body, DRAIN_REFUSED).await;
+            drain_paced(body, DRAIN_REFUSED);
             return Err(too_large(format!("request body over {limit} bytes")));
         }
         data.extend_from_slice(&chunk);
@@ -226,37 +226,34 @@ pub(crate) fn body_reject(e: BodyError) -> Reject {
     Reject::new(status, ErrorCode::InvalidArgument, e.to_string())
 }
 
-/// Reads out and discards what is left of a refused request body, up to `limit` bytes, under
-/// the body timeouts, so that a client still sending reads the answer instead of a broken pipe.
+/// Reads out and discards what is left of a refused request body, up to `limit` bytes (at most
+/// [`DRAIN_REFUSED`]), under the body timeouts, so that a client still sending reads the answer
+/// instead of a broken pipe.
 ///
-/// A body of declared length is read on a task of its own, after the answer (hyper writes it
-/// while the body still arrives): the refusal is never held back by the body. One that declares
-/// more than [`DRAIN_REFUSED`] is not read at all; the connection closes after the answer.
-///
-/// A chunked body (no length; slate's own client streams uploads so) is read out *before* the
-/// answer, as it always was: that client stops sending once it has an answer, and its writer
-/// would then wait forever. The body timeouts bound the wait: a silent or trickling body is
-/// cut within `body_timeout`, a steady one at `body_min_rate` by `limit`.
-pub(crate) async fn drain(body: Incoming, limit: u64) {
-    drain_paced(Paced::new(body, &limits()), limit).await;
+/// The body is read on a task of its own, after the answer (hyper writes it while the body still
+/// arrives): the refusal is never held back by the body. A body that declares more than the
+/// limit is not read at all; the connection closes after the answer. A chunked body (no length;
+/// slate's own client streams uploads so) is read up to the limit: that client stops sending
+/// once it has an answer, and any other sees the answer before the limit is reached or the
+/// connection closes. The body timeouts bound a silent or trickling body.
+pub(crate) fn drain(body: Incoming, limit: u64) {
+    drain_paced(Paced::new(body, &limits()), limit);
 }
 
 /// [`drain`] for a body already being read.
-pub(crate) async fn drain_paced(mut body: Paced, limit: u64) {
-    let limit = match body.declared() {
-        None => limit,
-        Some(declared) if declared > limit.min(DRAIN_REFUSED) => return,
-        Some(_) => {
-            tokio::spawn(async move { while let Ok(Some(_)) = body.next().await {} });
-            return;
-        }
-    };
-    let start = body.total;
-    while let Ok(Some(_)) = body.next().await {
-        if body.total - start > limit {
-            break;
-        }
+pub(crate) fn drain_paced(mut body: Paced, limit: u64) {
+    let limit = limit.min(DRAIN_REFUSED);
+    if body.declared().is_some_and(|declared| declared > limit) {
+        return;
     }
+    tokio::spawn(async move {
+        let start = body.total;
+        while let Ok(Some(_)) = body.next().await {
+            if body.total - start > limit {
+                break;
+            }
+        }
+    });
 }
 
 /// Runs a call that may block (a backend or service method) on the blocking pool.

@@ -177,7 +177,7 @@ impl Site for ServiceSite {
                 Ok(admitted) => admitted,
                 Err(reject) => {
                     // Bodies are small: read it out, so that the client reads the refusal.
-                    drain(req.into_body(), MAX_SERVICE_BODY as u64).await;
+                    drain(req.into_body(), MAX_SERVICE_BODY as u64);
                     return reject.into_response();
                 }
             };

@@ -478,11 +478,48 @@ fn a_bundle_upload_streams_every_byte_to_the_backend() {
 fn a_refused_upload_is_answered_with_the_backends_reason() {
     let (dir, server) = start(Arc::default());
     let err = client(&dir, &server, Role::Admin)
-        .upload_bundle(|w| w.write_all(&vec![0x55; 4 << 20]), |_| {})
+        // 256 MiB, more than the node reads out of a refused upload (16 MiB): the client stops
+        // sending once answered, and sees the answer, not a broken pipe.
+        .upload_bundle(
+            |w| (0..256).try_for_each(|_| w.write_all(&[0x55; 1 << 20])),
+            |_| {},
+        )
         .unwrap_err();
     assert!(
         matches!(&err, ClientError::InvalidArgument(m) if m.contains("not a tar stream")),
         "{err}"
+    );
+    server.shutdown().unwrap();
+}
+
+/// A node that answers an upload before reading it (here 403: an operator may not upload) ends
+/// the client's call at once, however much is still to send: the request's body is dropped
+/// with its connection, so the writer sees a broken pipe instead of waiting on a full channel.
+#[test]
+fn an_upload_answered_early_ends_without_sending_the_rest() {
+    let (dir, server) = start(Arc::default());
+    let operator = client(&dir, &server, Role::Operator);
+    let (done, answered) = std::sync::mpsc::channel();
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let counted = sent.clone();
+    std::thread::spawn(move || {
+        let mib = vec![0x5a; 1 << 20];
+        // 1 GiB, written as the tar writer would, far beyond what the channel buffers.
+        let result = operator.upload_bundle(
+            move |w| (0..1024).try_for_each(|_| w.write_all(&mib)),
+            move |n| counted.store(n, Ordering::SeqCst),
+        );
+        let _ = done.send(result);
+    });
+    let result = answered
+        .recv_timeout(Duration::from_secs(30))
+        .expect("the upload call did not end within 30 s of a refusal");
+    let err = result.unwrap_err();
+    assert!(matches!(err, ClientError::PermissionDenied(_)), "{err}");
+    assert!(
+        sent.load(Ordering::SeqCst) < 64 << 20,
+        "{} bytes written after the refusal",
+        sent.load(Ordering::SeqCst)
     );
     server.shutdown().unwrap();
 }

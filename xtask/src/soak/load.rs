@@ -97,10 +97,9 @@ pub(super) struct StatusClient {
 
 impl StatusClient {
     /// `GET /v1/status`. By default through a new [`Client`] each time, dropped after the
-    /// answer, as each `slate status` process does: a kept `Client` leaves the connection of
-    /// its last call open until its next call (its task is aborted, but a current-thread
-    /// runtime only drops it when it runs again), so 50 kept clients hold up to twice as many
-    /// connections as they use, over the node's 64.
+    /// answer, as each `slate status` process does; with `--reuse-clients` through one kept
+    /// `Client`, as a long-lived poller does (each call a connection of its own, closed when
+    /// answered).
     fn status(&self) -> Result<(), String> {
         let fresh;
         let client = match &self.kept {
