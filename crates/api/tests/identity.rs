@@ -4,7 +4,9 @@
 mod common;
 
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
+use common::raw::{head, Raw};
 use common::Fake;
 use slate_api::{ApplyConfigRequest, ApplyMode, Client, ClientError, Role, ServerConfig};
 
@@ -101,5 +103,59 @@ fn maintenance_mode_serves_apply_config_to_the_token_only() {
     let client = Client::maintenance(&addr, token, Some([7u8; 32])).unwrap();
     assert!(client.apply_config(&apply("version = 1")).is_err());
     assert_eq!(fake.configs.lock().unwrap().len(), 1);
+    server.shutdown().unwrap();
+}
+
+/// Maintenance mode has no client certificates to count connections by, so it counts them per
+/// address: 8 from 127.0.0.1 are served, a ninth is answered 429, and the address gets its
+/// place back when one of its connections closes.
+#[test]
+fn maintenance_mode_limits_connections_per_address() {
+    let key = slate_api::generate_key_pem().unwrap();
+    let cert = slate_api::self_signed_cert(&key, &slate_api::serving_names(&[])).unwrap();
+    let config = ServerConfig::maintenance(
+        "127.0.0.1:0".parse().unwrap(),
+        cert.as_bytes(),
+        key.as_bytes(),
+        "t0k3n",
+    );
+    let fake = Arc::new(Fake::default());
+    let server = slate_api::spawn(config, fake.clone()).unwrap();
+    let addr = server.local_addr();
+    // Any route: without the token each is refused 403, which is an answer on a place held.
+    let request = head("GET", "/v1/status", &[]);
+    let ask = |raw: &mut Raw| {
+        assert!(raw.send(&request));
+        raw.answer(Duration::from_secs(5))
+    };
+    let mut held: Vec<Raw> = (0..slate_api::CONNECTIONS_PER_CLIENT)
+        .map(|i| {
+            let mut raw = Raw::connect_anonymous(addr, cert.as_bytes());
+            let (status, answer) = ask(&mut raw);
+            assert_eq!(status, 403, "connection {i}: {answer}");
+            raw
+        })
+        .collect();
+    let mut extra = Raw::connect_anonymous(addr, cert.as_bytes());
+    let (status, answer) = ask(&mut extra);
+    assert_eq!(status, 429, "{answer}");
+    assert!(answer.contains("close one"), "{answer}");
+    let log = fake.wait_log("refused a connection (429)");
+    assert!(
+        log.iter()
+            .any(|l| l.contains("(429): address 127.0.0.1 holds 8")),
+        "{log:?}"
+    );
+
+    drop(held.pop());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let mut again = Raw::connect_anonymous(addr, cert.as_bytes());
+        match ask(&mut again).0 {
+            403 => break,
+            429 if Instant::now() < deadline => std::thread::sleep(Duration::from_millis(50)),
+            other => panic!("{other}"),
+        }
+    }
     server.shutdown().unwrap();
 }

@@ -43,8 +43,28 @@ impl Raw {
     /// Connects and completes the handshake as `role` (certificates from `gen_certs` in
     /// `dir`).
     pub fn connect(dir: &Path, addr: SocketAddr, role: Role) -> Raw {
+        Raw::handshake(config(dir, role), addr)
+    }
+
+    /// Connects without a client certificate (as a client of a node in maintenance mode does),
+    /// trusting the server's self-signed certificate `server_cert_pem`.
+    pub fn connect_anonymous(addr: SocketAddr, server_cert_pem: &[u8]) -> Raw {
+        let mut roots = RootCertStore::empty();
+        for cert in CertificateDer::pem_slice_iter(server_cert_pem) {
+            roots.add(cert.unwrap()).unwrap();
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .unwrap()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        Raw::handshake(Arc::new(config), addr)
+    }
+
+    fn handshake(config: Arc<ClientConfig>, addr: SocketAddr) -> Raw {
         let name = ServerName::try_from("127.0.0.1").unwrap();
-        let conn = ClientConnection::new(config(dir, role), name).unwrap();
+        let conn = ClientConnection::new(config, name).unwrap();
         let tcp = TcpStream::connect(addr).unwrap();
         tcp.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
         let mut tls = StreamOwned::new(conn, tcp);
