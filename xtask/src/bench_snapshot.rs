@@ -21,9 +21,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use anyhow::{bail, ensure, Context, Result};
-use slate_disk::{Disk, FileDisk, PartitionView};
-use slate_esp::fat::{self, EspGeometry};
-use slate_layout::{write_gpt, DiskLayout, PartitionSize, PartitionSpec, ESP_TYPE, MIB};
+use slate_disk::FileDisk;
 
 use crate::bench::{noise, print_ratios, stopwatch, Bench, Comparison, Sample, Side};
 use crate::util::{output, repo_root, run};
@@ -149,27 +147,8 @@ fn fill_root(root: &Path, uuid: &str) -> Result<u64> {
 
 /// A 42 MiB GPT disk image with a 40 MiB FAT32 ESP, through slate's crates.
 fn make_esp(path: &Path) -> Result<()> {
-    let mut disk = FileDisk::create(path, 42 * MIB)?;
-    let layout = DiskLayout {
-        image_id: "bench-snapshot".into(),
-        partitions: vec![PartitionSpec {
-            label: "EFI".into(),
-            type_guid: ESP_TYPE,
-            size: PartitionSize::Bytes(40 * MIB),
-            attributes: 0,
-        }],
-        alignment: MIB,
-        sector_size: 512,
-    };
-    let placed = write_gpt(&mut disk, &layout)?;
-    let p = &placed.partitions[0];
-    fat::format(
-        PartitionView::new(&mut disk, p.start(), p.len())?,
-        &EspGeometry::new(p.len(), 512),
-        1,
-        "EFI",
-    )?;
-    disk.flush()?;
+    let mut disk = FileDisk::create(path, slate_testkit::esp::ESP_ONLY_DISK)?;
+    slate_testkit::esp::esp_only(&mut disk, "bench-snapshot", 1);
     Ok(())
 }
 

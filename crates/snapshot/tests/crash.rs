@@ -5,8 +5,7 @@
 //! entry, and that entry's kernel and initramfs on the ESP must be the snapshot's, byte for byte.
 
 use slate_disk::{CrashPoint, Disk, MemDisk, RecordingDisk};
-use slate_esp::fat::{self, EspGeometry};
-use slate_layout::{write_gpt, DiskLayout, PartitionSize, PartitionSpec, ESP_TYPE, MIB};
+use slate_esp::fat;
 use slate_snapshot::entry::{entry_text, EntrySpec};
 use slate_snapshot::{esp, SnapshotName};
 
@@ -40,22 +39,8 @@ fn register(disk: &mut impl Disk, i: u32) {
 
 /// A GPT disk with one 40 MiB ESP, FAT32, snapshot 1 registered, booted and blessed.
 fn base() -> MemDisk {
-    let layout = DiskLayout {
-        image_id: "snapshot-crash".into(),
-        partitions: vec![PartitionSpec {
-            label: "EFI".into(),
-            type_guid: ESP_TYPE,
-            size: PartitionSize::Bytes(40 * MIB),
-            attributes: 0,
-        }],
-        alignment: MIB,
-        sector_size: 512,
-    };
-    let mut disk = MemDisk::zeroed(42 * MIB as usize);
-    let placed = write_gpt(&mut disk, &layout).unwrap();
-    let p = &placed.partitions[0];
-    let view = slate_disk::PartitionView::new(&mut disk, p.start(), p.len()).unwrap();
-    fat::format(view, &EspGeometry::new(p.len(), 512), 0x5157_0001, "EFI").unwrap();
+    let mut disk = MemDisk::zeroed(slate_testkit::esp::ESP_ONLY_DISK as usize);
+    slate_testkit::esp::esp_only(&mut disk, "snapshot-crash", 0x5157_0001);
     register(&mut disk, 1);
     assert_eq!(
         esp::simulate_boot_attempt(&mut disk).unwrap().as_deref(),

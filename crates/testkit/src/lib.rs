@@ -22,6 +22,7 @@
 //!
 //! [`etcd`] starts a real etcd cluster on loopback (the FleetLock etcd tests and benchmark).
 
+pub mod esp;
 pub mod etcd;
 pub mod fleetlock;
 pub mod secureboot;

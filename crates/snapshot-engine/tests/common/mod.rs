@@ -6,9 +6,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use slate_disk::{Disk, FileDisk, PartitionView};
-use slate_esp::fat::{self, EspGeometry};
-use slate_layout::{write_gpt, DiskLayout, PartitionSize, PartitionSpec, ESP_TYPE, MIB};
+use slate_disk::FileDisk;
+use slate_layout::MIB;
 use slate_snapshot::SnapshotName;
 use slate_snapshot_engine::{Change, Pool, UpgradeOptions, UpgradeReport};
 
@@ -233,26 +232,6 @@ fn populate(root: &Path, uuid: &str) {
 }
 
 fn make_esp(path: &Path) {
-    let mut disk = FileDisk::create(path, 42 * MIB).unwrap();
-    let layout = DiskLayout {
-        image_id: "snapshot-tests".into(),
-        partitions: vec![PartitionSpec {
-            label: "EFI".into(),
-            type_guid: ESP_TYPE,
-            size: PartitionSize::Bytes(40 * MIB),
-            attributes: 0,
-        }],
-        alignment: MIB,
-        sector_size: 512,
-    };
-    let placed = write_gpt(&mut disk, &layout).unwrap();
-    let p = &placed.partitions[0];
-    fat::format(
-        PartitionView::new(&mut disk, p.start(), p.len()).unwrap(),
-        &EspGeometry::new(p.len(), 512),
-        1,
-        "EFI",
-    )
-    .unwrap();
-    disk.flush().unwrap();
+    let mut disk = FileDisk::create(path, slate_testkit::esp::ESP_ONLY_DISK).unwrap();
+    slate_testkit::esp::esp_only(&mut disk, "snapshot-tests", 1);
 }
