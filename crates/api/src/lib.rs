@@ -79,9 +79,9 @@ pub use server::{
 pub use service::{serve_service, spawn_service, JsonService, ServiceRoute, MAX_SERVICE_BODY};
 pub use types::{
     Accepted, AgentStatus, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, BootSpan,
-    BootTimes, ConfigView, ErrorCode, Event, EventKind, Failure, Milestone, Mode, PinRequest,
-    PinResult, RebootMode, RebootRequest, Role, RollbackRecord, RollbackRequest, RollbackResult,
-    SecureBootStatus, SnapshotUpgradeRequest, Stage, Status, UpgradeRequest, UploadedBundle,
-    VersionInfo,
+    BootTimes, ConfigView, ErrorCode, Event, EventKind, Failure, MemoryUse, Milestone, Mode,
+    PinRequest, PinResult, RebootMode, RebootRequest, Role, RollbackRecord, RollbackRequest,
+    RollbackResult, SecureBootStatus, SnapshotUpgradeRequest, Stage, Status, UpgradeRequest,
+    UploadedBundle, VersionInfo,
 };
 pub use upload::{upload_room, MAX_UPLOAD_BYTES};

@@ -175,6 +175,18 @@ pub struct Status {
     /// Where this boot's time went (firmware, loader, init, machined's phases and tasks).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub boot_times: Option<BootTimes>,
+    /// What machined holds in memory (absent where it cannot be read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory: Option<MemoryUse>,
+}
+
+/// What machined holds in memory: bounded whatever clients send (issue 19).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MemoryUse {
+    /// machined's resident set (`VmRSS` of /proc/self/status), KiB.
+    pub rss_kib: u64,
+    /// Bytes of the journal's lines kept for late readers (at most 1 MiB).
+    pub journal_bytes: u64,
 }
 
 /// Where a boot's time went (`slate status --boot-times`). Times are microseconds; points of

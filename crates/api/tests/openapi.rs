@@ -166,6 +166,10 @@ fn schemas_match_the_types() {
                 ok: true,
             }],
         }),
+        memory: Some(slate_api::MemoryUse {
+            rss_kib: 9_000,
+            journal_bytes: 200_000,
+        }),
     };
     let status_min = Status {
         booted_entry: None,
@@ -181,9 +185,12 @@ fn schemas_match_the_types() {
         pinned: Vec::new(),
         secure_boot: None,
         boot_times: None,
+        memory: None,
         ..status.clone()
     };
     check_object(&spec, "Status", &status, &status_min);
+    let memory = status.memory.unwrap();
+    check_object(&spec, "MemoryUse", &memory, &memory);
     let times = status.boot_times.clone().unwrap();
     let times_min = slate_api::BootTimes {
         firmware_us: None,

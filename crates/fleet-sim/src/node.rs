@@ -402,6 +402,7 @@ impl NodeBackend for SimBackend {
             pinned: Vec::new(),
             secure_boot: None,
             boot_times: None,
+            memory: None,
             version: st.version.clone(),
             booted_entry: None,
             stage: st.stage,

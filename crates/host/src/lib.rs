@@ -59,7 +59,9 @@ pub use mount::{
     is_mount_point, mount, mount_overlay, mount_overlay_read_only, mount_pseudo_filesystems,
     move_mount, overlay_lowerdir_option, overlay_writable_options, switch_root, unmount, MsFlags,
 };
-pub use process::{reap_zombies, run_command, run_command_logged, spawn_reaper, CommandEnd};
+pub use process::{
+    reap_zombies, resident_kib, run_command, run_command_logged, spawn_reaper, CommandEnd,
+};
 pub use signals::{disable_ctrl_alt_del, Signal, SignalReader};
 pub use system::{
     ensure_console_stdio, exec, is_pid1, kernel_release, load_module, poweroff, reboot, ModuleLoad,

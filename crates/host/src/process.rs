@@ -203,6 +203,28 @@ pub fn spawn_reaper(interval: Duration) {
         .expect("spawning the reaper thread");
 }
 
+/// This process's resident set in KiB (`VmRSS` of /proc/self/status).
+pub fn resident_kib() -> Result<u64> {
+    let path = std::path::Path::new("/proc/self/status");
+    let text = std::fs::read_to_string(path).map_err(|source| HostError::Read {
+        path: path.to_owned(),
+        source,
+    })?;
+    resident_kib_of(&text).ok_or_else(|| HostError::Read {
+        path: path.to_owned(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, "no VmRSS line"),
+    })
+}
+
+/// `VmRSS:   1234 kB` of a /proc/PID/status text.
+fn resident_kib_of(status: &str) -> Option<u64> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().strip_suffix("kB"))
+        .and_then(|v| v.trim().parse().ok())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -285,5 +307,14 @@ mod tests {
             run_command(&mut Command::new("true")).unwrap();
         }
         handle.join().unwrap();
+    }
+
+    #[test]
+    fn the_resident_set_is_read_from_vmrss() {
+        let status = "Name:\tmachined\nVmPeak:\t  20000 kB\nVmRSS:\t    8812 kB\nThreads:\t4\n";
+        assert_eq!(resident_kib_of(status), Some(8812));
+        assert_eq!(resident_kib_of("Name:\tx\n"), None);
+        assert_eq!(resident_kib_of("VmRSS:\tlots kB\n"), None);
+        assert!(resident_kib().unwrap() > 0);
     }
 }

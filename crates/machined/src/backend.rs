@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use slate_api::{
-    BackendError, EventStream, LineStream, NodeBackend, PinRequest, PinResult, RollbackRequest,
-    RollbackResult, Status, UpgradeRequest, UploadedBundle, VersionInfo,
+    BackendError, EventStream, LineStream, MemoryUse, NodeBackend, PinRequest, PinResult,
+    RollbackRequest, RollbackResult, Status, UpgradeRequest, UploadedBundle, VersionInfo,
 };
 use slate_sequencer::{Capabilities, LockError, RebootMode, SequenceKind};
 
@@ -140,6 +140,10 @@ impl NodeBackend for Backend {
                 .clone(),
             secure_boot: crate::secure_boot::status(),
             boot_times: Some(self.0.journal.boot.times()),
+            memory: slate_host::resident_kib().ok().map(|rss_kib| MemoryUse {
+                rss_kib,
+                journal_bytes: self.0.journal.held_bytes() as u64,
+            }),
             version: self.0.version.clone(),
             booted_entry: self.0.booted_entry.clone(),
             stage: self.0.stage(),

@@ -40,6 +40,13 @@ pub struct Journal {
     pub boot: crate::boot_times::BootRecord,
 }
 
+impl Journal {
+    /// The bytes of the lines kept for late readers (at most [`KEEP_BYTES`]).
+    pub fn held_bytes(&self) -> usize {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner()).bytes
+    }
+}
+
 /// Formats into at most [`MAX_LINE`] bytes, escaping control characters (but newlines, which
 /// the kernel log splits on, and tabs), and counts what it did not keep.
 struct Bounded {

@@ -46,6 +46,7 @@ impl NodeBackend for MaintenanceBackend {
             pinned: Vec::new(),
             secure_boot: None,
             boot_times: None,
+            memory: None,
             version: self.version.clone(),
             booted_entry: None,
             stage: Stage::Booting,

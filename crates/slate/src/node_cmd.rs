@@ -174,6 +174,13 @@ pub fn status(target: &NodeTarget, output: OutputFormat, boot_times: bool) -> Re
             if let Some(sb) = &status.secure_boot {
                 println!("secureboot: {}", secure_boot_line(sb));
             }
+            if let Some(memory) = &status.memory {
+                println!(
+                    "memory:   machined {} KiB resident, journal {} KiB",
+                    memory.rss_kib,
+                    memory.journal_bytes.div_ceil(1024)
+                );
+            }
             if let Some(agent) = &status.agent {
                 print_agent(agent);
             }

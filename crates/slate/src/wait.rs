@@ -368,6 +368,7 @@ mod tests {
             pinned: Vec::new(),
             secure_boot: None,
             boot_times: None,
+            memory: None,
             booted_entry: None,
             stage,
             running_sequence: None,

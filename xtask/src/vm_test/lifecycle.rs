@@ -76,6 +76,8 @@ pub(super) fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String>
         "dmesg lacks the kernel banner"
     );
 
+    let flooded = api_flood(&node)?;
+
     node.ok(&["reboot"])?;
     boot.wait_exit(Duration::from_secs(90))?;
     ensure_logged(&boot, "[slate] [machined] rebooting (default)")?;
@@ -207,7 +209,7 @@ pub(super) fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String>
          volumes reformatted after reset; maintenance mode (no configuration): mTLS refused, a \
          wrong token refused, configured with the console's token and pinned certificate \
          ({pin:.16}…), Running as node `reconfigured`; power button: unmounted, synced, powered \
-         off in {powered_off:.1?}; boot breakdown: {breakdown}"
+         off in {powered_off:.1?}; boot breakdown: {breakdown}; {flooded}"
     ))
 }
 
@@ -235,4 +237,97 @@ pub(super) fn fatal_boot_task(prepared: &Prepared, work: &Path) -> Result<String
     boot.wait_exit(Duration::from_secs(90))?;
     ensure_logged(&boot, "[slate] [machined] rebooting in 10s")?;
     Ok(fatal)
+}
+
+/// The longest an admin's status may take while the flood runs (TCG, one vCPU, the node
+/// decrypting and parsing 60 KB heads from six connections).
+const STATUS_UNDER_FLOOD: Duration = Duration::from_secs(3);
+/// How much machined's resident set may grow over the flood: the journal's 1 MiB, hyper's
+/// buffers for six 64 KiB heads, the TLS sessions, the allocator's slack.
+const FLOOD_GROWTH_KIB: u64 = 16 * 1024;
+/// More requests than the node of the original report took before it ran out of memory
+/// (2,123), and enough for their log lines (about 330 bytes each) to fill the journal's 1 MiB.
+const FLOOD_REQUESTS: usize = 4_000;
+
+/// The crash reproduction of issue 19 (six reader connections sending requests with huge
+/// methods) while an admin asks for status: every request answered, status answered within
+/// [`STATUS_UNDER_FLOOD`], the journal at its 1 MiB bound, machined's memory within
+/// [`FLOOD_GROWTH_KIB`] of before. Returns a summary.
+fn api_flood(node: &Node) -> Result<String> {
+    let memory = |status: &serde_json::Value| -> Result<(u64, u64)> {
+        let m = &status["memory"];
+        Ok((
+            m["rss_kib"]
+                .as_u64()
+                .context("status without memory.rss_kib")?,
+            m["journal_bytes"]
+                .as_u64()
+                .context("status without memory.journal_bytes")?,
+        ))
+    };
+    let (rss_before, journal_before) = memory(&node.status()?)?;
+    let addr = format!("127.0.0.1:{}", node.port);
+    let admin = slate_api::Client::from_dir(&addr, &node.prepared.pki, slate_api::Role::Admin)?
+        .with_timeout(Duration::from_secs(30));
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let (flood, latencies) = std::thread::scope(|scope| {
+        let polls = scope.spawn(|| {
+            let mut latencies = Vec::new();
+            while !done.load(std::sync::atomic::Ordering::SeqCst) {
+                let asked = std::time::Instant::now();
+                latencies.push(admin.status().map(|_| asked.elapsed()));
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            latencies
+        });
+        let flood = flood::flood(&node.prepared.pki, node.port, 6, FLOOD_REQUESTS);
+        done.store(true, std::sync::atomic::Ordering::SeqCst);
+        (flood, polls.join())
+    });
+    let flood = flood?;
+    let latencies = latencies
+        .map_err(|_| anyhow::anyhow!("the status poller panicked"))?
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()
+        .context("an admin's status during the flood")?;
+    let slowest = latencies.iter().max().copied().unwrap_or_default();
+    let (rss_after, journal_after) = memory(&node.status()?)?;
+    let summary = format!(
+        "flood: {} requests with 60 KB/400 KB methods on {} reader connections in {:.0?} \
+         (answers {:?}); admin status answered {} times, slowest {slowest:.2?}; machined {} -> \
+         {} KiB resident, journal {} -> {} bytes",
+        flood.requests,
+        flood.connections,
+        flood.took,
+        flood.answers,
+        latencies.len(),
+        rss_before,
+        rss_after,
+        journal_before,
+        journal_after
+    );
+    println!("vm node_lifecycle: {summary}");
+    let logged = flood.answers.get(&405).copied().unwrap_or(0);
+    ensure!(
+        flood.requests == FLOOD_REQUESTS && logged >= FLOOD_REQUESTS * 8 / 10,
+        "every 60 KB-method request is answered 405: {summary}"
+    );
+    ensure!(
+        !latencies.is_empty() && slowest <= STATUS_UNDER_FLOOD,
+        "{summary}"
+    );
+    ensure!(
+        journal_after <= 1 << 20 && journal_after > 900 << 10,
+        "the journal full at its 1 MiB bound and no more: {summary}"
+    );
+    ensure!(
+        rss_after <= rss_before + FLOOD_GROWTH_KIB,
+        "machined grew by more than {FLOOD_GROWTH_KIB} KiB: {summary}"
+    );
+    Ok(format!(
+        "flood of {} requests: status within {slowest:.1?}, machined +{} KiB, journal {} KiB",
+        flood.requests,
+        rss_after.saturating_sub(rss_before),
+        journal_after >> 10
+    ))
 }

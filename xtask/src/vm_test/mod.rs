@@ -2,6 +2,7 @@
 //! boots of images the imager built, judged by what the guest printed and what its API answered.
 
 mod fleet;
+mod flood;
 mod grub;
 mod identity;
 mod kexec;

@@ -91,6 +91,7 @@ pub fn status() -> Status {
         pinned: Vec::new(),
         secure_boot: None,
         boot_times: None,
+        memory: None,
         version: "1.2.3".into(),
         booted_entry: Some("slate-1.2.3+3.efi".into()),
         stage: Stage::Running,
