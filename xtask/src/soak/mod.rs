@@ -40,7 +40,7 @@ mod load;
 
 use crate::util::{output, repo_root};
 use crate::vm::{Running, Vm};
-use crate::vm_test::{build_bundle, build_image, ensure_logged, prepare, running, Node};
+use crate::vm_test::{build_bundle, build_image, prepare, running, upgrade_went_through, Node};
 use load::{ask, clients, pause, percentile, without_port, Load, Sample, StatusClient};
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
@@ -186,18 +186,7 @@ fn upgrade(
         String::from_utf8_lossy(&out.stderr)
     );
     watched?;
-    ensure!(
-        answer.contains(&format!("uploaded slate {version}")) && answer.contains("accepted"),
-        "slate upgrade: {answer}"
-    );
-    let installed = boot.expect(
-        &["installer: installed"],
-        Duration::from_secs(120),
-        "the bundle's installer",
-    )?;
-    boot.wait_exit(Duration::from_secs(90))?;
-    ensure_logged(boot, &format!("received bundle slate {version}"))?;
-    ensure_logged(boot, "[slate] [machined] rebooting (default)")?;
+    let installed = upgrade_went_through(boot, &answer, version)?;
 
     let samples = samples.into_inner().unwrap_or_else(|p| p.into_inner());
     if samples.is_empty() {

@@ -28,6 +28,7 @@ use crate::vm::{Running, Vm};
 use crate::{base_rootfs, kernel, slate_static};
 use identity::{explain_disk, hook_order, node_identity, said_line};
 use lifecycle::{fatal_boot_task, node_lifecycle};
+pub(crate) use upgrade::upgrade_went_through;
 use upgrade::{build_upgrade_story, offline_upgrade, online_upgrade, upgrade_commit_and_revert};
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);

@@ -114,6 +114,16 @@ pub(super) fn online_upgrade_from(
         "--cache",
         cache.to_str().unwrap_or("."),
     ])?;
+    upgrade_went_through(boot, &answer, version)
+}
+
+/// What follows `slate upgrade`'s `answer`: the node took the bundle of `version`, its
+/// installer finished, and the node rebooted. Returns the installer's console line.
+pub(crate) fn upgrade_went_through(
+    boot: &mut Running,
+    answer: &str,
+    version: &str,
+) -> Result<String> {
     ensure!(
         answer.contains(&format!("uploaded slate {version}")) && answer.contains("accepted"),
         "slate upgrade: {answer}"
