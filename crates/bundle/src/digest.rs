@@ -166,6 +166,11 @@ pub fn hashed_on_this_thread() -> u64 {
     HASHED_ON_THIS_THREAD.with(Cell::get)
 }
 
+/// Credit the calling thread with `bytes` hashed for it on another thread.
+pub(crate) fn count_hashed(bytes: u64) {
+    HASHED_ON_THIS_THREAD.with(|n| n.set(n.get() + bytes));
+}
+
 /// SHA-256 over a stream of bytes, ending in a [`Digest`]. Also an [`io::Write`] sink, so
 /// `io::copy(&mut reader, &mut hasher)` hashes a file without holding it.
 #[derive(Clone, Default)]
