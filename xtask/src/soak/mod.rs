@@ -47,9 +47,10 @@ const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 /// Concurrent status clients during the loaded upgrade.
 const CLIENTS: usize = 50;
 /// The longest a status request may take under that load (QEMU TCG, one vCPU, the node also
-/// receiving, verifying and installing a 43 MB bundle). Measured on this machine: see
-/// docs/testing.md.
-const LATENCY_BOUND: Duration = Duration::from_secs(5);
+/// receiving, verifying and installing a 43 MB bundle). Each request is a TLS handshake with a
+/// client certificate; the node served about 18 a second, so 50 clients queue: measured p50
+/// 1 s, p99 7 s, max 8 s, never more than 0.8 s without an answer (docs/testing.md).
+const LATENCY_BOUND: Duration = Duration::from_secs(10);
 /// Each client's own time limit for one request (a request over it counts as unanswered).
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
 
