@@ -68,6 +68,22 @@ pub(crate) fn with_esp<D: Disk, R>(
     Ok(out)
 }
 
+/// Trim the deleted entries at the end of the ESP's `dir` ([`slate_esp::trim_deleted_tail`]),
+/// so that the firmware's next rename there reuses the space instead of growing the
+/// directory. Flushed. Returns how many entries were trimmed.
+pub(crate) fn trim_esp_dir<D: Disk>(disk: &mut D, dir: &str) -> Result<usize> {
+    let info = find_partition(&mut *disk, EFI_LABEL)?;
+    let mut esp = SectorBuffer::new(PartitionView::new(disk, info.start, info.len)?);
+    let trimmed = slate_esp::trim_deleted_tail(&mut esp, dir).map_err(|e| {
+        BootloaderError::Esp(slate_esp::EspError::Fs {
+            action: "trimming the deleted entries of a directory",
+            source: io::Error::other(e),
+        })
+    })?;
+    esp.flush()?;
+    Ok(trimmed)
+}
+
 /// META opened for writing. The partition was found by its label on a slate disk whose
 /// installer checked META before writing anything (`version_floor`); a node's commit or
 /// revert must still be able to record itself over copies that have since rotted.

@@ -65,8 +65,29 @@ impl Volume {
         self.data_start + u64::from(cluster - 2) * self.cluster_len()
     }
 
+    /// The first cluster of the directory at `path` (`/`-separated from the root), and whether
+    /// its parent is the root.
+    fn locate(&self, disk: &impl Disk, path: &str) -> Result<(u32, bool), DotError> {
+        let mut cluster = self.root_cluster;
+        let mut parent_is_root = true;
+        for (i, part) in path.split('/').filter(|p| !p.is_empty()).enumerate() {
+            let dir = self.read_chain(disk, cluster)?;
+            cluster = find_subdir(&dir, part).ok_or_else(|| {
+                DotError::Corrupt(format!("no directory {part:?} on the way to {path}"))
+            })?;
+            parent_is_root = i == 0;
+        }
+        Ok((cluster, parent_is_root))
+    }
+
     /// The contents of the cluster chain starting at `first`.
     fn read_chain(&self, disk: &impl Disk, first: u32) -> Result<Vec<u8>, DotError> {
+        Ok(self.chain(disk, first)?.1)
+    }
+
+    /// The clusters of the chain starting at `first`, and their contents.
+    fn chain(&self, disk: &impl Disk, first: u32) -> Result<(Vec<u32>, Vec<u8>), DotError> {
+        let mut clusters = Vec::new();
         let mut bytes = Vec::new();
         let mut cluster = first;
         // A chain longer than the volume is a loop.
@@ -79,11 +100,12 @@ impl Volume {
             let mut buf = vec![0; self.cluster_len() as usize];
             disk.read_at(self.cluster_offset(cluster), &mut buf)?;
             bytes.extend_from_slice(&buf);
+            clusters.push(cluster);
             let mut next = [0u8; 4];
             disk.read_at(self.fat_start + u64::from(cluster) * 4, &mut next)?;
             cluster = u32::from_le_bytes(next) & 0x0FFF_FFFF;
             if cluster >= 0x0FFF_FFF8 {
-                return Ok(bytes);
+                return Ok((clusters, bytes));
             }
         }
         Err(DotError::Corrupt(
@@ -158,15 +180,7 @@ fn set_first_cluster(entry: &mut [u8], cluster: u32) {
 /// requires. Returns whether anything was rewritten.
 pub fn fix<D: Disk>(volume_disk: &mut D, path: &str) -> Result<bool, DotError> {
     let volume = Volume::read(volume_disk)?;
-    let mut cluster = volume.root_cluster;
-    let mut parent_is_root = true;
-    for (i, part) in path.split('/').filter(|p| !p.is_empty()).enumerate() {
-        let dir = volume.read_chain(volume_disk, cluster)?;
-        cluster = find_subdir(&dir, part).ok_or_else(|| {
-            DotError::Corrupt(format!("no directory {part:?} on the way to {path}"))
-        })?;
-        parent_is_root = i == 0;
-    }
+    let (cluster, parent_is_root) = volume.locate(volume_disk, path)?;
     if cluster == volume.root_cluster {
         return Ok(false); // the root has no dot entries
     }
@@ -201,6 +215,35 @@ pub fn fix<D: Disk>(volume_disk: &mut D, path: &str) -> Result<bool, DotError> {
     }
     volume_disk.write_at(at, &fixed)?;
     Ok(true)
+}
+
+/// Turn the deleted entries after the last entry in use of the directory at `path` into
+/// end-of-directory entries (first byte 0xE5 → 0x00). Returns how many.
+///
+/// UEFI's FAT driver (OVMF's, measured by `xtask soak`) puts a renamed file's new entry at the
+/// directory's end rather than into deleted slots: systemd-boot's boot-counting rename at every
+/// boot of a new version left three deleted entries (96 bytes) behind, and `EFI/Linux` grew by a
+/// cluster every few upgrades. With the tail trimmed the end is right after the live entries
+/// again, so the directory keeps its size. Only free entries change, one byte each, in whole
+/// sectors through the caller's [`Disk`]: a cut anywhere leaves the same files.
+pub fn trim_deleted_tail<D: Disk>(volume_disk: &mut D, path: &str) -> Result<usize, DotError> {
+    let volume = Volume::read(volume_disk)?;
+    let (first, _) = volume.locate(volume_disk, path)?;
+    let (clusters, dir) = volume.chain(volume_disk, first)?;
+    let entries: Vec<&[u8]> = dir.chunks(ENTRY).collect();
+    let end = entries
+        .iter()
+        .position(|e| e[0] == 0x00)
+        .unwrap_or(entries.len());
+    let last_used = entries[..end].iter().rposition(|e| e[0] != 0xE5);
+    let from = last_used.map_or(0, |i| i + 1);
+    let per_cluster = (volume.cluster_len() as usize) / ENTRY;
+    for index in from..end {
+        let cluster = clusters[index / per_cluster];
+        let at = volume.cluster_offset(cluster) + ((index % per_cluster) * ENTRY) as u64;
+        volume_disk.write_at(at, &[0x00])?;
+    }
+    Ok(end - from)
 }
 
 #[cfg(test)]
@@ -250,5 +293,64 @@ mod tests {
             .map(|e| e.unwrap().file_name())
             .collect();
         assert_eq!(names, [".", "..", "a.efi"]);
+    }
+
+    /// Files created and removed leave deleted entries at the directory's end (as a firmware's
+    /// renames do); the trim makes them the end again, touching nothing that is in use, and
+    /// fatfs then writes the next file right after the live ones.
+    #[test]
+    fn deleted_entries_at_a_directory_end_are_trimmed() {
+        let mut disk = MemDisk::zeroed(40 * MIB as usize);
+        fat::format(&mut disk, &EspGeometry::new(40 * MIB, 512), 1, "EFI").unwrap();
+        fat::create_dirs(&mut disk, 0, &["EFI/Linux"]).unwrap();
+        let names = |disk: &mut MemDisk| -> Vec<String> {
+            let fs = fat::mount(&mut *disk, 0).unwrap();
+            let names = fs
+                .root_dir()
+                .open_dir("EFI/Linux")
+                .unwrap()
+                .iter()
+                .map(|e| e.unwrap().file_name())
+                .collect();
+            fs.unmount().unwrap();
+            names
+        };
+        {
+            let fs = fat::mount(&mut disk, 0).unwrap();
+            let dir = fs.root_dir().open_dir("EFI/Linux").unwrap();
+            dir.create_file("slate-1.0.0.efi").unwrap();
+            for i in 0..30 {
+                dir.create_file(&format!("slate-2.0.{i:02}+2-1.efi"))
+                    .unwrap();
+            }
+            for i in 0..30 {
+                dir.remove(&format!("slate-2.0.{i:02}+2-1.efi")).unwrap();
+            }
+            drop(dir);
+            fs.unmount().unwrap();
+        }
+        let before = disk.clone();
+        let trimmed = trim_deleted_tail(&mut disk, "EFI/Linux").unwrap();
+        assert_eq!(trimmed, 90, "three entries each for 30 names");
+        assert_eq!(names(&mut disk), [".", "..", "slate-1.0.0.efi"]);
+        // Only first bytes of deleted entries changed.
+        let (old, new) = (before.to_bytes(), disk.to_bytes());
+        let changed: Vec<usize> = (0..old.len()).filter(|&i| old[i] != new[i]).collect();
+        assert_eq!(changed.len(), 90);
+        assert!(changed.iter().all(|&i| old[i] == 0xE5 && new[i] == 0x00));
+        assert_eq!(trim_deleted_tail(&mut disk, "EFI/Linux").unwrap(), 0);
+        // The next file goes right after the live entries.
+        let volume = Volume::read(&disk).unwrap();
+        let (first, _) = volume.locate(&disk, "EFI/Linux").unwrap();
+        {
+            let fs = fat::mount(&mut disk, 0).unwrap();
+            fs.root_dir()
+                .create_file("EFI/Linux/slate-3.0.0+3.efi")
+                .unwrap();
+            fs.unmount().unwrap();
+        }
+        let dir = volume.read_chain(&disk, first).unwrap();
+        let used = dir.chunks(ENTRY).take_while(|e| e[0] != 0).count();
+        assert!(used <= 2 + 2 * 3, "{used} entries before the end");
     }
 }

@@ -13,6 +13,7 @@ mod fatscan;
 mod names;
 pub mod paths;
 
+pub use dot_entries::{trim_deleted_tail, DotError};
 pub use fatscan::{fat_space, FatSpace, ReadOnly};
 pub use names::{loader_conf, uki_file_name, validate_uki_file_name, MAX_FILE_NAME};
 pub use paths::*;

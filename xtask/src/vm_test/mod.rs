@@ -332,7 +332,7 @@ pub fn vm_test(only: &[String]) -> Result<()> {
             .collect::<std::collections::VecDeque<_>>(),
     );
     let started = std::time::Instant::now();
-    let failed = std::sync::atomic::AtomicUsize::new(0);
+    let failed = std::sync::Mutex::new(Vec::<String>::new());
     let passed = std::sync::atomic::AtomicUsize::new(0);
     std::thread::scope(|scope| {
         for _ in 0..PARALLEL_SCENARIOS {
@@ -362,19 +362,28 @@ pub fn vm_test(only: &[String]) -> Result<()> {
                         println!("vm {name} ... ok in {took}: {detail}");
                     }
                     Err(err) => {
-                        failed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
                         println!("vm {name} ... FAILED in {took}: {err:#}");
+                        failed
+                            .lock()
+                            .unwrap_or_else(|p| p.into_inner())
+                            .push(format!("{name} ({took}): {err:#}"));
                     }
                 }
             });
         }
     });
-    let (passed, failed) = (passed.into_inner(), failed.into_inner());
+    let passed = passed.into_inner();
+    let failed = failed.into_inner().unwrap_or_else(|p| p.into_inner());
     println!(
-        "vm: {passed} passed, {failed} failed in {:.0} s ({PARALLEL_SCENARIOS} at a time)",
+        "vm: {passed} passed, {} failed in {:.0} s ({PARALLEL_SCENARIOS} at a time)",
+        failed.len(),
         started.elapsed().as_secs_f64()
     );
-    ensure!(failed == 0, "{failed} VM scenario(s) failed");
+    // Again at the end: a CI log is often read from its tail only.
+    for failure in &failed {
+        println!("vm FAILED: {failure}");
+    }
+    ensure!(failed.is_empty(), "{} VM scenario(s) failed", failed.len());
     Ok(())
 }
 

@@ -218,8 +218,14 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
     /// Rename `EFI/Linux/<from>` to `<to>` and flush. `fatfs` frees the old name before writing
     /// the new one, so a cut in between leaves the entry nameless (its clusters orphaned): the
     /// callers only rename when the *other* version would then boot.
+    ///
+    /// Then the deleted entries at the end of `EFI/Linux` are trimmed: the firmware's FAT
+    /// driver appends the entry of systemd-boot's boot-counting rename there at every boot of
+    /// a new version, and the directory would grow by 96 bytes each time (`xtask soak`).
     fn rename_entry(&mut self, from: &str, to: &str) -> Result<()> {
-        self.with_esp(|fs| rename_in(fs, from, to))
+        self.with_esp(|fs| rename_in(fs, from, to))?;
+        parts::trim_esp_dir(&mut self.disk, UKI_DIR)?;
+        Ok(())
     }
 
     /// What systemd-boot does before starting its default entry: rename a counted entry
