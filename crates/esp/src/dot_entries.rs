@@ -9,11 +9,17 @@
 //! the raw bytes and rewrites its first four entries to `.`, `..`, end, end. A directory head
 //! that is already right is left alone, so a fixed `fatfs` makes this a no-op; any other head is
 //! an error, never guessed at.
+//!
+//! The same raw walk trims a directory's deleted tail ([`trim_deleted_tail`]), which `fatfs` has
+//! no call for.
 
 use slate_disk::{Disk, DiskError};
 
 const ENTRY: usize = 32;
 const ATTR_LFN: u8 = 0x0F;
+#[cfg(test)]
+const ATTR_VOLUME_ID: u8 = 0x08;
+const DELETED: u8 = 0xE5;
 const ATTR_DIRECTORY: u8 = 0x10;
 const DOT: &[u8; 11] = b".          ";
 const DOTDOT: &[u8; 11] = b"..         ";
@@ -218,14 +224,21 @@ pub fn fix<D: Disk>(volume_disk: &mut D, path: &str) -> Result<bool, DotError> {
 }
 
 /// Turn the deleted entries after the last entry in use of the directory at `path` into
-/// end-of-directory entries (first byte 0xE5 → 0x00). Returns how many.
+/// end-of-directory entries (all 32 bytes zero). Returns how many.
 ///
 /// UEFI's FAT driver (OVMF's, measured by `xtask soak`) puts a renamed file's new entry at the
 /// directory's end rather than into deleted slots: systemd-boot's boot-counting rename at every
 /// boot of a new version left three deleted entries (96 bytes) behind, and `EFI/Linux` grew by a
 /// cluster every few upgrades. With the tail trimmed the end is right after the live entries
-/// again, so the directory keeps its size. Only free entries change, one byte each, in whole
-/// sectors through the caller's [`Disk`]: a cut anywhere leaves the same files.
+/// again, so the directory keeps its size.
+///
+/// The whole entry is zeroed, not only its first byte: EDK2's driver reads past an entry whose
+/// attributes have the volume-label bit (as every long-name entry's 0x0F does) even when its
+/// first byte is 0x00, and stops only at a zero-named entry without it. A trimmed long-name entry
+/// that kept its attributes made the firmware's end lie two entries after `fatfs`'s, and the
+/// firmware's next entry was invisible to slate (`firmware_end` is that rule, for the tests).
+/// Only free entries change, in whole sectors through the caller's [`Disk`]: a cut anywhere
+/// leaves the same files. A directory with anything after its end marker is left alone (0).
 pub fn trim_deleted_tail<D: Disk>(volume_disk: &mut D, path: &str) -> Result<usize, DotError> {
     let volume = Volume::read(volume_disk)?;
     let (first, _) = volume.locate(volume_disk, path)?;
@@ -235,15 +248,35 @@ pub fn trim_deleted_tail<D: Disk>(volume_disk: &mut D, path: &str) -> Result<usi
         .iter()
         .position(|e| e[0] == 0x00)
         .unwrap_or(entries.len());
-    let last_used = entries[..end].iter().rposition(|e| e[0] != 0xE5);
+    if entries[end..].iter().any(|e| e.iter().any(|&b| b != 0)) {
+        // Some other writer's end is not ours: moving ours could hide its entries.
+        return Ok(0);
+    }
+    let last_used = entries[..end].iter().rposition(|e| e[0] != DELETED);
     let from = last_used.map_or(0, |i| i + 1);
     let per_cluster = (volume.cluster_len() as usize) / ENTRY;
-    for index in from..end {
+    let mut index = from;
+    while index < end {
+        // The deleted entries in one cluster are contiguous on disk: one write each.
+        let in_cluster = (per_cluster - index % per_cluster).min(end - index);
         let cluster = clusters[index / per_cluster];
         let at = volume.cluster_offset(cluster) + ((index % per_cluster) * ENTRY) as u64;
-        volume_disk.write_at(at, &[0x00])?;
+        volume_disk.write_at(at, &vec![0; in_cluster * ENTRY])?;
+        index += in_cluster;
     }
     Ok(end - from)
+}
+
+/// The index of the entry where EDK2's FAT driver (`FatLoadNextDirEnt`) sees a directory end:
+/// it skips deleted entries and every entry whose attributes have the volume-label bit (0x08,
+/// set in long-name entries), and ends at the first other entry whose name begins with 0x00.
+/// New entries go there.
+#[cfg(test)]
+fn firmware_end(directory: &[u8]) -> usize {
+    directory
+        .chunks(ENTRY)
+        .position(|e| e[0] == 0x00 && e[11] & ATTR_VOLUME_ID == 0)
+        .unwrap_or(directory.len() / ENTRY)
 }
 
 #[cfg(test)]
@@ -329,19 +362,38 @@ mod tests {
             drop(dir);
             fs.unmount().unwrap();
         }
+        let volume = Volume::read(&disk).unwrap();
+        let (first, _) = volume.locate(&disk, "EFI/Linux").unwrap();
+        let read_dir = |disk: &MemDisk| volume.read_chain(disk, first).unwrap();
+        let fatfs_end = |dir: &[u8]| dir.chunks(ENTRY).position(|e| e[0] == 0).unwrap();
+        let untrimmed = read_dir(&disk);
+        assert_eq!(firmware_end(&untrimmed), fatfs_end(&untrimmed));
+        assert!(
+            fatfs_end(&untrimmed) > 90,
+            "the deleted entries are before the end"
+        );
         let before = disk.clone();
         let trimmed = trim_deleted_tail(&mut disk, "EFI/Linux").unwrap();
         assert_eq!(trimmed, 90, "three entries each for 30 names");
         assert_eq!(names(&mut disk), [".", "..", "slate-1.0.0.efi"]);
-        // Only first bytes of deleted entries changed.
+        // The firmware and fatfs see the same end, right after the live entries (`.`, `..`,
+        // and slate-1.0.0.efi's long-name and short entries). Zeroing first bytes only would
+        // leave the firmware's end two entries later.
+        let dir = read_dir(&disk);
+        assert_eq!(fatfs_end(&dir), 5);
+        assert_eq!(firmware_end(&dir), 5);
+        // Only deleted entries changed, to zero.
         let (old, new) = (before.to_bytes(), disk.to_bytes());
         let changed: Vec<usize> = (0..old.len()).filter(|&i| old[i] != new[i]).collect();
-        assert_eq!(changed.len(), 90);
-        assert!(changed.iter().all(|&i| old[i] == 0xE5 && new[i] == 0x00));
+        assert!(changed
+            .iter()
+            .all(|&i| new[i] == 0x00 && old[i - i % ENTRY] == DELETED));
+        assert!(
+            changed.iter().any(|&i| old[i] == 0x0F),
+            "long-name attributes cleared"
+        );
         assert_eq!(trim_deleted_tail(&mut disk, "EFI/Linux").unwrap(), 0);
         // The next file goes right after the live entries.
-        let volume = Volume::read(&disk).unwrap();
-        let (first, _) = volume.locate(&disk, "EFI/Linux").unwrap();
         {
             let fs = fat::mount(&mut disk, 0).unwrap();
             fs.root_dir()
@@ -349,8 +401,12 @@ mod tests {
                 .unwrap();
             fs.unmount().unwrap();
         }
-        let dir = volume.read_chain(&disk, first).unwrap();
-        let used = dir.chunks(ENTRY).take_while(|e| e[0] != 0).count();
-        assert!(used <= 2 + 2 * 3, "{used} entries before the end");
+        let dir = read_dir(&disk);
+        assert!(
+            fatfs_end(&dir) <= 5 + 3,
+            "{} entries before the end",
+            fatfs_end(&dir)
+        );
+        assert_eq!(firmware_end(&dir), fatfs_end(&dir));
     }
 }
