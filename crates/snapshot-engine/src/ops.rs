@@ -60,7 +60,7 @@ pub struct Listing {
     pub warnings: Vec<String>,
 }
 
-fn listed(pool: &Pool, scan: &esp::EspScan) -> Result<Vec<Listed>> {
+pub(crate) fn listed(pool: &Pool, scan: &esp::EspScan) -> Result<Vec<Listed>> {
     Ok(pool
         .snapshots()?
         .into_iter()
@@ -132,7 +132,6 @@ fn running(pool: &Pool) -> Result<&SnapshotName> {
 pub fn prune(pool: &Pool, dry_run: bool) -> Result<Vec<String>> {
     let scan = esp::scan(&pool.open_esp_read_only()?)?;
     let all = listed(pool, &scan)?;
-    let names: Vec<SnapshotName> = all.iter().map(|l| l.name.clone()).collect();
     let next = scan.selected().and_then(|f| f.snapshot.clone());
     let fallback = fallback_of(pool, &all, next.as_ref());
     let running_fallback = pool
@@ -149,7 +148,7 @@ pub fn prune(pool: &Pool, dry_run: bool) -> Result<Vec<String>> {
     .into_iter()
     .flatten()
     .collect();
-    let chosen = policy::prune(&names, KEEP_SNAPSHOTS, &protected);
+    let chosen = policy::prune(&all, KEEP_SNAPSHOTS, &protected);
     if !dry_run {
         for s in &chosen {
             remove_snapshot(pool, s, true)?;

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant, SystemTime};
 use slate_host::{Signal, SignalReader};
 use slate_snapshot::entry::{self, carried_options, entry_text, EntrySpec, DEFAULT_TRIES};
 use slate_snapshot::manifest::{sha256, Manifest, Record};
-use slate_snapshot::policy::{prune, KEEP_SNAPSHOTS};
+use slate_snapshot::policy::{prune, Listed, KEEP_SNAPSHOTS};
 use slate_snapshot::{esp, fstab, upgrade_plan, validate, SnapshotName};
 
 use crate::ops::remove_snapshot;
@@ -98,9 +98,13 @@ pub fn upgrade(
         Change::Tree(d) => format!("sync the tree {}", d.display()),
     };
     let entry_name = entry::entry_name(&new, Some(DEFAULT_TRIES))?;
-    esp::check_register(&pool.open_esp_read_only()?, &new)?;
-    let mut all = pool.snapshots()?;
-    all.push(new.clone());
+    let esp_now = pool.open_esp_read_only()?;
+    esp::check_register(&esp_now, &new)?;
+    let mut all = crate::ops::listed(pool, &esp::scan(&esp_now)?)?;
+    all.push(Listed {
+        name: new.clone(),
+        entry: Some(slate_bootspec::BootState::Indeterminate),
+    });
     let protected: Vec<&SnapshotName> = [Some(&new), pool.running.as_ref()]
         .into_iter()
         .flatten()

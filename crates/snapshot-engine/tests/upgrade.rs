@@ -198,6 +198,47 @@ fn pruning_keeps_three_snapshots() {
     assert_eq!(flags, [(false, false), (false, true), (true, false)]);
 }
 
+/// A snapshot whose three tries failed is pruned before an older good one: the good one can
+/// still be a fallback, the bad one never boots again.
+#[test]
+fn pruning_removes_a_bad_snapshot_before_an_older_good_one() {
+    if !available() {
+        return;
+    }
+    let env = Env::new();
+    let mut good = Vec::new();
+    for hour in 0..2 {
+        let r = env
+            .command("echo x >> /usr/share/doc/version", hour)
+            .unwrap();
+        env.reboot();
+        slate_snapshot_engine::commit(&env.pool(), false).unwrap();
+        good.push(r.snapshot);
+    }
+    // The third never passes its health check: three boots on trial, then the second again.
+    let bad = env.command("echo y >> /usr/share/doc/version", 2).unwrap();
+    for _ in 0..3 {
+        assert!(env.reboot().starts_with(&bad.snapshot));
+    }
+    assert_eq!(env.reboot(), format!("{}.conf", good[1]));
+    assert_eq!(
+        env.subvolumes(),
+        [good[0].as_str(), &good[1], &bad.snapshot]
+    );
+    let listing = slate_snapshot_engine::list(&env.pool()).unwrap();
+    let states: Vec<&str> = listing.snapshots.iter().map(|s| s.state.as_str()).collect();
+    assert_eq!(states, ["good", "good", "bad"]);
+    // The next upgrade makes four: the bad one goes, the older good one stays.
+    let next = env.command("echo z >> /usr/share/doc/version", 3).unwrap();
+    assert_eq!(next.pruned, [bad.snapshot.as_str()]);
+    assert_eq!(
+        env.subvolumes(),
+        [good[0].as_str(), &good[1], &next.snapshot]
+    );
+    assert_eq!(env.esp_files(&bad.snapshot), 0);
+    assert!(!env.entries().iter().any(|e| e.starts_with(&bad.snapshot)));
+}
+
 /// Run by `a_killed_upgrade_is_cleaned_up_by_the_next_run` in a process of its own.
 #[test]
 #[ignore = "a helper: run by a_killed_upgrade_is_cleaned_up_by_the_next_run"]

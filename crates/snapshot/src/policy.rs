@@ -7,21 +7,31 @@ use crate::{SnapshotError, SnapshotName};
 /// Snapshots kept after an upgrade or commit (the seed's "at most three").
 pub const KEEP_SNAPSHOTS: usize = 3;
 
-/// The oldest snapshots beyond `keep`, oldest first, never one in `protected` (the running
-/// root, the fallback, the new snapshot). When the protected ones alone exceed `keep`, they
-/// stay and only the others go.
-pub fn prune(all: &[SnapshotName], keep: usize, protected: &[&SnapshotName]) -> Vec<SnapshotName> {
-    let mut sorted: Vec<&SnapshotName> = all.iter().collect();
-    sorted.sort();
-    sorted.dedup();
+/// The snapshots beyond `keep` to remove, never one in `protected` (the running root, the
+/// fallback, the new snapshot). When the protected ones alone exceed `keep`, they stay and only
+/// the others go.
+///
+/// What can no longer boot goes first: snapshots whose entry is bad (three failed tries), then
+/// those with no entry, then the rest; oldest first within each. Pruning by age alone kept a
+/// bad snapshot over an older good one, which is a fallback and the bad one never is.
+pub fn prune(all: &[Listed], keep: usize, protected: &[&SnapshotName]) -> Vec<SnapshotName> {
+    use slate_bootspec::BootState::Bad;
+    let usefulness = |l: &Listed| match l.entry {
+        Some(Bad) => 0,
+        None => 1,
+        Some(_) => 2,
+    };
+    let mut sorted: Vec<&Listed> = all.iter().collect();
+    sorted.sort_by(|a, b| (usefulness(a), &a.name).cmp(&(usefulness(b), &b.name)));
+    sorted.dedup_by(|a, b| a.name == b.name);
     let mut excess = sorted.len().saturating_sub(keep);
     let mut out = Vec::new();
-    for s in sorted {
+    for l in sorted {
         if excess == 0 {
             break;
         }
-        if !protected.contains(&s) {
-            out.push(s.clone());
+        if !protected.contains(&&l.name) {
+            out.push(l.name.clone());
             excess -= 1;
         }
     }
@@ -164,13 +174,42 @@ mod tests {
         SnapshotName::parse(&format!("root-2026010{i}-000000")).unwrap()
     }
 
+    fn listed(i: u32, entry: Option<BootState>) -> Listed {
+        Listed { name: n(i), entry }
+    }
+
     #[test]
     fn prune_keeps_protected_and_newest() {
-        let all = [n(1), n(2), n(3), n(4), n(5)];
+        let all: Vec<Listed> = (1..=5).map(|i| listed(i, Some(BootState::Good))).collect();
         assert_eq!(prune(&all, 3, &[&n(5), &n(4)]), [n(1), n(2)]);
         assert_eq!(prune(&all, 3, &[&n(1), &n(5)]), [n(2), n(3)]);
         assert_eq!(prune(&all[..2], 3, &[]), Vec::<SnapshotName>::new());
         assert_eq!(prune(&all, 1, &[&n(1), &n(2)]), [n(3), n(4), n(5)]);
+    }
+
+    /// The VM scenario's end state: v2 good (the fallback), v4 and v5 bad, v6 running. By age
+    /// alone the good v2's older sibling went and bad v5 stayed.
+    #[test]
+    fn prune_removes_what_cannot_boot_first() {
+        use BootState::{Bad, Good, Indeterminate};
+        let all = [
+            listed(1, Some(Good)),
+            listed(2, Some(Good)),
+            listed(4, Some(Bad)),
+            listed(5, Some(Bad)),
+            listed(6, Some(Indeterminate)),
+        ];
+        assert_eq!(prune(&all, 3, &[&n(6), &n(2)]), [n(4), n(5)]);
+        // An entry-less snapshot (a half-registered one, or its entry removed) goes after the
+        // bad ones and before any that can boot.
+        let all = [
+            listed(1, Some(Good)),
+            listed(2, None),
+            listed(3, Some(Bad)),
+            listed(4, Some(Good)),
+        ];
+        assert_eq!(prune(&all, 2, &[&n(4)]), [n(3), n(2)]);
+        assert_eq!(prune(&all, 1, &[&n(4)]), [n(3), n(2), n(1)]);
     }
 
     #[test]

@@ -13,7 +13,8 @@
 //!    after three tries systemd-boot starts v2 again, unattended.
 //! 5. v5's command makes the boot hang (a health check that never passes, with a 20 s
 //!    watchdog): the watchdog resets it three times, then v2 again.
-//! 6. v6, a good one: committed, and the pool is pruned to three snapshots.
+//! 6. v6, a good one: committed, and the pool is pruned to three snapshots. Each upgrade
+//!    pruned the bad snapshots first, so v1, v2 and v6 remain.
 //!
 //! /home is the `@home` subvolume, outside every snapshot: v6 finds the lines written by v3
 //! and v5, which were rolled back.
@@ -222,6 +223,11 @@ pub(super) fn btrfs_snapshot_upgrades(prepared: &Prepared, work: &Path) -> Resul
         status["version"] == "2.0.0",
         "back on v2 after the kernel failure: {status}"
     );
+    let listing = snapshot_list(&node)?;
+    ensure!(
+        state_of(&listing, &v4) == Some("bad"),
+        "v4's entry is bad after three tries: {listing}"
+    );
 
     // 5. v5 hangs before its commit: the watchdog and boot counting bring v2 back.
     let hang = "printf '[health]\\ntimeout_secs = 600\\n[[health.checks]]\\n\
@@ -245,8 +251,8 @@ pub(super) fn btrfs_snapshot_upgrades(prepared: &Prepared, work: &Path) -> Resul
     );
     let listing = snapshot_list(&node)?;
     ensure!(
-        state_of(&listing, &v4) == Some("bad") && state_of(&listing, &v5) == Some("bad"),
-        "v4's and v5's entries are bad after three tries each: {listing}"
+        state_of(&listing, &v5) == Some("bad") && state_of(&listing, &v4).is_none(),
+        "v5's entry is bad after three tries; v5's upgrade pruned bad v4 first: {listing}"
     );
 
     // 6. v6, good: committed; three snapshots remain; /home kept every version's line.
@@ -279,15 +285,17 @@ pub(super) fn btrfs_snapshot_upgrades(prepared: &Prepared, work: &Path) -> Resul
         "/home kept the lines of the rolled-back versions: {home}"
     );
     let listing = snapshot_list(&node)?;
-    let names: Vec<&str> = listing["snapshots"]
+    let mut names: Vec<&str> = listing["snapshots"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|s| s["name"].as_str())
         .collect();
+    names.sort_unstable();
+    // Each upgrade pruned the bad snapshot before any good one: v1 (the image's), v2, v6.
     ensure!(
-        names.len() == 3 && names.contains(&v6.as_str()) && listing["running"] == v6.as_str(),
-        "three snapshots after five upgrades, v6 running: {listing}"
+        names == [FIRST_SNAPSHOT, v2.as_str(), v6.as_str()] && listing["running"] == v6.as_str(),
+        "three snapshots after five upgrades, the bad ones pruned first, v6 running: {listing}"
     );
     lines.push(home.trim().to_owned());
     Ok(format!(
