@@ -142,4 +142,11 @@ pub enum HostError {
         #[source]
         source: Errno,
     },
+    #[error("{op}: {path}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 }

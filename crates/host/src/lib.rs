@@ -4,7 +4,8 @@
 //! This is the only crate in the workspace that makes system calls. Everything goes through
 //! `nix`'s safe wrappers where they exist; the loop-device and watchdog ioctls, which neither
 //! `nix` nor `libc` describe, and `kexec_file_load`, which `nix` lacks, are the only `unsafe`
-//! code (see `loopdev.rs`, `watchdog.rs`, `kexec.rs`, `btrfs.rs`, and `chroot.rs`'s `pre_exec`).
+//! code (see `loopdev.rs`, `watchdog.rs`, `kexec.rs`, `btrfs.rs`, `random_seed.rs`, and
+//! `chroot.rs`'s `pre_exec`).
 //! Every error names the operation and the path it was applied to, so a failed boot reads as a
 //! sentence on the console.
 
@@ -22,6 +23,7 @@ mod kmsg_read;
 mod loopdev;
 mod mount;
 mod process;
+mod random_seed;
 mod signals;
 mod system;
 mod teardown;
@@ -62,6 +64,7 @@ pub use mount::{
 pub use process::{
     reap_zombies, resident_kib, run_command, run_command_logged, spawn_reaper, CommandEnd,
 };
+pub use random_seed::{consume_random_seed, save_random_seed, SeedOutcome, RANDOM_SEED_LEN};
 pub use signals::{disable_ctrl_alt_del, Signal, SignalReader};
 pub use system::{
     ensure_console_stdio, exec, is_pid1, kernel_release, load_module, poweroff, reboot, ModuleLoad,

@@ -22,6 +22,7 @@ mod maintenance;
 mod network;
 mod node;
 mod power_events;
+mod random_seed;
 mod records;
 mod replace;
 mod secure_boot;

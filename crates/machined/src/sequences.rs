@@ -255,9 +255,15 @@ pub fn boot<'a>(
         )
         .append(
             "config",
-            [task(node, "machineConfig", move |ctx| {
-                crate::boot_config::machine_config(ctx, node, facts)
-            })],
+            [
+                task(node, "machineConfig", move |ctx| {
+                    crate::boot_config::machine_config(ctx, node, facts)
+                }),
+                // As soon as STATE is mounted: the API's TLS waits for the kernel's CRNG.
+                task(node, "randomSeed", move |ctx| {
+                    crate::random_seed::random_seed_task(ctx, &node.journal)
+                }),
+            ],
         )
         // A snapshot root's /etc is its own, writable and snapshotted with it.
         .append_when(

@@ -151,7 +151,7 @@ fn a_snapshot_root_boots_without_meta_volumes_or_etc_overlay() {
         shape(&sequence),
         [
             phase("volumes", &["mountState", "mountHome"]),
-            phase("config", &["machineConfig"]),
+            phase("config", &["machineConfig", "randomSeed"]),
             phase("configure", &["applyConfig"]),
             phase("setup", &["setupHooks"]),
             phase("network", &["network"]),
@@ -170,7 +170,7 @@ fn boot_mounts_volumes_reads_the_config_sets_up_etc_then_network_then_the_api() 
         shape(&sequence),
         [
             phase("volumes", &["mountState", "mountEphemeral"]),
-            phase("config", &["machineConfig"]),
+            phase("config", &["machineConfig", "randomSeed"]),
             phase("etc", &["etcOverlay"]),
             phase("configure", &["applyConfig"]),
             phase("setup", &["setupHooks"]),
@@ -190,7 +190,7 @@ fn boot_mounts_volumes_reads_the_config_sets_up_etc_then_network_then_the_api() 
             phase("replace", &["wipeState", "wipeEphemeral"]),
             phase("volumes", &["mountState", "mountEphemeral"]),
             phase("restore", &["restoreConfig"]),
-            phase("config", &["machineConfig"]),
+            phase("config", &["machineConfig", "randomSeed"]),
         ]
     );
 }

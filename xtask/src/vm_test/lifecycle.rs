@@ -78,6 +78,13 @@ pub(super) fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String>
 
     let flooded = api_flood(&node)?;
 
+    // The first boot has no seed; it saves one once the kernel's CRNG is ready.
+    ensure_logged(&boot, "random seed: none saved (a first boot)")?;
+    boot.expect(
+        &["random seed: 512 bytes saved for the next boot"],
+        Duration::from_secs(60),
+        "the first boot saving a random seed",
+    )?;
     node.ok(&["reboot"])?;
     boot.wait_exit(Duration::from_secs(90))?;
     ensure_logged(&boot, "[slate] [machined] rebooting (default)")?;
@@ -90,6 +97,23 @@ pub(super) fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String>
     );
     ensure_logged(&boot, "(kept)")?;
     ensure!(node.status()?["stage"] == "Running");
+    // The seed boot 1 saved is credited before the API starts, so its TLS does not wait for
+    // the kernel to gather entropy (issue 17: it waited 1.07 s here), and it is replaced.
+    ensure_logged(
+        &boot,
+        "random seed: 512 bytes saved by the last boot credited (4096 bits)",
+    )?;
+    let serial = boot.serial();
+    let (crng, listening) = (
+        serial.find("random: crng init done"),
+        serial.find("API listening on"),
+    );
+    ensure!(
+        matches!((crng, listening), (Some(c), Some(l)) if c < l)
+            && serial.contains("random seed: 512 bytes saved for the next boot"),
+        "the CRNG ready before the API listens on the second boot, and a new seed saved:\n{}",
+        crate::vm::tail(&serial, 60)
+    );
 
     // Two resets at once: the lock admits one.
     let spawn = || -> Result<std::process::Child> {
@@ -205,7 +229,7 @@ pub(super) fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String>
     );
     Ok(format!(
         "first boot to Running in {first_boot:.1?}; +3 -> +2-1 counted by systemd-boot and blessed; \
-         API roles enforced; reboot, STATE kept; concurrent resets: 1 accepted, 1 locked; \
+         API roles enforced; reboot, STATE kept, the saved random seed credited before the API started; concurrent resets: 1 accepted, 1 locked; \
          volumes reformatted after reset; maintenance mode (no configuration): mTLS refused, a \
          wrong token refused, configured with the console's token and pinned certificate \
          ({pin:.16}…), Running as node `reconfigured`; power button: unmounted, synced, powered \
@@ -239,9 +263,12 @@ pub(super) fn fatal_boot_task(prepared: &Prepared, work: &Path) -> Result<String
     Ok(fatal)
 }
 
-/// The longest an admin's status may take while the flood runs (TCG, one vCPU, the node
-/// decrypting and parsing 60 KB heads from six connections).
+/// What nine in ten of an admin's status requests may take while the flood runs (TCG, one
+/// vCPU, the node decrypting and parsing 60 KB heads from six connections), and the longest
+/// any may. A bound on the slowest alone failed once at 3.07 s on a host shared with two
+/// compiles; the node of the report answered every request in 13.5 s or more.
 const STATUS_UNDER_FLOOD: Duration = Duration::from_secs(3);
+const STATUS_UNDER_FLOOD_MAX: Duration = Duration::from_secs(10);
 /// How much machined's resident set may grow over the flood: the journal's 1 MiB, hyper's
 /// buffers for six 64 KiB heads, the TLS sessions, the allocator's slack.
 const FLOOD_GROWTH_KIB: u64 = 16 * 1024;
@@ -251,7 +278,7 @@ const FLOOD_REQUESTS: usize = 4_000;
 
 /// The crash reproduction of issue 19 (six reader connections sending requests with huge
 /// methods) while an admin asks for status: every request answered, status answered within
-/// [`STATUS_UNDER_FLOOD`], the journal at its 1 MiB bound, machined's memory within
+/// [`STATUS_UNDER_FLOOD`] (nine in ten) and [`STATUS_UNDER_FLOOD_MAX`], the journal at its 1 MiB bound, machined's memory within
 /// [`FLOOD_GROWTH_KIB`] of before. Returns a summary.
 fn api_flood(node: &Node) -> Result<String> {
     let memory = |status: &serde_json::Value| -> Result<(u64, u64)> {
@@ -290,11 +317,18 @@ fn api_flood(node: &Node) -> Result<String> {
         .into_iter()
         .collect::<Result<Vec<_>, _>>()
         .context("an admin's status during the flood")?;
-    let slowest = latencies.iter().max().copied().unwrap_or_default();
+    let mut sorted = latencies.clone();
+    sorted.sort_unstable();
+    let slowest = sorted.last().copied().unwrap_or_default();
+    let p90 = sorted
+        .get(sorted.len().saturating_sub(1) * 9 / 10)
+        .copied()
+        .unwrap_or_default();
     let (rss_after, journal_after) = memory(&node.status()?)?;
     let summary = format!(
         "flood: {} requests with 60 KB/400 KB methods on {} reader connections in {:.0?} \
-         (answers {:?}); admin status answered {} times, slowest {slowest:.2?}; machined {} -> \
+         (answers {:?}); admin status answered {} times, p90 {p90:.2?}, slowest {slowest:.2?}; \
+         machined {} -> \
          {} KiB resident, journal {} -> {} bytes",
         flood.requests,
         flood.connections,
@@ -313,8 +347,8 @@ fn api_flood(node: &Node) -> Result<String> {
         "every 60 KB-method request is answered 405: {summary}"
     );
     ensure!(
-        !latencies.is_empty() && slowest <= STATUS_UNDER_FLOOD,
-        "{summary}"
+        !latencies.is_empty() && p90 <= STATUS_UNDER_FLOOD && slowest <= STATUS_UNDER_FLOOD_MAX,
+        "status within {STATUS_UNDER_FLOOD:?} (p90) and {STATUS_UNDER_FLOOD_MAX:?} (all): {summary}"
     );
     ensure!(
         journal_after <= 1 << 20 && journal_after > 900 << 10,
@@ -325,7 +359,7 @@ fn api_flood(node: &Node) -> Result<String> {
         "machined grew by more than {FLOOD_GROWTH_KIB} KiB: {summary}"
     );
     Ok(format!(
-        "flood of {} requests: status within {slowest:.1?}, machined +{} KiB, journal {} KiB",
+        "flood of {} requests: status p90 {p90:.1?}, slowest {slowest:.1?}, machined +{} KiB, journal {} KiB",
         flood.requests,
         rss_after.saturating_sub(rss_before),
         journal_after >> 10
