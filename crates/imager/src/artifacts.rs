@@ -220,10 +220,18 @@ pub fn build_initramfs(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Vec<u8>
         let data = read("a kernel module", &inputs.modules_dir.join(module))?;
         cpio.file(&format!("{modules_root}/{module}"), 0o644, data)?;
     }
+    // `path: what it needs first`, in a load order: init loads independent modules side by
+    // side (docs/formats.md §6.3).
     let load_order: String = inputs
         .module_paths
         .iter()
-        .map(|m| format!("{m}\n"))
+        .map(|m| {
+            let needs = inputs.module_dependencies.get(m).map_or(&[][..], |d| d);
+            format!(
+                "{m}:{}\n",
+                needs.iter().map(|d| format!(" {d}")).collect::<String>()
+            )
+        })
         .collect();
     cpio.file(image_contract::MODULES_LOAD_PATH, 0o644, load_order)?;
     if let Some(rootfs) = rootfs {

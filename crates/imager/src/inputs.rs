@@ -103,6 +103,8 @@ pub struct Inputs {
     pub kernel_release: String,
     /// The module closure, relative to `modules_dir`, dependencies first.
     pub module_paths: Vec<String>,
+    /// What each of `module_paths` needs loaded before it (its `modules.dep` line).
+    pub module_dependencies: std::collections::BTreeMap<String, Vec<String>>,
     pub base_rootfs: PathBuf,
     pub extensions: Vec<PathBuf>,
     pub stub: PathBuf,
@@ -194,6 +196,7 @@ impl Inputs {
             modules_dir: at(&profile.kernel.modules_dir),
             kernel_release: String::new(),
             module_paths: Vec::new(),
+            module_dependencies: Default::default(),
             base_rootfs: at(&profile.rootfs.base),
             extensions: profile.rootfs.extensions.iter().map(|p| at(p)).collect(),
             stub: at(&profile.boot.stub),
@@ -271,6 +274,11 @@ impl Inputs {
             .collect();
         for module in &self.module_paths {
             must_exist("a kernel module", &self.modules_dir.join(module))?;
+            let needs = deps.dependencies(module).unwrap_or_default();
+            self.module_dependencies.insert(
+                module.clone(),
+                needs.into_iter().map(str::to_owned).collect(),
+            );
         }
         let canonical =
             fs::canonicalize(&self.modules_dir).map_err(|source| ImagerError::MissingInput {

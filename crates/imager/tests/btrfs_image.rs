@@ -254,7 +254,7 @@ fn btrfs_image_holds_a_bootable_first_snapshot() {
         .unwrap();
     assert_eq!(
         load.data,
-        b"kernel/lib/libcrc32c.ko\nkernel/fs/btrfs/btrfs.ko\n"
+        b"kernel/lib/libcrc32c.ko:\nkernel/fs/btrfs/btrfs.ko: kernel/lib/libcrc32c.ko\n"
     );
 
     // The manifest: key and first snapshot's manifest, verifying against the tree as it is.

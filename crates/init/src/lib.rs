@@ -18,12 +18,13 @@ use anyhow::{bail, ensure, Context as _, Result};
 use slate_host::{self as host, KmsgLogger, ModuleLoad, MsFlags};
 use slate_profile::image_contract::{EXTENSIONS as EXTENSIONS_DIR, MODULES_LOAD, ROOTFS_IMAGE};
 
+mod modules;
 mod parse;
 
+pub use modules::{load_in_order, parse_modules_load, Loaded, ModuleToLoad, MAX_LOADERS};
 pub use parse::{block_root, BlockRoot, RootSource};
 use parse::{
-    failure_action, init_program, module_name, parse_manifest, parse_modules_load, plan_layers,
-    FailureAction, Layer,
+    failure_action, init_program, module_name, parse_manifest, plan_layers, FailureAction, Layer,
 };
 
 const MODULES_DIR: &str = "/lib/modules";
@@ -241,19 +242,28 @@ fn load_modules(log: &KmsgLogger) -> Result<()> {
     }
     let dir = Path::new(MODULES_DIR).join(&release);
     let total = modules.len();
-    for (i, module) in modules.iter().enumerate() {
-        let k = i + 1;
-        let name = module_name(module);
-        let outcome = host::load_module(&dir.join(module))
-            .with_context(|| format!("loading module {k}/{total} {name}"))?;
-        let note = match outcome {
-            ModuleLoad::AlreadyLoaded => " (already loaded)",
-            ModuleLoad::NoDevice => " (no such device here: skipped)",
-            ModuleLoad::Loaded => "",
-        };
-        log.info(format_args!("loaded {k}/{total} {name}{note}"));
-    }
-    Ok(())
+    let loaders = std::thread::available_parallelism().map_or(1, |n| n.get());
+    load_in_order(
+        &modules,
+        loaders,
+        |module| {
+            host::load_module(&dir.join(module))
+                .with_context(|| format!("loading module {}", module_name(module)))
+        },
+        |loaded| {
+            let note = match loaded.outcome {
+                ModuleLoad::AlreadyLoaded => " (already loaded)",
+                ModuleLoad::NoDevice => " (no such device here: skipped)",
+                ModuleLoad::Loaded => "",
+            };
+            log.info(format_args!(
+                "loaded {}/{total} {}{note} in {} ms",
+                loaded.done,
+                module_name(loaded.path),
+                loaded.took.as_millis()
+            ));
+        },
+    )
 }
 
 /// The one kernel release directory under `/lib/modules`.

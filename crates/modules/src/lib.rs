@@ -271,6 +271,22 @@ impl ModuleDeps {
             .collect())
     }
 
+    /// The modules `path` needs loaded before it, as its `modules.dep` line lists them (depmod
+    /// writes every module it needs, not only the direct ones); `None` for a path with no line.
+    /// The imager writes them into `modules.load` so that init can load independent modules
+    /// side by side.
+    pub fn dependencies(&self, path: &str) -> Option<Vec<&str>> {
+        let index = *self.by_name.get(&module_name(path)?)?;
+        let entry = &self.entries[index];
+        (entry.path == path).then(|| {
+            entry
+                .deps
+                .iter()
+                .map(|&d| self.entries[d].path.as_str())
+                .collect()
+        })
+    }
+
     /// Post-order depth-first walk from `root`. Iterative, so a hostile or absurdly deep
     /// modules.dep cannot overflow the stack.
     fn visit(
@@ -354,6 +370,27 @@ kernel/fs/nls/nls-cp437.ko.zst:
         assert_eq!(module_name("x.ko.zst").as_deref(), Some("x"));
         assert_eq!(module_name("x.o"), None);
         assert_eq!(module_name("dir/.ko"), None);
+    }
+
+    #[test]
+    fn dependencies_are_the_modules_dep_line() {
+        let deps = sample();
+        assert_eq!(
+            deps.dependencies("kernel/drivers/block/virtio_blk.ko"),
+            Some(
+                [
+                    "kernel/drivers/virtio/virtio.ko",
+                    "kernel/drivers/virtio/virtio_ring.ko"
+                ]
+                .into()
+            )
+        );
+        assert_eq!(
+            deps.dependencies("kernel/drivers/virtio/virtio_ring.ko"),
+            Some(vec![])
+        );
+        assert_eq!(deps.dependencies("kernel/drivers/block/nope.ko"), None);
+        assert_eq!(deps.dependencies("elsewhere/virtio_blk.ko"), None);
     }
 
     #[test]
