@@ -3,7 +3,7 @@
 //! guard drops (lazily, so a stray process cannot keep the snapshot busy for deletion).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 
 use nix::mount::{umount2, MntFlags, MsFlags};
 
@@ -80,8 +80,9 @@ impl Drop for ApiMounts {
 }
 
 /// Starts `/bin/sh -c command` with `root` as its root directory and working directory, a
-/// plain `PATH`, and the caller's stdout and stderr.
-pub fn spawn_chrooted(root: &Path, command: &str) -> Result<Child> {
+/// plain `PATH`, and the caller's stdout and stderr; under the reaper's lock until the child is
+/// dropped, so that machined's reaper (as PID 1) cannot take its exit status.
+pub fn spawn_chrooted(root: &Path, command: &str) -> Result<crate::GuardedChild> {
     #![allow(unsafe_code)]
     use std::os::unix::process::CommandExt as _;
 
@@ -113,7 +114,7 @@ pub fn spawn_chrooted(root: &Path, command: &str) -> Result<Child> {
             Ok(())
         });
     }
-    cmd.spawn().map_err(|source| HostError::Spawn {
+    crate::process::spawn_guarded(&mut cmd).map_err(|source| HostError::Spawn {
         program: format!("/bin/sh -c {command:?} in {}", root.display()),
         source,
     })

@@ -63,6 +63,7 @@ pub use mount::{
 };
 pub use process::{
     reap_zombies, resident_kib, run_command, run_command_logged, spawn_reaper, CommandEnd,
+    GuardedChild,
 };
 pub use random_seed::{consume_random_seed, save_random_seed, SeedOutcome, RANDOM_SEED_LEN};
 pub use signals::{disable_ctrl_alt_del, Signal, SignalReader};

@@ -21,6 +21,37 @@ use crate::{HostError, Result};
 
 static CHILDREN: Mutex<()> = Mutex::new(());
 
+/// A child spawned under the reaper's lock, which it holds until it is dropped: PID 1's reaper
+/// cannot take its exit status, however long it runs. Derefs to the [`Child`] to wait for.
+/// Commands started elsewhere in the process wait meanwhile, as they do for each other.
+#[derive(Debug)]
+pub struct GuardedChild {
+    child: std::process::Child,
+    _reaper_held: std::sync::MutexGuard<'static, ()>,
+}
+
+impl std::ops::Deref for GuardedChild {
+    type Target = std::process::Child;
+    fn deref(&self) -> &Self::Target {
+        &self.child
+    }
+}
+
+impl std::ops::DerefMut for GuardedChild {
+    fn deref_mut(&mut self) -> &mut Self::Target {
+        &mut self.child
+    }
+}
+
+/// `cmd.spawn()` under the reaper's lock (see [`GuardedChild`]).
+pub(crate) fn spawn_guarded(cmd: &mut Command) -> std::io::Result<GuardedChild> {
+    let guard = CHILDREN.lock().unwrap_or_else(|p| p.into_inner());
+    Ok(GuardedChild {
+        child: cmd.spawn()?,
+        _reaper_held: guard,
+    })
+}
+
 /// Run `cmd` to completion and return its output; a non-zero exit is an error carrying the
 /// command's stderr and stdout.
 pub fn run_command(cmd: &mut Command) -> Result<Output> {
@@ -294,6 +325,28 @@ mod tests {
         );
         assert_eq!(end.unwrap(), CommandEnd::Cancelled);
         assert!(started.elapsed() < Duration::from_secs(10));
+    }
+
+    /// The chrooted command of a snapshot upgrade failed with ECHILD on a node (the btrfs VM
+    /// scenario, once in CI): machined's reaper had taken its status while the engine polled
+    /// `try_wait`. A guarded child keeps its status through reaper sweeps.
+    #[test]
+    fn the_reaper_does_not_steal_a_guarded_childs_status() {
+        let mut child = spawn_guarded(Command::new("sh").args(["-c", "exit 7"])).unwrap();
+        let sweeper = std::thread::spawn(|| {
+            // Blocks until the guard is dropped, as machined's reaper does.
+            reap_zombies()
+        });
+        std::thread::sleep(Duration::from_millis(200));
+        let status = loop {
+            if let Some(status) = child.try_wait().unwrap() {
+                break status;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        };
+        assert_eq!(status.code(), Some(7));
+        drop(child);
+        sweeper.join().unwrap();
     }
 
     #[test]
