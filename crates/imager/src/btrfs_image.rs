@@ -1,6 +1,8 @@
 //! `--output btrfs-image` (docs/formats.md §12.8): the snapshot engine's disk. A GPT with the
 //! ESP (systemd-boot, `loader.conf` `default root-*`, the first snapshot's kernel copies and
-//! its blessed Type #1 entry) and one Btrfs pool (`SLATE-POOL`) holding the first snapshot
+//! its blessed Type #1 entry; or, for `bootloader = "grub"`, GRUB at the removable path with
+//! the constant `grub.cfg`, the generated menu and grubenv `saved_entry=<first snapshot>`,
+//! §12.9) and one Btrfs pool (`SLATE-POOL`) holding the first snapshot
 //! `root-<SOURCE_DATE_EPOCH>` — the profile's root tree with its kernel and initramfs under
 //! `/boot` and an fstab mounting itself — plus `@home`, `@state` and the engine's `.slate/`.
 //!
@@ -18,6 +20,7 @@ use std::process::Command;
 
 use slate_disk::{Disk, DiskError, FileDisk, PartitionView, SectorBuffer};
 use slate_esp::fat::{self, EspGeometry};
+use slate_esp::GRUB_DIRECTORIES;
 use slate_esp::{
     loader_conf, FALLBACK_LOADER_PATH, LOADER_CONF_PATH, SYSTEMD_BOOT_DIRECTORIES,
     SYSTEMD_BOOT_PATH,
@@ -29,7 +32,8 @@ use slate_layout::{
 };
 use slate_profile::{Bootloader, Profile};
 use slate_snapshot::entry::{self, carried_options, entry_text, EntrySpec, LOADER_DEFAULT};
-use slate_snapshot::{esp, fstab, validate, SnapshotName};
+use slate_snapshot::grub_menu::{MenuEntry, MENU_PATH};
+use slate_snapshot::{esp, fstab, grub, validate, SnapshotName};
 use slate_snapshot_engine::tree;
 
 use crate::artifacts::{assemble_root, build_initramfs, compress_initramfs, write_generated};
@@ -110,12 +114,23 @@ fn refuse(what: &'static str, reason: impl Into<String>) -> ImagerError {
 /// is built or any output file exists. `[image] state_mib` and `keep_versions` do not apply
 /// (the configuration lives in `@state`; the engine keeps three snapshots).
 pub(crate) fn check_profile(p: &Profile) -> Result<(), ImagerError> {
-    if p.bootloader == Bootloader::Grub {
+    if p.bootloader == Bootloader::Grub && p.boot.grub_efi.is_none() {
         return Err(refuse(
-            "bootloader",
-            "btrfs-image boots its snapshots through systemd-boot's Type #1 entries; \
-             bootloader = \"grub\" is not supported for it yet",
+            "boot.grub_efi",
+            "bootloader = \"grub\" needs the GRUB EFI image (grub-mkstandalone) to put on the ESP",
         ));
+    }
+    if p.bootloader == Bootloader::Grub {
+        // The kernel arguments go into GRUB's script unquoted: what it would interpret is
+        // refused now, not after the pool is built.
+        let spec = EntrySpec {
+            snapshot: SnapshotName::at(0),
+            pool_uuid: pool_uuid("check"),
+            os_name: "Linux".into(),
+            extra_options: carried_options(&p.cmdline()),
+        };
+        MenuEntry::new(&spec, "boot/vmlinuz", "boot/initrd.img")
+            .map_err(|e| refuse("kernel.args", format!("a GRUB btrfs-image: {e}")))?;
     }
     if p.secureboot.is_some() {
         return Err(refuse(
@@ -195,11 +210,68 @@ fn entry_options(inputs: &Inputs) -> Vec<String> {
     carried_options(&inputs.profile.cmdline())
 }
 
+/// The first snapshot's GRUB menu entry: its own /boot files in the pool.
+fn grub_entry(
+    inputs: &Inputs,
+    snap: &SnapshotName,
+    uuid: &str,
+    os_name: &str,
+) -> Result<MenuEntry, ImagerError> {
+    let rel = &inputs.kernel_release;
+    let spec = EntrySpec {
+        snapshot: snap.clone(),
+        pool_uuid: uuid.to_owned(),
+        os_name: os_name.to_owned(),
+        extra_options: entry_options(inputs),
+    };
+    MenuEntry::new(
+        &spec,
+        &format!("boot/vmlinuz-{rel}"),
+        &format!("boot/initrd.img-{rel}"),
+    )
+    .map_err(|e| refuse("kernel.args", e.to_string()))
+}
+
+fn is_grub(inputs: &Inputs) -> bool {
+    inputs.profile.bootloader == Bootloader::Grub
+}
+
 /// The steps of a build, for `--dry-run`.
 pub(crate) fn plan(inputs: &Inputs) -> Vec<String> {
     let p = &inputs.profile;
     let snap = first_snapshot(inputs);
     let uuid = pool_uuid(&inputs.image_id());
+    let esp_step = if is_grub(inputs) {
+        format!(
+            "{} MiB GPT disk: EFI {} MiB (GRUB {} at {FALLBACK_LOADER_PATH}, the constant \
+             grub/grub.cfg with timeout {}, {MENU_PATH} with the entry --id {snap}: \
+             /{snap}/boot/vmlinuz-{rel} {}, grubenv and the second record saved_entry={snap}), \
+             {POOL_LABEL} rest (Linux root x86-64)",
+            p.image.size_mib,
+            p.image.esp_mib,
+            inputs
+                .grub_efi
+                .as_deref()
+                .unwrap_or(Path::new(""))
+                .display(),
+            p.image.menu_timeout,
+            entry::root_options(&uuid, &snap),
+            rel = inputs.kernel_release,
+        )
+    } else {
+        format!(
+            "{} MiB GPT disk: EFI {} MiB (systemd-boot {}, loader.conf default {LOADER_DEFAULT} \
+             timeout {}, {} and {}, loader/entries/{snap}.conf: {}), {POOL_LABEL} rest \
+             (Linux root x86-64)",
+            p.image.size_mib,
+            p.image.esp_mib,
+            inputs.systemd_boot.display(),
+            p.image.menu_timeout,
+            entry::kernel_path(&snap),
+            entry::initrd_path(&snap),
+            entry_options(inputs).join(" "),
+        )
+    };
     vec![
         format!(
             "initramfs: /init = {}, {} modules for {} ({}), no root image (init mounts root=)",
@@ -219,18 +291,7 @@ pub(crate) fn plan(inputs: &Inputs) -> Vec<String> {
             p.version,
             rel = inputs.kernel_release,
         ),
-        format!(
-            "{} MiB GPT disk: EFI {} MiB (systemd-boot {}, loader.conf default {LOADER_DEFAULT} \
-             timeout {}, {} and {}, loader/entries/{snap}.conf: {}), {POOL_LABEL} rest \
-             (Linux root x86-64)",
-            p.image.size_mib,
-            p.image.esp_mib,
-            inputs.systemd_boot.display(),
-            p.image.menu_timeout,
-            entry::kernel_path(&snap),
-            entry::initrd_path(&snap),
-            entry_options(inputs).join(" "),
-        ),
+        esp_step,
     ]
 }
 
@@ -274,7 +335,10 @@ pub(crate) fn build(
         })
     };
     let kernel = read("the kernel image", &inputs.kernel_image)?;
-    let systemd_boot = read("systemd-boot", &inputs.systemd_boot)?;
+    let loader = match &inputs.grub_efi {
+        Some(path) if is_grub(inputs) => read("the GRUB EFI image", path)?,
+        _ => read("systemd-boot", &inputs.systemd_boot)?,
+    };
     progress(Progress::Step("packing the initramfs"));
     let initrd = compress_initramfs(&build_initramfs(inputs, None)?)?;
 
@@ -298,7 +362,17 @@ pub(crate) fn build(
     let mut disk = FileDisk::create(dest, disk_len).map_err(io_err("creating", dest))?;
     write_gpt(&mut disk, &layout).map_err(BtrfsImageError::from)?;
     verify_gpt(&mut disk, &layout).map_err(BtrfsImageError::from)?;
-    write_esp(inputs, &mut disk, &esp_part, &geometry, &systemd_boot)?;
+    if is_grub(inputs) {
+        // GRUB reads the first snapshot's /boot in the pool: no copies, nothing on trial.
+        let first = grub_entry(inputs, &snap, &uuid, &os_name)?;
+        write_grub_esp(inputs, &mut disk, &esp_part, &geometry, &loader)?;
+        grub::lay_down(&mut disk, p.image.menu_timeout, &first).map_err(BtrfsImageError::from)?;
+        progress(Progress::Step("copying the pool into its partition"));
+        copy_pool(&pool_file, &mut disk, &pool_part)?;
+        disk.flush().map_err(disk_err("(whole disk)", "flushing"))?;
+        return Ok(());
+    }
+    write_esp(inputs, &mut disk, &esp_part, &geometry, &loader)?;
     let text = entry_text(&EntrySpec {
         snapshot: snap.clone(),
         pool_uuid: uuid,
@@ -372,7 +446,8 @@ fn fill_pool(
             problems,
         }
     })?;
-    slate_snapshot_engine::seed_engine_dir(top, uuid, snap, kernel, initrd)
+    let copies = (!is_grub(inputs)).then_some((kernel, initrd));
+    slate_snapshot_engine::seed_engine_dir(top, uuid, snap, copies)
         .map_err(BtrfsImageError::from)?;
     Ok(tree::os_name(&root))
 }
@@ -404,6 +479,31 @@ fn write_esp(
     ] {
         fat::write_file_atomically(&fs, path, bytes)?;
     }
+    fat::unmount(fs)?;
+    sectors.flush().map_err(disk_err(EFI_LABEL, "flushing"))?;
+    Ok(())
+}
+
+/// The ESP of a GRUB btrfs-image: FAT32 as for systemd-boot, its directories, and the GRUB EFI
+/// image at the removable path; `slate_snapshot::grub::lay_down` writes the rest.
+fn write_grub_esp(
+    inputs: &Inputs,
+    disk: &mut FileDisk,
+    esp: &PlacedPartition,
+    geometry: &EspGeometry,
+    grub_efi: &[u8],
+) -> Result<(), ImagerError> {
+    let epoch = inputs.source_date_epoch;
+    let volume_id = derived_u32(&inputs.image_id(), "esp-volume-id");
+    fat::format(esp_view(disk, esp)?, geometry, volume_id, EFI_LABEL)?;
+    let mut esp_view = esp_view(disk, esp)?;
+    // EFI, EFI/BOOT and grub (not the A/B slots).
+    for dir in &GRUB_DIRECTORIES[..3] {
+        fat::create_dirs(&mut esp_view, epoch, &[dir])?;
+    }
+    let mut sectors = SectorBuffer::new(esp_view);
+    let fs = fat::mount(&mut sectors, epoch)?;
+    fat::write_file_atomically(&fs, FALLBACK_LOADER_PATH, grub_efi)?;
     fat::unmount(fs)?;
     sectors.flush().map_err(disk_err(EFI_LABEL, "flushing"))?;
     Ok(())

@@ -387,23 +387,96 @@ fn chain(err: &dyn std::error::Error) -> String {
     out
 }
 
+/// `bootloader = "grub"` (docs/formats.md §12.9): GRUB at the removable path, the constant
+/// grub.cfg, the generated menu booting the first snapshot's own /boot, grubenv and the second
+/// record `saved_entry=<first snapshot>` (read back by the real grub-editenv); no kernel copies
+/// and no systemd-boot files; the manifest without ESP records.
 #[test]
-fn grub_secureboot_and_small_profiles_are_refused_before_anything_is_built() {
-    for (extra, field) in [
-        ("bootloader = \"grub\"\n", "grub"),
-        ("", "secureboot"),
-        ("", "image.size_mib"),
-    ] {
+fn a_grub_btrfs_image_boots_the_first_snapshot_from_the_pool() {
+    if !available() || !slate_testkit::require_tool("grub-editenv") {
+        return;
+    }
+    let dir = inputs_dir("bootloader = \"grub\"\n");
+    let profile = dir.path().join("profile.toml");
+    let text = fs::read_to_string(&profile).unwrap().replace(
+        "slate = \"slate\"",
+        "slate = \"slate\"\ngrub_efi = \"grub.efi\"",
+    );
+    fs::write(&profile, text).unwrap();
+    fs::write(dir.path().join("grub.efi"), vec![0x6b; 70_000]).unwrap();
+    let inputs = resolve(dir.path()).unwrap();
+    let plan = slate_imager::plan(&inputs).join("\n");
+    assert!(
+        plan.contains("GRUB") && plan.contains("grub/snapshots.cfg"),
+        "{plan}"
+    );
+    let image = build(dir.path());
+    let uuid = slate_imager::pool_uuid("slate-1.0.0");
+    let disk = FileDisk::open_read_only(&image).unwrap();
+    let read = |path: &str| esp::read_file(&disk, path).unwrap();
+    assert_eq!(read("EFI/BOOT/BOOTX64.EFI"), Some(vec![0x6b; 70_000]));
+    assert_eq!(
+        read("grub/grub.cfg"),
+        Some(slate_snapshot::grub_menu::grub_cfg(0).into_bytes())
+    );
+    for path in ["loader/loader.conf", "EFI/systemd/systemd-bootx64.efi"] {
+        assert_eq!(read(path), None, "{path}");
+    }
+    let snap = SnapshotName::parse(SNAP).unwrap();
+    assert!(
+        esp::snapshot_files(&disk, &snap).unwrap().is_empty(),
+        "no copies"
+    );
+    for path in ["grub/grubenv", "grub/slate-default.env"] {
+        let copy = dir.path().join("env.copy");
+        fs::write(&copy, read(path).unwrap()).unwrap();
+        assert_eq!(
+            sh("grub-editenv", &[copy.to_str().unwrap(), "list"]),
+            format!("saved_entry={SNAP}"),
+            "{path}"
+        );
+    }
+    // The engine's view: GRUB's layout, one entry, the saved default and what boots.
+    assert!(slate_snapshot::grub::is_grub_layout(&disk).unwrap());
+    let scan = slate_snapshot::grub::scan(&disk).unwrap();
+    assert_eq!(scan.entries.len(), 1);
+    let e = &scan.entries[0];
+    assert_eq!(
+        (e.kernel.as_str(), e.initrd.as_str()),
+        (
+            &*format!("boot/vmlinuz-{RELEASE}"),
+            &*format!("boot/initrd.img-{RELEASE}")
+        )
+    );
+    assert_eq!(
+        e.options,
+        format!(
+            "root=UUID={uuid} rootflags=subvol={SNAP} rootfstype=btrfs rw console=ttyS0 \
+             panic=10 slate.init=/usr/bin/machined"
+        )
+    );
+    assert_eq!(scan.selected().map(|e| e.snapshot.as_str()), Some(SNAP));
+    assert_eq!(scan.saved().map(|e| e.snapshot.as_str()), Some(SNAP));
+    // The paths the entry names exist in the pool; the manifest has no ESP records.
+    let pool = Mounted::pool(&image);
+    let root = pool.top().join(SNAP);
+    assert!(root.join(&e.kernel).is_file() && root.join(&e.initrd).is_file());
+    let manifest = fs::read(pool.top().join(format!(".slate/manifests/{SNAP}.manifest"))).unwrap();
+    let text = String::from_utf8(manifest).unwrap();
+    assert!(
+        text.contains(&format!(" boot/vmlinuz-{RELEASE}\n")),
+        "{text}"
+    );
+    assert!(!text.lines().any(|l| l.starts_with("e ")), "{text}");
+}
+
+#[test]
+fn secureboot_and_small_profiles_are_refused_before_anything_is_built() {
+    for (extra, field) in [("", "secureboot"), ("", "image.size_mib")] {
         let dir = inputs_dir(extra);
         let profile = dir.path().join("profile.toml");
         let mut text = fs::read_to_string(&profile).unwrap();
         match field {
-            "grub" => {
-                text = text.replace(
-                    "slate = \"slate\"",
-                    "slate = \"slate\"\ngrub_efi = \"grub.efi\"",
-                )
-            }
             "secureboot" => text.push_str("[secureboot]\nkey = \"db.key\"\ncert = \"db.crt\"\n"),
             _ => text = text.replace("size_mib = 200", "size_mib = 160"),
         }

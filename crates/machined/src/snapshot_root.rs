@@ -153,12 +153,16 @@ pub fn settle(node: &Node, root: &SnapshotRoot, phase: Phase) -> Result<(), Sett
             } else {
                 format!("pruned {}", outcome.pruned.join(", "))
             };
-            match outcome.renamed {
-                Some((from, to)) => node.journal.info(format_args!(
+            match (outcome.renamed, outcome.saved_entry) {
+                (Some((from, to)), _) => node.journal.info(format_args!(
                     "committed: snapshot {} (loader/entries/{from} -> {to}); {pruned}",
                     root.snapshot
                 )),
-                None => node.journal.info(format_args!(
+                (None, Some((from, to))) => node.journal.info(format_args!(
+                    "committed: snapshot {} (grubenv saved_entry {from} -> {to}); {pruned}",
+                    root.snapshot
+                )),
+                (None, None) => node.journal.info(format_args!(
                     "snapshot {} was committed already; {pruned}",
                     root.snapshot
                 )),
@@ -167,10 +171,8 @@ pub fn settle(node: &Node, root: &SnapshotRoot, phase: Phase) -> Result<(), Sett
         }
         Phase::Fatal => {
             let pool = open_pool(root, true).map_err(SettleError::Failed)?;
-            let esp = pool.open_esp_read_only().map_err(engine_err)?;
-            let scan =
-                slate_snapshot::esp::scan(&esp).map_err(|e| SettleError::Failed(e.to_string()))?;
-            if scan.state_of(&root.snapshot) != Some(BootState::Indeterminate) {
+            let state = engine::boot_state(&pool, &root.snapshot).map_err(engine_err)?;
+            if state != Some(BootState::Indeterminate) {
                 // Committed (or already marked bad): it stays what boots; nothing to revert.
                 return Ok(());
             }

@@ -199,9 +199,12 @@ pub fn run(pool_args: &PoolArgs, target: &NodeTarget, cmd: SnapshotCommand) -> R
             let out = engine::commit(&pool, dry_run).context("slate snapshot commit")?;
             let (renamed, pruned) = (out.renamed, out.pruned);
             let tag = if dry_run { "dry run: " } else { "" };
-            match renamed {
-                Some((from, to)) => println!("{tag}blessed: loader/entries/{from} -> {to}"),
-                None => println!("{tag}already good"),
+            match (renamed, out.saved_entry) {
+                (Some((from, to)), _) => println!("{tag}blessed: loader/entries/{from} -> {to}"),
+                (None, Some((from, to))) => {
+                    println!("{tag}committed: grubenv saved_entry {from} -> {to}")
+                }
+                (None, None) => println!("{tag}already good"),
             }
             println!(
                 "{tag}pruned: {}",

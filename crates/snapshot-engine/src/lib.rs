@@ -4,6 +4,7 @@
 //! top level mounted at `/run/slate/btrfs-<uuid>`, subvolumes through `slate-host`'s ioctls,
 //! the manifest key and manifests under `<top>/.slate/`, the ESP through the Disk trait.
 
+mod boot;
 pub mod mountinfo;
 mod ops;
 mod pool;
@@ -14,6 +15,7 @@ mod upgrade;
 
 use std::path::{Path, PathBuf};
 
+pub use boot::boot_state;
 pub use ops::{
     commit, generate_manifest, list, prune, rollback, verify, verify_one, CommitOutcome, ListEntry,
     Listing, RollbackOutcome, VerifyOutcome,

@@ -4,16 +4,19 @@ use std::fs;
 
 use slate_bootspec::BootState;
 use slate_snapshot::entry::DEFAULT_TRIES;
+use slate_snapshot::grub::{self, Mark};
 use slate_snapshot::manifest::{sha256, Difference, Manifest, Record};
 use slate_snapshot::policy::{
     self, choose_rollback, Listed, Verification, VerifyPolicy, KEEP_SNAPSHOTS,
 };
 use slate_snapshot::{esp, SnapshotName};
 
+use crate::boot::{remove_entry, Boot};
 use crate::{io_err, tree, EngineError, Pool, Result};
 
 /// Removes a snapshot in the order that never leaves a boot entry without its files: the ESP
-/// entry and copies (`with_esp`), the manifest, the subvolume. Never the running root.
+/// entry and copies, or GRUB's menu entry (`with_esp`), the manifest, GRUB's record, the
+/// subvolume. Never the running root.
 pub(crate) fn remove_snapshot(pool: &Pool, snap: &SnapshotName, with_esp: bool) -> Result<()> {
     if pool.running.as_ref() == Some(snap) {
         return Err(EngineError::Invalid(format!(
@@ -21,7 +24,7 @@ pub(crate) fn remove_snapshot(pool: &Pool, snap: &SnapshotName, with_esp: bool) 
         )));
     }
     if with_esp {
-        esp::remove(&mut pool.open_esp()?, snap)?;
+        remove_entry(pool, snap)?;
     }
     let manifest = pool.manifest_path(snap);
     match fs::remove_file(&manifest) {
@@ -30,6 +33,7 @@ pub(crate) fn remove_snapshot(pool: &Pool, snap: &SnapshotName, with_esp: bool) 
         }
         _ => {}
     }
+    pool.unmark_boot(snap)?;
     if pool.path_of(snap).exists() {
         pool.detach_under(&pool.path_of(snap))?;
         slate_host::delete_subvolume(&pool.top, snap.as_str())?;
@@ -60,49 +64,46 @@ pub struct Listing {
     pub warnings: Vec<String>,
 }
 
-pub(crate) fn listed(pool: &Pool, scan: &esp::EspScan) -> Result<Vec<Listed>> {
+pub(crate) fn listed(pool: &Pool, boot: &Boot) -> Result<Vec<Listed>> {
     Ok(pool
         .snapshots()?
         .into_iter()
         .map(|name| Listed {
-            entry: scan.state_of(&name),
+            entry: boot.state_of(&name),
             name,
         })
         .collect())
 }
 
 pub fn list(pool: &Pool) -> Result<Listing> {
-    let scan = esp::scan(&pool.open_esp_read_only()?)?;
-    let all = listed(pool, &scan)?;
-    let next = scan.selected();
-    let fallback = fallback_of(pool, &all, next.and_then(|f| f.snapshot.as_ref()));
+    let boot = Boot::read(pool)?;
+    let all = listed(pool, &boot)?;
+    let next = boot.next();
+    let fallback = fallback_of(pool, &all, next.as_ref());
     let snapshots = all
         .iter()
-        .map(|l| {
-            let found = scan.entry_of(&l.name);
-            ListEntry {
-                name: l.name.to_string(),
-                entry: found.map(|f| f.name.file_name().to_owned()),
-                state: match l.entry {
-                    Some(BootState::Good) => "good",
-                    Some(BootState::Indeterminate) => "indeterminate",
-                    Some(BootState::Bad) => "bad",
-                    None => "none",
-                }
-                .into(),
-                running: pool.running.as_ref() == Some(&l.name),
-                fallback: fallback.as_ref() == Some(&l.name),
-                boots_next: next.is_some_and(|n| n.snapshot.as_ref() == Some(&l.name)),
-                manifest: pool.manifest_path(&l.name).exists(),
+        .map(|l| ListEntry {
+            name: l.name.to_string(),
+            entry: boot.entry_label(&l.name),
+            state: match l.entry {
+                Some(BootState::Good) => "good",
+                Some(BootState::Indeterminate) => "indeterminate",
+                Some(BootState::Bad) => "bad",
+                None => "none",
             }
+            .into(),
+            running: pool.running.as_ref() == Some(&l.name),
+            fallback: fallback.as_ref() == Some(&l.name),
+            boots_next: next.as_ref() == Some(&l.name),
+            manifest: pool.manifest_path(&l.name).exists(),
         })
         .collect();
     Ok(Listing {
         pool_uuid: pool.uuid.clone(),
         running: pool.running_subvol.clone(),
-        next_boot: next.map(|f| f.name.file_name().to_owned()),
+        next_boot: boot.next_label(),
         snapshots,
-        warnings: scan.warnings,
+        warnings: boot.warnings(),
     })
 }
 
@@ -130,9 +131,9 @@ fn running(pool: &Pool) -> Result<&SnapshotName> {
 
 /// Prunes to [`KEEP_SNAPSHOTS`], never the running root, its fallback, or what boots next.
 pub fn prune(pool: &Pool, dry_run: bool) -> Result<Vec<String>> {
-    let scan = esp::scan(&pool.open_esp_read_only()?)?;
-    let all = listed(pool, &scan)?;
-    let next = scan.selected().and_then(|f| f.snapshot.clone());
+    let boot = Boot::read(pool)?;
+    let all = listed(pool, &boot)?;
+    let next = boot.next();
     let fallback = fallback_of(pool, &all, next.as_ref());
     let running_fallback = pool
         .running
@@ -148,6 +149,12 @@ pub fn prune(pool: &Pool, dry_run: bool) -> Result<Vec<String>> {
     .into_iter()
     .flatten()
     .collect();
+    // GRUB: the saved default too (while a one-shot is pending, `next` is the new snapshot).
+    let saved = match &boot {
+        Boot::Grub { scan, .. } => scan.saved().map(|e| e.snapshot.clone()),
+        Boot::SystemdBoot(_) => None,
+    };
+    let protected: Vec<&SnapshotName> = protected.into_iter().chain(saved.as_ref()).collect();
     let chosen = policy::prune(&all, KEEP_SNAPSHOTS, &protected);
     if !dry_run {
         for s in &chosen {
@@ -160,14 +167,45 @@ pub fn prune(pool: &Pool, dry_run: bool) -> Result<Vec<String>> {
 /// What `commit` did (or would do).
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct CommitOutcome {
-    /// The entry's rename (from, to); `None` when it was good already.
+    /// The entry's rename (from, to); `None` when it was good already (or on GRUB).
     pub renamed: Option<(String, String)>,
+    /// GRUB: grubenv's `saved_entry` (from, to); `None` when it named the snapshot already
+    /// (or on systemd-boot).
+    pub saved_entry: Option<(String, String)>,
     pub pruned: Vec<String>,
 }
 
-/// Step 8: the booted (running) snapshot's entry loses its counter, then prune.
+/// Step 8: the booted (running) snapshot's entry loses its counter (systemd-boot) or becomes
+/// grubenv's `saved_entry` (GRUB), then prune.
 pub fn commit(pool: &Pool, dry_run: bool) -> Result<CommitOutcome> {
     let snap = running(pool)?.clone();
+    if let Boot::Grub { scan, .. } = Boot::read(pool)? {
+        if scan.entry_of(&snap).is_none() {
+            return Err(EngineError::Invalid(format!(
+                "{snap} has no GRUB menu entry to make the default"
+            )));
+        }
+        let before = scan.saved().map(|e| e.snapshot.to_string());
+        if dry_run {
+            let change = (before.as_deref() != Some(snap.as_str()))
+                .then(|| (before.unwrap_or_default(), snap.to_string()));
+            return Ok(CommitOutcome {
+                renamed: None,
+                saved_entry: change,
+                pruned: prune(pool, true)?,
+            });
+        }
+        // grubenv first (what boots), then the record (what the engine reports): a cut
+        // between leaves the snapshot the default and on trial in the record, which the next
+        // commit clears.
+        let saved_entry = grub::commit(&mut pool.open_esp()?, &snap)?;
+        pool.unmark_boot(&snap)?;
+        return Ok(CommitOutcome {
+            renamed: None,
+            saved_entry,
+            pruned: prune(pool, false)?,
+        });
+    }
     let scan = esp::scan(&pool.open_esp_read_only()?)?;
     let found = scan
         .entry_of(&snap)
@@ -181,12 +219,14 @@ pub fn commit(pool: &Pool, dry_run: bool) -> Result<CommitOutcome> {
             .then(|| (found.name.file_name().to_owned(), to.file_name().to_owned()));
         return Ok(CommitOutcome {
             renamed: rename,
+            saved_entry: None,
             pruned: prune(pool, true)?,
         });
     }
     let renamed = esp::bless(&mut pool.open_esp()?, &snap)?;
     Ok(CommitOutcome {
         renamed,
+        saved_entry: None,
         pruned: prune(pool, false)?,
     })
 }
@@ -313,11 +353,11 @@ pub struct RollbackOutcome {
 
 pub fn rollback(pool: &Pool, policy: VerifyPolicy, dry_run: bool) -> Result<RollbackOutcome> {
     let current = running(pool)?.clone();
-    let scan = esp::scan(&pool.open_esp_read_only()?)?;
+    let boot = Boot::read(pool)?;
     let mut candidates: Vec<SnapshotName> = pool
         .snapshots()?
         .into_iter()
-        .filter(|s| s < &current && scan.entry_of(s).is_some())
+        .filter(|s| s < &current && boot.has_entry(s))
         .collect();
     candidates.reverse();
     let mut failure = None;
@@ -332,6 +372,22 @@ pub fn rollback(pool: &Pool, policy: VerifyPolicy, dry_run: bool) -> Result<Roll
         notes.push(format!("verification error: {f}"));
     }
     let target = choice.target;
+    if boot.is_grub() {
+        let outcome = RollbackOutcome {
+            target: target.to_string(),
+            notes,
+            to_entry: format!("grubenv saved_entry={target}"),
+            // GRUB has no bad mark: the engine's record is what marks it.
+            from_entry: format!(".slate/grub/{current}"),
+        };
+        if !dry_run {
+            // The record first: a cut after it leaves `current` the default, and booting, with
+            // a bad record that its next commit removes.
+            pool.mark_boot(&current, Mark::Bad)?;
+            grub::rollback(&mut pool.open_esp()?, &target)?;
+        }
+        return Ok(outcome);
+    }
     if dry_run {
         let (to_entry, from_entry) = (
             format!("{target}+{DEFAULT_TRIES}.conf"),

@@ -23,15 +23,15 @@ pub struct SeedReport {
 
 /// Writes `<top>/.slate/` for the pool mounted (top level, subvolid 5) at `top`: the
 /// directories an opened pool creates, a new manifest key (32 random bytes, 0600) and the
-/// manifest of `snapshot` (a subvolume directly under `top`), with `kernel` and `initrd` as its
-/// ESP copies (`slate/<snapshot>/vmlinuz`, `initrd.img`). Refused when `top` has an engine
+/// manifest of `snapshot` (a subvolume directly under `top`), with `esp_copies` (kernel,
+/// initramfs) as its ESP copies (`slate/<snapshot>/vmlinuz`, `initrd.img`) on systemd-boot;
+/// `None` on GRUB, which boots the snapshot's own /boot. Refused when `top` has an engine
 /// directory already: a key is never replaced.
 pub fn seed_engine_dir(
     top: &Path,
     pool_uuid: &str,
     snapshot: &SnapshotName,
-    kernel: &[u8],
-    initrd: &[u8],
+    esp_copies: Option<(&[u8], &[u8])>,
 ) -> Result<SeedReport> {
     let pool = Pool::at_top(top, pool_uuid);
     let dir = pool.engine_dir();
@@ -53,10 +53,13 @@ pub fn seed_engine_dir(
     }
     let mut manifest = Manifest::new(snapshot.clone());
     tree::walk_into(&root, &mut manifest)?;
-    for (path, bytes) in [
-        (entry::kernel_path(snapshot), kernel),
-        (entry::initrd_path(snapshot), initrd),
-    ] {
+    let copies = esp_copies.map(|(kernel, initrd)| {
+        [
+            (entry::kernel_path(snapshot), kernel),
+            (entry::initrd_path(snapshot), initrd),
+        ]
+    });
+    for (path, bytes) in copies.into_iter().flatten() {
         manifest.insert(
             path.as_bytes(),
             Record::Esp {

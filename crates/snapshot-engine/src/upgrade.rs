@@ -7,10 +7,13 @@ use std::time::{Duration, Instant, SystemTime};
 
 use slate_host::{Signal, SignalReader};
 use slate_snapshot::entry::{self, carried_options, entry_text, EntrySpec, DEFAULT_TRIES};
+use slate_snapshot::grub::{self, Mark};
+use slate_snapshot::grub_menu::MenuEntry;
 use slate_snapshot::manifest::{sha256, Manifest, Record};
 use slate_snapshot::policy::{prune, Listed, KEEP_SNAPSHOTS};
 use slate_snapshot::{esp, fstab, upgrade_plan, validate, SnapshotName};
 
+use crate::boot::{remove_entry, Boot};
 use crate::ops::remove_snapshot;
 use crate::tree::{self, resolve_in_root, write_atomically};
 use crate::{io_err, EngineError, Pool, Result};
@@ -45,18 +48,24 @@ pub struct UpgradeReport {
 
 /// Removes what interrupted upgrades left (markers of the in-progress snapshots): the ESP
 /// copies, the manifest, the subvolume, then the marker. A marked snapshot that is running, or
-/// whose entry exists (the entry is written last), was complete: only its marker goes.
+/// whose entry exists (the entry is written last; on GRUB, grubenv's `next_entry` or
+/// `saved_entry` naming it, written after its menu entry), was complete: only its marker goes.
 pub fn clean_up_interrupted(pool: &Pool, say: &mut dyn FnMut(String)) -> Result<()> {
     for snap in pool.markers()? {
-        let mut disk = pool.open_esp()?;
-        let complete =
-            pool.running.as_ref() == Some(&snap) || esp::scan(&disk)?.entry_of(&snap).is_some();
+        let registered = match Boot::read(pool)? {
+            Boot::SystemdBoot(scan) => scan.entry_of(&snap).is_some(),
+            Boot::Grub { scan, .. } => [scan.next_entry(), scan.saved()]
+                .into_iter()
+                .flatten()
+                .any(|e| e.snapshot == snap),
+        };
+        let complete = pool.running.as_ref() == Some(&snap) || registered;
         if !complete {
             say(format!(
                 "cleanup: removing {snap}, left by an interrupted upgrade"
             ));
             pool.detach_under(&pool.path_of(&snap))?;
-            esp::remove(&mut disk, &snap)?;
+            remove_entry(pool, &snap)?;
             remove_snapshot(pool, &snap, false)?;
         }
         pool.unmark(&snap)?;
@@ -99,8 +108,22 @@ pub fn upgrade(
     };
     let entry_name = entry::entry_name(&new, Some(DEFAULT_TRIES))?;
     let esp_now = pool.open_esp_read_only()?;
-    esp::check_register(&esp_now, &new)?;
-    let mut all = crate::ops::listed(pool, &esp::scan(&esp_now)?)?;
+    let boot = Boot::read(pool)?;
+    if boot.is_grub() {
+        // The paths are known after step 3; the checks here do not depend on them.
+        let placeholder = grub_entry(
+            pool,
+            &new,
+            &opts.cmdline,
+            "Linux",
+            "boot/vmlinuz",
+            "boot/initrd.img",
+        )?;
+        grub::check_register(&esp_now, &placeholder)?;
+    } else {
+        esp::check_register(&esp_now, &new)?;
+    }
+    let mut all = crate::ops::listed(pool, &boot)?;
     all.push(Listed {
         name: new.clone(),
         entry: Some(slate_bootspec::BootState::Indeterminate),
@@ -116,6 +139,7 @@ pub fn upgrade(
         &describe,
         entry_name.file_name(),
         &to_prune,
+        boot.is_grub(),
     );
     if opts.dry_run {
         for step in &plan {
@@ -123,7 +147,11 @@ pub fn upgrade(
         }
         return Ok(UpgradeReport {
             snapshot: new.to_string(),
-            entry: entry_name.file_name().into(),
+            entry: if boot.is_grub() {
+                format!("menuentry {new}")
+            } else {
+                entry_name.file_name().into()
+            },
             fallback: source_label,
             pruned: to_prune.iter().map(ToString::to_string).collect(),
             plan,
@@ -157,15 +185,13 @@ pub fn upgrade(
         }
     ));
     let running_has_entry = match &pool.running {
-        Some(r) => esp::scan(&pool.open_esp_read_only()?)?
-            .entry_of(r)
-            .is_some(),
+        Some(r) => Boot::read(pool)?.has_entry(r),
         None => false,
     };
     if !running_has_entry {
         say(format!(
             "warning: the running root {source_label} has no boot entry on this ESP: if {new} \
-             fails its three tries, systemd-boot has nothing better to start"
+             fails, the boot loader has nothing better to start"
         ));
     }
     pool.unmark(&new)?;
@@ -253,14 +279,21 @@ fn build(
     };
     let (kernel, initrd) = (read(&boot.kernel)?, read(&boot.initrd)?);
 
+    let is_grub = grub::is_grub_layout(&pool.open_esp_read_only()?)?;
     // (5) before (4)'s entry: the entry is the last write, so an entry never exists without
-    // its manifest. The ESP copies are recorded from the bytes about to be written.
+    // its manifest. The ESP copies are recorded from the bytes about to be written (GRUB
+    // boots /boot in the pool, which the manifest covers: no copies).
     let mut manifest = Manifest::new(new.clone());
     tree::walk_into(&path, &mut manifest)?;
-    for (p, bytes) in [
-        (entry::kernel_path(new), &kernel),
-        (entry::initrd_path(new), &initrd),
-    ] {
+    let copies = if is_grub {
+        Vec::new()
+    } else {
+        vec![
+            (entry::kernel_path(new), &kernel),
+            (entry::initrd_path(new), &initrd),
+        ]
+    };
+    for (p, bytes) in copies {
         manifest.insert(
             p.as_bytes(),
             Record::Esp {
@@ -277,6 +310,37 @@ fn build(
     ));
     check(signals)?;
 
+    if is_grub {
+        let inside = |name: &str| in_snapshot(&path, &format!("boot/{name}"));
+        let (k, i) = (inside(&boot.kernel)?, inside(&boot.initrd)?);
+        let entry = grub_entry(pool, new, &opts.cmdline, &tree::os_name(&path), &k, &i)?;
+        // The record first: the one-shot is consumed without a trace, and the record is what
+        // tells a trial that ended without a commit (docs/formats.md §12.9).
+        pool.mark_boot(new, Mark::Trial)?;
+        let mut disk = pool.open_esp()?;
+        grub::register(&mut disk, &entry)?;
+        say(format!(
+            "(4) register: menuentry {new} in {} (/{new}/{k}, /{new}/{i} in the pool)",
+            slate_snapshot::grub_menu::MENU_PATH
+        ));
+        let scan = grub::scan(&disk)?;
+        let (next, saved) = (
+            scan.selected().map(|e| e.snapshot.clone()),
+            scan.saved()
+                .map(|e| e.snapshot.to_string())
+                .unwrap_or_default(),
+        );
+        if next.as_ref() != Some(new) {
+            return Err(EngineError::Invalid(format!(
+                "after registration GRUB would start {next:?}, not {new}"
+            )));
+        }
+        say(format!(
+            "(6) next boot: grubenv next_entry={new} (one-shot, consumed before it starts); \
+             saved_entry={saved} unchanged, so a boot that is not committed returns there"
+        ));
+        return Ok(format!("menuentry {new}"));
+    }
     let spec = EntrySpec {
         snapshot: new.clone(),
         pool_uuid: pool.uuid.clone(),
@@ -349,8 +413,42 @@ fn run_until_done(
 /// manifest, the subvolume, then its marker.
 fn discard(pool: &Pool, snap: &SnapshotName) -> Result<()> {
     pool.detach_under(&pool.path_of(snap))?;
-    let mut disk = pool.open_esp()?;
-    esp::remove(&mut disk, snap)?;
+    remove_entry(pool, snap)?;
     remove_snapshot(pool, snap, false)?;
     pool.unmark(snap)
+}
+
+/// A GRUB menu entry for `snapshot` (kernel and initramfs paths inside it).
+fn grub_entry(
+    pool: &Pool,
+    snapshot: &SnapshotName,
+    cmdline: &str,
+    os_name: &str,
+    kernel: &str,
+    initrd: &str,
+) -> Result<MenuEntry> {
+    let spec = EntrySpec {
+        snapshot: snapshot.clone(),
+        pool_uuid: pool.uuid.clone(),
+        os_name: os_name.to_owned(),
+        extra_options: carried_options(cmdline),
+    };
+    Ok(MenuEntry::new(&spec, kernel, initrd)?)
+}
+
+/// `rel`'s real path inside the snapshot at `root`, symlinks resolved there: GRUB would
+/// resolve an absolute link against the pool's top level, not the snapshot.
+fn in_snapshot(root: &Path, rel: &str) -> Result<String> {
+    let real = resolve_in_root(root, rel).unwrap_or_else(|| root.join(rel));
+    real.strip_prefix(root)
+        .ok()
+        .and_then(|p| p.to_str())
+        .map(str::to_owned)
+        .ok_or_else(|| {
+            EngineError::Invalid(format!(
+                "{} does not resolve inside {}",
+                rel,
+                root.display()
+            ))
+        })
 }

@@ -20,13 +20,13 @@ use crate::{SnapshotError, SnapshotName};
 
 /// FAT timestamps of everything written: a fixed instant (1980-01-01, FAT's first), as the
 /// boot loader backends do by default; nothing reads them.
-const FAT_EPOCH: u64 = 0;
+pub(crate) const FAT_EPOCH: u64 = 0;
 /// systemd-boot's ID style on Debian 12 (252), as slate's systemd-boot backend assumes.
 const STYLE: IdStyle = IdStyle::Sd252;
 
 type Result<T> = std::result::Result<T, SnapshotError>;
 
-fn esp_err(what: impl std::fmt::Display) -> SnapshotError {
+pub(crate) fn esp_err(what: impl std::fmt::Display) -> SnapshotError {
     SnapshotError::Esp(what.to_string())
 }
 
@@ -41,14 +41,14 @@ fn esp_range<D: Disk>(disk: &D) -> Result<(u64, u64)> {
     }
 }
 
-fn read_only<D: Disk>(disk: &D) -> Result<PartitionView<ReadOnly<'_, D>>> {
+pub(crate) fn read_only<D: Disk>(disk: &D) -> Result<PartitionView<ReadOnly<'_, D>>> {
     let (start, len) = esp_range(disk)?;
     PartitionView::new(ReadOnly(disk), start, len).map_err(esp_err)
 }
 
 /// Mounts the ESP read-write over a [`SectorBuffer`] (a directory entry changes in one write),
 /// runs `f`, unmounts and flushes.
-fn with_esp<D: Disk, R>(
+pub(crate) fn with_esp<D: Disk, R>(
     disk: &mut D,
     f: impl FnOnce(
         &fatfs::FileSystem<slate_disk::DiskIo<&mut SectorBuffer<PartitionView<&mut D>>>>,
@@ -114,7 +114,10 @@ impl EspScan {
     }
 }
 
-fn read_all<T: fatfs::ReadWriteSeek>(fs: &fatfs::FileSystem<T>, path: &str) -> Option<Vec<u8>> {
+pub(crate) fn read_all<T: fatfs::ReadWriteSeek>(
+    fs: &fatfs::FileSystem<T>,
+    path: &str,
+) -> Option<Vec<u8>> {
     let mut bytes = Vec::new();
     let mut f = fs.root_dir().open_file(path).ok()?;
     f.read_to_end(&mut bytes).ok()?;
@@ -334,7 +337,7 @@ pub fn check_register<D: Disk>(disk: &D, snapshot: &SnapshotName) -> Result<()> 
 
 /// Creates the directories of `paths` that are missing (one mount each, see
 /// `slate_esp::fat::create_dirs`).
-fn ensure_dirs<D: Disk>(disk: &mut D, paths: &[&str]) -> Result<()> {
+pub(crate) fn ensure_dirs<D: Disk>(disk: &mut D, paths: &[&str]) -> Result<()> {
     let missing: Vec<&str> = {
         let fs = fat::mount(read_only(disk)?, FAT_EPOCH).map_err(esp_err)?;
         paths

@@ -1,13 +1,15 @@
 //! The Btrfs snapshot engine's decisions, as values (docs/formats.md §12): what an upgrade
 //! names its snapshot, what its boot entry says, the integrity manifest and its HMAC, the
 //! fstab rewrite, validation, pruning, the fallback and the rollback choice; and the ESP
-//! writes (register, bless, rollback, remove) over the [`slate_disk::Disk`] trait, replayed
-//! by the crash matrix. Subvolumes, files and processes are the edge's
+//! writes (register, bless, rollback, remove) over the [`slate_disk::Disk`] trait, for
+//! systemd-boot (`esp`) and GRUB (`grub`, `grub_menu`), replayed by the crash matrix. Subvolumes, files and processes are the edge's
 //! (`slate-snapshot-engine`, `slate-host`).
 
 pub mod entry;
 pub mod esp;
 pub mod fstab;
+pub mod grub;
+pub mod grub_menu;
 pub mod manifest;
 mod name;
 pub mod policy;
@@ -49,6 +51,7 @@ pub fn upgrade_plan(
     change: &str,
     entry_file: &str,
     prune: &[SnapshotName],
+    grub: bool,
 ) -> Vec<String> {
     let pruned = if prune.is_empty() {
         "nothing to prune".to_owned()
@@ -59,6 +62,17 @@ pub fn upgrade_plan(
             .collect::<Vec<_>>()
             .join(", ")
     };
+    if grub {
+        return vec![
+            format!("(1) snapshot {source} -> {new} (writable, copy-on-write)"),
+            format!("(2) upgrade {new}: {change}"),
+            format!("(3) validate {new}: kernel + initramfs in /boot, /sbin/init, fstab root subvol={new}"),
+            format!("(4) register: menu entry --id {new} in {} (GRUB reads its /boot in the pool)", grub_menu::MENU_PATH),
+            format!("(5) manifest: HMAC-SHA256 over /usr and /boot -> .slate/manifests/{new}.manifest"),
+            format!("(6) next boot: grubenv next_entry={new} (one-shot); saved_entry unchanged"),
+            format!("(7) keep fallback {source}; prune: {pruned}"),
+        ];
+    }
     vec![
         format!("(1) snapshot {source} -> {new} (writable, copy-on-write)"),
         format!("(2) upgrade {new}: {change}"),

@@ -72,7 +72,7 @@ fn grub_profile(work: &Path, grub_efi: &Path) -> Result<PathBuf> {
 }
 
 /// `grub-editenv FILE list` of the image's `grub/grubenv` (copied out with mtools), one line.
-fn grubenv(image: &Path, work: &Path) -> Result<String> {
+pub(super) fn grubenv(image: &Path, work: &Path) -> Result<String> {
     let copy = work.join("grubenv.out");
     let _ = fs::remove_file(&copy);
     output(

@@ -12,6 +12,7 @@ mod powercut;
 mod rollback;
 mod secureboot;
 mod snapshot;
+mod snapshot_grub;
 mod staged;
 mod upgrade;
 mod var_powercut;
@@ -300,6 +301,8 @@ pub fn vm_test(only: &[String]) -> Result<()> {
             rollback::broken_upgrades_roll_back,
         ),
         ("grub_upgrade_and_revert", grub::grub_upgrade_and_revert),
+        // About 6 boots: v1, v2 committed, v3 and its rollback, v4's panic and v2 again.
+        ("btrfs_snapshot_grub", snapshot_grub::btrfs_snapshot_grub),
         ("upgrade_commit_and_revert", upgrade_commit_and_revert),
         ("fleet_lock_updates", fleet::fleet_lock_updates),
         ("staged_upgrades", staged::staged_upgrades),

@@ -30,10 +30,10 @@ use crate::util::{output, repo_root};
 use crate::vm::{tail, Running, Vm};
 
 /// `SOURCE_DATE_EPOCH` 1700000000 names the image's first snapshot.
-const FIRST_SNAPSHOT: &str = "root-20231114-221320";
+pub(super) const FIRST_SNAPSHOT: &str = "root-20231114-221320";
 
 /// The command that makes a snapshot version `version` (and keeps the /home hook in it).
-fn set_version(version: &str) -> String {
+pub(super) fn set_version(version: &str) -> String {
     format!(
         "sed -i -e 's/^IMAGE_VERSION=.*/IMAGE_VERSION={version}/' \
          -e 's/^VERSION_ID=.*/VERSION_ID={version}/' \
@@ -50,13 +50,13 @@ const HOME_HOOK: &str = "printf '#!/bin/sh\\n. /etc/os-release\\n\
     echo \"setup: /home/boots.log: $(tr \"\\\\n\" \" \" < /home/boots.log)\"\\n' \
     > /usr/lib/slate/setup.d/30-home && chmod 755 /usr/lib/slate/setup.d/30-home";
 
-fn snapshot_list(node: &Node) -> Result<serde_json::Value> {
+pub(super) fn snapshot_list(node: &Node) -> Result<serde_json::Value> {
     let text = node.ok(&["snapshot", "list", "--output", "json"])?;
     serde_json::from_str(&text).with_context(|| format!("snapshot list: {text}"))
 }
 
 /// `slate snapshot upgrade --node … --command CMD --reboot`; the new snapshot's name.
-fn upgrade(node: &Node, boot: &mut Running, command: &str) -> Result<String> {
+pub(super) fn upgrade(node: &Node, boot: &mut Running, command: &str) -> Result<String> {
     let said = node.ok(&["snapshot", "upgrade", "--command", command, "--reboot"])?;
     ensure!(
         said.contains("(4) register: ") && said.contains("(5) manifest: "),
@@ -72,7 +72,7 @@ fn upgrade(node: &Node, boot: &mut Running, command: &str) -> Result<String> {
     Ok(name)
 }
 
-fn state_of<'a>(listing: &'a serde_json::Value, snapshot: &str) -> Option<&'a str> {
+pub(super) fn state_of<'a>(listing: &'a serde_json::Value, snapshot: &str) -> Option<&'a str> {
     listing["snapshots"]
         .as_array()?
         .iter()

@@ -36,12 +36,16 @@ pub struct InvalidSlotText {
 /// The config embedded in the GRUB EFI image (grub-mkstandalone's `boot/grub/grub.cfg`):
 /// load every module grub.cfg needs while `prefix` is still the image's memdisk (modules are
 /// loaded from `$prefix`), find the ESP by slate's grub.cfg, point `prefix` at it (so
-/// `load_env`/`save_env` use `grub/grubenv`), load it.
+/// `load_env`/`save_env` use `grub/grubenv`), load it. `btrfs` and `search_fs_uuid` are for
+/// a snapshot root's menu (docs/formats.md §12.9), whose entries find the pool by UUID and
+/// read the snapshot's /boot there; loaded here because modules cannot be loaded later.
 pub const GRUB_EMBEDDED_CFG: &str = "\
 insmod part_gpt
 insmod fat
+insmod btrfs
 insmod search
 insmod search_fs_file
+insmod search_fs_uuid
 insmod configfile
 insmod normal
 insmod loadenv

@@ -36,6 +36,16 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Env {
+        Env::with_loader(false)
+    }
+
+    /// A pool whose ESP carries slate's GRUB layout for snapshot roots (docs/formats.md
+    /// §12.9), R0 its saved default, as `slate imager build --output btrfs-image` lays it down.
+    pub fn new_grub() -> Env {
+        Env::with_loader(true)
+    }
+
+    fn with_loader(grub: bool) -> Env {
         let dir = tempfile::tempdir().unwrap();
         let img = dir.path().join("pool.img");
         fs::File::create(&img).unwrap().set_len(320 * MIB).unwrap();
@@ -71,7 +81,59 @@ impl Env {
             ],
         );
         make_esp(&env.esp);
+        if grub {
+            let mut disk = FileDisk::open(&env.esp).unwrap();
+            slate_snapshot::grub::lay_down(&mut disk, 1, &env.grub_entry(R0)).unwrap();
+        }
         env
+    }
+
+    /// The GRUB menu entry of a snapshot with the fixture's kernel and initramfs.
+    pub fn grub_entry(&self, snapshot: &str) -> slate_snapshot::grub_menu::MenuEntry {
+        slate_snapshot::grub_menu::MenuEntry::new(
+            &slate_snapshot::entry::EntrySpec {
+                snapshot: SnapshotName::parse(snapshot).unwrap(),
+                pool_uuid: self.uuid.clone(),
+                os_name: "Test OS 1".into(),
+                extra_options: vec!["quiet".into()],
+            },
+            "boot/vmlinuz-6.1.0-1-amd64",
+            "boot/initrd.img-6.1.0-1-amd64",
+        )
+        .unwrap()
+    }
+
+    /// What GRUB does at power-on: consume a one-shot next_entry; then mount what it starts.
+    pub fn grub_reboot(&self) -> String {
+        let mut disk = FileDisk::open(&self.esp).unwrap();
+        let started = slate_snapshot::grub::simulate_boot(&mut disk)
+            .unwrap()
+            .unwrap();
+        self.boot(started.as_str());
+        started.to_string()
+    }
+
+    /// `grub-editenv FILE list` of the ESP's `path` (copied out through slate's FAT reader).
+    pub fn grub_editenv(&self, path: &str) -> Vec<String> {
+        let disk = FileDisk::open_read_only(&self.esp).unwrap();
+        let bytes = slate_snapshot::esp::read_file(&disk, path)
+            .unwrap()
+            .unwrap();
+        let copy = self.dir.path().join("grubenv.copy");
+        fs::write(&copy, bytes).unwrap();
+        let list = sh("grub-editenv", &[copy.to_str().unwrap(), "list"]);
+        list.lines().map(str::to_owned).collect()
+    }
+
+    /// The ids of GRUB's generated menu, in menu order.
+    pub fn grub_menu(&self) -> Vec<String> {
+        let disk = FileDisk::open_read_only(&self.esp).unwrap();
+        slate_snapshot::grub::scan(&disk)
+            .unwrap()
+            .entries
+            .iter()
+            .map(|e| e.snapshot.to_string())
+            .collect()
     }
 
     /// Mounts `snapshot` as the running root (what booting it would do).

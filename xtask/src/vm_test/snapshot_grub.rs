@@ -1,0 +1,201 @@
+//! The Btrfs snapshot engine on GRUB (issue 15, docs/formats.md §12.9): a btrfs-image of
+//! `profiles/demo-btrfs.toml` with `bootloader = "grub"` boots under OVMF + GRUB, whose menu
+//! entries read each snapshot's own /boot in the pool. Six boots:
+//!
+//! 1. v1 from the image's first snapshot (grubenv `saved_entry` names it).
+//! 2. v2 (`slate snapshot upgrade --command … --reboot`): the one-shot `next_entry` starts it,
+//!    machined commits it after the health checks (`saved_entry` moves to v2).
+//! 3. v3 fails its health check: machined rolls back (v3 recorded bad) and reboots; 4. v2.
+//! 5. v4's initramfs is garbage: the kernel panics (panic=10) on its one try; 6. GRUB's
+//!    one-shot is spent, so the next boot is the saved default v2, unattended.
+//!
+//! grubenv is read out of the image with mtools and listed by the real `grub-editenv` between
+//! boots, as `grub.rs` does.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{ensure, Context, Result};
+
+use super::grub::{grub_efi, grubenv};
+use super::snapshot::{set_version, snapshot_list, state_of, upgrade, FIRST_SNAPSHOT};
+use super::{configure_disk, node_config, running, Node, Prepared, BOOT_TIMEOUT, RUNNING};
+use crate::util::{output, repo_root};
+use crate::vm::{tail, Vm};
+
+/// demo-btrfs.toml with absolute paths, `bootloader = "grub"` and the GRUB EFI image.
+fn grub_btrfs_profile(work: &Path, grub_efi: &Path) -> Result<PathBuf> {
+    let profiles = repo_root().join("profiles");
+    let text =
+        fs::read_to_string(profiles.join("demo-btrfs.toml")).context("reading demo-btrfs.toml")?;
+    let absolute = format!("\"{}/../", profiles.display());
+    let mut out = String::new();
+    for line in text.lines() {
+        let line = line.replace("\"../", &absolute);
+        let line = match line.trim() {
+            l if l.starts_with("bootloader") => "bootloader = \"grub\"".to_string(),
+            "[boot]" => format!("[boot]\ngrub_efi = \"{}\"", grub_efi.display()),
+            _ => line,
+        };
+        out.push_str(&line);
+        out.push('\n');
+    }
+    let path = work.join("grub-btrfs.toml");
+    fs::write(&path, out)?;
+    Ok(path)
+}
+
+/// Whether the kernel on `serial` was started from `snapshot`'s menu entry: GRUB's
+/// `BOOT_IMAGE=` leads the command line the kernel prints (a line may still be arriving when
+/// it is matched, so its start is what is checked).
+fn booted(serial: &str, snapshot: &str) -> bool {
+    serial.contains(&format!(
+        "Kernel command line: BOOT_IMAGE=/{snapshot}/boot/"
+    ))
+}
+
+/// The scenario; see the module documentation.
+pub(super) fn btrfs_snapshot_grub(prepared: &Prepared, work: &Path) -> Result<String> {
+    let slate = &prepared.slate;
+    let efi = grub_efi()?;
+    let profile = grub_btrfs_profile(work, &efi)?;
+    let image = work.join("btrfs-grub.raw");
+    output(
+        Command::new(slate)
+            .args(["imager", "build", "--profile"])
+            .arg(&profile)
+            .args(["--version", "1.0.0", "--output", "btrfs-image", "--out"])
+            .arg(&image)
+            .env("SOURCE_DATE_EPOCH", "1700000000"),
+    )?;
+    let config = node_config(slate, work, "btrfs-grub-node")?;
+    configure_disk(slate, &image, &config)?;
+    let mut seen = Vec::new();
+    let mut step = |what: &str, expect: &str| -> Result<()> {
+        let env = grubenv(&image, work)?;
+        println!("  grubenv {what}: {env}");
+        ensure!(
+            env == expect,
+            "grubenv {what}: {env:?}, expected {expect:?}"
+        );
+        seen.push(format!("{what}: {env}"));
+        Ok(())
+    };
+    step("as imaged", &format!("saved_entry={FIRST_SNAPSHOT}"))?;
+
+    let mut vm = Vm::new(&image, &work.join("vm"))?;
+    let node = Node {
+        prepared,
+        port: vm.api_port,
+    };
+    // 1. v1, from the pool through GRUB.
+    let mut boot = running(&mut vm)?;
+    boot.expect(
+        &[&format!("snapshot {FIRST_SNAPSHOT} was committed already")],
+        Duration::from_secs(60),
+        "v1 settled by the snapshot engine",
+    )?;
+    let serial = boot.serial();
+    ensure!(
+        serial.contains(&format!("subvol={FIRST_SNAPSHOT}, rw)"))
+            && booted(&serial, FIRST_SNAPSHOT),
+        "init mounted the snapshot root:\n{}",
+        tail(&serial, 40)
+    );
+
+    // 2. v2 on its one-shot trial, committed: saved_entry moves.
+    let v2 = upgrade(&node, &mut boot, &set_version("2.0.0"))?;
+    step(
+        "after the v2 upgrade",
+        &format!("saved_entry={FIRST_SNAPSHOT} next_entry={v2}"),
+    )?;
+    let mut boot = running(&mut vm)?;
+    let committed = boot.expect(
+        &[&format!(
+            "committed: snapshot {v2} (grubenv saved_entry {FIRST_SNAPSHOT} -> {v2})"
+        )],
+        Duration::from_secs(60),
+        "v2 committed",
+    )?;
+    let status = node.status()?;
+    ensure!(status["version"] == "2.0.0", "v2 runs: {status}");
+
+    // 3. v3 fails its health check: machined rolls back, the reboot lands on v2.
+    let v3 = upgrade(
+        &node,
+        &mut boot,
+        &format!("{} && rm /usr/lib/slate/healthy", set_version("3.0.0")),
+    )?;
+    // The VM is down: v2's commit is on the disk.
+    step(
+        "after v2's commit and the v3 upgrade",
+        &format!("saved_entry={v2} next_entry={v3}"),
+    )?;
+    let mut boot = vm.start()?;
+    let reverted = boot.expect(
+        &[&format!("snapshot reverted: {v3} failed its boot")],
+        BOOT_TIMEOUT + Duration::from_secs(60),
+        "v3 rolled back after its failed health check",
+    )?;
+    boot.wait_exit(Duration::from_secs(60))?;
+    // The rollback removed the spent one-shot's empty next_entry.
+    step("after v3's rollback", &format!("saved_entry={v2}"))?;
+    let mut boot = running(&mut vm)?;
+    let status = node.status()?;
+    ensure!(status["version"] == "2.0.0", "back on v2: {status}");
+    let listing = snapshot_list(&node)?;
+    ensure!(
+        state_of(&listing, &v3) == Some("bad") && state_of(&listing, &v2) == Some("good"),
+        "v3 bad, v2 good: {listing}"
+    );
+
+    // 4. v4's initramfs is garbage: one try (GRUB's one-shot), a panic, then v2 unattended.
+    let v4 = upgrade(
+        &node,
+        &mut boot,
+        &format!(
+            "{} && for f in /boot/initrd.img-*; do echo garbage > \"$f\"; done",
+            set_version("4.0.0")
+        ),
+    )?;
+    let mut boot = vm.start()?;
+    boot.wait_exit(BOOT_TIMEOUT + Duration::from_secs(120))
+        .context("v4's boot ending by itself (panic=10)")?;
+    let serial = boot.serial();
+    ensure!(
+        booted(&serial, &v4)
+            && serial.contains("VFS: Unable to mount root")
+            && !serial.contains("committed: "),
+        "v4 tried once and panicked without a commit:\n{}",
+        tail(&serial, 30)
+    );
+    let panicked = format!("v4 panicked after {:.0} s", boot.elapsed().as_secs_f64());
+    step(
+        "after v4's one try",
+        &format!("saved_entry={v2} next_entry="),
+    )?;
+    let mut boot = vm.start()?;
+    boot.expect(&[RUNNING], BOOT_TIMEOUT, "the boot after v4's panic")?;
+    ensure!(
+        booted(&boot.serial(), &v2),
+        "the boot after v4's panic is v2:\n{}",
+        tail(&boot.serial(), 40)
+    );
+    let status = node.status()?;
+    ensure!(status["version"] == "2.0.0", "back on v2: {status}");
+    let listing = snapshot_list(&node)?;
+    ensure!(
+        state_of(&listing, &v4) == Some("bad") && state_of(&listing, &v3).is_none(),
+        "v4 bad after its one try; v4's upgrade pruned bad v3 first: {listing}"
+    );
+    boot.kill();
+    Ok(format!(
+        "GRUB: v2 {v2} committed; v3 {v3} health check failed → rolled back → v2; v4 {v4} \
+         kernel panic → one try → v2 unattended | {} | {} | {panicked} | {}",
+        committed.trim(),
+        reverted.trim(),
+        seen.join("; ")
+    ))
+}
