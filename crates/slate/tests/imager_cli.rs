@@ -213,8 +213,8 @@ fn artifacts_pass_the_real_tools() {
     assert!(status.success());
     assert_eq!(
         fs::read_to_string(extract.join("etc/slate/modules.load")).unwrap(),
-        "kernel/lib/beta.ko\nkernel/fs/alpha.ko\n",
-        "dependencies load first"
+        "kernel/lib/beta.ko:\nkernel/fs/alpha.ko: kernel/lib/beta.ko\n",
+        "dependencies load first, each line naming what it needs (formats.md §6.3)"
     );
 
     let uki = fx.built("uki", "slate.efi");
