@@ -50,6 +50,16 @@ const HOME_HOOK: &str = "printf '#!/bin/sh\\n. /etc/os-release\\n\
     echo \"setup: /home/boots.log: $(tr \"\\\\n\" \" \" < /home/boots.log)\"\\n' \
     > /usr/lib/slate/setup.d/30-home && chmod 755 /usr/lib/slate/setup.d/30-home";
 
+/// A command that makes the new snapshot hang before its commit: a health check that never
+/// passes (600 s to give up) and a 20 s hardware watchdog, fed only from the commit on.
+pub(super) const HANG: &str = "printf '[health]\\ntimeout_secs = 600\\n[[health.checks]]\\n\
+    file = \"/nonexistent\"\\n[watchdog]\\ntimeout_secs = 20\\n\
+    device = \"/dev/watchdog\"\\n' > /etc/slate/node.toml";
+
+/// What machined prints when it arms [`HANG`]'s watchdog.
+pub(super) const WATCHDOG_ARMED: &str =
+    "watchdog armed: /dev/watchdog, 20s (fed from the commit on)";
+
 pub(super) fn snapshot_list(node: &Node) -> Result<serde_json::Value> {
     let text = node.ok(&["snapshot", "list", "--output", "json"])?;
     serde_json::from_str(&text).with_context(|| format!("snapshot list: {text}"))
@@ -230,19 +240,12 @@ pub(super) fn btrfs_snapshot_upgrades(prepared: &Prepared, work: &Path) -> Resul
     );
 
     // 5. v5 hangs before its commit: the watchdog and boot counting bring v2 back.
-    let hang = "printf '[health]\\ntimeout_secs = 600\\n[[health.checks]]\\n\
-                file = \"/nonexistent\"\\n[watchdog]\\ntimeout_secs = 20\\n\
-                device = \"/dev/watchdog\"\\n' > /etc/slate/node.toml";
     let v5 = upgrade(
         &node,
         &mut boot,
-        &format!("{} && {hang}", set_version("5.0.0")),
+        &format!("{} && {HANG}", set_version("5.0.0")),
     )?;
-    let (mut boot, hangs) = three_failed_tries(
-        &mut vm,
-        &v5,
-        "watchdog armed: /dev/watchdog, 20s (fed from the commit on)",
-    )?;
+    let (mut boot, hangs) = three_failed_tries(&mut vm, &v5, WATCHDOG_ARMED)?;
     lines.push(format!("v5: {hangs}"));
     let status = node.status()?;
     ensure!(

@@ -1,6 +1,6 @@
 //! The Btrfs snapshot engine on GRUB (issue 15, docs/formats.md §12.9): a btrfs-image of
 //! `profiles/demo-btrfs.toml` with `bootloader = "grub"` boots under OVMF + GRUB, whose menu
-//! entries read each snapshot's own /boot in the pool. Six boots:
+//! entries read each snapshot's own /boot in the pool. Eight boots:
 //!
 //! 1. v1 from the image's first snapshot (grubenv `saved_entry` names it).
 //! 2. v2 (`slate snapshot upgrade --command … --reboot`): the one-shot `next_entry` starts it,
@@ -8,6 +8,8 @@
 //! 3. v3 fails its health check: machined rolls back (v3 recorded bad) and reboots; 4. v2.
 //! 5. v4's initramfs is garbage: the kernel panics (panic=10) on its one try; 6. GRUB's
 //!    one-shot is spent, so the next boot is the saved default v2, unattended.
+//! 7. v5 hangs before its commit (a health check that never passes): the watchdog resets it on
+//!    its one try; 8. v2 again, unattended.
 //!
 //! grubenv is read out of the image with mtools and listed by the real `grub-editenv` between
 //! boots, as `grub.rs` does.
@@ -20,7 +22,9 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 
 use super::grub::{grub_efi, grubenv};
-use super::snapshot::{set_version, snapshot_list, state_of, upgrade, FIRST_SNAPSHOT};
+use super::snapshot::{
+    set_version, snapshot_list, state_of, upgrade, FIRST_SNAPSHOT, HANG, WATCHDOG_ARMED,
+};
 use super::{configure_disk, node_config, running, Node, Prepared, BOOT_TIMEOUT, RUNNING};
 use crate::util::{output, repo_root};
 use crate::vm::{tail, Vm};
@@ -190,10 +194,52 @@ pub(super) fn btrfs_snapshot_grub(prepared: &Prepared, work: &Path) -> Result<St
         state_of(&listing, &v4) == Some("bad") && state_of(&listing, &v3).is_none(),
         "v4 bad after its one try; v4's upgrade pruned bad v3 first: {listing}"
     );
+
+    // 5. v5 hangs before its commit: the watchdog resets it on its one try, then v2.
+    let v5 = upgrade(
+        &node,
+        &mut boot,
+        &format!("{} && {HANG}", set_version("5.0.0")),
+    )?;
+    let mut boot = vm.start()?;
+    boot.wait_exit(BOOT_TIMEOUT + Duration::from_secs(120))
+        .context("v5's boot ending by itself (the watchdog's reset)")?;
+    let serial = boot.serial();
+    ensure!(
+        booted(&serial, &v5) && serial.contains(WATCHDOG_ARMED) && !serial.contains("committed: "),
+        "v5 tried once, armed the watchdog and hung without a commit:\n{}",
+        tail(&serial, 30)
+    );
+    let hung = format!(
+        "v5 reset by the watchdog after {:.0} s",
+        boot.elapsed().as_secs_f64()
+    );
+    step(
+        "after v5's one try",
+        &format!("saved_entry={v2} next_entry="),
+    )?;
+    let mut boot = vm.start()?;
+    boot.expect(&[RUNNING], BOOT_TIMEOUT, "the boot after v5's hang")?;
+    ensure!(
+        booted(&boot.serial(), &v2),
+        "the boot after v5's hang is v2:\n{}",
+        tail(&boot.serial(), 40)
+    );
+    let status = node.status()?;
+    ensure!(
+        status["version"] == "2.0.0",
+        "back on v2 after the hang: {status}"
+    );
+    let listing = snapshot_list(&node)?;
+    ensure!(
+        state_of(&listing, &v5) == Some("bad") && state_of(&listing, &v4).is_none(),
+        "v5 bad after its one try; v5's upgrade pruned bad v4 first: {listing}"
+    );
     boot.kill();
     Ok(format!(
         "GRUB: v2 {v2} committed; v3 {v3} health check failed → rolled back → v2; v4 {v4} \
-         kernel panic → one try → v2 unattended | {} | {} | {panicked} | {}",
+         kernel panic → one try → v2 unattended; v5 {v5} hung → watchdog reset → v2 | {} | {} \
+         | {panicked} | {hung} | {}",
         committed.trim(),
         reverted.trim(),
         seen.join("; ")
