@@ -47,28 +47,49 @@ pub fn grub_efi() -> Result<PathBuf> {
     Ok(efi)
 }
 
-/// demo.toml with absolute paths, `bootloader = "grub"`, the GRUB EFI image, and an ESP with
-/// room for two slots of kernel + initramfs.
-fn grub_profile(work: &Path, grub_efi: &Path) -> Result<PathBuf> {
+/// `profiles/<name>.toml` written to `work/<out>` with absolute paths, `bootloader = "grub"`,
+/// the GRUB EFI image, and each line starting with one of `replaced`'s keys replaced by its line.
+pub(super) fn grub_variant(
+    work: &Path,
+    grub_efi: &Path,
+    name: &str,
+    out_name: &str,
+    replaced: &[(&str, &str)],
+) -> Result<PathBuf> {
     let profiles = repo_root().join("profiles");
-    let text = fs::read_to_string(profiles.join("demo.toml")).context("reading demo.toml")?;
+    let text = fs::read_to_string(profiles.join(format!("{name}.toml")))
+        .with_context(|| format!("reading {name}.toml"))?;
     let absolute = format!("\"{}/../", profiles.display());
     let mut out = String::new();
     for line in text.lines() {
         let line = line.replace("\"../", &absolute);
-        let line = match line.trim() {
-            l if l.starts_with("bootloader") => "bootloader = \"grub\"".to_string(),
-            l if l.starts_with("size_mib") => "size_mib = 512".to_string(),
-            l if l.starts_with("esp_mib") => "esp_mib = 200".to_string(),
-            "[boot]" => format!("[boot]\ngrub_efi = \"{}\"", grub_efi.display()),
-            _ => line,
+        let trimmed = line.trim();
+        let line = if trimmed.starts_with("bootloader") {
+            "bootloader = \"grub\"".to_string()
+        } else if trimmed == "[boot]" {
+            format!("[boot]\ngrub_efi = \"{}\"", grub_efi.display())
+        } else if let Some((_, with)) = replaced.iter().find(|(key, _)| trimmed.starts_with(key)) {
+            (*with).to_string()
+        } else {
+            line
         };
         out.push_str(&line);
         out.push('\n');
     }
-    let path = work.join("grub.toml");
+    let path = work.join(out_name);
     fs::write(&path, out)?;
     Ok(path)
+}
+
+/// demo.toml on GRUB with an ESP with room for two slots of kernel + initramfs.
+fn grub_profile(work: &Path, grub_efi: &Path) -> Result<PathBuf> {
+    grub_variant(
+        work,
+        grub_efi,
+        "demo",
+        "grub.toml",
+        &[("size_mib", "size_mib = 512"), ("esp_mib", "esp_mib = 200")],
+    )
 }
 
 /// `grub-editenv FILE list` of the image's `grub/grubenv` (copied out with mtools), one line.

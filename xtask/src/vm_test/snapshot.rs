@@ -68,6 +68,9 @@ pub(super) fn snapshot_list(node: &Node) -> Result<serde_json::Value> {
 /// `slate snapshot upgrade --node … --command CMD --reboot`; the new snapshot's name.
 pub(super) fn upgrade(node: &Node, boot: &mut Running, command: &str) -> Result<String> {
     let said = node.ok(&["snapshot", "upgrade", "--command", command, "--reboot"])?;
+    for line in said.lines() {
+        println!("    | {line}");
+    }
     ensure!(
         said.contains("(4) register: ") && said.contains("(5) manifest: "),
         "snapshot upgrade printed:\n{said}"

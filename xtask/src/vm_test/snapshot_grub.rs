@@ -14,42 +14,19 @@
 //! grubenv is read out of the image with mtools and listed by the real `grub-editenv` between
 //! boots, as `grub.rs` does.
 
-use std::fs;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 
-use super::grub::{grub_efi, grubenv};
+use super::grub::{grub_efi, grub_variant, grubenv};
 use super::snapshot::{
     set_version, snapshot_list, state_of, upgrade, FIRST_SNAPSHOT, HANG, WATCHDOG_ARMED,
 };
 use super::{configure_disk, node_config, running, Node, Prepared, BOOT_TIMEOUT, RUNNING};
-use crate::util::{output, repo_root};
+use crate::util::output;
 use crate::vm::{tail, Vm};
-
-/// demo-btrfs.toml with absolute paths, `bootloader = "grub"` and the GRUB EFI image.
-fn grub_btrfs_profile(work: &Path, grub_efi: &Path) -> Result<PathBuf> {
-    let profiles = repo_root().join("profiles");
-    let text =
-        fs::read_to_string(profiles.join("demo-btrfs.toml")).context("reading demo-btrfs.toml")?;
-    let absolute = format!("\"{}/../", profiles.display());
-    let mut out = String::new();
-    for line in text.lines() {
-        let line = line.replace("\"../", &absolute);
-        let line = match line.trim() {
-            l if l.starts_with("bootloader") => "bootloader = \"grub\"".to_string(),
-            "[boot]" => format!("[boot]\ngrub_efi = \"{}\"", grub_efi.display()),
-            _ => line,
-        };
-        out.push_str(&line);
-        out.push('\n');
-    }
-    let path = work.join("grub-btrfs.toml");
-    fs::write(&path, out)?;
-    Ok(path)
-}
 
 /// Whether the kernel on `serial` was started from `snapshot`'s menu entry: GRUB's
 /// `BOOT_IMAGE=` leads the command line the kernel prints (a line may still be arriving when
@@ -64,7 +41,7 @@ fn booted(serial: &str, snapshot: &str) -> bool {
 pub(super) fn btrfs_snapshot_grub(prepared: &Prepared, work: &Path) -> Result<String> {
     let slate = &prepared.slate;
     let efi = grub_efi()?;
-    let profile = grub_btrfs_profile(work, &efi)?;
+    let profile = grub_variant(work, &efi, "demo-btrfs", "grub-btrfs.toml", &[])?;
     let image = work.join("btrfs-grub.raw");
     output(
         Command::new(slate)
