@@ -4,6 +4,7 @@
 //! deadlock, whatever the dependencies).
 #![no_main]
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use libfuzzer_sys::fuzz_target;
@@ -19,18 +20,26 @@ fuzz_target!(|data: &[u8]| {
         assert!(m.after.iter().all(|&d| d < i));
         assert!(!modules[..i].iter().any(|o| o.path == m.path));
     }
+    // A load is recorded as its last act: the loader marks a module done only once `load`
+    // returns, and only then may what needs it start. (`report` runs after that, outside the
+    // loader's lock, so its order may lag behind the loads'.)
     let loaded = Mutex::new(Vec::<&str>::new());
+    let reported = AtomicUsize::new(0);
     slate_init::load_in_order(
         &modules,
         2,
         |path| {
             let m = modules.iter().find(|m| m.path == path).unwrap();
-            let done = loaded.lock().unwrap();
+            let mut done = loaded.lock().unwrap();
             assert!(m.after.iter().all(|&d| done.contains(&modules[d].path)));
+            done.push(m.path);
             Ok(())
         },
-        |l| loaded.lock().unwrap().push(l.path),
+        |_| {
+            reported.fetch_add(1, Ordering::Relaxed);
+        },
     )
     .unwrap();
     assert_eq!(loaded.into_inner().unwrap().len(), modules.len());
+    assert_eq!(reported.into_inner(), modules.len());
 });
