@@ -42,6 +42,9 @@ fn boot_direct(
             "-accel", "tcg", "-m", "1024", "-smp", "1", "-display", "none", "-monitor", "none",
         ])
         .args(["-no-reboot", "-nic", "user,model=virtio-net-pci"])
+        // The watchdog a node has (the demo image arms it, as in the VM tests): without one,
+        // slate's boot would log that it could not arm it.
+        .args(["-device", "i6300esb"])
         .arg("-serial")
         .arg(format!("file:{}", log.display()))
         .arg("-kernel")
