@@ -26,7 +26,7 @@ use super::snapshot::{
 };
 use super::{configure_disk, node_config, running, Node, Prepared, BOOT_TIMEOUT, RUNNING};
 use crate::util::output;
-use crate::vm::{tail, Vm};
+use crate::vm::{tail, Running, Vm};
 
 /// Whether the kernel on `serial` was started from `snapshot`'s menu entry: GRUB's
 /// `BOOT_IMAGE=` leads the command line the kernel prints (a line may still be arriving when
@@ -35,6 +35,48 @@ fn booted(serial: &str, snapshot: &str) -> bool {
     serial.contains(&format!(
         "Kernel command line: BOOT_IMAGE=/{snapshot}/boot/"
     ))
+}
+
+/// An upgrade by `command` from the running `boot` whose snapshot then boots once (GRUB's
+/// one-shot) and ends by itself (a panic's reboot, the watchdog's reset) with `sign` on its
+/// console and no commit. Returns the snapshot and how long its try took (s).
+fn one_failed_try(
+    node: &Node,
+    vm: &mut Vm,
+    mut boot: Running,
+    command: &str,
+    sign: &str,
+) -> Result<(String, f64)> {
+    let snapshot = upgrade(node, &mut boot, command)?;
+    let mut boot = vm.start()?;
+    boot.wait_exit(BOOT_TIMEOUT + Duration::from_secs(120))
+        .with_context(|| format!("{snapshot}'s one try ending by itself"))?;
+    let serial = boot.serial();
+    ensure!(
+        booted(&serial, &snapshot) && serial.contains(sign) && !serial.contains("committed: "),
+        "{snapshot} tried once, {sign:?} expected, and no commit:\n{}",
+        tail(&serial, 30)
+    );
+    Ok((snapshot, boot.elapsed().as_secs_f64()))
+}
+
+/// The next boot, unattended, is `good` again; `failed` is listed bad and `pruned` is gone.
+fn back_on(node: &Node, vm: &mut Vm, good: &str, failed: &str, pruned: &str) -> Result<Running> {
+    let mut boot = vm.start()?;
+    boot.expect(&[RUNNING], BOOT_TIMEOUT, "the boot after a failed try")?;
+    ensure!(
+        booted(&boot.serial(), good),
+        "the boot after {failed}'s try is {good}:\n{}",
+        tail(&boot.serial(), 40)
+    );
+    let status = node.status()?;
+    ensure!(status["version"] == "2.0.0", "back on v2: {status}");
+    let listing = snapshot_list(node)?;
+    ensure!(
+        state_of(&listing, failed) == Some("bad") && state_of(&listing, pruned).is_none(),
+        "{failed} bad after its one try, {pruned} pruned: {listing}"
+    );
+    Ok(boot)
 }
 
 /// The scenario; see the module documentation.
@@ -123,7 +165,7 @@ pub(super) fn btrfs_snapshot_grub(prepared: &Prepared, work: &Path) -> Result<St
     boot.wait_exit(Duration::from_secs(60))?;
     // The rollback removed the spent one-shot's empty next_entry.
     step("after v3's rollback", &format!("saved_entry={v2}"))?;
-    let mut boot = running(&mut vm)?;
+    let boot = running(&mut vm)?;
     let status = node.status()?;
     ensure!(status["version"] == "2.0.0", "back on v2: {status}");
     let listing = snapshot_list(&node)?;
@@ -133,85 +175,36 @@ pub(super) fn btrfs_snapshot_grub(prepared: &Prepared, work: &Path) -> Result<St
     );
 
     // 4. v4's initramfs is garbage: one try (GRUB's one-shot), a panic, then v2 unattended.
-    let v4 = upgrade(
+    let garbage = "for f in /boot/initrd.img-*; do echo garbage > \"$f\"; done";
+    let (v4, secs) = one_failed_try(
         &node,
-        &mut boot,
-        &format!(
-            "{} && for f in /boot/initrd.img-*; do echo garbage > \"$f\"; done",
-            set_version("4.0.0")
-        ),
+        &mut vm,
+        boot,
+        &format!("{} && {garbage}", set_version("4.0.0")),
+        "VFS: Unable to mount root",
     )?;
-    let mut boot = vm.start()?;
-    boot.wait_exit(BOOT_TIMEOUT + Duration::from_secs(120))
-        .context("v4's boot ending by itself (panic=10)")?;
-    let serial = boot.serial();
-    ensure!(
-        booted(&serial, &v4)
-            && serial.contains("VFS: Unable to mount root")
-            && !serial.contains("committed: "),
-        "v4 tried once and panicked without a commit:\n{}",
-        tail(&serial, 30)
-    );
-    let panicked = format!("v4 panicked after {:.0} s", boot.elapsed().as_secs_f64());
+    let panicked = format!("v4 panicked after {secs:.0} s");
     step(
         "after v4's one try",
         &format!("saved_entry={v2} next_entry="),
     )?;
-    let mut boot = vm.start()?;
-    boot.expect(&[RUNNING], BOOT_TIMEOUT, "the boot after v4's panic")?;
-    ensure!(
-        booted(&boot.serial(), &v2),
-        "the boot after v4's panic is v2:\n{}",
-        tail(&boot.serial(), 40)
-    );
-    let status = node.status()?;
-    ensure!(status["version"] == "2.0.0", "back on v2: {status}");
-    let listing = snapshot_list(&node)?;
-    ensure!(
-        state_of(&listing, &v4) == Some("bad") && state_of(&listing, &v3).is_none(),
-        "v4 bad after its one try; v4's upgrade pruned bad v3 first: {listing}"
-    );
+    // v4's upgrade pruned bad v3 first.
+    let boot = back_on(&node, &mut vm, &v2, &v4, &v3)?;
 
     // 5. v5 hangs before its commit: the watchdog resets it on its one try, then v2.
-    let v5 = upgrade(
+    let (v5, secs) = one_failed_try(
         &node,
-        &mut boot,
+        &mut vm,
+        boot,
         &format!("{} && {HANG}", set_version("5.0.0")),
+        WATCHDOG_ARMED,
     )?;
-    let mut boot = vm.start()?;
-    boot.wait_exit(BOOT_TIMEOUT + Duration::from_secs(120))
-        .context("v5's boot ending by itself (the watchdog's reset)")?;
-    let serial = boot.serial();
-    ensure!(
-        booted(&serial, &v5) && serial.contains(WATCHDOG_ARMED) && !serial.contains("committed: "),
-        "v5 tried once, armed the watchdog and hung without a commit:\n{}",
-        tail(&serial, 30)
-    );
-    let hung = format!(
-        "v5 reset by the watchdog after {:.0} s",
-        boot.elapsed().as_secs_f64()
-    );
+    let hung = format!("v5 reset by the watchdog after {secs:.0} s");
     step(
         "after v5's one try",
         &format!("saved_entry={v2} next_entry="),
     )?;
-    let mut boot = vm.start()?;
-    boot.expect(&[RUNNING], BOOT_TIMEOUT, "the boot after v5's hang")?;
-    ensure!(
-        booted(&boot.serial(), &v2),
-        "the boot after v5's hang is v2:\n{}",
-        tail(&boot.serial(), 40)
-    );
-    let status = node.status()?;
-    ensure!(
-        status["version"] == "2.0.0",
-        "back on v2 after the hang: {status}"
-    );
-    let listing = snapshot_list(&node)?;
-    ensure!(
-        state_of(&listing, &v5) == Some("bad") && state_of(&listing, &v4).is_none(),
-        "v5 bad after its one try; v5's upgrade pruned bad v4 first: {listing}"
-    );
+    let mut boot = back_on(&node, &mut vm, &v2, &v5, &v4)?;
     boot.kill();
     Ok(format!(
         "GRUB: v2 {v2} committed; v3 {v3} health check failed → rolled back → v2; v4 {v4} \
