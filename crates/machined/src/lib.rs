@@ -284,6 +284,13 @@ fn start_api(node: &Arc<Node>) -> Result<slate_api::ServerHandle, TaskError> {
         "API identity: serving certificate sha256 {fingerprint} ({})",
         if issued { "issued now" } else { "kept" }
     ));
+    let interrupted = upgrade::tidy_received();
+    if interrupted > 0 {
+        node.journal.info(format_args!(
+            "removed {interrupted} interrupted upload(s) from {}",
+            upgrade::BUNDLES_DIR
+        ));
+    }
     let server = ServerConfig::new(
         listen,
         config.api.client_ca.as_bytes(),

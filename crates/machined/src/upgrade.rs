@@ -69,6 +69,12 @@ pub fn keep_only(dir: &Path) {
     receive::retain(Path::new(BUNDLES_DIR), Some(dir));
 }
 
+/// At start: removes the staging directories uploads of an earlier process left under
+/// [`BUNDLES_DIR`] and applies the retention rule; how many staging directories went.
+pub fn tidy_received() -> usize {
+    receive::tidy(Path::new(BUNDLES_DIR))
+}
+
 /// The plan for a bundle the update agent pulled into `dir` by its digest `id`: the checks of
 /// an upload (signature against the image's keys, the update policy), and the version the
 /// release index promised.

@@ -203,7 +203,7 @@ pub(super) fn keep_upload(
         remember(&id, received.bundle.verified_blobs());
     }
     touch(&kept);
-    retain_locked(root, Some(&kept));
+    let _ = retain_locked(root, Some(&kept));
     Ok(Kept {
         received,
         bytes: body.bytes,
@@ -248,10 +248,22 @@ pub(super) fn retain(root: &Path, newest: Option<&Path>) {
     retain_locked(root, newest);
 }
 
-fn retain_locked(root: &Path, newest: Option<&Path>) {
+/// At start, before the API takes uploads: removes what uploads of an earlier process left (a
+/// power cut or a crash mid-upload) and applies the rule. The room an upload gets is /var's
+/// free space, so a staging directory left there would shrink every later upload's room, and
+/// only a kept upload ran the rule: a large enough leftover refused every upload after it.
+/// Returns how many staging directories were removed.
+pub(super) fn tidy(root: &Path) -> usize {
+    let _keeping = KEEPING.lock().unwrap_or_else(PoisonError::into_inner);
+    retain_locked(root, None)
+}
+
+/// The rule; returns how many staging directories of an earlier process it removed.
+fn retain_locked(root: &Path, newest: Option<&Path>) -> usize {
     let Ok(entries) = fs::read_dir(root) else {
-        return;
+        return 0;
     };
+    let mut stale = 0;
     let in_flight = IN_FLIGHT
         .lock()
         .unwrap_or_else(PoisonError::into_inner)
@@ -263,7 +275,7 @@ fn retain_locked(root: &Path, newest: Option<&Path>) {
         if name.starts_with(STAGING) {
             if !in_flight.contains(&path) {
                 // Left by an earlier process (a reboot or a crash mid-upload).
-                let _ = fs::remove_dir_all(&path);
+                stale += usize::from(fs::remove_dir_all(&path).is_ok());
             }
             continue;
         }
@@ -288,6 +300,7 @@ fn retain_locked(root: &Path, newest: Option<&Path>) {
             forget(&name);
         }
     }
+    stale
 }
 
 #[cfg(test)]

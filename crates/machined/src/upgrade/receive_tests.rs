@@ -323,6 +323,36 @@ fn the_last_three_bundles_are_kept_oldest_removed_first() {
     assert_eq!(kept_ids(root.path()), expected);
 }
 
+/// What a power cut mid-upload left is removed at start, before any upload is given its room
+/// (var_survives_power_cut's upload after the cut was refused 413 once for want of it).
+#[test]
+fn tidy_removes_an_earlier_process_staging_and_keeps_three() {
+    let root = tempfile::tempdir().unwrap();
+    assert_eq!(tidy(&root.path().join("absent")), 0);
+    let stale = root.path().join(".incoming-1-7");
+    fs::create_dir_all(stale.join("blobs/sha256")).unwrap();
+    fs::write(stale.join("blobs/sha256/half"), vec![0u8; 4096]).unwrap();
+    let uploads: Vec<_> = ["4.0.0", "4.0.1", "4.0.2", "4.0.3"]
+        .iter()
+        .map(|v| upload_of(v))
+        .collect();
+    for (i, (_, id)) in uploads.iter().enumerate() {
+        let dir = root.path().join(id.hex());
+        fs::create_dir_all(&dir).unwrap();
+        let when = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000 + i as u64);
+        fs::File::open(&dir).unwrap().set_modified(when).unwrap();
+    }
+    assert_eq!(tidy(root.path()), 1);
+    assert!(!stale.exists());
+    let mut newest: Vec<String> = uploads[1..]
+        .iter()
+        .map(|(_, id)| id.hex().to_owned())
+        .collect();
+    newest.sort();
+    assert_eq!(kept_ids(root.path()), newest, "the oldest of four went");
+    assert_eq!(tidy(root.path()), 0, "nothing more to do");
+}
+
 /// An upload that outgrows the room there was for it is refused before it fills /var.
 #[test]
 fn an_upload_larger_than_the_free_space_is_refused() {
