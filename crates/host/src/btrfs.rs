@@ -158,7 +158,17 @@ pub fn delete_subvolume(dir: &Path, name: &str) -> Result<()> {
         .map_err(errno("deleting subvolume", dir.join(name)))
 }
 
-/// The pool's file system UUID (what `root=UUID=` and blkid name), lower-case 8-4-4-4-12.
+/// `BTRFS_FS_INFO_FLAG_METADATA_UUID`: ask `FS_INFO` for the metadata UUID too.
+const FS_INFO_FLAG_METADATA_UUID: u64 = 1 << 2;
+
+/// The pool's file system UUID as it is on disk (what `root=UUID=`, GRUB's `search --fs-uuid`
+/// and blkid name), lower-case 8-4-4-4-12.
+///
+/// Since Linux 6.7 a single-device file system mounted while another with the same UUID is
+/// mounted (a cloned image, a second copy of the same disk) gets a random in-memory "temporary"
+/// fsid, which `FS_INFO` reports; the on-disk one is then the metadata UUID, and
+/// `/sys/fs/btrfs/<fsid>/temp_fsid` says so. Writing the temporary one into a boot entry would
+/// name a file system no boot loader can find.
 pub fn pool_uuid(path: &Path) -> Result<String> {
     let f = open_dir(path)?;
     let mut info: Box<sys::FsInfoArgs> = Box::new(sys::FsInfoArgs {
@@ -170,22 +180,32 @@ pub fn pool_uuid(path: &Path) -> Result<String> {
         clone_alignment: 0,
         csum_type: 0,
         csum_size: 0,
-        flags: 0,
+        flags: FS_INFO_FLAG_METADATA_UUID,
         generation: 0,
         metadata_uuid: [0; 16],
         reserved: [0; 944],
     });
     sys::info(&f, &mut info)
         .map_err(errno("reading the file system info of", path.to_path_buf()))?;
-    let h: String = info.fsid.iter().map(|b| format!("{b:02x}")).collect();
-    Ok(format!(
+    let fsid = uuid_text(&info.fsid);
+    let temp = std::fs::read_to_string(format!("/sys/fs/btrfs/{fsid}/temp_fsid"))
+        .is_ok_and(|t| t.trim() == "1");
+    if temp && info.flags & FS_INFO_FLAG_METADATA_UUID != 0 {
+        return Ok(uuid_text(&info.metadata_uuid));
+    }
+    Ok(fsid)
+}
+
+fn uuid_text(bytes: &[u8; 16]) -> String {
+    let h: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!(
         "{}-{}-{}-{}-{}",
         &h[0..8],
         &h[8..12],
         &h[12..16],
         &h[16..20],
         &h[20..32]
-    ))
+    )
 }
 
 /// The subvolumes directly under `dir`, by name, sorted.

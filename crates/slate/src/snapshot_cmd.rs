@@ -334,8 +334,9 @@ fn print_listing(listing: &engine::Listing, output: OutputFormat) -> Result<()> 
 
 /// `--node`: `upgrade --command` and `list` through the node API (a slate node whose root is
 /// a Btrfs snapshot runs them in machined); the other commands are local only.
+/// The client is set up inside each arm: what cannot run remotely is refused before any key
+/// material is read, so the refusal is the answer whether or not a client could be made.
 fn run_remote(target: &NodeTarget, cmd: SnapshotCommand) -> Result<()> {
-    let client = target.client()?;
     match cmd {
         SnapshotCommand::Upgrade {
             command: Some(command),
@@ -343,6 +344,7 @@ fn run_remote(target: &NodeTarget, cmd: SnapshotCommand) -> Result<()> {
             dry_run,
             reboot,
         } => {
+            let client = target.client()?;
             let req = slate_api::SnapshotUpgradeRequest {
                 command,
                 reboot,
@@ -364,6 +366,7 @@ fn run_remote(target: &NodeTarget, cmd: SnapshotCommand) -> Result<()> {
             Ok(())
         }
         SnapshotCommand::List { output } => {
+            let client = target.client()?;
             let value = client
                 .snapshots()
                 .with_context(|| format!("slate snapshot list on {}", client.addr()))?;

@@ -76,3 +76,45 @@ fn install_units_writes_into_the_root() {
     ]);
     assert!(!out.status.success());
 }
+
+#[test]
+fn with_node_what_runs_only_on_the_machine_is_refused_before_any_certificate_is_read() {
+    let nowhere = tempfile::tempdir().unwrap();
+    let certs = nowhere.path().join("no-pki");
+    for args in [
+        &["upgrade", "--tree", "/srv/root"][..],
+        &["commit"][..],
+        &["prune", "--dry-run"][..],
+    ] {
+        let mut all = vec![
+            "snapshot",
+            "--node",
+            "127.0.0.1:9",
+            "--certs",
+            certs.to_str().unwrap(),
+        ];
+        all.extend_from_slice(args);
+        let out = slate(&all);
+        assert!(!out.status.success(), "{args:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.contains("runs `upgrade --command` and `list` only"),
+            "{args:?}: {err}"
+        );
+    }
+    // `list` does go on to the client, and says what is missing.
+    let out = slate(&[
+        "snapshot",
+        "--node",
+        "127.0.0.1:9",
+        "--certs",
+        certs.to_str().unwrap(),
+        "list",
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("no-pki"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
