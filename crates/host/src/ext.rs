@@ -154,6 +154,132 @@ pub fn device_ext_has_journal(device: &Path) -> Result<Option<bool>> {
     Ok(ext_has_journal(&crate::block::read_head(device, 2048)?))
 }
 
+/// Why `e2fsck -p` would do more than say "clean" about a filesystem, read from its
+/// superblock (`None`: nothing to do, the check can be skipped). These are e2fsck's own reasons
+/// not to skip a check (its `check_if_skip`), save its comparison with the backup superblock,
+/// plus two of slate's: a superblock whose checksum does not match, and orphans left to
+/// release. The layout is docs/formats.md, "ext4 superblock".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckDue {
+    /// The head is not an ext2/3/4 filesystem (e2fsck will say what it is not).
+    NotExt,
+    /// `metadata_csum` is on and the superblock's CRC32C does not match its bytes.
+    BadChecksum,
+    /// `s_state` has the error bit: the kernel met an inconsistency.
+    Errors,
+    /// `s_state` lacks the valid bit: not cleanly unmounted (a journal-less filesystem).
+    NotClean,
+    /// `needs_recovery`: the journal holds transactions to replay (a power cut while mounted).
+    JournalReplay,
+    /// `s_last_orphan` or `orphan_present`: inodes deleted while open, to release.
+    Orphans,
+    /// Mounted `count` times, the limit is `max`.
+    MountCount { count: u16, max: u16 },
+    /// The last check is `since` seconds ago; the interval is `interval`.
+    Interval { since: u64, interval: u32 },
+    /// The last check is in the future (a clock that was, or is, wrong).
+    LastCheckInFuture,
+}
+
+impl std::fmt::Display for CheckDue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotExt => f.write_str("not an ext2/3/4 superblock"),
+            Self::BadChecksum => f.write_str("the superblock's checksum does not match"),
+            Self::Errors => f.write_str("the filesystem is marked with errors"),
+            Self::NotClean => f.write_str("not cleanly unmounted"),
+            Self::JournalReplay => f.write_str("its journal needs replaying"),
+            Self::Orphans => f.write_str("orphan inodes to release"),
+            Self::MountCount { count, max } => write!(f, "mounted {count} times (limit {max})"),
+            Self::Interval { since, interval } => {
+                write!(f, "last checked {since} s ago (interval {interval} s)")
+            }
+            Self::LastCheckInFuture => f.write_str("its last check is in the future"),
+        }
+    }
+}
+
+/// Superblock fields, as offsets into the device's head (the superblock is at 1024).
+mod sb {
+    pub const START: usize = 1024;
+    pub const LEN: usize = 1024;
+    pub const MNT_COUNT: usize = START + 0x34;
+    pub const MAX_MNT_COUNT: usize = START + 0x36;
+    pub const STATE: usize = START + 0x3A;
+    pub const LASTCHECK: usize = START + 0x40;
+    pub const CHECKINTERVAL: usize = START + 0x44;
+    pub const FEATURE_INCOMPAT: usize = START + 0x60;
+    pub const FEATURE_RO_COMPAT: usize = START + 0x64;
+    pub const LAST_ORPHAN: usize = START + 0xE8;
+    pub const LASTCHECK_HI: usize = START + 0x277;
+    pub const CHECKSUM: usize = START + 0x3FC;
+
+    pub const STATE_VALID: u16 = 0x1;
+    pub const STATE_ERROR: u16 = 0x2;
+    pub const INCOMPAT_RECOVER: u32 = 0x4;
+    pub const RO_COMPAT_METADATA_CSUM: u32 = 0x400;
+    pub const RO_COMPAT_ORPHAN_PRESENT: u32 = 0x10000;
+}
+
+/// e2fsck's allowance for a clock a little behind the last check (its `accept_time_fudge`).
+const TIME_FUDGE_SECS: u64 = 86_400;
+
+/// [`CheckDue`] for the filesystem whose first 2 KiB are `head`, at `now` (Unix seconds).
+pub fn ext_check_due(head: &[u8], now: u64) -> Option<CheckDue> {
+    if filesystem_signature(head) != Some("ext2/3/4") || head.len() < sb::START + sb::LEN {
+        return Some(CheckDue::NotExt);
+    }
+    let u16_at = |at: usize| u16::from_le_bytes([head[at], head[at + 1]]);
+    let u32_at =
+        |at: usize| u32::from_le_bytes([head[at], head[at + 1], head[at + 2], head[at + 3]]);
+    let ro_compat = u32_at(sb::FEATURE_RO_COMPAT);
+    if ro_compat & sb::RO_COMPAT_METADATA_CSUM != 0 {
+        // The kernel's crc32c_le(~0, …) without the final inversion CRC-32C applies.
+        let crc = crc::Crc::<u32>::new(&crc::CRC_32_ISCSI).checksum(&head[sb::START..sb::CHECKSUM]);
+        if !crc != u32_at(sb::CHECKSUM) {
+            return Some(CheckDue::BadChecksum);
+        }
+    }
+    let state = u16_at(sb::STATE);
+    if state & sb::STATE_ERROR != 0 {
+        return Some(CheckDue::Errors);
+    }
+    if state & sb::STATE_VALID == 0 {
+        return Some(CheckDue::NotClean);
+    }
+    if u32_at(sb::FEATURE_INCOMPAT) & sb::INCOMPAT_RECOVER != 0 {
+        return Some(CheckDue::JournalReplay);
+    }
+    if u32_at(sb::LAST_ORPHAN) != 0 || ro_compat & sb::RO_COMPAT_ORPHAN_PRESENT != 0 {
+        return Some(CheckDue::Orphans);
+    }
+    let (count, max) = (u16_at(sb::MNT_COUNT), u16_at(sb::MAX_MNT_COUNT) as i16);
+    if max > 0 && count >= max as u16 {
+        return Some(CheckDue::MountCount {
+            count,
+            max: max as u16,
+        });
+    }
+    let lastcheck = u64::from(u32_at(sb::LASTCHECK)) | u64::from(head[sb::LASTCHECK_HI]) << 32;
+    if lastcheck > now.saturating_add(TIME_FUDGE_SECS) {
+        return Some(CheckDue::LastCheckInFuture);
+    }
+    let interval = u32_at(sb::CHECKINTERVAL);
+    let since = now.saturating_sub(lastcheck);
+    if interval > 0 && since >= u64::from(interval) {
+        return Some(CheckDue::Interval { since, interval });
+    }
+    None
+}
+
+/// [`ext_check_due`] of the filesystem on `device`, now.
+pub fn device_ext_check_due(device: &Path) -> Result<Option<CheckDue>> {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    Ok(ext_check_due(&crate::block::read_head(device, 2048)?, now))
+}
+
 /// Add a journal to the unmounted, checked ext2 filesystem on `device` (`tune2fs -j`: what
 /// turns ext2 into ext3; the kernel's ext4 driver mounts both).
 pub fn add_ext_journal(device: &Path) -> Result<()> {
@@ -247,6 +373,86 @@ mod tests {
         assert!(summary.starts_with("errors corrected: "), "{summary}");
         // Fixed for good: the next check is clean.
         assert!(check_ext(&img).unwrap().clean);
+    }
+
+    fn debugfs_write(img: &Path, request: &str) {
+        run_command(Command::new("debugfs").args(["-w", "-R", request]).arg(img)).unwrap();
+    }
+
+    fn head(img: &Path) -> Vec<u8> {
+        crate::block::read_head(img, 2048).unwrap()
+    }
+
+    /// A real mke2fs filesystem (metadata checksums on) is clean by its superblock; each
+    /// reason e2fsck -p would not skip, made with debugfs (which keeps the checksum right),
+    /// is named; a byte changed behind debugfs's back fails the checksum.
+    #[test]
+    fn the_superblock_says_when_a_check_is_due() {
+        if !have_e2fsprogs() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let img = image(dir.path(), 32 << 20);
+        format_ext(&img, "STATE").unwrap();
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs();
+        assert_eq!(ext_check_due(&head(&img), now), None);
+        assert_eq!(device_ext_check_due(&img).unwrap(), None);
+        assert!(check_ext(&img).unwrap().clean, "e2fsck agrees");
+
+        debugfs_write(&img, "ssv mnt_count 20");
+        debugfs_write(&img, "ssv max_mnt_count 20");
+        assert_eq!(
+            ext_check_due(&head(&img), now),
+            Some(CheckDue::MountCount { count: 20, max: 20 })
+        );
+        debugfs_write(&img, "ssv max_mnt_count -1");
+        assert_eq!(ext_check_due(&head(&img), now), None);
+
+        debugfs_write(&img, "ssv checkinterval 3600");
+        let due = ext_check_due(&head(&img), now + 7200).unwrap();
+        assert!(
+            matches!(due, CheckDue::Interval { interval: 3600, .. }),
+            "{due}"
+        );
+        assert_eq!(ext_check_due(&head(&img), now), None);
+        assert_eq!(
+            ext_check_due(&head(&img), now - 3 * TIME_FUDGE_SECS),
+            Some(CheckDue::LastCheckInFuture)
+        );
+        debugfs_write(&img, "ssv checkinterval 0");
+
+        debugfs_write(&img, "feature needs_recovery");
+        assert_eq!(
+            ext_check_due(&head(&img), now),
+            Some(CheckDue::JournalReplay)
+        );
+        debugfs_write(&img, "feature ^needs_recovery");
+        debugfs_write(&img, "ssv last_orphan 12");
+        assert_eq!(ext_check_due(&head(&img), now), Some(CheckDue::Orphans));
+        debugfs_write(&img, "ssv last_orphan 0");
+        debugfs_write(&img, "ssv state 3");
+        assert_eq!(ext_check_due(&head(&img), now), Some(CheckDue::Errors));
+        debugfs_write(&img, "ssv state 0");
+        assert_eq!(ext_check_due(&head(&img), now), Some(CheckDue::NotClean));
+        debugfs_write(&img, "ssv state 1");
+        assert_eq!(ext_check_due(&head(&img), now), None);
+
+        // The volume name (s_volume_name, 0x78), rewritten without the checksum.
+        let mut bytes = fs::read(&img).unwrap();
+        bytes[1024 + 0x78] ^= 0x20;
+        assert_eq!(
+            ext_check_due(&bytes[..2048], now),
+            Some(CheckDue::BadChecksum)
+        );
+        assert_eq!(ext_check_due(&bytes[..1500], now), Some(CheckDue::NotExt));
+        assert_eq!(ext_check_due(&[0; 2048], now), Some(CheckDue::NotExt));
+        assert_eq!(
+            CheckDue::MountCount { count: 20, max: 20 }.to_string(),
+            "mounted 20 times (limit 20)"
+        );
     }
 
     #[test]

@@ -48,7 +48,8 @@ pub use efivars::{
 };
 pub use error::{HostError, Result};
 pub use ext::{
-    add_ext_journal, check_ext, device_ext_has_journal, ext_has_journal, format_ext, FsckOutcome,
+    add_ext_journal, check_ext, device_ext_check_due, device_ext_has_journal, ext_check_due,
+    ext_has_journal, format_ext, CheckDue, FsckOutcome,
 };
 pub use kexec::{
     kexec_load, kexec_loaded, kexec_reboot, kexec_unload, lockdown, refusal_hint,
