@@ -6,19 +6,12 @@
 use std::path::Path;
 use std::process::Command;
 
-/// The UUID in the primary superblock (64 KiB in, fsid at byte 32), read from the image
-/// itself so the check does not go through the code under test.
+/// The UUID blkid reads from the image's superblock: what `root=UUID=` and GRUB's search
+/// match, found without the code under test.
 fn on_disk_uuid(image: &Path) -> String {
-    let bytes = std::fs::read(image).unwrap();
-    let fsid = &bytes[0x10000 + 32..0x10000 + 48];
-    let h: String = fsid.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
+    slate_testkit::sh(
+        "blkid",
+        &["-p", "-s", "UUID", "-o", "value", image.to_str().unwrap()],
     )
 }
 
@@ -43,7 +36,8 @@ fn mount_loop(image: &Path, at: &Path) -> Mount {
 fn a_cloned_pool_mounted_twice_reports_its_on_disk_uuid() {
     if !(slate_testkit::require_root()
         && slate_testkit::require_path("/dev/loop-control", "modprobe loop")
-        && slate_testkit::require_tool("mkfs.btrfs"))
+        && slate_testkit::require_tool("mkfs.btrfs")
+        && slate_testkit::require_tool("blkid"))
     {
         return;
     }
