@@ -1,5 +1,6 @@
-//! `xtask slate-static`: the `slate` binary linked statically against glibc, so it runs as
-//! the initramfs `/init` with no dynamic loader or libraries beside it. (There is no musl
+//! `xtask slate-static`: the `slate` and `slate-init` binaries linked statically against
+//! glibc, so they run as PID 1 (slate-init as the initramfs `/init`) with no dynamic loader or
+//! libraries beside them. (There is no musl
 //! target on these machines; `+crt-static` on the gnu target gives a static-pie.)
 
 use std::fs;
@@ -33,13 +34,16 @@ pub fn slate_static() -> Result<PathBuf> {
         // guest binary need not be linted a second time.
         .env_remove("RUSTC_WORKSPACE_WRAPPER")
         .env_remove("CLIPPY_ARGS")
-        .args(["build", "--release", "-p", "slate", "--target", TARGET])
+        .args(["build", "--release", "-p", "slate", "-p", "slate-init"])
+        .args(["--target", TARGET])
         // Without the etcd store: a node is a FleetLock client, never the server.
         .arg("--no-default-features")
         .arg("--target-dir")
         .arg(&target_dir))?;
     let binary = target_dir.join(TARGET).join("release/slate");
     check_static(&binary)?;
+    // The initramfs /init of the demo profiles (`boot.init`): the init role alone.
+    check_static(&target_dir.join(TARGET).join("release/slate-init"))?;
     println!("{}", binary.display());
     Ok(binary)
 }

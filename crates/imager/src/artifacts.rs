@@ -182,7 +182,7 @@ pub fn assemble_root(inputs: &Inputs, tree: &Path) -> Result<(), ImagerError> {
     Ok(())
 }
 
-/// The initramfs: slate as `/init`, the module closure with its load order, and the root
+/// The initramfs: slate-init (or slate) as `/init`, the module closure with its load order, and the root
 /// squashfs when there is one (a `btrfs-image`'s init mounts the root named by `root=`
 /// instead); the system extensions and their manifest follow as a second, gzip-compressed
 /// archive.
@@ -202,7 +202,11 @@ pub fn build_initramfs(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Vec<u8>
         cpio.dir(dir, 0o755)?;
     }
     cpio.char_device("dev/console", 0o600, 5, 1)?;
-    cpio.file("init", 0o755, read("the slate binary", &inputs.slate)?)?;
+    let init = match &inputs.init {
+        Some(init) => read("the init binary", init)?,
+        None => read("the slate binary", &inputs.slate)?,
+    };
+    cpio.file("init", 0o755, init)?;
 
     let modules_root = format!("lib/modules/{}", inputs.kernel_release);
     let mut dirs = BTreeSet::from(["lib/modules".to_string(), modules_root.clone()]);

@@ -112,6 +112,8 @@ pub struct Inputs {
     /// `bootloader = "grub"`: the GRUB EFI image.
     pub grub_efi: Option<PathBuf>,
     pub slate: PathBuf,
+    /// The profile's `init`: the initramfs `/init` when set, else `slate`.
+    pub init: Option<PathBuf>,
     /// The profile's `[trust] keys`, parsed (sorted by key id, duplicates dropped): the root
     /// carries them as `/etc/slate/trusted-keys/<key id>.pub`.
     pub trusted_keys: Vec<slate_trust::PublicKey>,
@@ -203,6 +205,7 @@ impl Inputs {
             systemd_boot: at(&profile.boot.systemd_boot),
             grub_efi: profile.boot.grub_efi.as_deref().map(at),
             slate: at(&profile.boot.slate),
+            init: profile.boot.init.as_deref().map(at),
             trusted_keys: Vec::new(),
             secure_boot: None,
             source_date_epoch,
@@ -236,6 +239,9 @@ impl Inputs {
         }
         if kind.needs_initramfs() {
             must_exist("the slate binary", &self.slate)?;
+            if let Some(init) = &self.init {
+                must_exist("the init binary", init)?;
+            }
             self.resolve_modules()?;
         }
         if kind.needs_uki() {

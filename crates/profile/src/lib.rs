@@ -155,8 +155,14 @@ pub struct Boot {
     pub stub: PathBuf,
     /// systemd-boot, installed as the ESP's BOOTX64.EFI.
     pub systemd_boot: PathBuf,
-    /// The statically linked slate binary: the initramfs `/init` and the bundle's installer.
+    /// The statically linked slate binary: the root's `/usr/bin/slate` (machined), the bundle's
+    /// installer, and the initramfs `/init` unless `init` names another.
     pub slate: PathBuf,
+    /// A statically linked `slate-init` (the init role alone) as the initramfs `/init`: a
+    /// fraction of slate's size, so the kernel unpacks and init starts sooner. `slate` when
+    /// absent.
+    #[serde(default)]
+    pub init: Option<PathBuf>,
     /// With `bootloader = "grub"`: the GRUB EFI image installed as BOOTX64.EFI, built with
     /// `grub-mkstandalone -O x86_64-efi` around slate's embedded config (`xtask vm-test
     /// grub_upgrade_and_revert` builds one into `target/grub/grubx64.efi`).
