@@ -135,6 +135,13 @@ pub enum HostError {
         #[source]
         source: Errno,
     },
+    #[error("{op} {interface}")]
+    Network {
+        op: &'static str,
+        interface: String,
+        #[source]
+        source: Errno,
+    },
     #[error("btrfs: {op} {path}")]
     Btrfs {
         op: &'static str,

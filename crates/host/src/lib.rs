@@ -22,6 +22,7 @@ mod kmsg;
 mod kmsg_read;
 mod loopdev;
 mod mount;
+mod net;
 mod process;
 mod random_seed;
 mod signals;
@@ -62,6 +63,7 @@ pub use mount::{
     is_mount_point, mount, mount_overlay, mount_overlay_read_only, mount_pseudo_filesystems,
     move_mount, overlay_lowerdir_option, overlay_writable_options, switch_root, unmount, MsFlags,
 };
+pub use net::{ipv4_addresses, set_link_up};
 pub use process::{
     reap_zombies, resident_kib, run_command, run_command_logged, spawn_reaper, CommandEnd,
     GuardedChild,

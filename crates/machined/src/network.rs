@@ -23,16 +23,10 @@ fn first_interface() -> Result<String, TaskError> {
 
 /// Record and log the IPv4 addresses `interface` has.
 fn record_addresses(ctx: &TaskContext<'_>, node: &Node, interface: &str) -> Result<(), TaskError> {
-    let addr =
-        slate_host::run_command(Command::new("ip").args(["-4", "-o", "addr", "show", interface]))?;
-    let text = String::from_utf8_lossy(&addr.stdout);
-    let cidrs: Vec<&str> = text
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(3))
-        .collect();
+    let cidrs = slate_host::ipv4_addresses(interface)?;
     ctx.log(&format!(
         "{interface}: {}",
-        cidrs.first().copied().unwrap_or("no address")
+        cidrs.first().map_or("no address", String::as_str)
     ));
     *node
         .machine
@@ -48,7 +42,7 @@ fn record_addresses(ctx: &TaskContext<'_>, node: &Node, interface: &str) -> Resu
 
 /// DHCP with busybox's udhcpc on `interface` (the first Ethernet interface by default).
 pub fn dhcp(ctx: &TaskContext<'_>, node: &Node, interface: Option<&str>) -> Result<(), TaskError> {
-    slate_host::run_command(Command::new("ip").args(["link", "set", "lo", "up"]))?;
+    slate_host::set_link_up("lo")?;
     let interface = match interface {
         Some(name) => name.to_owned(),
         None => first_interface()?,
@@ -91,7 +85,7 @@ pub fn network(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), 
             let address = net.address.as_deref().unwrap_or_default();
             let ip =
                 |args: &[&str]| slate_host::run_command(Command::new("ip").args(args)).map(drop);
-            ip(&["link", "set", "lo", "up"])?;
+            slate_host::set_link_up("lo")?;
             ip(&["addr", "flush", "dev", &interface])?;
             ip(&["addr", "add", address, "dev", &interface])?;
             ip(&["link", "set", &interface, "up"])?;
