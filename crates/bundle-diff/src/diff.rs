@@ -28,8 +28,8 @@ pub struct Summary {
     pub modules: BTreeMap<String, Digest>,
     /// The initramfs' `/init`.
     pub init: FileInfo,
-    /// The bundle's `installer` blob: the version's own slate binary. On a node, the
-    /// initramfs' `/init`, which is the same file (the imager puts the slate binary there).
+    /// The bundle's `installer` blob: the version's own slate binary. On a node, the root's
+    /// `/usr/bin/slate` (or, without one, the initramfs' `/init`), the same file.
     pub slate_binary: Blob,
     /// The compressed initramfs members after the main archive: the system extensions.
     pub extensions: Option<Blob>,

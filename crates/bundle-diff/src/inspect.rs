@@ -160,19 +160,21 @@ pub struct Identity {
 
 /// The [`Summary`] of the version a node runs, from its booted UKI (`slate upgrade --check`,
 /// `GET /v1/image`; docs/formats.md §7.5). The node gives what a bundle manifest would say
-/// (`identity`). The slate binary is the initramfs' `/init`: the imager writes the slate binary
-/// there and as the bundle's `installer` blob, so the two compare. A bad part is a
-/// [`DiffError::Running`].
+/// (`identity`). The slate binary is the root's `/usr/bin/slate` (what machined runs, and the
+/// file the imager also writes as the bundle's `installer` blob, so the two compare); an image
+/// without it has the whole slate as the initramfs' `/init` instead (a profile without
+/// `boot.init`). A bad part is a [`DiffError::Running`].
 pub fn running_summary(uki: Vec<u8>, identity: Identity) -> Result<Summary, DiffError> {
     let parts = inspect_uki(uki).map_err(|e| DiffError::Running {
         part: e.part,
         source: e.source,
     })?;
-    let slate_binary = Blob {
-        size: parts.init.size,
-        digest: parts.init.digest.clone(),
-    };
-    Ok(summary(identity, parts, slate_binary))
+    let in_root = parts
+        .rootfs
+        .get(&b"/usr/bin/slate"[..])
+        .and_then(|node| Some((node.size?, node.digest.clone()?)));
+    let (size, digest) = in_root.unwrap_or_else(|| (parts.init.size, parts.init.digest.clone()));
+    Ok(summary(identity, parts, Blob { size, digest }))
 }
 
 fn summary(identity: Identity, parts: UkiParts, slate_binary: Blob) -> Summary {

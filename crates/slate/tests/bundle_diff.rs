@@ -40,6 +40,8 @@ fn root_squashfs(dir: &Path, b: bool) -> Vec<u8> {
         0o644,
     );
     file("usr/bin/tool", b"#!/bin/sh\necho tool\n", 0o755);
+    // The bundle's installer blob (common::write_bundle), as the demo root carries it.
+    file("usr/bin/slate", b"\x7fELF pretend slate", 0o755);
     if b {
         file("usr/bin/new-tool", NEW_TOOL, 0o755);
     }
@@ -63,7 +65,8 @@ fn initramfs(rootfs: &[u8]) -> Vec<u8> {
     for dir in ["dev", "etc", "etc/slate", "lib", "lib/modules"] {
         cpio.dir(dir, 0o755).unwrap();
     }
-    cpio.file("init", 0o755, b"\x7fELF pretend slate".to_vec())
+    // slate-init (the profile's boot.init), not the whole slate.
+    cpio.file("init", 0o755, b"\x7fELF pretend slate-init".to_vec())
         .unwrap();
     for dir in ["", "/kernel", "/kernel/fs"] {
         cpio.dir(&format!("lib/modules/{RELEASE}{dir}"), 0o755)
@@ -261,8 +264,8 @@ fn running(bundle: &Path) -> slate_bundle_diff::Summary {
 }
 
 /// A node's summary of its booted UKI is the bundle's summary: the slate binary, read from the
-/// initramfs' `/init` on a node, is the bundle's `installer` blob (the imager writes the same
-/// file to both, as these bundles do).
+/// root's `/usr/bin/slate` on a node (the initramfs' `/init` is slate-init here), is the
+/// bundle's `installer` blob.
 #[test]
 fn a_running_uki_sums_up_as_its_bundle() {
     let Some((_dir, a, _b)) = fixture() else {
