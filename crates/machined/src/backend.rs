@@ -116,7 +116,7 @@ impl NodeBackend for Backend {
     fn version(&self) -> VersionInfo {
         VersionInfo {
             version: self.0.version.clone(),
-            arch: "amd64".into(),
+            arch: slate_bundle::NATIVE_ARCH.into(),
             booted_entry: self.0.booted_entry.clone(),
             kernel: self.0.kernel.clone(),
         }
@@ -556,7 +556,7 @@ mod tests {
         );
         let version = backend.version();
         assert_eq!(version.version, backend.0.version);
-        assert_eq!(version.arch, "amd64");
+        assert_eq!(version.arch, slate_bundle::NATIVE_ARCH);
     }
 
     #[test]

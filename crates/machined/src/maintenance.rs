@@ -32,7 +32,7 @@ impl NodeBackend for MaintenanceBackend {
     fn version(&self) -> VersionInfo {
         VersionInfo {
             version: self.version.clone(),
-            arch: "amd64".into(),
+            arch: slate_bundle::NATIVE_ARCH.into(),
             booted_entry: None,
             kernel: None,
         }
