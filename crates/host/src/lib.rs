@@ -71,7 +71,8 @@ pub use process::{
 pub use random_seed::{consume_random_seed, save_random_seed, SeedOutcome, RANDOM_SEED_LEN};
 pub use signals::{disable_ctrl_alt_del, Signal, SignalReader};
 pub use system::{
-    ensure_console_stdio, exec, is_pid1, kernel_release, load_module, poweroff, reboot, ModuleLoad,
+    ensure_console_stdio, exec, is_pid1, kernel_release, load_module, poweroff, reboot,
+    unusable_here, ModuleLoad,
 };
 pub use teardown::{kill_all_processes, mount_points_for_teardown, sync_with_budget, unmount_all};
 pub use watchdog::Watchdog;

@@ -247,14 +247,18 @@ fn load_modules(log: &KmsgLogger) -> Result<()> {
         &modules,
         loaders,
         |module| {
+            if let Some(why) = host::unusable_here(module_name(module)) {
+                return Ok(ModuleLoad::Unusable(why));
+            }
             host::load_module(&dir.join(module))
                 .with_context(|| format!("loading module {}", module_name(module)))
         },
         |loaded| {
             let note = match loaded.outcome {
-                ModuleLoad::AlreadyLoaded => " (already loaded)",
-                ModuleLoad::NoDevice => " (no such device here: skipped)",
-                ModuleLoad::Loaded => "",
+                ModuleLoad::AlreadyLoaded => " (already loaded)".to_owned(),
+                ModuleLoad::NoDevice => " (no such device here: skipped)".to_owned(),
+                ModuleLoad::Unusable(why) => format!(" ({why}: not loaded)"),
+                ModuleLoad::Loaded => String::new(),
             };
             log.info(format_args!(
                 "loaded {}/{total} {}{note} in {} ms",

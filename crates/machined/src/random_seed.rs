@@ -26,45 +26,38 @@ pub(crate) fn random_seed_task(
     journal: &Arc<Journal>,
 ) -> Result<(), TaskError> {
     let path = random_seed_path();
-    let credited = match slate_host::consume_random_seed(&path) {
+    match slate_host::consume_random_seed(&path) {
         Ok(SeedOutcome::Credited { bytes, bits }) => {
             ctx.log(&format!(
                 "random seed: {bytes} bytes saved by the last boot credited ({bits} bits)"
             ));
-            true
         }
         Ok(SeedOutcome::Missing) => {
             ctx.log("random seed: none saved (a first boot); the kernel gathers its own");
-            false
         }
         Ok(SeedOutcome::Uncredited { bytes, why }) => {
             ctx.log(&format!(
                 "random seed: {}: {why}: {bytes} bytes mixed in without credit",
                 path.display()
             ));
-            false
         }
         Err(err) => {
             ctx.log(&format!(
                 "random seed: {:#} (continuing without it)",
                 anyhow::Error::from(err)
             ));
-            false
         }
-    };
-    if credited {
-        // The pool is initialized now: the next seed is read at once.
-        save(&path, journal);
-    } else {
-        // Reading it blocks until the kernel has gathered enough entropy by itself; no boot
-        // waits for that.
-        let journal = Arc::clone(journal);
-        let spawned = std::thread::Builder::new()
-            .name("random-seed".into())
-            .spawn(move || save(&path, &journal));
-        if let Err(err) = spawned {
-            ctx.log(&format!("random seed: not saved: starting a thread: {err}"));
-        }
+    }
+    // After a credit the pool is initialized and the next seed is read at once; without one,
+    // reading it blocks until the kernel has gathered enough entropy by itself. Either way no
+    // boot waits for it: the write and its fsyncs cost 46 ms of an emulated boot's critical
+    // path. A cut before it lands leaves no seed (this one is already gone), never a reused one.
+    let journal = Arc::clone(journal);
+    let spawned = std::thread::Builder::new()
+        .name("random-seed".into())
+        .spawn(move || save(&path, &journal));
+    if let Err(err) = spawned {
+        ctx.log(&format!("random seed: not saved: starting a thread: {err}"));
     }
     Ok(())
 }

@@ -51,9 +51,21 @@ fn dispatch_args(args: Vec<OsString>) -> Vec<OsString> {
     }
 }
 
+/// Whether this process is PID 1's `machined` with no arguments: it starts without building
+/// the command line's parser. Under emulation every first-run instruction is translated before
+/// it runs, and building clap's tree of every subcommand is code run once at each boot.
+fn bare_machined(args: &[OsString]) -> bool {
+    args.len() == 1 && Path::new(&args[0]).file_name() == Some("machined".as_ref())
+}
+
 fn main() -> ExitCode {
-    let cli = cli::Cli::parse_from(dispatch_args(std::env::args_os().collect()));
-    match cli::run(cli) {
+    let args: Vec<OsString> = std::env::args_os().collect();
+    let result = if bare_machined(&args) {
+        slate_machined::run()
+    } else {
+        cli::run(cli::Cli::parse_from(dispatch_args(args)))
+    };
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("error: {err:#}");
@@ -68,6 +80,15 @@ mod tests {
 
     fn os(args: &[&str]) -> Vec<OsString> {
         args.iter().map(OsString::from).collect()
+    }
+
+    #[test]
+    fn only_a_bare_machined_skips_the_parser() {
+        assert!(bare_machined(&os(&["/usr/bin/machined"])));
+        assert!(bare_machined(&os(&["machined"])));
+        assert!(!bare_machined(&os(&["/usr/bin/machined", "--help"])));
+        assert!(!bare_machined(&os(&["/usr/bin/slate", "machined"])));
+        assert!(!bare_machined(&os(&["/init"])));
     }
 
     #[test]
