@@ -14,6 +14,7 @@ mod boot_clock;
 mod btrfs;
 mod chroot;
 mod cmdline;
+mod dhcp_transport;
 mod efivars;
 mod error;
 mod ext;
@@ -43,6 +44,7 @@ pub use btrfs::{
 };
 pub use chroot::{spawn_chrooted, ApiMounts};
 pub use cmdline::{cmdline_value, kernel_cmdline};
+pub use dhcp_transport::DhcpTransport;
 pub use efivars::{
     loader_var_path, mount_efivarfs, read_global_u8, read_loader_string, remove_loader_var,
     remove_var_file, write_loader_string, write_var_file, EFI_GLOBAL_GUID, LOADER_GUID,
@@ -63,7 +65,7 @@ pub use mount::{
     is_mount_point, mount, mount_overlay, mount_overlay_read_only, mount_pseudo_filesystems,
     move_mount, overlay_lowerdir_option, overlay_writable_options, switch_root, unmount, MsFlags,
 };
-pub use net::{ipv4_addresses, set_link_up};
+pub use net::{add_default_route, hardware_address, ipv4_addresses, set_ipv4_address, set_link_up};
 pub use process::{
     reap_zombies, resident_kib, run_command, run_command_logged, spawn_reaper, CommandEnd,
     GuardedChild,
