@@ -12,6 +12,7 @@ use nix::errno::Errno;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
 use nix::sys::socket::{recv, socket, AddressFamily, MsgFlags, SockFlag, SockProtocol, SockType};
 
+use crate::net::net_err as err;
 use crate::{HostError, Result};
 
 #[derive(Debug)]
@@ -19,14 +20,6 @@ pub struct DhcpTransport {
     interface: String,
     socket: OwnedFd,
     ifindex: libc::c_int,
-}
-
-fn err<'a>(op: &'static str, interface: &'a str) -> impl FnOnce(Errno) -> HostError + 'a {
-    move |source| HostError::Network {
-        op,
-        interface: interface.to_owned(),
-        source,
-    }
 }
 
 mod sys {
