@@ -10,7 +10,10 @@ use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType};
 
 use crate::{HostError, Result};
 
-pub(crate) fn net_err<'a>(op: &'static str, interface: &'a str) -> impl FnOnce(Errno) -> HostError + 'a {
+pub(crate) fn net_err<'a>(
+    op: &'static str,
+    interface: &'a str,
+) -> impl FnOnce(Errno) -> HostError + 'a {
     move |source| HostError::Network {
         op,
         interface: interface.to_owned(),

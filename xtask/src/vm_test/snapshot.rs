@@ -132,20 +132,38 @@ fn three_failed_tries(vm: &mut Vm, snapshot: &str, sign: &str) -> Result<(Runnin
     }
 }
 
+/// Builds a btrfs-image of `profile` at version 1.0.0 and puts `config` on it. One at a time
+/// across scenarios: the pool's UUID comes from the image id (name and version), and
+/// mkfs.btrfs refuses a UUID that a loop device of the other scenario's build still carries.
+pub(super) fn build_configured_btrfs_image(
+    slate: &Path,
+    profile: &Path,
+    image: &Path,
+    config: &Path,
+) -> Result<()> {
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    output(
+        Command::new(slate)
+            .args(["imager", "build", "--profile"])
+            .arg(profile)
+            .args(["--version", "1.0.0", "--output", "btrfs-image", "--out"])
+            .arg(image)
+            .env("SOURCE_DATE_EPOCH", "1700000000"),
+    )?;
+    configure_disk(slate, image, config)
+}
+
 /// The scenario; see the module documentation.
 pub(super) fn btrfs_snapshot_upgrades(prepared: &Prepared, work: &Path) -> Result<String> {
     let slate = &prepared.slate;
     let image = work.join("btrfs.raw");
-    output(
-        Command::new(slate)
-            .args(["imager", "build", "--profile"])
-            .arg(repo_root().join("profiles/demo-btrfs.toml"))
-            .args(["--version", "1.0.0", "--output", "btrfs-image", "--out"])
-            .arg(&image)
-            .env("SOURCE_DATE_EPOCH", "1700000000"),
+    build_configured_btrfs_image(
+        slate,
+        &repo_root().join("profiles/demo-btrfs.toml"),
+        &image,
+        &node_config(slate, work, "btrfs-node")?,
     )?;
-    let config = node_config(slate, work, "btrfs-node")?;
-    configure_disk(slate, &image, &config)?;
     let mut vm = Vm::new(&image, &work.join("vm"))?;
     let node = Node {
         prepared,

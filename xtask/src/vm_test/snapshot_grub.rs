@@ -15,7 +15,6 @@
 //! boots, as `grub.rs` does.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
@@ -24,8 +23,7 @@ use super::grub::{grub_efi, grub_variant, grubenv};
 use super::snapshot::{
     set_version, snapshot_list, state_of, upgrade, FIRST_SNAPSHOT, HANG, WATCHDOG_ARMED,
 };
-use super::{configure_disk, node_config, running, Node, Prepared, BOOT_TIMEOUT, RUNNING};
-use crate::util::output;
+use super::{node_config, running, Node, Prepared, BOOT_TIMEOUT, RUNNING};
 use crate::vm::{tail, Running, Vm};
 
 /// Whether the kernel on `serial` was started from `snapshot`'s menu entry: GRUB's
@@ -85,16 +83,12 @@ pub(super) fn btrfs_snapshot_grub(prepared: &Prepared, work: &Path) -> Result<St
     let efi = grub_efi()?;
     let profile = grub_variant(work, &efi, "demo-btrfs", "grub-btrfs.toml", &[])?;
     let image = work.join("btrfs-grub.raw");
-    output(
-        Command::new(slate)
-            .args(["imager", "build", "--profile"])
-            .arg(&profile)
-            .args(["--version", "1.0.0", "--output", "btrfs-image", "--out"])
-            .arg(&image)
-            .env("SOURCE_DATE_EPOCH", "1700000000"),
+    super::snapshot::build_configured_btrfs_image(
+        slate,
+        &profile,
+        &image,
+        &node_config(slate, work, "btrfs-grub-node")?,
     )?;
-    let config = node_config(slate, work, "btrfs-grub-node")?;
-    configure_disk(slate, &image, &config)?;
     let mut seen = Vec::new();
     let mut step = |what: &str, expect: &str| -> Result<()> {
         let env = grubenv(&image, work)?;
