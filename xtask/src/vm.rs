@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+/// How long a match in a line without its newline waits for the rest of the line.
+const UNTERMINATED_LINE_GRACE: Duration = Duration::from_secs(2);
+
 const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
 const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
 /// OVMF with Secure Boot: its variable store is only writable from SMM, so the machine is a
@@ -158,17 +161,26 @@ impl Running {
     /// exited or `timeout` passed first.
     pub fn wait_for(&mut self, expect: &[&str], timeout: Duration) -> Result<Option<String>> {
         let deadline = Instant::now() + timeout;
+        // A match in the console's last, unterminated line may be half a line still being
+        // written: it counts once the line is complete, QEMU has ended, or it has stayed
+        // unterminated for a while (a firmware message that is never followed by a newline).
+        let mut partial_since: Option<Instant> = None;
         loop {
+            let ended = self.child.try_wait().context("waiting for QEMU")?.is_some();
             let serial = self.serial();
-            if let Some(line) = serial
-                .lines()
-                .find(|line| expect.iter().any(|e| line.contains(e)))
-            {
+            let (complete, unterminated) =
+                serial.split_at(serial.rfind('\n').map_or(0, |end| end + 1));
+            let matches = |line: &&str| expect.iter().any(|e| line.contains(e));
+            if let Some(line) = complete.lines().find(matches) {
                 return Ok(Some(line.trim().to_string()));
             }
-            if self.child.try_wait().context("waiting for QEMU")?.is_some()
-                || Instant::now() > deadline
-            {
+            if matches(&unterminated) {
+                let since = *partial_since.get_or_insert_with(Instant::now);
+                if ended || since.elapsed() >= UNTERMINATED_LINE_GRACE {
+                    return Ok(Some(unterminated.trim().to_string()));
+                }
+            }
+            if ended || Instant::now() > deadline {
                 return Ok(None);
             }
             std::thread::sleep(Duration::from_millis(250));
