@@ -205,6 +205,11 @@ impl<'a> BlobReader<'a> {
         self.size
     }
 
+    /// The open blob file (nothing read from it yet, when called before reading).
+    pub(crate) fn file(&self) -> &File {
+        self.file.get_ref()
+    }
+
     /// Whether the bytes are hashed as they are read (the blob was not verified before).
     pub fn hashes(&self) -> bool {
         self.hasher.is_some()

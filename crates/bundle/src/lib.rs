@@ -19,6 +19,7 @@ mod blob;
 mod digest;
 mod export;
 mod import;
+mod mapped;
 mod read;
 mod signature;
 mod write;
@@ -31,6 +32,7 @@ use serde::{Deserialize, Serialize};
 pub use blob::{irregular_kind, BlobReader, VerifiedBlobs};
 pub use digest::{hashed_on_this_thread, Digest, DigestError, DigestWriter, Hasher, SHA256_PREFIX};
 pub use import::{import_tar, ImportError, Imported, JudgeError, Refusal};
+pub use mapped::BlobBytes;
 pub use read::{is_signature_tag, parse_documents, Bundle, MAX_DOCUMENT_BYTES};
 pub use signature::{
     add_signature, parse_signature_manifest, signature_tag, signature_tag_of, SignatureDescriptor,

@@ -286,6 +286,19 @@ impl Bundle {
         )
     }
 
+    /// The blob with `role`, verified like [`Bundle::read_blob`], but a large one mapped from its
+    /// file instead of copied when only the caller can change the file (see [`BlobBytes`]).
+    pub fn map_blob(&self, role: &str) -> Result<crate::BlobBytes, BundleError> {
+        let (digest, size) = self.role_digest(role)?;
+        crate::mapped::map_blob(
+            &self.dir,
+            &format!("the {role} blob"),
+            &digest,
+            size,
+            &self.verified,
+        )
+    }
+
     /// The blob with `role` as a stream, verified as it is read (see [`BlobReader`]): for
     /// copying a large blob out without holding it.
     pub fn open_blob(&self, role: &str) -> Result<BlobReader<'_>, BundleError> {

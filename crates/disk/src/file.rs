@@ -101,6 +101,34 @@ impl Disk for FileDisk {
         // without a journal commit for the modification time that every fsync would force.
         self.file.sync_data().map_err(DiskError::Flush)
     }
+
+    /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`: queue the range's dirty pages for writing
+    /// without waiting for them, so the next `fdatasync` finds most of a large file already on
+    /// its way (`bench-apply`: the UKI's 8 MiB stages go out while the next ones are copied).
+    fn start_writeback(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
+        if !self.writable || len == 0 {
+            return Ok(());
+        }
+        check_bounds(offset, usize::try_from(len).unwrap_or(usize::MAX), self.len)?;
+        let (Ok(start), Ok(count)) = (i64::try_from(offset), i64::try_from(len)) else {
+            return Ok(());
+        };
+        // SAFETY: sync_file_range takes no pointers; the descriptor is owned by `self.file`
+        // and open for the duration of the call.
+        #[allow(unsafe_code)]
+        let rc = unsafe {
+            libc::sync_file_range(
+                std::os::fd::AsRawFd::as_raw_fd(&self.file),
+                start,
+                count,
+                libc::SYNC_FILE_RANGE_WRITE,
+            )
+        };
+        // A hint that could not be given (a file system without writeback, say) is no error:
+        // the flush still writes everything.
+        let _ = rc;
+        Ok(())
+    }
 }
 
 #[cfg(test)]
@@ -121,6 +149,20 @@ mod tests {
         let reopened = FileDisk::open_read_only(&path).unwrap();
         assert_eq!(reopened.len(), 4096);
         assert_eq!(reopened.read_vec(4000, 5).unwrap(), b"slate");
+    }
+
+    /// The hint is checked against the disk's bounds like a write, and changes no byte.
+    #[test]
+    fn writeback_hints_are_bounded_and_change_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk.img");
+        let mut disk = FileDisk::create(&path, 1 << 20).unwrap();
+        disk.write_at(4096, &[5; 8192]).unwrap();
+        disk.start_writeback(4096, 8192).unwrap();
+        disk.start_writeback(0, 0).unwrap();
+        assert!(disk.start_writeback(1 << 20, 1).is_err());
+        disk.flush().unwrap();
+        assert_eq!(std::fs::read(&path).unwrap()[4096..4096 + 8192], [5; 8192]);
     }
 
     #[test]

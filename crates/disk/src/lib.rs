@@ -63,6 +63,15 @@ pub trait Disk {
     /// Make every preceding write durable.
     fn flush(&mut self) -> Result<(), DiskError>;
 
+    /// A hint that `[offset, offset + len)` was written and will not be rewritten before the
+    /// next flush: the implementation may start sending it to the medium now, so that the
+    /// flush waits for less. It promises nothing — no durability, no order — so a disk that
+    /// ignores it (the default) behaves the same to every caller and to the crash matrix.
+    fn start_writeback(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
+        let _ = (offset, len);
+        Ok(())
+    }
+
     /// Read `len` bytes at `offset` into a fresh buffer.
     fn read_vec(&self, offset: u64, len: usize) -> Result<Vec<u8>, DiskError> {
         let mut buf = vec![0; len];
@@ -93,6 +102,9 @@ impl<D: Disk + ?Sized> Disk for &mut D {
     fn flush(&mut self) -> Result<(), DiskError> {
         (**self).flush()
     }
+    fn start_writeback(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
+        (**self).start_writeback(offset, len)
+    }
 }
 
 impl<D: Disk + ?Sized> Disk for Box<D> {
@@ -107,6 +119,9 @@ impl<D: Disk + ?Sized> Disk for Box<D> {
     }
     fn flush(&mut self) -> Result<(), DiskError> {
         (**self).flush()
+    }
+    fn start_writeback(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
+        (**self).start_writeback(offset, len)
     }
 }
 

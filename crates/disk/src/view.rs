@@ -55,6 +55,11 @@ impl<D: Disk> Disk for PartitionView<D> {
     fn flush(&mut self) -> Result<(), DiskError> {
         self.inner.flush()
     }
+
+    fn start_writeback(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
+        check_bounds(offset, usize::try_from(len).unwrap_or(usize::MAX), self.len)?;
+        self.inner.start_writeback(self.start + offset, len)
+    }
 }
 
 #[cfg(test)]

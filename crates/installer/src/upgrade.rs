@@ -198,7 +198,7 @@ pub fn upgrade(
         },
     )?;
     // Only a bundle the policy accepts is worth reading: the UKI is the one large blob.
-    let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;
+    let uki = bundle.map_blob(slate_bundle::UKI_ROLE)?;
     let secure_boot_db = match &request.secure_boot_db {
         Some(certs) => Some(certs.clone()),
         None => crate::enrolled_on(disk)?,
