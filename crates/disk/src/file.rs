@@ -104,7 +104,7 @@ impl Disk for FileDisk {
 
     /// `sync_file_range(SYNC_FILE_RANGE_WRITE)`: queue the range's dirty pages for writing
     /// without waiting for them, so the next `fdatasync` finds most of a large file already on
-    /// its way (`bench-apply`: the UKI's 8 MiB stages go out while the next ones are copied).
+    /// its way (`bench-apply`: the UKI's 2 MiB stages go out while the next ones are copied).
     fn start_writeback(&mut self, offset: u64, len: u64) -> Result<(), DiskError> {
         if !self.writable || len == 0 {
             return Ok(());

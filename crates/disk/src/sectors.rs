@@ -64,8 +64,9 @@ impl<D: Disk> SectorBuffer<D> {
     fn spill(&mut self) -> Result<(), DiskError> {
         if !self.staged.is_empty() {
             self.inner.write_at(self.staged_at, &self.staged)?;
-            // Whole sectors nothing overwrites before the flush (a later write there goes
-            // through a run): the medium can start on them while the next stage fills.
+            // The medium can start on them while the next stage fills. Should a later write
+            // land there before the flush, it dirties the pages again and the flush writes it:
+            // a hint changes no state the crash model allows or forbids.
             self.inner
                 .start_writeback(self.staged_at, self.staged.len() as u64)?;
             self.staged.clear();
