@@ -236,6 +236,60 @@ fn bad_bundles_and_foreign_disks_are_refused_before_any_write() {
     assert_eq!(disk_hash(&not_slate), before);
 }
 
+/// A UKI large enough to be mapped from its blob file instead of read (16 MiB and up, the
+/// file private to the caller): upgraded to, and refused with the disk unchanged when one byte
+/// in its middle is flipped.
+#[test]
+fn a_large_uki_is_upgraded_to_and_refused_when_tampered() {
+    let fx = Fixture::installed();
+    let large = |version: &str| {
+        let mut uki = b"MZ".to_vec();
+        uki.extend((0..17u32 << 20).map(|i| (i ^ (i >> 13)) as u8));
+        let out = common::write_bundle(
+            &fx.dir.path().join(format!("large-{version}")),
+            BundleSpec {
+                name: "slate",
+                version,
+                arch: "amd64",
+                variant: "demo",
+            },
+            &uki,
+            b"MZ pretend systemd-boot",
+        );
+        ok(&[
+            "sign",
+            "--bundle",
+            s(&out),
+            "--key",
+            s(&fx.keys.join("slate.key")),
+        ]);
+        out
+    };
+    let good = large("2.0.0");
+    let out = fx.upgrade(&good, &[]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("installed slate-2.0.0+3.efi"), "{stdout}");
+
+    let tampered = large("3.0.0");
+    let uki = fs::read_dir(tampered.join("blobs/sha256"))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .max_by_key(|p| fs::metadata(p).unwrap().len())
+        .unwrap();
+    let mut bytes = fs::read(&uki).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 1;
+    fs::write(&uki, bytes).unwrap();
+    fx.refused("tampered large blob", "does not match its digest", || {
+        fx.upgrade(&tampered, &[])
+    });
+}
+
 /// `slate gen config`'s document with `from` replaced by `to`.
 fn edited_config(config: &str, from: &str, to: &str) -> String {
     assert!(
