@@ -416,7 +416,8 @@ impl Fleet {
         errors
     }
 
-    /// Waits until no node is upgrading or rebooting; `false` on timeout.
+    /// Waits until no node is upgrading or rebooting (a rebooted node's API listens again);
+    /// `false` on timeout.
     pub fn wait_idle(&self, timeout: Duration) -> bool {
         let deadline = Instant::now() + timeout;
         loop {

@@ -15,7 +15,8 @@
 //! A simulated upgrade: accepted (busy, stage `Upgrading`) → after `upgrade_time` the node
 //! reboots: its listener is closed, so clients get *connection refused* for `reboot_time` →
 //! it comes back committed on the new version, or reverted to the old one with
-//! `last_failure` set, as [`Behaviour`] decides.
+//! `last_failure` set, as [`Behaviour`] decides. It stops being busy only once its API
+//! listens again, so a test that waits for [`Fleet::wait_idle`] can talk to it at once.
 
 mod behaviour;
 mod fleet;

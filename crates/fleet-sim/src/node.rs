@@ -306,27 +306,33 @@ impl SimBackend {
         held
     }
 
-    /// Brings the API back (on the same port unless a stranger took it) and then tells the
-    /// operator, so that a heartbeat never points at a listener that is not there yet.
-    async fn come_up(self: &Arc<Self>, mut report: NodeReport, held: Option<OwnedFd>) {
+    /// Brings the API back (on the same port unless a stranger took it), and only then is
+    /// `Running`, not busy, and tells the operator: neither a heartbeat nor
+    /// [`Fleet::wait_idle`] may point at a listener that is not there yet.
+    ///
+    /// [`Fleet::wait_idle`]: crate::Fleet::wait_idle
+    async fn come_up(self: &Arc<Self>, held: Option<OwnedFd>) {
         let port = self.endpoint().port();
         drop(held);
         match crate::listen::start_api(self, Some(port)).await {
-            Ok(addr) => {
-                self.set_endpoint(addr);
-                report.endpoint = addr.to_string();
-            }
+            Ok(addr) => self.set_endpoint(addr),
             Err(e) => self
                 .shared
                 .api_error(format!("{}: API did not come back: {e}", self.id)),
         }
+        let report = {
+            let mut st = lock(&self.state);
+            st.busy = false;
+            Self::set_stage(&mut st, Stage::Running);
+            self.snapshot(&mut st)
+        };
         self.shared.reports.change(self.index, report);
     }
 
     async fn run_upgrade(self: Arc<Self>, from: String, to: String, times: (Duration, Duration)) {
         tokio::time::sleep(times.0).await;
         let held = self.go_down(times.1).await;
-        let report = {
+        {
             let mut st = lock(&self.state);
             let draw = st.rng.next_f64();
             let reverts = self.shared.behaviour().reverts(&to, draw);
@@ -345,10 +351,8 @@ impl SimBackend {
             };
             st.committed = true;
             st.healthy = true;
-            st.busy = false;
             st.sequence = None;
             st.target = None;
-            Self::set_stage(&mut st, Stage::Running);
             let error = reverts.then(|| REVERT_REASON.to_owned());
             Self::publish(
                 &mut st,
@@ -358,18 +362,15 @@ impl SimBackend {
                 },
             );
             self.shared.log.record(&self.id, &self.group, kind);
-            self.snapshot(&mut st)
-        };
-        self.come_up(report, held).await;
+        }
+        self.come_up(held).await;
     }
 
     async fn run_reboot(self: Arc<Self>, reboot_time: Duration) {
         let held = self.go_down(reboot_time).await;
-        let report = {
+        {
             let mut st = lock(&self.state);
-            st.busy = false;
             st.sequence = None;
-            Self::set_stage(&mut st, Stage::Running);
             Self::publish(
                 &mut st,
                 EventKind::SequenceFinished {
@@ -377,9 +378,8 @@ impl SimBackend {
                     error: None,
                 },
             );
-            self.snapshot(&mut st)
-        };
-        self.come_up(report, held).await;
+        }
+        self.come_up(held).await;
     }
 }
 
