@@ -179,14 +179,7 @@ fn bad_bundles_and_foreign_disks_are_refused_before_any_write() {
     });
 
     let tampered = fx.signed("2.0.3", "amd64", "demo");
-    let uki = fs::read_dir(tampered.join("blobs/sha256"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .max_by_key(|p| fs::metadata(p).unwrap().len())
-        .unwrap();
-    let mut bytes = fs::read(&uki).unwrap();
-    bytes[10] ^= 1;
-    fs::write(&uki, bytes).unwrap();
+    flip_a_bit_of_the_largest_blob(&tampered, |_| 10);
     fx.refused("tampered blob", "does not match its digest", || {
         fx.upgrade(&tampered, &[])
     });
@@ -276,18 +269,23 @@ fn a_large_uki_is_upgraded_to_and_refused_when_tampered() {
     assert!(stdout.contains("installed slate-2.0.0+3.efi"), "{stdout}");
 
     let tampered = large("3.0.0");
-    let uki = fs::read_dir(tampered.join("blobs/sha256"))
+    flip_a_bit_of_the_largest_blob(&tampered, |len| len / 2);
+    fx.refused("tampered large blob", "does not match its digest", || {
+        fx.upgrade(&tampered, &[])
+    });
+}
+
+/// Flips one bit, at `at(length)`, of the bundle's largest blob (its UKI).
+fn flip_a_bit_of_the_largest_blob(bundle: &Path, at: impl Fn(usize) -> usize) {
+    let uki = fs::read_dir(bundle.join("blobs/sha256"))
         .unwrap()
         .map(|e| e.unwrap().path())
         .max_by_key(|p| fs::metadata(p).unwrap().len())
         .unwrap();
     let mut bytes = fs::read(&uki).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 1;
+    let offset = at(bytes.len());
+    bytes[offset] ^= 1;
     fs::write(&uki, bytes).unwrap();
-    fx.refused("tampered large blob", "does not match its digest", || {
-        fx.upgrade(&tampered, &[])
-    });
 }
 
 /// `slate gen config`'s document with `from` replaced by `to`.
