@@ -121,6 +121,12 @@ impl Sample {
         self.figures.push((name, unit, value));
         self
     }
+
+    /// The other figures, in the order they were added.
+    #[cfg(test)]
+    pub fn figures(&self) -> impl Iterator<Item = (&'static str, &'static str, f64)> + '_ {
+        self.figures.iter().copied()
+    }
 }
 
 type Measure<'a> = Box<dyn FnMut(usize) -> Result<Sample> + 'a>;

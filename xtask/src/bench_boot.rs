@@ -26,10 +26,40 @@ const RUNNING: &str = "[slate] [machined] stage Running";
 
 /// The kernel timestamp (seconds) of the first console line containing `marker`.
 fn kernel_timestamp(serial: &str, marker: &str) -> Option<f64> {
-    let line = serial.lines().find(|l| l.contains(marker))?;
+    line_timestamp(serial.lines().find(|l| l.contains(marker))?)
+}
+
+/// The kernel timestamp of the last console line containing `marker`.
+fn last_kernel_timestamp(serial: &str, marker: &str) -> Option<f64> {
+    line_timestamp(serial.lines().rfind(|l| l.contains(marker))?)
+}
+
+fn line_timestamp(line: &str) -> Option<f64> {
     let open = line.find('[')?;
     let close = line[open..].find(']')? + open;
     line[open + 1..close].trim().parse().ok()
+}
+
+/// Where a slate boot's time went, as kernel timestamps read off its console: slate-init
+/// started, its last module loaded, the root switched, machined's first line. (Running is the
+/// sample's value.)
+const BREAKDOWN: [(&str, &str); 4] = [
+    ("init_started", "[slate] [initramfs] starting slate"),
+    ("modules_loaded", "[slate] [initramfs] loaded "),
+    ("root_switched", "[slate] [initramfs] switched root"),
+    ("machined_started", "[slate] [machined] starting slate"),
+];
+
+/// The run's [`BREAKDOWN`] figures; fails if the console lacks one of them.
+fn breakdown(serial: &str, running: f64) -> Result<Sample> {
+    let mut sample = Sample::new(running);
+    for (name, marker) in BREAKDOWN {
+        let Some(at) = last_kernel_timestamp(serial, marker) else {
+            bail!("the console has no line with {marker:?}");
+        };
+        sample = sample.with(name, "s", at);
+    }
+    Ok(sample)
 }
 
 /// How a measured boot ends once `marker` is seen.
@@ -202,10 +232,7 @@ pub fn bench_boot() -> Result<Vec<Comparison>> {
         if run > 0 && serial.contains("recovering journal") {
             bail!("boot {run} replayed a journal: the power-off before it was not clean");
         }
-        let Some(switched) = kernel_timestamp(&serial, "switched root") else {
-            bail!("slate's init did not log the switch");
-        };
-        Ok(Sample::new(running).with("root_switched", "s", switched))
+        breakdown(&serial, running)
     });
     let baseline = Side::new("busybox /init to root mounted", |run| {
         let log = work.join(format!("baseline-{run}.log"));
@@ -223,6 +250,8 @@ pub fn bench_boot() -> Result<Vec<Comparison>> {
         .about("kernel start to machined stage Running (slate) vs to a mounted squashfs root")
         .about("(busybox /init); kernel timestamps, QEMU TCG, 1 vCPU, the same kernel and disk")
         .about("slate's warm-up boot is the image's first (it formats STATE and /var)")
+        .about("slate's figures: kernel timestamps of init started, its last module loaded, the")
+        .about("root switched and machined's first line, each run's read off its console")
         .run(slate, baseline, vec![])?;
     c.print();
     Ok(vec![c])
@@ -237,5 +266,28 @@ mod tests {
         let serial = "[    1.500000] x\n[   12.345678] [slate] [machined] stage Running\n";
         assert_eq!(kernel_timestamp(serial, RUNNING), Some(12.345678));
         assert_eq!(kernel_timestamp(serial, "nope"), None);
+    }
+
+    #[test]
+    fn a_boot_breaks_down_at_the_last_module_and_fails_without_a_milestone() {
+        let serial = "[    1.600000] [slate] [initramfs] starting slate 0.1.0\n\
+                      [    1.650000] [slate] [initramfs] loaded 1/2 squashfs in 21 ms\n\
+                      [    1.900000] [slate] [initramfs] loaded 2/2 ext4 in 133 ms\n\
+                      [    1.950000] [slate] [initramfs] switched root; executing /x\n\
+                      [    2.100000] [slate] [machined] starting slate 0.1.0\n";
+        let sample = breakdown(serial, 2.6).unwrap();
+        let figures: Vec<(&str, f64)> = sample.figures().map(|(n, _, v)| (n, v)).collect();
+        assert_eq!(
+            figures,
+            [
+                ("init_started", 1.6),
+                ("modules_loaded", 1.9),
+                ("root_switched", 1.95),
+                ("machined_started", 2.1)
+            ]
+        );
+        let without_machined = serial.replace("[machined] starting", "[machined] begun");
+        let err = breakdown(&without_machined, 2.6).unwrap_err().to_string();
+        assert!(err.contains("[machined] starting"), "{err}");
     }
 }
