@@ -98,6 +98,7 @@ impl StateFilesystem {
                 String::from_utf8_lossy(&output.stderr).trim().to_owned(),
             ));
         }
+        pin_staged_times(&image_path, work.path(), epoch)?;
         let mut image = Vec::with_capacity(size as usize);
         std::fs::File::open(&image_path)
             .and_then(|mut f| f.read_to_end(&mut image))
@@ -125,6 +126,47 @@ impl StateFilesystem {
         }
         view.flush()
     }
+}
+
+/// `mke2fs -d` copies each staged inode's atime, mtime and ctime from the staging directory,
+/// and a ctime cannot be set from user space: two builds a second apart differed in those
+/// fields. debugfs sets the three to `epoch` on every inode `-d` created (root, the
+/// configuration's directory and file), so the image depends on its inputs alone.
+fn pin_staged_times(image: &Path, work: &Path, epoch: u64) -> Result<(), StateError> {
+    let config_dir = Path::new(STATE_PATH)
+        .parent()
+        .map(|d| format!("/{}", d.display()))
+        .unwrap_or_else(|| "/".to_owned());
+    let mut commands = String::new();
+    for inode in ["/".to_owned(), config_dir, format!("/{STATE_PATH}")] {
+        for field in ["atime", "mtime", "ctime"] {
+            commands.push_str(&format!("set_inode_field {inode} {field} @{epoch}\n"));
+        }
+    }
+    let script = work.join("pin-times.debugfs");
+    std::fs::write(&script, commands)
+        .map_err(|e| StateError::Mkfs(format!("staging the debugfs commands: {e}")))?;
+    let output = Command::new("debugfs")
+        .arg("-w")
+        .arg("-f")
+        .arg(&script)
+        .arg(image)
+        .env("E2FSPROGS_FAKE_TIME", epoch.max(1).to_string())
+        .output()
+        .map_err(|e| StateError::Mkfs(format!("running debugfs: {e}")))?;
+    // debugfs exits 0 even when a command fails: anything on stderr but its version banner
+    // ("debugfs 1.47.0 (…)") is a failed command.
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let failed = stderr
+        .lines()
+        .find(|l| !l.trim().is_empty() && !l.starts_with("debugfs "));
+    if !output.status.success() || failed.is_some() {
+        return Err(StateError::Mkfs(format!(
+            "pinning the staged inodes' times with debugfs: {}",
+            failed.unwrap_or(stderr.trim())
+        )));
+    }
+    Ok(())
 }
 
 /// What [`seed_config`] did.
@@ -220,14 +262,17 @@ mod tests {
     const CONFIG: &str = include_str!("../../machine-config/tests/fixtures/node-v1.toml");
 
     /// A journaled ext4 (superblock `s_feature_compat` has `has_journal`, 0x4), and the same
-    /// inputs give the same bytes.
+    /// inputs give the same bytes, also when the two builds fall in different seconds (the
+    /// staging directory's own times must not reach the image).
     #[test]
     fn state_is_a_reproducible_journaled_ext4() {
-        if !slate_testkit::require_tool("mke2fs") {
+        if !slate_testkit::require_tool("mke2fs") || !slate_testkit::require_tool("debugfs") {
             return;
         }
         let build = || StateFilesystem::build(CONFIG, 32 << 20, "disk.raw", 1_700_000_000);
-        let (a, b) = (build().unwrap(), build().unwrap());
+        let a = build().unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(1100));
+        let b = build().unwrap();
         assert_eq!(a.len(), 32 << 20);
         assert_eq!(&a.image[1080..1082], &[0x53, 0xEF], "ext magic");
         let compat = u32::from_le_bytes(a.image[1024 + 0x5C..1024 + 0x60].try_into().unwrap());
@@ -235,6 +280,20 @@ mod tests {
         assert!(
             a.image == b.image,
             "the same inputs must give the same bytes"
+        );
+        // debugfs's edits leave a filesystem e2fsck finds clean (checksums included).
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("state.ext4");
+        std::fs::write(&path, &a.image).unwrap();
+        let fsck = Command::new("e2fsck")
+            .arg("-fn")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(
+            fsck.status.success(),
+            "e2fsck: {}",
+            String::from_utf8_lossy(&fsck.stdout)
         );
     }
 }
