@@ -1,6 +1,7 @@
 //! STATE seeded with a machine configuration: an ext4 filesystem holding
-//! `config/machine.toml` (0600), built by `mke2fs -d` (times pinned by `debugfs`) into a temporary file and written onto the
-//! STATE partition through the [`Disk`] trait, like every other byte slate writes.
+//! `config/machine.toml` (0600), built by `mke2fs -d` (times pinned by `debugfs`) into a
+//! temporary file and written onto the STATE partition through the [`Disk`] trait, like every
+//! other byte slate writes.
 //!
 //! Why mke2fs and not a crate: no maintained Rust crate writes ext4, and the node formats STATE
 //! with mke2fs too. It is a journaled ext4 (`-t ext4 -j`), like the one the node makes, so a
