@@ -8,6 +8,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use slate_api::BackendError;
 use slate_bootspec::BootState;
@@ -196,6 +197,7 @@ fn engine_err(e: engine::EngineError) -> SettleError {
 fn backend_err(e: engine::EngineError) -> BackendError {
     match e {
         engine::EngineError::Invalid(why) => BackendError::InvalidArgument(why),
+        engine::EngineError::Locked(_) => BackendError::Locked(e.to_string()),
         other => BackendError::Failed(slate_sequencer::error_chain(&other)),
     }
 }
@@ -204,6 +206,29 @@ fn require(node: &Node) -> Result<&SnapshotRoot, BackendError> {
     node.snapshot_root.as_ref().ok_or_else(|| {
         BackendError::Unsupported("this node's root is an image, not a Btrfs snapshot".into())
     })
+}
+
+/// How long a snapshot upgrade asked for over the API waits for this boot to be settled.
+const SETTLE_WAIT: Duration = Duration::from_secs(60);
+
+/// Waits until this boot is committed. The API answers from stage Running on, while the health
+/// checks run and then the engine's commit holds the pool's lock: an upgrade asked for in that
+/// window would find the lock taken (and must not snapshot a root still on trial), so it waits
+/// for the settle, as an A/B upgrade waits in machined's queue. Refused as `locked` when the
+/// boot is not committed within `wait` (a failed boot is being reverted, or no settle runs).
+fn wait_until_settled(node: &Node, wait: Duration) -> Result<(), BackendError> {
+    let deadline = Instant::now() + wait;
+    while !node.is_committed() {
+        if Instant::now() >= deadline {
+            return Err(BackendError::Locked(format!(
+                "this boot is not committed after {} s (health checks or the commit still \
+                 running, or the boot failed): no snapshot upgrade until it is",
+                wait.as_secs()
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    Ok(())
 }
 
 /// `GET /v1/snapshots`: the engine's listing.
@@ -221,7 +246,16 @@ pub fn upgrade(
     req: &slate_api::SnapshotUpgradeRequest,
 ) -> Result<serde_json::Value, BackendError> {
     let root = require(node)?;
-    let pool = open_pool(root, !req.dry_run).map_err(BackendError::Failed)?;
+    if !req.dry_run {
+        wait_until_settled(node, SETTLE_WAIT)?;
+    }
+    let pool = Pool::open(Path::new("/"), &root.disk, !req.dry_run).map_err(|e| match e {
+        engine::EngineError::Locked(_) => backend_err(e),
+        other => BackendError::Failed(format!(
+            "opening the Btrfs pool: {}",
+            slate_sequencer::error_chain(&other)
+        )),
+    })?;
     let mut lines = Vec::new();
     let mut say = |line: String| {
         node.journal.info(format_args!("snapshot upgrade: {line}"));
@@ -249,6 +283,32 @@ mod tests {
 22 1 0:21 /root-20261202-034907 / rw,relatime shared:1 - btrfs /dev/vda2 rw,space_cache=v2,subvolid=256,subvol=/root-20261202-034907
 23 22 0:5 / /dev rw,nosuid shared:2 - devtmpfs devtmpfs rw,size=10240k
 ";
+
+    #[test]
+    fn an_upgrade_waits_for_the_boot_to_be_committed_and_is_refused_locked_without_it() {
+        let (node, _requests) = Node::for_tests("");
+        let started = Instant::now();
+        let refused = wait_until_settled(&node, Duration::from_millis(200)).unwrap_err();
+        assert!(started.elapsed() >= Duration::from_millis(200));
+        assert!(
+            matches!(&refused, BackendError::Locked(why) if why.contains("not committed")),
+            "{refused:?}"
+        );
+        std::thread::scope(|s| {
+            let waiter = s.spawn(|| wait_until_settled(&node, Duration::from_secs(30)));
+            std::thread::sleep(Duration::from_millis(150));
+            assert!(!waiter.is_finished(), "returned before the commit");
+            node.set_committed();
+            waiter.join().unwrap().unwrap();
+        });
+    }
+
+    #[test]
+    fn a_held_pool_lock_is_a_409_not_a_500() {
+        let held = engine::EngineError::Locked(PathBuf::from("/run/slate/btrfs-x/.slate/lock"));
+        assert!(matches!(backend_err(held), BackendError::Locked(why)
+            if why == "another slate snapshot command holds /run/slate/btrfs-x/.slate/lock"));
+    }
 
     #[test]
     fn a_snapshot_root_is_recognised_from_mountinfo() {

@@ -42,6 +42,10 @@ pub enum EngineError {
     },
     #[error("{0}")]
     Invalid(String),
+    /// The pool's lock is held: by another `slate snapshot` command, or by machined settling
+    /// the boot. Nothing was done.
+    #[error("another slate snapshot command holds {}", .0.display())]
+    Locked(PathBuf),
     #[error("validation of {snapshot} failed: {}", problems.join("; "))]
     Validation {
         snapshot: String,

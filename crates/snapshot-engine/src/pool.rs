@@ -109,12 +109,7 @@ impl Pool {
                 .open(&path)
                 .map_err(io_err("opening", &path))?;
             let held = nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock)
-                .map_err(|_| {
-                    EngineError::Invalid(format!(
-                        "another slate snapshot command holds {}",
-                        path.display()
-                    ))
-                })?;
+                .map_err(|_| EngineError::Locked(path.clone()))?;
             pool._lock = Some(held);
         }
         Ok(pool)
