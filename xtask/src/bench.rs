@@ -377,6 +377,9 @@ impl Comparison {
             if let Some(r) = ratio(self.slate.stats(), m.stats()) {
                 println!("  slate / {}: {r:.2}x", m.name);
             }
+            if let Some(r) = ratio(m.stats(), self.baseline.stats()) {
+                println!("  {} / {}: {r:.2}x", m.name, self.baseline.name);
+            }
         }
         for (_, _, line) in &self.extra {
             println!("  {line}");
@@ -410,6 +413,7 @@ impl Comparison {
         for m in &self.also {
             let mut side = m.to_json();
             side["ratio"] = json!(ratio(self.slate.stats(), m.stats()));
+            side["ratio_to_baseline"] = json!(ratio(m.stats(), self.baseline.stats()));
             for (name, unit, values) in &m.figures {
                 side[*name] = figure_json(unit, values);
             }

@@ -15,6 +15,7 @@ use anyhow::{ensure, Context, Result};
 use slate_bundle::{write_bundle, BlobInput, BundleSpec, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE};
 
 use crate::bench::{noise, stopwatch, Bench, Comparison, Sample, Side};
+use crate::bench_apply_floor::Payload;
 use crate::util::{output, repo_root, run};
 use crate::vm_test::prepare;
 
@@ -37,7 +38,7 @@ fn bench_profile(dir: &Path) -> Result<std::path::PathBuf> {
 }
 
 /// Flushes the whole system: untimed, before each timed part.
-fn sync_all() -> Result<()> {
+pub(crate) fn sync_all() -> Result<()> {
     run(&mut Command::new("sync"))
 }
 
@@ -86,6 +87,8 @@ pub fn bench_apply() -> Result<Vec<Comparison>> {
     let (bundle, plain) = (dir.join("bundle"), dir.join("payload.bin"));
     write_inputs(&prepared.slate, &bundle, &plain)?;
 
+    let payload = Payload::read(&plain)?;
+
     let disk = dir.join("disk.raw");
     let slate = Side::new("slate installer upgrade", |_| {
         run(Command::new("cp")
@@ -127,7 +130,9 @@ pub fn bench_apply() -> Result<Vec<Comparison>> {
         .about("slate: read and verify the bundle, write the UKI into the ESP slot, flip the")
         .about("default, flush each step; on a fresh copy of the disk image each run")
         .about("baseline: cp of the same bytes to the same filesystem, then fsync of the copy")
-        .run(slate, baseline, vec![])?;
+        .about("floors: hash every byte and check it (on one core; per chunk on all cores),")
+        .about("then write it O_DIRECT and fdatasync: no bundle, FAT or flip (bench_apply_floor)")
+        .run(slate, baseline, payload.sides(&dir))?;
     c.print();
     if std::env::var_os("SLATE_BENCH_KEEP").is_none() {
         let _ = fs::remove_dir_all(&dir);
