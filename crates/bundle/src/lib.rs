@@ -16,6 +16,7 @@
 //! large blob is read.
 
 mod blob;
+mod chunks;
 mod digest;
 mod export;
 mod import;
@@ -30,6 +31,10 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use blob::{irregular_kind, BlobReader, VerifiedBlobs};
+pub use chunks::{
+    ChunkDigests, ChunkMismatch, CHUNKED_MIN, CHUNK_DIGESTS_ANNOTATION, CHUNK_SIZE,
+    CHUNK_SIZE_ANNOTATION,
+};
 pub use digest::{hashed_on_this_thread, Digest, DigestError, DigestWriter, Hasher, SHA256_PREFIX};
 pub use import::{import_tar, ImportError, Imported, JudgeError, Refusal};
 pub use mapped::BlobBytes;

@@ -19,7 +19,7 @@ use std::path::Path;
 use std::sync::Mutex;
 
 use crate::blob::{self, blob_path, lock, BlobReader};
-use crate::{BundleError, Digest, Hasher, VerifiedBlobs};
+use crate::{BundleError, ChunkDigests, Digest, Hasher, VerifiedBlobs};
 
 /// Blobs from this size on are mapped (when [`private_to_caller`]); a smaller one is simply read.
 pub(crate) const MAP_MIN: u64 = 16 << 20;
@@ -73,6 +73,7 @@ pub(crate) fn map_blob(
     what: &str,
     digest: &Digest,
     size: u64,
+    chunks: Option<&ChunkDigests>,
     verified: &Mutex<VerifiedBlobs>,
 ) -> Result<BlobBytes, BundleError> {
     let read = || blob::read_blob(dir, what, digest, size, u64::MAX, verified);
@@ -100,15 +101,27 @@ pub(crate) fn map_blob(
             }
         })?;
     if reader.hashes() {
-        let mut hasher = Hasher::new();
-        hasher.update(&map);
-        let actual = hasher.finish();
-        if actual != *digest {
-            return Err(BundleError::DigestMismatch {
-                what: what.to_owned(),
-                expected: digest.to_string(),
-                actual: actual.to_string(),
-            });
+        match chunks {
+            // Signed chunk digests cover every byte: checked on all cores (`crate::chunks`).
+            Some(chunks) => chunks
+                .verify(&map)
+                .map_err(|m| BundleError::DigestMismatch {
+                    what: format!("{what}, chunk {} (bytes {}..{})", m.index, m.start, m.end),
+                    expected: m.expected.to_string(),
+                    actual: m.actual.to_string(),
+                })?,
+            None => {
+                let mut hasher = Hasher::new();
+                hasher.update(&map);
+                let actual = hasher.finish();
+                if actual != *digest {
+                    return Err(BundleError::DigestMismatch {
+                        what: what.to_owned(),
+                        expected: digest.to_string(),
+                        actual: actual.to_string(),
+                    });
+                }
+            }
         }
         lock(verified).insert(digest.clone(), size);
     }
@@ -144,12 +157,12 @@ mod tests {
         let size = bytes.len() as u64;
         let verified = Mutex::new(VerifiedBlobs::new());
         let start = crate::hashed_on_this_thread();
-        let blob = map_blob(dir.path(), "the UKI", &digest, size, &verified).unwrap();
+        let blob = map_blob(dir.path(), "the UKI", &digest, size, None, &verified).unwrap();
         assert!(blob.is_mapped(), "{blob:?}");
         assert!(*blob == *bytes);
         assert_eq!(crate::hashed_on_this_thread() - start, size);
         assert!(lock(&verified).contains(&digest, size));
-        let again = map_blob(dir.path(), "the UKI", &digest, size, &verified).unwrap();
+        let again = map_blob(dir.path(), "the UKI", &digest, size, None, &verified).unwrap();
         assert_eq!(
             crate::hashed_on_this_thread() - start,
             size,
@@ -161,8 +174,46 @@ mod tests {
         flipped[MAP_MIN as usize / 2] ^= 1;
         std::fs::write(&path, &flipped).unwrap();
         let fresh = Mutex::new(VerifiedBlobs::new());
-        let err = map_blob(dir.path(), "the UKI", &digest, size, &fresh).unwrap_err();
+        let err = map_blob(dir.path(), "the UKI", &digest, size, None, &fresh).unwrap_err();
         assert!(matches!(err, BundleError::DigestMismatch { .. }), "{err:?}");
+        assert!(lock(&fresh).is_empty());
+    }
+
+    /// With chunk digests the mapped blob is checked chunk by chunk (each byte hashed once, on
+    /// all cores); a flipped byte is refused naming its chunk, and nothing is remembered.
+    #[test]
+    fn a_chunked_blob_is_verified_by_its_chunks_and_a_flipped_byte_named() {
+        let bytes = large();
+        let (dir, digest, path) = layout_with(&bytes);
+        let size = bytes.len() as u64;
+        let chunks = ChunkDigests::of(&bytes, 1 << 20);
+        let verified = Mutex::new(VerifiedBlobs::new());
+        let start = crate::hashed_on_this_thread();
+        let blob = map_blob(
+            dir.path(),
+            "the UKI",
+            &digest,
+            size,
+            Some(&chunks),
+            &verified,
+        )
+        .unwrap();
+        assert!(blob.is_mapped() && *blob == *bytes);
+        assert_eq!(crate::hashed_on_this_thread() - start, size);
+        assert!(lock(&verified).contains(&digest, size));
+        drop(blob);
+
+        let mut flipped = bytes.clone();
+        flipped[(3 << 20) + 7] ^= 1;
+        std::fs::write(&path, &flipped).unwrap();
+        let fresh = Mutex::new(VerifiedBlobs::new());
+        let err =
+            map_blob(dir.path(), "the UKI", &digest, size, Some(&chunks), &fresh).unwrap_err();
+        assert!(
+            err.to_string()
+                .starts_with("the UKI, chunk 3 (bytes 3145728..4194304) does not match"),
+            "{err}"
+        );
         assert!(lock(&fresh).is_empty());
     }
 
@@ -178,6 +229,7 @@ mod tests {
             "the UKI",
             &digest,
             bytes.len() as u64,
+            None,
             &verified,
         )
         .unwrap();
@@ -186,7 +238,7 @@ mod tests {
 
         let small = b"a small blob".to_vec();
         let (dir, digest, _) = layout_with(&small);
-        let blob = map_blob(dir.path(), "the UKI", &digest, 12, &verified).unwrap();
+        let blob = map_blob(dir.path(), "the UKI", &digest, 12, None, &verified).unwrap();
         assert!(!blob.is_mapped());
         assert_eq!(&*blob, &small[..]);
     }

@@ -3,6 +3,7 @@
 //! each hashed at most once per [`Bundle`]. Files are opened only when they are regular files
 //! (`blob::open_regular`); a size no file can have is refused when the manifest is read.
 
+use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -11,7 +12,7 @@ use oci_spec::image::{Descriptor, ImageIndex, ImageManifest};
 
 use crate::blob::{self, declared_too_large, lock, open_regular, parse_digest, BlobReader};
 use crate::{
-    BlobRef, BundleError, BundleManifest, Digest, VerifiedBlobs, CONFIG_MEDIA_TYPE,
+    BlobRef, BundleError, BundleManifest, ChunkDigests, Digest, VerifiedBlobs, CONFIG_MEDIA_TYPE,
     REF_NAME_ANNOTATION,
 };
 
@@ -29,6 +30,8 @@ pub struct Bundle {
     manifest: BundleManifest,
     /// The image's config and layers, in manifest order.
     image_blobs: Vec<(Digest, u64)>,
+    /// The chunk digests layers declare, verified in parallel instead of the whole digest.
+    chunks: BTreeMap<Digest, ChunkDigests>,
     verified: Mutex<VerifiedBlobs>,
 }
 
@@ -112,6 +115,7 @@ fn parse_image_manifest(bytes: &[u8]) -> Result<ImageManifest, BundleError> {
     let oci: ImageManifest =
         serde_json::from_slice(bytes).map_err(|e| malformed("the image manifest", e))?;
     image_blobs(&oci)?;
+    layer_chunks(&oci)?;
     let config = oci.config();
     if config.media_type().to_string() != CONFIG_MEDIA_TYPE {
         return Err(malformed(
@@ -141,6 +145,26 @@ fn image_blobs(oci: &ImageManifest) -> Result<Vec<(Digest, u64)>, BundleError> {
             Ok((digest, d.size()))
         })
         .collect()
+}
+
+/// The chunk digests each layer of `oci` declares (`crate::chunks`), by the layer's digest;
+/// malformed ones refuse the image manifest.
+fn layer_chunks(oci: &ImageManifest) -> Result<BTreeMap<Digest, ChunkDigests>, BundleError> {
+    let mut chunks = BTreeMap::new();
+    for layer in oci.layers() {
+        let digest = parse_digest(layer.digest().as_ref())?;
+        let declared = ChunkDigests::from_annotations(layer.annotations().as_ref(), layer.size())
+            .map_err(|reason| {
+            malformed(
+                "the image manifest",
+                format!("its layer {digest}: {reason}"),
+            )
+        })?;
+        if let Some(declared) = declared {
+            chunks.insert(digest, declared);
+        }
+    }
+    Ok(chunks)
 }
 
 /// The bundle manifest (the config blob); every blob it names must be a layer of `oci`.
@@ -221,6 +245,7 @@ impl Bundle {
             manifest_bytes,
             manifest,
             image_blobs: image_blobs(&oci)?,
+            chunks: layer_chunks(&oci)?,
             verified,
         })
     }
@@ -295,6 +320,7 @@ impl Bundle {
             &format!("the {role} blob"),
             &digest,
             size,
+            self.chunks.get(&digest),
             &self.verified,
         )
     }

@@ -12,8 +12,8 @@ use serde::Serialize;
 
 use crate::blob::blob_path;
 use crate::{
-    BlobRef, BundleError, BundleManifest, Digest, ARTIFACT_TYPE, CONFIG_MEDIA_TYPE,
-    REF_NAME_ANNOTATION,
+    BlobRef, BundleError, BundleManifest, ChunkDigests, Digest, ARTIFACT_TYPE, CHUNKED_MIN,
+    CHUNK_SIZE, CONFIG_MEDIA_TYPE, REF_NAME_ANNOTATION,
 };
 
 /// What the bundle is.
@@ -123,11 +123,17 @@ fn write_layout(
                 size: blob.bytes.len() as u64,
             },
         );
+        let chunks = (blob.bytes.len() as u64 >= CHUNKED_MIN)
+            .then(|| ChunkDigests::of(blob.bytes, CHUNK_SIZE).annotations());
+        let mut annotations = vec![("org.opencontainers.image.title", blob.file_name)];
+        for (key, value) in chunks.iter().flatten() {
+            annotations.push((key, value));
+        }
         layers.push(descriptor(
             blob.media_type,
             &digest,
             blob.bytes.len(),
-            &[("org.opencontainers.image.title", blob.file_name)],
+            &annotations,
         )?);
     }
     let manifest = BundleManifest {

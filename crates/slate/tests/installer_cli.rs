@@ -230,8 +230,8 @@ fn bad_bundles_and_foreign_disks_are_refused_before_any_write() {
 }
 
 /// A UKI large enough to be mapped from its blob file instead of read (16 MiB and up, the
-/// file private to the caller): upgraded to, and refused with the disk unchanged when one byte
-/// in its middle is flipped.
+/// file private to the caller) and to carry chunk digests: upgraded to, and refused with the
+/// disk unchanged when one byte in its middle is flipped.
 #[test]
 fn a_large_uki_is_upgraded_to_and_refused_when_tampered() {
     let fx = Fixture::installed();
@@ -268,11 +268,15 @@ fn a_large_uki_is_upgraded_to_and_refused_when_tampered() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("installed slate-2.0.0+3.efi"), "{stdout}");
 
+    // 17 MiB carries chunk digests (8 MiB chunks, checked on every core): the flipped byte in
+    // the middle is found in chunk 1.
     let tampered = large("3.0.0");
     flip_a_bit_of_the_largest_blob(&tampered, |len| len / 2);
-    fx.refused("tampered large blob", "does not match its digest", || {
-        fx.upgrade(&tampered, &[])
-    });
+    fx.refused(
+        "tampered large blob",
+        "chunk 1 (bytes 8388608..16777216) does not match its digest",
+        || fx.upgrade(&tampered, &[]),
+    );
 }
 
 /// Flips one bit, at `at(length)`, of the bundle's largest blob (its UKI).
