@@ -3,14 +3,14 @@
 //! at once. SHA-256 is sequential: one digest over 256 MiB takes one core 0.15–0.26 s here, as
 //! long as writing the bytes out, and "a tampered bundle is refused before a single byte is
 //! written" puts that whole time in front of the first write. Per-chunk digests divide it by
-//! the cores (docs/formats.md §7.5; `xtask bench-apply`'s floors measure both).
+//! the cores (docs/formats.md §7.1, "Chunk digests"; `xtask bench-apply`'s floors measure both).
 //!
 //! The annotations sit in the image manifest, not in the bundle manifest: readers ignore
 //! annotations they do not know, while older slate refuses unknown bundle-manifest fields, so a
 //! bundle with chunk digests still opens (and is verified whole) under an older slate.
 //!
-//! - `dev.slate.chunk-size`: the chunk size in bytes, decimal, a power of two from 1 MiB to
-//!   1 GiB; every chunk but the last is that long.
+//! - `dev.slate.chunk-size`: the chunk size in bytes, decimal with no leading zero, a power of
+//!   two from 1 MiB to 1 GiB; every chunk but the last is that long.
 //! - `dev.slate.chunk-digests`: the chunks' digests in order, comma-separated, exactly as many
 //!   as the layer's size needs (at least one).
 //!
@@ -182,11 +182,15 @@ fn valid_chunk_size(size: u64) -> bool {
 }
 
 fn parse_chunk_size(text: &str) -> Result<u64, String> {
+    // One spelling per number, as for digests: plain digits, no sign, no leading zero.
+    let canonical = text.bytes().all(|b| b.is_ascii_digit()) && !text.starts_with('0');
     let size = text
         .parse::<u64>()
         .ok()
-        .filter(|_| text.bytes().all(|b| b.is_ascii_digit()))
-        .ok_or_else(|| format!("{CHUNK_SIZE_ANNOTATION} {text:?} is not a decimal number"))?;
+        .filter(|_| canonical)
+        .ok_or_else(|| {
+            format!("{CHUNK_SIZE_ANNOTATION} {text:?} is not a decimal number (no leading zero)")
+        })?;
     if !valid_chunk_size(size) {
         return Err(format!(
             "{CHUNK_SIZE_ANNOTATION} {size} is not a power of two from {MIN_CHUNK} to {MAX_CHUNK}"
@@ -229,6 +233,25 @@ mod tests {
         assert_eq!(ChunkDigests::from_annotations(None, 10).unwrap(), None);
     }
 
+    /// docs/formats.md §7.1's vector: bytes `i % 251` for i < 2 MiB + 3, chunks of 1 MiB.
+    #[test]
+    fn the_documented_vector() {
+        let data: Vec<u8> = (0..(2usize << 20) + 3).map(|i| (i % 251) as u8).collect();
+        let chunks = ChunkDigests::of(&data, 1 << 20);
+        let [size, digests] = chunks.annotations();
+        assert_eq!(size, (CHUNK_SIZE_ANNOTATION, "1048576".to_owned()));
+        assert_eq!(
+            digests.1,
+            "sha256:631b84027d6b9e52b539c4e8373622d23032dfadc64d60af87339c9037e4f769,\
+             sha256:729b9155f00261a681000ccd0ff20e750ed3d525b5b1e6fc961837a3bb666fd6,\
+             sha256:bcad817b76c3a321a134c26ee63b549b42244d30a0fae10f19a2e1d1cb0bc15d"
+        );
+        assert_eq!(
+            Digest::of(&data).as_str(),
+            "sha256:9d5bd11e1a0db7e737b58c7b3c0eaabeab2d7adb4b328b455607f2c50ad029d2"
+        );
+    }
+
     #[test]
     fn a_changed_byte_is_found_in_its_chunk() {
         let mut data = bytes(3 << 20);
@@ -258,6 +281,7 @@ mod tests {
             (annotated("524288", &one), 10, "not a power of two"),
             (annotated("2147483648", &one), 10, "not a power of two"),
             (annotated("+1048576", &one), 10, "not a decimal number"),
+            (annotated("01048576", &one), 10, "not a decimal number"),
             (annotated(&size, "sha256:ABC"), 10, "not a sha256 digest"),
             (annotated(&size, &format!("{one},")), 10, "is not a digest"),
             (

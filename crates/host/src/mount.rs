@@ -32,12 +32,28 @@ pub fn mount(
     })
 }
 
-/// Unmounts `target` (no lazy detach: a busy filesystem is an error worth seeing).
+/// How long [`unmount`] retries a busy filesystem.
+const BUSY_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Unmounts `target` (no lazy detach: a busy filesystem is an error worth seeing). `EBUSY` is
+/// retried for up to 2 s first: a child another thread forked holds copies of this process's
+/// descriptors (one to a file just written there, say) until it execs, so a busy answer right
+/// after the last file was closed can be gone a moment later. The test suite met exactly that.
 pub fn unmount(target: &Path) -> Result<()> {
-    nix::mount::umount2(target, MntFlags::empty()).map_err(|source| HostError::Unmount {
-        target: target.to_path_buf(),
-        source,
-    })
+    let deadline = std::time::Instant::now() + BUSY_RETRY;
+    loop {
+        match nix::mount::umount2(target, MntFlags::empty()) {
+            Err(Errno::EBUSY) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            result => {
+                return result.map_err(|source| HostError::Unmount {
+                    target: target.to_path_buf(),
+                    source,
+                })
+            }
+        }
+    }
 }
 
 /// Moves the mount at `from` (with everything mounted beneath it) to `to` (`MS_MOVE`).
@@ -193,6 +209,45 @@ fn create_dir(path: &Path) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A filesystem busy for a moment (a file open in it, closed 200 ms later) is unmounted
+    /// once it is free; one that stays busy is an `EBUSY` error after the retry time.
+    #[test]
+    fn a_briefly_busy_filesystem_is_unmounted_and_a_busy_one_refused() {
+        if !slate_testkit::require_root() {
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let mounted = |dir: &Path| {
+            mount("tmpfs", dir, "tmpfs", MsFlags::empty(), Some("size=1m")).unwrap();
+            std::fs::File::create(dir.join("held")).unwrap()
+        };
+        let held = mounted(dir.path());
+        let closer = std::thread::spawn(move || {
+            std::thread::sleep(std::time::Duration::from_millis(200));
+            drop(held);
+        });
+        unmount(dir.path()).unwrap();
+        closer.join().unwrap();
+        assert!(!is_mount_point(dir.path()).unwrap());
+
+        let held = mounted(dir.path());
+        let started = std::time::Instant::now();
+        let err = unmount(dir.path()).unwrap_err();
+        assert!(started.elapsed() >= BUSY_RETRY);
+        assert!(
+            matches!(
+                err,
+                HostError::Unmount {
+                    source: Errno::EBUSY,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        drop(held);
+        unmount(dir.path()).unwrap();
+    }
 
     #[test]
     fn root_is_a_mount_point_and_a_plain_directory_is_not() {
