@@ -15,7 +15,7 @@ use anyhow::{ensure, Context, Result};
 use slate_bundle::{write_bundle, BlobInput, BundleSpec, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE};
 
 use crate::bench::{noise, stopwatch, Bench, Comparison, Sample, Side};
-use crate::bench_apply_floor::Payload;
+use crate::bench_apply_bare::Payload;
 use crate::util::{output, repo_root, run};
 use crate::vm_test::prepare;
 
@@ -130,8 +130,8 @@ pub fn bench_apply() -> Result<Vec<Comparison>> {
         .about("slate: read and verify the bundle, write the UKI into the ESP slot, flip the")
         .about("default, flush each step; on a fresh copy of the disk image each run")
         .about("baseline: cp of the same bytes to the same filesystem, then fsync of the copy")
-        .about("floors: hash every byte and check it (on one core; per chunk on all cores),")
-        .about("then write it O_DIRECT and fdatasync: no bundle, FAT or flip (bench_apply_floor)")
+        .about("bare: hash every byte and check it (on one core; per chunk on all cores), then")
+        .about("write it O_DIRECT and fdatasync; no bundle, FAT or flip (bench_apply_bare.rs)")
         .run(slate, baseline, payload.sides(&dir))?;
     c.print();
     if std::env::var_os("SLATE_BENCH_KEEP").is_none() {

@@ -7,7 +7,7 @@
 mod base_rootfs;
 mod bench;
 mod bench_apply;
-mod bench_apply_floor;
+mod bench_apply_bare;
 mod bench_boot;
 mod bench_fleetlock;
 mod bench_operator;

@@ -1,16 +1,17 @@
-//! bench-apply's floors: what any apply that keeps "a tampered bundle is refused before a
-//! single byte is written" must spend at least, measured beside slate and `cp + fsync` in the
-//! same rotation. Each floor hashes every byte of the payload (from memory, as a mapping of a
-//! blob already in the page cache is), checks the digest, and only then writes the bytes with
-//! `O_DIRECT` (no page-cache copy) in 8 MiB pieces into a fresh sparse file on the same
-//! filesystem, then `fdatasync`. Nothing else: no bundle, no FAT, no flip.
+//! bench-apply's bare references: the apply design "hash every byte and check it, then write"
+//! with nothing else (no bundle, FAT or flip), measured beside slate and `cp + fsync` in the
+//! same rotation. Each hashes the payload from memory (as a mapping of a blob already in the
+//! page cache is), checks the digest, and only then writes the bytes with `O_DIRECT` in 8 MiB
+//! pieces into a fresh sparse file on the same filesystem, then `fdatasync`.
 //!
-//! - one core: the bundle format slate has, one SHA-256 over the whole blob;
-//! - all cores: a bundle format that slate does not have, a signed digest per chunk, hashed on
-//!   every core at once.
+//! - one core: one SHA-256 over the whole blob, the bundle format slate had before chunk
+//!   digests (and what an older bundle still gets);
+//! - all cores: the blob's chunk digests (bundle `chunks.rs`), hashed on every core at once.
 //!
-//! They answer issue 17's question with a number: if even a floor is over the target ratio,
-//! no implementation of that design reaches it on this machine.
+//! The hash part is the floor of any apply that keeps "a tampered bundle is refused before a
+//! single byte is written"; the write part is one plain way to write, and slate's staged
+//! page-cache writes with early writeback may beat it. They show how much of slate's time is
+//! the design and how much is slate.
 
 use std::fs::{self, File, OpenOptions};
 use std::os::unix::fs::{FileExt as _, OpenOptionsExt as _};
@@ -40,7 +41,7 @@ pub struct Payload {
 }
 
 impl Payload {
-    /// Reads `plain` (untimed) and computes the digests the floors check against.
+    /// Reads `plain` (untimed) and computes the digests the references check against.
     pub fn read(plain: &Path) -> Result<Payload> {
         let bytes = fs::read(plain).with_context(|| format!("reading {}", plain.display()))?;
         let len = bytes.len();
@@ -70,17 +71,17 @@ impl Payload {
             .chunks(self.len.div_ceil(cores).next_multiple_of(ALIGN))
     }
 
-    /// The two floors, as further sides of bench-apply's comparison.
+    /// The two references, as further sides of bench-apply's comparison.
     pub fn sides<'a>(&'a self, dir: &'a Path) -> Vec<Side<'a>> {
         vec![
-            Side::new("floor, one core", move |run| {
-                self.floor(&dir.join(format!("floor-one-{run}.raw")), || {
+            Side::new("bare, one core", move |run| {
+                self.measure(&dir.join(format!("bare-one-{run}.raw")), || {
                     ensure!(Digest::of(self.bytes()) == self.whole, "the digest");
                     Ok(())
                 })
             }),
-            Side::new("floor, all cores", move |run| {
-                self.floor(&dir.join(format!("floor-all-{run}.raw")), || {
+            Side::new("bare, all cores", move |run| {
+                self.measure(&dir.join(format!("bare-all-{run}.raw")), || {
                     let digests = std::thread::scope(|s| {
                         let hashing: Vec<_> = self
                             .chunked()
@@ -100,7 +101,7 @@ impl Payload {
 
     /// One run: a fresh sparse target (untimed, after a system-wide sync), then `verify` and
     /// the direct write, timed together; the hash and the write are kept as figures.
-    fn floor(&self, target: &Path, verify: impl FnOnce() -> Result<()>) -> Result<Sample> {
+    fn measure(&self, target: &Path, verify: impl FnOnce() -> Result<()>) -> Result<Sample> {
         let _ = fs::remove_file(target);
         let file =
             File::create(target).with_context(|| format!("creating {}", target.display()))?;
