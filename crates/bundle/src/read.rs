@@ -109,13 +109,22 @@ fn choose_image(index_bytes: &[u8], tag: Option<&str>) -> Result<Descriptor, Bun
     Ok(chosen.clone())
 }
 
-/// The OCI image manifest, whose config must be a slate bundle manifest and whose blobs must
-/// all be named by canonical sha256 digests.
-fn parse_image_manifest(bytes: &[u8]) -> Result<ImageManifest, BundleError> {
+/// An image manifest checked by [`parse_image_manifest`], with what the checks read off it.
+struct ParsedImage {
+    oci: ImageManifest,
+    /// The config and the layers with their sizes, in manifest order.
+    blobs: Vec<(Digest, u64)>,
+    /// The chunk digests layers declare, by layer digest.
+    chunks: BTreeMap<Digest, ChunkDigests>,
+}
+
+/// The OCI image manifest, whose config must be a slate bundle manifest, whose blobs must all
+/// be named by canonical sha256 digests, and whose chunk digests must be well formed.
+fn parse_image_manifest(bytes: &[u8]) -> Result<ParsedImage, BundleError> {
     let oci: ImageManifest =
         serde_json::from_slice(bytes).map_err(|e| malformed("the image manifest", e))?;
-    image_blobs(&oci)?;
-    layer_chunks(&oci)?;
+    let blobs = image_blobs(&oci)?;
+    let chunks = layer_chunks(&oci)?;
     let config = oci.config();
     if config.media_type().to_string() != CONFIG_MEDIA_TYPE {
         return Err(malformed(
@@ -126,7 +135,7 @@ fn parse_image_manifest(bytes: &[u8]) -> Result<ImageManifest, BundleError> {
             ),
         ));
     }
-    Ok(oci)
+    Ok(ParsedImage { oci, blobs, chunks })
 }
 
 /// The config and the layers of `oci` with their sizes; a size no file can have is refused,
@@ -199,8 +208,8 @@ pub fn parse_documents(
     bundle_manifest: &[u8],
 ) -> Result<BundleManifest, BundleError> {
     choose_image(index, tag)?;
-    let oci = parse_image_manifest(image_manifest)?;
-    parse_bundle_manifest(bundle_manifest, &oci)
+    let image = parse_image_manifest(image_manifest)?;
+    parse_bundle_manifest(bundle_manifest, &image.oci)
 }
 
 /// cosign's tag for the signature of a manifest: `sha256-<hex>.sig`.
@@ -236,16 +245,17 @@ impl Bundle {
             MAX_DOCUMENT_BYTES,
             &verified,
         )?;
-        let oci = parse_image_manifest(&manifest_bytes)?;
-        let config_bytes = read_descriptor(dir, "the bundle manifest", oci.config(), &verified)?;
-        let manifest = parse_bundle_manifest(&config_bytes, &oci)?;
+        let image = parse_image_manifest(&manifest_bytes)?;
+        let config_bytes =
+            read_descriptor(dir, "the bundle manifest", image.oci.config(), &verified)?;
+        let manifest = parse_bundle_manifest(&config_bytes, &image.oci)?;
         Ok(Bundle {
             dir: dir.to_owned(),
             digest,
             manifest_bytes,
             manifest,
-            image_blobs: image_blobs(&oci)?,
-            chunks: layer_chunks(&oci)?,
+            image_blobs: image.blobs,
+            chunks: image.chunks,
             verified,
         })
     }

@@ -63,11 +63,21 @@ pub fn detect() -> Option<SnapshotRoot> {
 }
 
 fn open_pool(root: &SnapshotRoot, lock: bool) -> Result<Pool, String> {
-    Pool::open(Path::new("/"), &root.disk, lock).map_err(|e| {
-        format!(
-            "opening the Btrfs pool: {}",
-            slate_sequencer::error_chain(&e)
-        )
+    Pool::open(Path::new("/"), &root.disk, lock).map_err(|e| pool_error(&e))
+}
+
+fn pool_error(e: &engine::EngineError) -> String {
+    format!(
+        "opening the Btrfs pool: {}",
+        slate_sequencer::error_chain(e)
+    )
+}
+
+/// [`open_pool`] for an API request: a held lock is `locked` (409), anything else `failed`.
+fn open_pool_for_request(root: &SnapshotRoot, lock: bool) -> Result<Pool, BackendError> {
+    Pool::open(Path::new("/"), &root.disk, lock).map_err(|e| match e {
+        engine::EngineError::Locked(_) => backend_err(e),
+        other => BackendError::Failed(pool_error(&other)),
     })
 }
 
@@ -234,7 +244,7 @@ fn wait_until_settled(node: &Node, wait: Duration) -> Result<(), BackendError> {
 /// `GET /v1/snapshots`: the engine's listing.
 pub fn list(node: &Node) -> Result<serde_json::Value, BackendError> {
     let root = require(node)?;
-    let pool = open_pool(root, false).map_err(BackendError::Failed)?;
+    let pool = open_pool_for_request(root, false)?;
     let listing = engine::list(&pool).map_err(backend_err)?;
     serde_json::to_value(listing).map_err(|e| BackendError::Failed(e.to_string()))
 }
@@ -249,13 +259,7 @@ pub fn upgrade(
     if !req.dry_run {
         wait_until_settled(node, SETTLE_WAIT)?;
     }
-    let pool = Pool::open(Path::new("/"), &root.disk, !req.dry_run).map_err(|e| match e {
-        engine::EngineError::Locked(_) => backend_err(e),
-        other => BackendError::Failed(format!(
-            "opening the Btrfs pool: {}",
-            slate_sequencer::error_chain(&other)
-        )),
-    })?;
+    let pool = open_pool_for_request(root, !req.dry_run)?;
     let mut lines = Vec::new();
     let mut say = |line: String| {
         node.journal.info(format_args!("snapshot upgrade: {line}"));
