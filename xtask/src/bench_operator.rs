@@ -12,13 +12,13 @@
 use std::cell::RefCell;
 use std::io::Read as _;
 use std::net::{SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
-use slate_api::{Client, Role};
-use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, Reporter};
+
+use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, Identities, Reporter};
 use slate_operator::{EtcdState, LeaderConfig, Operator, ReleaseSource, TickTiming};
 use slate_release::{Channel, Release, ReleaseIndex};
 use slate_rollout::NodeReport;
@@ -39,15 +39,16 @@ impl ReleaseSource for Fixed {
     }
 }
 
+/// Each node reports as itself (a client certificate naming it), as a real node does.
 struct ToOperator {
-    clients: Vec<Client>,
-    next: AtomicUsize,
+    addr: String,
+    identities: Identities,
 }
 
 impl Reporter for ToOperator {
     fn report(&self, report: &NodeReport) -> Result<(), String> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len();
-        self.clients[i]
+        self.identities
+            .heartbeat_client(&report.id, &self.addr)?
             .call::<serde_json::Value, _>("POST", "/v1/fleet/heartbeat", Some(report))
             .map(drop)
             .map_err(|e| e.to_string())
@@ -150,13 +151,8 @@ fn rollout(per_group: usize) -> Result<Rollout> {
     let replica = std::thread::spawn(move || slate_operator::run(op, &stopping));
 
     let reporter = ToOperator {
-        clients: (0..8)
-            .map(|_| {
-                Client::from_dir(&listen.to_string(), &certs, Role::Operator)
-                    .map(|c| c.with_timeout(Duration::from_secs(20)))
-            })
-            .collect::<Result<_, _>>()?,
-        next: AtomicUsize::new(0),
+        addr: listen.to_string(),
+        identities: Identities::from_dir(&certs)?,
     };
     let mut spec = FleetSpec::new(&certs);
     for g in 0..GROUPS {

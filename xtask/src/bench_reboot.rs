@@ -19,7 +19,7 @@ use anyhow::{bail, ensure, Context, Result};
 use crate::bench::{Bench, Comparison, Sample, Side};
 use crate::util::{output, repo_root};
 use crate::vm::{tail, Running, Vm};
-use crate::vm_test::{build_image, prepare, Prepared};
+use crate::vm_test::{build_image, image_node_name, prepare, Prepared};
 
 const RUNNING: &str = "[slate] [machined] stage Running";
 const TIMEOUT: Duration = Duration::from_secs(240);
@@ -27,6 +27,8 @@ const TIMEOUT: Duration = Duration::from_secs(240);
 /// The node, its VM and the boot that runs now.
 struct Node<'a> {
     prepared: &'a Prepared,
+    /// What the node's certificate names (the API is reached through a port forward).
+    name: String,
     vm: Vm,
     boot: Running,
 }
@@ -37,6 +39,8 @@ impl Node<'_> {
             Command::new(&self.prepared.slate)
                 .arg("--node")
                 .arg(format!("127.0.0.1:{}", self.vm.api_port))
+                .arg("--server-name")
+                .arg(&self.name)
                 .arg("--certs")
                 .arg(&self.prepared.pki)
                 .args(args),
@@ -99,6 +103,7 @@ pub fn bench_reboot() -> Result<Vec<Comparison>> {
     boot.expect(&[RUNNING], TIMEOUT, "the first boot")?;
     let node = RefCell::new(Node {
         prepared: &prepared,
+        name: image_node_name(&disk),
         vm,
         boot,
     });

@@ -40,6 +40,10 @@ pub enum BackendError {
     /// treats both as "not there".
     #[error("not found: {0}")]
     NotFound(String),
+    /// The caller may not do this, whatever its role (a node reporting about another node):
+    /// HTTP 403 `permission_denied`.
+    #[error("permission denied: {0}")]
+    PermissionDenied(String),
     /// Anything else: HTTP 500 `internal`.
     #[error("{0}")]
     Failed(String),

@@ -1,5 +1,11 @@
-//! `slate gen certs`: the CA, the node's server certificate and one client certificate per role
-//! (ECDSA P-256), the role carried as the subject Organization `os:<role>` as in Talos.
+//! `slate gen certs`: the fleet's two CAs and the certificates made from them (ECDSA P-256),
+//! the role carried as the subject Organization `os:<role>` as in Talos.
+//!
+//! Two CAs, so that no node holds a key anyone else trusts (docs/trust.md, "Node identity"):
+//! the **client CA** signs the admin, operator and reader certificates every node accepts; the
+//! **fleet CA** vouches for nodes (through one name-constrained issuing CA per node, made by
+//! `slate gen config`, [`crate::issue_node_ca`]) and for the fleet's services. Both keys stay
+//! with the fleet's administrators; a node's configuration carries only its own issuing CA.
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -15,14 +21,19 @@ use rcgen::{
 
 use crate::types::Role;
 
-/// The CA certificate, given to the node and to every client.
+/// The fleet CA's certificate: clients verify nodes and the fleet's services against it.
 pub const CA_CERT: &str = "ca.crt";
-/// The CA key: keep it off nodes; it signs new client certificates.
+/// The fleet CA's key: keep it off nodes; `slate gen config` issues each node's CA with it.
 pub const CA_KEY: &str = "ca.key";
-/// The node's server certificate (serverAuth), carried by the image.
-pub const NODE_CERT: &str = "node.crt";
-/// The node's key, carried by the image.
-pub const NODE_KEY: &str = "node.key";
+/// The client CA's certificate: every node's `api.client_ca`.
+pub const CLIENT_CA_CERT: &str = "client-ca.crt";
+/// The client CA's key: keep it off nodes; it signs new client certificates.
+pub const CLIENT_CA_KEY: &str = "client-ca.key";
+/// The serving certificate of the fleet's services (the rollout operator, a FleetLock server
+/// with TLS, the simulated fleet), issued by the fleet CA.
+pub const SERVICE_CERT: &str = "service.crt";
+/// Its key.
+pub const SERVICE_KEY: &str = "service.key";
 
 /// The client certificate file of a role: `admin.crt`, `operator.crt`, `reader.crt`.
 pub fn client_cert_file(role: Role) -> String {
@@ -32,6 +43,22 @@ pub fn client_cert_file(role: Role) -> String {
 /// The client key file of a role: `admin.key`, …
 pub fn client_key_file(role: Role) -> String {
     format!("{}.key", role.as_str())
+}
+
+/// Reads `name` from a certificate directory; a directory of the older shared-CA shape (no
+/// `client-ca.crt`) is named as such.
+pub(crate) fn read_pki_file(dir: &Path, name: &str) -> Result<Vec<u8>, CertError> {
+    let path = dir.join(name);
+    std::fs::read(&path).map_err(|source| {
+        if name == CLIENT_CA_CERT
+            && source.kind() == std::io::ErrorKind::NotFound
+            && dir.join(CA_CERT).exists()
+        {
+            CertError::SharedCa(dir.to_owned())
+        } else {
+            CertError::Io { path, source }
+        }
+    })
 }
 
 pub(crate) const DAY: Duration = Duration::from_secs(24 * 60 * 60);
@@ -56,6 +83,12 @@ pub enum CertError {
     Generate(#[from] rcgen::Error),
     #[error("invalid {what}: {reason}")]
     Invalid { what: String, reason: String },
+    #[error(
+        "{0} holds one CA for nodes and clients (made by an older `slate gen certs`): a node \
+         configured from it could make admin certificates; make a new directory with `slate gen \
+         certs --out NEW` (docs/trust.md, \"Migrating from a shared CA\")"
+    )]
+    SharedCa(PathBuf),
 }
 
 /// What [`gen_certs`] wrote.
@@ -63,24 +96,26 @@ pub enum CertError {
 pub struct GeneratedCerts {
     /// Every file written, in `dir`.
     pub files: Vec<PathBuf>,
-    /// The node certificate's subject alternative names.
-    pub node_names: Vec<String>,
+    /// The service certificate's subject alternative names.
+    pub service_names: Vec<String>,
 }
 
-/// Writes `ca.crt`/`ca.key`, `node.crt`/`node.key` (serverAuth; SANs: `node_names` — DNS
-/// names or IP addresses — plus `localhost`, `127.0.0.1` and `::1`) and `admin`, `operator`,
-/// `reader` `.crt`/`.key` (clientAuth, `O=os:<role>`) into `dir` (created if missing).
+/// Writes into `dir` (created if missing): the fleet CA `ca.crt`/`ca.key` (path length 1: it
+/// issues each node's CA), the client CA `client-ca.crt`/`client-ca.key` (path length 0), the
+/// services' `service.crt`/`service.key` (serverAuth, from the fleet CA; SANs: `service_names`
+/// — DNS names or IP addresses — plus `localhost`, `127.0.0.1` and `::1`) and `admin`,
+/// `operator`, `reader` `.crt`/`.key` (clientAuth, `O=os:<role>`, from the client CA).
 ///
 /// Refuses to overwrite: if any of the files exists nothing is written. Files are written
 /// under temporary names and renamed into place; keys are mode 0600.
-pub fn gen_certs(dir: &Path, node_names: &[String]) -> Result<GeneratedCerts, CertError> {
+pub fn gen_certs(dir: &Path, service_names: &[String]) -> Result<GeneratedCerts, CertError> {
     let io = |path: &Path| {
         let path = path.to_owned();
         move |source| CertError::Io { path, source }
     };
     let mut names: Vec<String> = Vec::new();
     let mut seen = BTreeSet::new();
-    for name in node_names
+    for name in service_names
         .iter()
         .map(|n| n.trim().to_owned())
         .chain(["localhost", "127.0.0.1", "::1"].map(String::from))
@@ -95,26 +130,21 @@ pub fn gen_certs(dir: &Path, node_names: &[String]) -> Result<GeneratedCerts, Ce
 
     let mut files: Vec<(String, String, bool)> = Vec::new(); // (name, contents, secret)
     let now = SystemTime::now();
-    let ca_key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
-    let mut ca = params("slate CA", Some("slate"), now, LONG_VALIDITY);
-    ca.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    ca.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca.self_signed(&ca_key)?;
-    files.push((CA_CERT.into(), ca_cert.pem(), false));
-    files.push((CA_KEY.into(), ca_key.serialize_pem(), true));
+    let (fleet_ca, fleet_key) = root_ca("slate fleet CA", 1, now)?;
+    files.push((CA_CERT.into(), fleet_ca.pem(), false));
+    files.push((CA_KEY.into(), fleet_key.serialize_pem(), true));
+    let (client_ca, client_key) = root_ca("slate client CA", 0, now)?;
+    files.push((CLIENT_CA_CERT.into(), client_ca.pem(), false));
+    files.push((CLIENT_CA_KEY.into(), client_key.serialize_pem(), true));
 
-    let mut node = params("slate node", None, now, LONG_VALIDITY);
-    node.subject_alt_names = san_types(&names)?;
-    node.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
-    let (cert, key) = leaf(node, &ca_cert, &ca_key)?;
-    files.push((NODE_CERT.into(), cert, false));
-    files.push((NODE_KEY.into(), key, true));
+    let mut service = params("slate service", None, now, LONG_VALIDITY);
+    service.subject_alt_names = san_types(&names)?;
+    service.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
+    let (cert, key) = leaf(service, &fleet_ca, &fleet_key)?;
+    files.push((SERVICE_CERT.into(), cert, false));
+    files.push((SERVICE_KEY.into(), key, true));
 
-    for role in [Role::Admin, Role::Operator, Role::Reader] {
+    for role in Role::ALL {
         let mut client = params(
             role.as_str(),
             Some(role.organization()),
@@ -122,7 +152,7 @@ pub fn gen_certs(dir: &Path, node_names: &[String]) -> Result<GeneratedCerts, Ce
             CLIENT_VALIDITY,
         );
         client.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
-        let (cert, key) = leaf(client, &ca_cert, &ca_key)?;
+        let (cert, key) = leaf(client, &client_ca, &client_key)?;
         files.push((client_cert_file(role), cert, false));
         files.push((client_key_file(role), key, true));
     }
@@ -160,7 +190,7 @@ pub fn gen_certs(dir: &Path, node_names: &[String]) -> Result<GeneratedCerts, Ce
     result?;
     Ok(GeneratedCerts {
         files: files.iter().map(|(n, _, _)| dir.join(n)).collect(),
-        node_names: names,
+        service_names: names,
     })
 }
 
@@ -198,6 +228,19 @@ pub(crate) fn params(
     p
 }
 
+/// A self-signed CA allowing `path_len` CAs below it.
+fn root_ca(cn: &str, path_len: u8, now: SystemTime) -> Result<(Certificate, KeyPair), CertError> {
+    let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
+    let mut ca = params(cn, Some("slate"), now, LONG_VALIDITY);
+    ca.is_ca = IsCa::Ca(BasicConstraints::Constrained(path_len));
+    ca.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    Ok((ca.self_signed(&key)?, key))
+}
+
 fn leaf(
     mut p: CertificateParams,
     ca_cert: &Certificate,
@@ -209,4 +252,34 @@ fn leaf(
     let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
     let cert = p.signed_by(&key, ca_cert, ca_key)?;
     Ok((cert.pem(), key.serialize_pem()))
+}
+
+/// A clientAuth certificate with `role` (`O=os:<role>`) and `common_name` for `key_pem`,
+/// issued by the client CA `client_ca_pem`/`client_ca_key_pem`, valid for `validity`: how
+/// whoever holds the client CA's key (the fleet's administrators, never a node) gives a
+/// person or a program a role.
+pub fn issue_client_cert(
+    client_ca_pem: &str,
+    client_ca_key_pem: &str,
+    key_pem: &str,
+    role: Role,
+    common_name: &str,
+    validity: Duration,
+) -> Result<String, CertError> {
+    let (ca, ca_key) = crate::identity::load_ca(client_ca_pem, client_ca_key_pem)?;
+    let key = KeyPair::from_pem(key_pem).map_err(|e| CertError::Invalid {
+        what: "client key".into(),
+        reason: e.to_string(),
+    })?;
+    let mut p = params(
+        common_name,
+        Some(role.organization()),
+        SystemTime::now(),
+        validity,
+    );
+    p.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+    p.is_ca = IsCa::ExplicitNoCa;
+    p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    p.use_authority_key_identifier_extension = true;
+    Ok(p.signed_by(&key, &ca, &ca_key)?.pem())
 }

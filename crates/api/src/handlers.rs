@@ -20,7 +20,7 @@ use crate::http::{
 use crate::pace::Paced;
 use crate::routes::{self, Endpoint, Route, ROUTES};
 use crate::types::{
-    Accepted, ApplyConfigRequest, ErrorCode, Event, PinRequest, RebootRequest, Role,
+    Accepted, ApplyConfigRequest, Caller, ErrorCode, Event, PinRequest, RebootRequest, Role,
     RollbackRequest, SnapshotUpgradeRequest, UpgradeRequest,
 };
 use crate::upload::{upload_room, ChannelReader, MAX_UPLOAD_BYTES, UPLOAD_CHANNEL};
@@ -43,7 +43,8 @@ pub(crate) struct NodeSite {
 }
 
 impl Site for NodeSite {
-    fn respond(self: Arc<Self>, req: Request<Incoming>, role: Option<Role>) -> Answer {
+    fn respond(self: Arc<Self>, req: Request<Incoming>, caller: Option<Caller>) -> Answer {
+        let role = caller.map(|c| c.role);
         Box::pin(async move {
             let method = req.method().as_str().to_owned();
             let path = req.uri().path().to_owned();

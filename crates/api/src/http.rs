@@ -20,7 +20,7 @@ use crate::limits::Limits;
 use crate::logq::{for_log, LogQueue, MAX_LOGGED_FIELD};
 use crate::pace::{BodyError, Paced};
 use crate::routes::{lookup, Match, TableRoute};
-use crate::types::{ApiError, ErrorCode, Role};
+use crate::types::{ApiError, Caller, ErrorCode, Role};
 
 /// How much of a refused body is read out, after the answer is sent: enough that a client
 /// sending a somewhat oversized JSON body reads the answer rather than a reset, not so much
@@ -33,9 +33,9 @@ pub(crate) type Answer = Pin<Box<dyn Future<Output = Response<Body>> + Send>>;
 /// What one server serves: the node routes over a `NodeBackend`, or a `JsonService`. The
 /// server owns TLS, connections and shutdown; the site owns its table and dispatch.
 pub(crate) trait Site: Send + Sync + 'static {
-    /// Answers one request. `role` comes from the verified client certificate (`None`: it
+    /// Answers one request. `caller` comes from the verified client certificate (`None`: it
     /// names no role, or maintenance mode asked for no certificate).
-    fn respond(self: Arc<Self>, req: Request<Incoming>, role: Option<Role>) -> Answer;
+    fn respond(self: Arc<Self>, req: Request<Incoming>, caller: Option<Caller>) -> Answer;
     /// Called on the server's logging thread (`logq.rs`), one line at a time; a slow log
     /// delays only later lines (a full queue drops them and counts them).
     fn log_api(&self, message: &str);
@@ -68,12 +68,13 @@ pub(crate) async fn handle(
     req: Request<Incoming>,
     served: Arc<Served>,
     addr: SocketAddr,
-    role: Option<Role>,
+    caller: Option<Caller>,
 ) -> Result<Response<Body>, Infallible> {
+    let role = caller.as_ref().map(|c| c.role);
     let is_get = req.method() == hyper::Method::GET;
     let method = for_log(req.method().as_str(), MAX_LOGGED_FIELD);
     let path = for_log(req.uri().path(), MAX_LOGGED_FIELD);
-    let answer = served.site.clone().respond(req, role);
+    let answer = served.site.clone().respond(req, caller);
     let response = LIMITS.scope(served.limits.clone(), answer).await;
     let status = response.status();
     if !is_get || status.is_client_error() || status.is_server_error() {
@@ -282,6 +283,9 @@ pub(crate) fn backend_error(e: BackendError) -> Response<Body> {
         }
         BackendError::Unsupported(m) => (StatusCode::BAD_REQUEST, ErrorCode::Unsupported, m),
         BackendError::NotFound(m) => (StatusCode::NOT_FOUND, ErrorCode::NotFound, m),
+        BackendError::PermissionDenied(m) => {
+            (StatusCode::FORBIDDEN, ErrorCode::PermissionDenied, m)
+        }
         BackendError::Failed(m) => (StatusCode::INTERNAL_SERVER_ERROR, ErrorCode::Internal, m),
     };
     error(status, code, message)

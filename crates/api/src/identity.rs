@@ -1,6 +1,7 @@
 //! A node's own API identity: its private key (made on the node, never leaving it), the
-//! serving certificate issued from the machine configuration's CA, and the self-signed
-//! certificate of maintenance mode.
+//! serving certificate and the heartbeat client certificate issued from the machine
+//! configuration's issuing CA (`node_ca.rs`), and the self-signed certificate of maintenance
+//! mode.
 
 use std::time::SystemTime;
 
@@ -35,8 +36,10 @@ pub fn serving_names(names: &[String]) -> Vec<String> {
     out
 }
 
-/// A serverAuth certificate for `key_pem` with `names` as its SANs, issued by the CA
-/// `ca_cert_pem`/`ca_key_pem`.
+/// A serverAuth certificate for `key_pem` with `names` as its SANs — those the CA's name
+/// constraints permit (`localhost` and the like are dropped under a node's issuing CA) —,
+/// issued by the CA `ca_cert_pem`/`ca_key_pem`: the chain (PEM), the certificate then the CA,
+/// so that clients holding only the fleet CA can build the path.
 pub fn issue_serving_cert(
     ca_cert_pem: &str,
     ca_key_pem: &str,
@@ -45,13 +48,30 @@ pub fn issue_serving_cert(
 ) -> Result<String, CertError> {
     let (ca, ca_key) = load_ca(ca_cert_pem, ca_key_pem)?;
     let key = KeyPair::from_pem(key_pem).map_err(|e| invalid("node key", e))?;
+    let names = crate::permitted_names(ca_cert_pem, names)?;
+    if names.is_empty() {
+        return Err(CertError::Invalid {
+            what: "serving certificate".into(),
+            reason: "the CA's name constraints permit none of the node's names".into(),
+        });
+    }
     let mut leaf = params("slate node", None, SystemTime::now(), LONG_VALIDITY);
-    leaf.subject_alt_names = san_types(names)?;
+    leaf.subject_alt_names = san_types(&names)?;
     leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ServerAuth];
     leaf.is_ca = IsCa::ExplicitNoCa;
     leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     leaf.use_authority_key_identifier_extension = true;
-    Ok(leaf.signed_by(&key, &ca, &ca_key)?.pem())
+    Ok(chain(&leaf.signed_by(&key, &ca, &ca_key)?, ca_cert_pem))
+}
+
+/// The certificate's PEM followed by its issuer's.
+fn chain(cert: &rcgen::Certificate, issuer_pem: &str) -> String {
+    let mut pem = cert.pem();
+    if !pem.ends_with('\n') {
+        pem.push('\n');
+    }
+    pem.push_str(issuer_pem.trim_start());
+    pem
 }
 
 fn invalid(what: &str, e: rcgen::Error) -> CertError {
@@ -62,7 +82,7 @@ fn invalid(what: &str, e: rcgen::Error) -> CertError {
 }
 
 /// The CA as an issuer rcgen can sign with: same subject and key as the CA certificate.
-fn load_ca(
+pub(crate) fn load_ca(
     ca_cert_pem: &str,
     ca_key_pem: &str,
 ) -> Result<(rcgen::Certificate, KeyPair), CertError> {
@@ -73,31 +93,25 @@ fn load_ca(
     Ok((ca, ca_key))
 }
 
-/// A clientAuth certificate with `role` (`O=os:<role>`) and `common_name` for `key_pem`,
-/// issued by the CA `ca_cert_pem`/`ca_key_pem`, valid for `validity`: how a node that holds
-/// its fleet's CA (as its machine configuration does) makes itself the certificate it
-/// reports to the rollout operator with.
-pub fn issue_client_cert(
+/// The node `node`'s client certificate for `key_pem` (clientAuth, CN and DNS name `node`, no
+/// role), issued by its issuing CA `ca_cert_pem`/`ca_key_pem`, valid for `validity`: what the
+/// node reports to the rollout operator with. The chain (PEM), the certificate then the CA.
+pub fn issue_node_client_cert(
     ca_cert_pem: &str,
     ca_key_pem: &str,
     key_pem: &str,
-    role: crate::types::Role,
-    common_name: &str,
+    node: &str,
     validity: std::time::Duration,
 ) -> Result<String, CertError> {
     let (ca, ca_key) = load_ca(ca_cert_pem, ca_key_pem)?;
     let key = KeyPair::from_pem(key_pem).map_err(|e| invalid("client key", e))?;
-    let mut leaf = params(
-        common_name,
-        Some(role.organization()),
-        SystemTime::now(),
-        validity,
-    );
+    let mut leaf = params(node, None, SystemTime::now(), validity);
+    leaf.subject_alt_names = san_types(&[node.to_owned()])?;
     leaf.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
     leaf.is_ca = IsCa::ExplicitNoCa;
     leaf.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     leaf.use_authority_key_identifier_extension = true;
-    Ok(leaf.signed_by(&key, &ca, &ca_key)?.pem())
+    Ok(chain(&leaf.signed_by(&key, &ca, &ca_key)?, ca_cert_pem))
 }
 
 /// A self-signed serverAuth certificate for `key_pem` (maintenance mode: the node has no CA yet).

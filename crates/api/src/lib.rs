@@ -1,9 +1,13 @@
 //! The slate node API: HTTPS/1.1 with mutual TLS between the `slate` CLI and machined.
 //!
-//! - [`gen_certs`] writes a CA, the node's server certificate and one client certificate per
-//!   [`Role`] (ECDSA P-256; the role is the subject Organization `os:<role>`, as in Talos).
+//! - [`gen_certs`] writes the fleet CA, the client CA, the services' serving certificate and
+//!   one client certificate per [`Role`] (ECDSA P-256; the role is the subject Organization
+//!   `os:<role>`, as in Talos); [`issue_node_ca`] makes a node's own name-constrained issuing
+//!   CA under the fleet CA (docs/trust.md: no node holds a key anyone else trusts).
 //! - The server ([`serve`], [`serve_blocking`], [`spawn`]) requires a client certificate signed
-//!   by the CA, takes the caller's role from it, and serves [`ROUTES`] over a [`NodeBackend`].
+//!   by the client CA, takes the caller's role from it, and serves [`ROUTES`] over a
+//!   [`NodeBackend`]; a service that hears from nodes also takes node certificates under the
+//!   fleet CA, as [`Role::Node`] callers ([`Caller`]).
 //! - Other slate services (the rollout operator) serve their own JSON routes on the same
 //!   server ([`serve_service`], [`spawn_service`] over a [`JsonService`] and its
 //!   [`ServiceRoute`]s), so that one CA and one set of role certificates cover the whole system
@@ -21,7 +25,7 @@
 //! # fn demo(backend: Arc<dyn slate_api::NodeBackend>) -> Result<(), slate_api::ServerError> {
 //! let config = slate_api::ServerConfig::from_dir(
 //!     "0.0.0.0:50000".parse().unwrap(),
-//!     std::path::Path::new("/system/secrets/api"),
+//!     std::path::Path::new("pki"),
 //! )?;
 //! let server = slate_api::spawn(config, backend)?; // bound, certificates checked
 //! // … later, before rebooting:
@@ -29,8 +33,9 @@
 //! # Ok(()) }
 //! ```
 //!
-//! A service gets a serving certificate from the same CA ([`generate_key_pem`], then
-//! [`issue_serving_cert`] with [`serving_names`]) and takes client certificates of that CA:
+//! A service gets a serving certificate from the fleet CA ([`generate_key_pem`], then
+//! [`issue_serving_cert`] with [`serving_names`]) and takes client certificates of the client
+//! CA:
 //!
 //! ```no_run
 //! # use std::sync::Arc;
@@ -52,6 +57,7 @@ mod limits;
 mod logq;
 mod pace;
 mod routes;
+mod node_ca;
 mod server;
 mod service;
 mod tls;
@@ -60,15 +66,17 @@ mod upload;
 
 pub use backend::{BackendError, EventStream, LineStream, NodeBackend};
 pub use certs::{
-    client_cert_file, client_key_file, gen_certs, CertError, GeneratedCerts, CA_CERT, CA_KEY,
-    NODE_CERT, NODE_KEY,
+    client_cert_file, client_key_file, gen_certs, issue_client_cert, CertError, GeneratedCerts,
+    CA_CERT, CA_KEY,
+    CLIENT_CA_CERT, CLIENT_CA_KEY, SERVICE_CERT, SERVICE_KEY,
 };
 pub use client::{Client, ClientError};
 pub use handlers::MAINTENANCE_TOKEN_HEADER;
 pub use identity::{
-    fingerprint, generate_key_pem, issue_client_cert, issue_serving_cert, self_signed_cert,
+    fingerprint, generate_key_pem, issue_node_client_cert, issue_serving_cert, self_signed_cert,
     serving_names,
 };
+pub use node_ca::{issue_node_ca, permitted_names, NodeTrust};
 pub use logq::{LOG_QUEUE, MAX_LOGGED_FIELD, MAX_LOG_LINE};
 pub use routes::{route_of, Endpoint, Route, MAINTENANCE_ENDPOINTS, ROUTES};
 pub use server::{
@@ -80,7 +88,7 @@ pub use service::{serve_service, spawn_service, JsonService, ServiceRoute, MAX_S
 pub use types::{
     Accepted, AgentStatus, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, BootSpan,
     BootTimes, ConfigView, ErrorCode, Event, EventKind, Failure, MemoryUse, Milestone, Mode,
-    PinRequest, PinResult, RebootMode, RebootRequest, Role, RollbackRecord, RollbackRequest,
+    Caller, PinRequest, PinResult, RebootMode, RebootRequest, Role, RollbackRecord, RollbackRequest,
     RollbackResult, SecureBootStatus, SnapshotUpgradeRequest, Stage, Status, UpgradeRequest,
     UploadedBundle, VersionInfo,
 };

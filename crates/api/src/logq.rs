@@ -97,7 +97,7 @@ mod tests {
 
     use super::*;
     use crate::http::Answer;
-    use crate::types::Role;
+    use crate::types::Caller;
 
     #[test]
     fn client_text_is_escaped_and_cut_with_its_length() {
@@ -119,7 +119,7 @@ mod tests {
     struct Slow(Mutex<Vec<String>>);
 
     impl Site for Slow {
-        fn respond(self: Arc<Self>, _: Request<Incoming>, _: Option<Role>) -> Answer {
+        fn respond(self: Arc<Self>, _: Request<Incoming>, _: Option<Caller>) -> Answer {
             unreachable!()
         }
         fn log_api(&self, message: &str) {

@@ -71,8 +71,12 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 #[derive(Clone)]
 pub struct ServerConfig {
     pub listen: SocketAddr,
-    /// The CA that client certificates must chain to (PEM).
+    /// The client CA: client certificates must chain to it (PEM); their `O=os:<role>` is
+    /// their role.
     pub ca_pem: Vec<u8>,
+    /// A server that hears from nodes (the rollout operator): the fleet CA, whose chains
+    /// (through a node's issuing CA) are callers of [`crate::Role::Node`] and nothing more.
+    pub node_ca_pem: Option<Vec<u8>>,
     /// The node's certificate chain (PEM), serverAuth.
     pub cert_pem: Vec<u8>,
     /// The node's private key (PEM).
@@ -85,18 +89,16 @@ pub struct ServerConfig {
 }
 
 impl ServerConfig {
-    /// Reads `ca.crt`, `node.crt` and `node.key` from `dir` (as written by
-    /// [`crate::gen_certs`]).
+    /// A fleet service's configuration from a [`crate::gen_certs`] directory: clients of
+    /// `client-ca.crt`, nodes of `ca.crt` (the fleet CA), serving `service.crt`/`service.key`.
     pub fn from_dir(listen: SocketAddr, dir: &Path) -> Result<Self, CertError> {
-        let read = |name: &str| {
-            let path = dir.join(name);
-            std::fs::read(&path).map_err(|source| CertError::Io { path, source })
-        };
+        let read = |name: &str| certs::read_pki_file(dir, name);
         Ok(ServerConfig {
             listen,
-            ca_pem: read(certs::CA_CERT)?,
-            cert_pem: read(certs::NODE_CERT)?,
-            key_pem: read(certs::NODE_KEY)?,
+            ca_pem: read(certs::CLIENT_CA_CERT)?,
+            node_ca_pem: Some(read(certs::CA_CERT)?),
+            cert_pem: read(certs::SERVICE_CERT)?,
+            key_pem: read(certs::SERVICE_KEY)?,
             maintenance_token: None,
             limits: Limits::default(),
         })
@@ -107,6 +109,7 @@ impl ServerConfig {
         ServerConfig {
             listen,
             ca_pem: client_ca_pem.to_vec(),
+            node_ca_pem: None,
             cert_pem: cert_pem.to_vec(),
             key_pem: key_pem.to_vec(),
             maintenance_token: None,
@@ -120,6 +123,7 @@ impl ServerConfig {
         ServerConfig {
             listen,
             ca_pem: Vec::new(),
+            node_ca_pem: None,
             cert_pem: cert_pem.to_vec(),
             key_pem: key_pem.to_vec(),
             maintenance_token: Some(token.to_owned()),
@@ -341,6 +345,8 @@ struct Listening {
     served: Arc<Served>,
     /// Maintenance mode: no client certificate, so connections are counted per address.
     per_peer: bool,
+    /// Who the verified client certificates stand for (none in maintenance mode).
+    trust: Option<Arc<tls::ClientTrust>>,
     per_client: Arc<PerClient>,
     handshaking: Arc<AtomicUsize>,
     quiet: Arc<Notes>,
@@ -357,11 +363,14 @@ struct Notes {
 
 impl Listening {
     fn new(config: &ServerConfig, site: Arc<dyn Site>) -> Result<Self, ServerError> {
-        let client_ca = match config.maintenance_token {
+        let trust = match config.maintenance_token {
             Some(_) => None,
-            None => Some(config.ca_pem.as_slice()),
+            None => Some(Arc::new(tls::ClientTrust::new(
+                &config.ca_pem,
+                config.node_ca_pem.as_deref(),
+            )?)),
         };
-        let tls = tls::server_config(client_ca, &config.cert_pem, &config.key_pem)?;
+        let tls = tls::server_config(trust.clone(), &config.cert_pem, &config.key_pem)?;
         let log = LogQueue::start(site.clone()).map_err(ServerError::Runtime)?;
         Ok(Listening {
             acceptor: TlsAcceptor::from(Arc::new(tls)),
@@ -370,7 +379,8 @@ impl Listening {
                 log,
                 limits: Arc::new(config.limits.clone()),
             }),
-            per_peer: client_ca.is_none(),
+            per_peer: trust.is_none(),
+            trust,
             per_client: Arc::default(),
             handshaking: Arc::default(),
             quiet: Arc::new(Notes {
@@ -480,7 +490,11 @@ async fn connection(
     };
     drop(handshaking);
     let peer_certs = stream.get_ref().1.peer_certificates();
-    let role = tls::role_of(peer_certs);
+    let caller = listening
+        .trust
+        .as_ref()
+        .and_then(|trust| trust.caller(peer_certs));
+    let role = caller.as_ref().map(|c| c.role);
     let key = match peer_certs.and_then(<[_]>::first) {
         Some(cert) if !listening.per_peer => {
             ClientKey::Certificate(sha2::Sha256::digest(cert.as_ref()).into())
@@ -502,7 +516,7 @@ async fn connection(
         return;
     };
     let served = listening.served.clone();
-    let service = service_fn(move |req| handle(req, served.clone(), addr, role));
+    let service = service_fn(move |req| handle(req, served.clone(), addr, caller.clone()));
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout)

@@ -16,7 +16,7 @@ use crate::backend::BackendError;
 use crate::http::{admit, blocking, drain, read_body, reply, Answer, Reject, Site};
 use crate::routes::TableRoute;
 use crate::server::{serve_site, spawn_site, ServerConfig, ServerError, ServerHandle};
-use crate::types::Role;
+use crate::types::{Caller, Role};
 
 /// The largest request body a service is given: services take small JSON documents, and the
 /// whole body is held in memory before the call.
@@ -65,7 +65,8 @@ pub trait JsonService: Send + Sync + 'static {
 
     /// A request that matched `route` and whose caller has at least `route.role`: the server
     /// has already answered unknown paths (404), other methods (405 with `Allow`) and too
-    /// weak a role (403), exactly as for the node routes. `role` is the caller's own role;
+    /// weak a role (403), exactly as for the node routes. `caller` is the caller's own role
+    /// and, for [`Role::Node`], the node its certificate names;
     /// `query` the raw query string; `body` the request body, at most [`MAX_SERVICE_BODY`]
     /// bytes, empty or valid JSON (anything else is answered 400 without a call).
     ///
@@ -74,7 +75,7 @@ pub trait JsonService: Send + Sync + 'static {
     fn call(
         &self,
         route: &ServiceRoute,
-        role: Role,
+        caller: &Caller,
         query: Option<&str>,
         body: &[u8],
     ) -> Result<serde_json::Value, BackendError>;
@@ -163,17 +164,18 @@ struct ServiceSite {
 }
 
 impl Site for ServiceSite {
-    fn respond(self: Arc<Self>, req: Request<Incoming>, role: Option<Role>) -> Answer {
+    fn respond(self: Arc<Self>, req: Request<Incoming>, caller: Option<Caller>) -> Answer {
         Box::pin(async move {
             let admitted = {
                 let method = req.method().as_str();
                 let path = req.uri().path();
+                let role = caller.as_ref().map(|c| c.role);
                 match admit(self.service.routes(), method, path, |_| Ok(role)) {
-                    Ok((route, role)) => Ok((*route, role)),
+                    Ok((route, _)) => Ok(*route),
                     Err(refused) => Err(refused.reject),
                 }
             };
-            let (route, role) = match admitted {
+            let route = match admitted {
                 Ok(admitted) => admitted,
                 Err(reject) => {
                     // Bodies are small: read it out, so that the client reads the refusal.
@@ -184,7 +186,9 @@ impl Site for ServiceSite {
             match request_of(req).await {
                 Ok((query, body)) => {
                     let service = self.service.clone();
-                    let call = move || service.call(&route, role, query.as_deref(), &body);
+                    // Admitted, so a caller with a role was there.
+                    let caller = caller.unwrap_or_else(|| Caller::with_role(Role::Node));
+                    let call = move || service.call(&route, &caller, query.as_deref(), &body);
                     reply(blocking(call).await)
                 }
                 Err(reject) => reject.into_response(),

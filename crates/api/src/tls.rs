@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use rustls::crypto::CryptoProvider;
+use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
 use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
 use rustls_pki_types::pem::PemObject;
@@ -11,7 +12,7 @@ use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::Digest as _;
 
 use crate::certs::CertError;
-use crate::types::Role;
+use crate::types::{Caller, Role};
 
 const ALPN_HTTP1: &[u8] = b"http/1.1";
 
@@ -53,11 +54,124 @@ fn roots(ca_pem: &[u8]) -> Result<Arc<RootCertStore>, CertError> {
     Ok(Arc::new(roots))
 }
 
-/// The server side: our chain and key, and a client certificate *required* and verified
-/// against `ca_pem` (no certificate, or one from another CA, fails the handshake). Without
-/// `ca_pem` (maintenance mode) no client certificate is asked for.
+/// Who may call a server: client certificates that chain to the client CA (`O=os:<role>` is
+/// their role) and, for a server that hears from nodes (the rollout operator), node
+/// certificates that chain to the fleet CA through a node's name-constrained issuing CA
+/// ([`Role::Node`], never more). Used as the handshake's verifier, then once more per
+/// connection to tell which of the two a verified chain is.
+#[derive(Debug)]
+pub(crate) struct ClientTrust {
+    clients: Arc<dyn ClientCertVerifier>,
+    nodes: Option<Arc<dyn ClientCertVerifier>>,
+    hints: Vec<rustls::DistinguishedName>,
+}
+
+impl ClientTrust {
+    pub(crate) fn new(client_ca_pem: &[u8], node_ca_pem: Option<&[u8]>) -> Result<Self, CertError> {
+        let verifier = |pem: &[u8], what: &str| -> Result<Arc<dyn ClientCertVerifier>, CertError> {
+            WebPkiClientVerifier::builder_with_provider(roots(pem)?, provider())
+                .build()
+                .map_err(|e| invalid(what, e))
+        };
+        let clients = verifier(client_ca_pem, "client CA certificate")?;
+        let nodes = node_ca_pem
+            .map(|pem| verifier(pem, "fleet CA certificate"))
+            .transpose()?;
+        let mut hints = clients.root_hint_subjects().to_vec();
+        if let Some(nodes) = &nodes {
+            hints.extend_from_slice(nodes.root_hint_subjects());
+        }
+        Ok(ClientTrust {
+            clients,
+            nodes,
+            hints,
+        })
+    }
+
+    /// The caller a chain the handshake accepted stands for: a role from a client certificate,
+    /// else a node; `None` when it names no role (or there is no chain).
+    pub(crate) fn caller(&self, chain: Option<&[CertificateDer<'_>]>) -> Option<Caller> {
+        let (end_entity, intermediates) = chain?.split_first()?;
+        let now = rustls_pki_types::UnixTime::now();
+        if self
+            .clients
+            .verify_client_cert(end_entity, intermediates, now)
+            .is_ok()
+        {
+            return role_of(chain).map(Caller::with_role);
+        }
+        let nodes = self.nodes.as_ref()?;
+        nodes
+            .verify_client_cert(end_entity, intermediates, now)
+            .ok()?;
+        let (_, cert) = x509_parser::parse_x509_certificate(end_entity.as_ref()).ok()?;
+        let sans = cert.subject_alternative_name().ok()??;
+        let node_names = sans
+            .value
+            .general_names
+            .iter()
+            .filter_map(|n| match n {
+                x509_parser::extensions::GeneralName::DNSName(name) => Some((*name).to_owned()),
+                _ => None,
+            })
+            .collect();
+        Some(Caller {
+            role: Role::Node,
+            node_names,
+        })
+    }
+}
+
+impl ClientCertVerifier for ClientTrust {
+    fn root_hint_subjects(&self) -> &[rustls::DistinguishedName] {
+        &self.hints
+    }
+
+    fn verify_client_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        now: rustls_pki_types::UnixTime,
+    ) -> Result<ClientCertVerified, rustls::Error> {
+        match self.clients.verify_client_cert(end_entity, intermediates, now) {
+            Ok(verified) => Ok(verified),
+            Err(e) => match &self.nodes {
+                Some(nodes) => nodes
+                    .verify_client_cert(end_entity, intermediates, now)
+                    .map_err(|_| e),
+                None => Err(e),
+            },
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.clients.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        self.clients.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.clients.supported_verify_schemes()
+    }
+}
+
+/// The server side: our chain and key, and a client certificate *required* and verified by
+/// `trust` (no certificate, or one from another CA, fails the handshake). Without `trust`
+/// (maintenance mode) no client certificate is asked for.
 pub(crate) fn server_config(
-    ca_pem: Option<&[u8]>,
+    trust: Option<Arc<ClientTrust>>,
     cert_pem: &[u8],
     key_pem: &[u8],
 ) -> Result<rustls::ServerConfig, CertError> {
@@ -65,14 +179,8 @@ pub(crate) fn server_config(
     let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()
         .map_err(|e| invalid("TLS configuration", e))?;
-    let builder = match ca_pem {
-        Some(ca_pem) => {
-            let verifier =
-                WebPkiClientVerifier::builder_with_provider(roots(ca_pem)?, provider.clone())
-                    .build()
-                    .map_err(|e| invalid("CA certificate", e))?;
-            builder.with_client_cert_verifier(verifier)
-        }
+    let builder = match trust {
+        Some(trust) => builder.with_client_cert_verifier(trust),
         None => builder.with_no_client_auth(),
     };
     let mut config = builder

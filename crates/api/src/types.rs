@@ -11,10 +11,13 @@ pub use slate_sequencer::{Mode, RebootMode};
 
 /// A caller's role, carried as the subject Organization (`O`) of its client certificate, as in
 /// Talos. Roles are ordered: `Admin` may do everything `Operator` may, which may do everything
-/// `Reader` may.
+/// `Reader` may. `Node` is below them all: a node's own certificate (issued by its issuing CA
+/// under the fleet CA, never by the client CA) is good only for routes that ask for a node.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Role {
+    /// A node speaking for itself (its heartbeat to the rollout operator); never from `O`.
+    Node,
     /// Read-only: version, status, events, logs, dmesg.
     Reader,
     /// Reader, plus reboot.
@@ -24,32 +27,60 @@ pub enum Role {
 }
 
 impl Role {
-    /// Every role, least privileged first.
+    /// Every role a client certificate's `O=os:<role>` grants, least privileged first.
     pub const ALL: [Role; 3] = [Role::Reader, Role::Operator, Role::Admin];
 
-    /// The role's name as used in the OpenAPI file and file names: `reader`, `operator`, `admin`.
+    /// The role's name as used in the OpenAPI file and file names: `reader`, `operator`, `admin`
+    /// (and `node`).
     pub fn as_str(self) -> &'static str {
         match self {
+            Role::Node => "node",
             Role::Reader => "reader",
             Role::Operator => "operator",
             Role::Admin => "admin",
         }
     }
 
-    /// The certificate subject Organization that grants this role: `os:<role>`.
+    /// The certificate subject Organization that grants this role: `os:<role>`. `Node` is
+    /// granted by no Organization (see [`Role::from_organization`]).
     pub fn organization(self) -> &'static str {
         match self {
+            Role::Node => "os:node",
             Role::Reader => "os:reader",
             Role::Operator => "os:operator",
             Role::Admin => "os:admin",
         }
     }
 
-    /// The role an Organization value grants, if it names one.
+    /// The role an Organization value grants, if it names one of [`Role::ALL`].
     pub fn from_organization(organization: &str) -> Option<Role> {
         Role::ALL
             .into_iter()
             .find(|r| r.organization() == organization)
+    }
+}
+
+/// Who a verified client certificate says the caller is.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    pub role: Role,
+    /// With [`Role::Node`]: the DNS names of the node's certificate. Its issuing CA's name
+    /// constraints, checked with the chain, bind them to that node's own names.
+    pub node_names: Vec<String>,
+}
+
+impl Caller {
+    /// A caller with a role and no node identity.
+    pub fn with_role(role: Role) -> Self {
+        Caller {
+            role,
+            node_names: Vec::new(),
+        }
+    }
+
+    /// Whether this caller is the node named `id` (a node certificate naming it).
+    pub fn is_node(&self, id: &str) -> bool {
+        self.role == Role::Node && self.node_names.iter().any(|n| n == id)
     }
 }
 
@@ -178,6 +209,10 @@ pub struct Status {
     /// What machined holds in memory (absent where it cannot be read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryUse>,
+    /// What is unsafe about the node as it runs, one sentence each: a machine configuration
+    /// whose key could sign for other nodes (docs/trust.md, "Migrating from a shared CA").
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub warnings: Vec<String>,
 }
 
 /// What machined holds in memory: bounded whatever clients send (issue 19).

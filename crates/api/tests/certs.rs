@@ -8,7 +8,8 @@ use std::sync::Arc;
 use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::CertificateDer;
 use slate_api::{
-    gen_certs, CertError, Client, ClientError, Role, ServerConfig, ServerError, CA_CERT, CA_KEY,
+    gen_certs, CertError, Client, ClientError, Role, ServerConfig, ServerError, CA_CERT,
+    CLIENT_CA_CERT, CLIENT_CA_KEY,
 };
 use x509_parser::extensions::GeneralName;
 
@@ -17,12 +18,12 @@ fn parse(pem: &[u8]) -> CertificateDer<'static> {
 }
 
 #[test]
-fn writes_the_ca_node_and_role_certificates() {
+fn writes_two_cas_the_service_and_role_certificates() {
     let dir = tempfile::tempdir().unwrap();
     let out = gen_certs(dir.path(), &["10.0.0.5".into(), "node-1.lan".into()]).unwrap();
-    assert_eq!(out.files.len(), 10);
+    assert_eq!(out.files.len(), 12);
     assert_eq!(
-        out.node_names,
+        out.service_names,
         ["10.0.0.5", "node-1.lan", "localhost", "127.0.0.1", "::1"]
     );
     for file in &out.files {
@@ -36,7 +37,7 @@ fn writes_the_ca_node_and_role_certificates() {
         );
     }
 
-    let node = parse(&common::read(&dir, "node.crt"));
+    let node = parse(&common::read(&dir, "service.crt"));
     let (_, node) = x509_parser::parse_x509_certificate(&node).unwrap();
     let san = node.subject_alternative_name().unwrap().unwrap();
     let names: Vec<String> = san
@@ -55,6 +56,19 @@ fn writes_the_ca_node_and_role_certificates() {
     assert!(names.contains(&"[10, 0, 0, 5]".to_owned()), "{names:?}");
     let eku = node.extended_key_usage().unwrap().unwrap().value;
     assert!(eku.server_auth && !eku.client_auth);
+    // Two CAs: the fleet CA (nodes, services) and the client CA (roles), apart.
+    let ca_of = |name: &str| {
+        let der = parse(&common::read(&dir, name));
+        let (_, cert) = x509_parser::parse_x509_certificate(&der).unwrap();
+        let bc = cert.basic_constraints().unwrap().unwrap().value.clone();
+        (cert.subject().to_string(), bc.ca, bc.path_len_constraint)
+    };
+    let (fleet, fleet_is_ca, fleet_path) = ca_of(CA_CERT);
+    let (client_ca, client_is_ca, client_path) = ca_of(CLIENT_CA_CERT);
+    assert!(fleet_is_ca && client_is_ca);
+    assert_eq!((fleet_path, client_path), (Some(1), Some(0)));
+    assert_ne!(fleet, client_ca);
+    assert_eq!(node.issuer().to_string(), fleet);
 
     for role in Role::ALL {
         let der = parse(&common::read(&dir, &format!("{role}.crt")));
@@ -67,7 +81,7 @@ fn writes_the_ca_node_and_role_certificates() {
         assert_eq!(orgs, [format!("os:{role}")]);
         let eku = cert.extended_key_usage().unwrap().unwrap().value;
         assert!(eku.client_auth && !eku.server_auth);
-        assert_eq!(cert.issuer(), node.issuer());
+        assert_eq!(cert.issuer().to_string(), client_ca);
         assert_eq!(
             cert.public_key().algorithm.algorithm,
             x509_parser::oid_registry::OID_KEY_TYPE_EC_PUBLIC_KEY
@@ -104,21 +118,18 @@ fn server_refuses_a_key_that_does_not_match() {
     assert!(matches!(err, ServerError::Config(_)), "{err}");
 }
 
-/// A client certificate signed by the node's CA whose Organization names no role may do
+/// A client certificate signed by the client CA whose Organization names no role may do
 /// nothing (403), though its handshake succeeds.
 #[test]
 fn certificate_without_a_role_is_denied_everything() {
     let (dir, server) = common::start(Arc::default());
-    let ca_key =
-        rcgen::KeyPair::from_pem(&String::from_utf8(common::read(&dir, CA_KEY)).unwrap()).unwrap();
+    let text = |name: &str| String::from_utf8(common::read(&dir, name)).unwrap();
+    let ca_key = rcgen::KeyPair::from_pem(&text(CLIENT_CA_KEY)).unwrap();
     // The issuer as gen_certs made it: same name and key, so the signature chains.
-    let mut ca = rcgen::CertificateParams::default();
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "slate CA");
-    ca.distinguished_name
-        .push(rcgen::DnType::OrganizationName, "slate");
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    let ca = ca.self_signed(&ca_key).unwrap();
+    let ca = rcgen::CertificateParams::from_ca_cert_pem(&text(CLIENT_CA_CERT))
+        .unwrap()
+        .self_signed(&ca_key)
+        .unwrap();
     let mut p = rcgen::CertificateParams::default();
     p.distinguished_name
         .push(rcgen::DnType::CommonName, "stranger");

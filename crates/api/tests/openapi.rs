@@ -170,6 +170,7 @@ fn schemas_match_the_types() {
             rss_kib: 9_000,
             journal_bytes: 200_000,
         }),
+        warnings: vec!["INSECURE machine configuration: …".into()],
     };
     let status_min = Status {
         booted_entry: None,
@@ -186,6 +187,7 @@ fn schemas_match_the_types() {
         secure_boot: None,
         boot_times: None,
         memory: None,
+        warnings: Vec::new(),
         ..status.clone()
     };
     check_object(&spec, "Status", &status, &status_min);

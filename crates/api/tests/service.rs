@@ -11,8 +11,8 @@ use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::{json, Value};
 use slate_api::{
-    BackendError, Client, ClientError, ErrorCode, JsonService, Role, ServerConfig, ServerError,
-    ServerHandle, ServiceRoute, CA_CERT, CA_KEY, MAX_SERVICE_BODY,
+    BackendError, Caller, Client, ClientError, ErrorCode, JsonService, Role, ServerConfig,
+    ServerError, ServerHandle, ServiceRoute, CA_CERT, CA_KEY, CLIENT_CA_CERT, MAX_SERVICE_BODY,
 };
 use tempfile::TempDir;
 
@@ -21,6 +21,8 @@ const ROUTES: &[ServiceRoute] = &[
     ServiceRoute::new("POST", "/v1/items", Role::Admin),
     // `?kind=` names the BackendError to answer.
     ServiceRoute::new("GET", "/v1/fail", Role::Reader),
+    // Who called, as the server saw it: nodes may.
+    ServiceRoute::new("POST", "/v1/whoami", Role::Node),
 ];
 
 /// Records what reaches it; answers the items posted so far.
@@ -57,11 +59,16 @@ impl JsonService for Toy {
     fn call(
         &self,
         route: &ServiceRoute,
-        role: Role,
+        caller: &Caller,
         query: Option<&str>,
         body: &[u8],
     ) -> Result<Value, BackendError> {
+        let role = caller.role;
         match (route.method, route.path) {
+            ("POST", "/v1/whoami") => Ok(json!({
+                "role": role.as_str(),
+                "node_names": caller.node_names,
+            })),
             ("GET", "/v1/items") => Ok(json!({
                 "role": role.as_str(),
                 "query": query,
@@ -92,7 +99,8 @@ impl JsonService for Toy {
 }
 
 /// A certificate set from `gen_certs`, and the service's own serving certificate issued from
-/// its CA, as a service would get one.
+/// its fleet CA, as a service would get one; it takes clients of the client CA and nodes of
+/// the fleet CA, as the rollout operator does.
 fn certs() -> (TempDir, ServerConfig) {
     let dir = tempfile::tempdir().unwrap();
     slate_api::gen_certs(dir.path(), &[]).unwrap();
@@ -101,12 +109,13 @@ fn certs() -> (TempDir, ServerConfig) {
     let names = slate_api::serving_names(&["rollout.example".to_owned()]);
     let cert = slate_api::issue_serving_cert(&read(CA_CERT), &read(CA_KEY), &key, &names).unwrap();
     let listen = "127.0.0.1:0".parse().unwrap();
-    let config = ServerConfig::new(
+    let mut config = ServerConfig::new(
         listen,
-        read(CA_CERT).as_bytes(),
+        read(CLIENT_CA_CERT).as_bytes(),
         cert.as_bytes(),
         key.as_bytes(),
     );
+    config.node_ca_pem = Some(read(CA_CERT).into_bytes());
     (dir, config)
 }
 
@@ -435,7 +444,7 @@ fn maintenance_mode_and_malformed_tables_are_refused_at_start() {
         fn call(
             &self,
             _: &ServiceRoute,
-            _: Role,
+            _: &Caller,
             _: Option<&str>,
             _: &[u8],
         ) -> Result<Value, BackendError> {
@@ -449,63 +458,95 @@ fn maintenance_mode_and_malformed_tables_are_refused_at_start() {
     );
 }
 
+/// A client certificate under `ca`/`ca_key` with `O=os:<role>`: what an attacker holding a
+/// node's issuing CA key would try.
+fn forged_client(ca: &str, ca_key: &str, key: &str, role: Role) -> String {
+    let issuer_key = rcgen::KeyPair::from_pem(ca_key).unwrap();
+    let issuer = rcgen::CertificateParams::from_ca_cert_pem(ca)
+        .unwrap()
+        .self_signed(&issuer_key)
+        .unwrap();
+    let mut p = rcgen::CertificateParams::new(vec!["node9".to_owned()]).unwrap();
+    p.distinguished_name
+        .push(rcgen::DnType::OrganizationName, role.organization());
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let key = rcgen::KeyPair::from_pem(key).unwrap();
+    let mut pem = p.signed_by(&key, &issuer, &issuer_key).unwrap().pem();
+    pem.push_str(ca);
+    pem
+}
+
 #[test]
-fn a_client_certificate_issued_from_the_ca_carries_its_role() {
+fn a_node_certificate_is_a_node_caller_and_never_a_role() {
     let (dir, toy, server) = start();
     let read = |name: &str| std::fs::read_to_string(dir.path().join(name)).unwrap();
+    let (node_ca, node_ca_key) =
+        slate_api::issue_node_ca(&read(CA_CERT), &read(CA_KEY), "node7", &["node7".into()])
+            .unwrap();
     let key = slate_api::generate_key_pem().unwrap();
-    let issue = |role| {
-        slate_api::issue_client_cert(
-            &read(CA_CERT),
-            &read(CA_KEY),
+    let addr = server.local_addr().to_string();
+    let with = |cert: &str| Client::new(&addr, read(CA_CERT).as_bytes(), cert.as_bytes(), key.as_bytes()).unwrap();
+    let node = with(
+        &slate_api::issue_node_client_cert(
+            &node_ca,
+            &node_ca_key,
             &key,
-            role,
             "node7",
             Duration::from_secs(3600),
         )
-        .unwrap()
-    };
-    let addr = server.local_addr().to_string();
-    let as_role = |role| {
-        Client::new(
-            &addr,
-            read(CA_CERT).as_bytes(),
-            issue(role).as_bytes(),
-            key.as_bytes(),
-        )
-        .unwrap()
-    };
-    let reader = as_role(Role::Reader);
-    reader.call::<Value, ()>("GET", "/v1/items", None).unwrap();
-    assert!(matches!(
-        reader.call::<Value, _>("POST", "/v1/items", Some(&json!({"x": 1}))),
-        Err(ClientError::PermissionDenied(_))
-    ));
-    as_role(Role::Admin)
+        .unwrap(),
+    );
+    let seen: Value = node.call("POST", "/v1/whoami", Some(&json!({}))).unwrap();
+    assert_eq!(seen, json!({ "role": "node", "node_names": ["node7"] }));
+    // A node may do nothing a reader may.
+    for (method, path) in [("GET", "/v1/items"), ("POST", "/v1/items")] {
+        let err = node
+            .call::<Value, _>(method, path, Some(&json!({})))
+            .unwrap_err();
+        assert!(
+            matches!(&err, ClientError::PermissionDenied(m) if m.contains("role node")),
+            "{method} {path}: {err}"
+        );
+    }
+    // The node's CA key, stolen, makes a certificate that claims admin: still only a node
+    // (the role is read from client-CA certificates alone).
+    let forged = with(&forged_client(&node_ca, &node_ca_key, &key, Role::Admin));
+    let err = forged
+        .call::<Value, _>("POST", "/v1/items", Some(&json!({"x": 1})))
+        .unwrap_err();
+    assert!(matches!(err, ClientError::PermissionDenied(_)), "{err}");
+    assert!(toy.posted().is_empty());
+    // Clients of the client CA carry their role.
+    let admin = client(&dir, &server, Role::Admin);
+    admin
         .call::<Value, _>("POST", "/v1/items", Some(&json!({"x": 2})))
         .unwrap();
-    assert_eq!(toy.posted().len(), 1);
     assert_eq!(toy.posted()[0].0, Role::Admin);
-    // Another CA's certificate is refused at the handshake.
+    let seen: Value = admin.call("POST", "/v1/whoami", Some(&json!({}))).unwrap();
+    assert_eq!(seen, json!({ "role": "admin", "node_names": [] }));
+    // Another fleet's node is refused at the handshake.
     let other = tempfile::tempdir().unwrap();
     slate_api::gen_certs(other.path(), &[]).unwrap();
-    let foreign = slate_api::issue_client_cert(
-        &std::fs::read_to_string(other.path().join(CA_CERT)).unwrap(),
-        &std::fs::read_to_string(other.path().join(CA_KEY)).unwrap(),
-        &key,
-        Role::Admin,
-        "intruder",
-        Duration::from_secs(3600),
+    let read_other = |name: &str| std::fs::read_to_string(other.path().join(name)).unwrap();
+    let (foreign_ca, foreign_key) = slate_api::issue_node_ca(
+        &read_other(CA_CERT),
+        &read_other(CA_KEY),
+        "node7",
+        &["node7".into()],
     )
     .unwrap();
-    let intruder = Client::new(
-        &addr,
-        read(CA_CERT).as_bytes(),
-        foreign.as_bytes(),
-        key.as_bytes(),
-    )
-    .unwrap();
-    assert!(intruder
-        .call::<Value, ()>("GET", "/v1/items", None)
-        .is_err());
+    let intruder = with(
+        &slate_api::issue_node_client_cert(
+            &foreign_ca,
+            &foreign_key,
+            &key,
+            "node7",
+            Duration::from_secs(3600),
+        )
+        .unwrap(),
+    );
+    let err = intruder
+        .call::<Value, _>("POST", "/v1/whoami", Some(&json!({})))
+        .unwrap_err();
+    assert!(!matches!(err, ClientError::PermissionDenied(_)), "{err}");
 }

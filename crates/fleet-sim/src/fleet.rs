@@ -12,6 +12,7 @@ use slate_api::{ServerConfig, Shutdown};
 
 use crate::behaviour::{Behaviour, SplitMix64};
 use crate::heartbeat::{tick, ReportQueue, ReportStats, Reporter};
+use crate::identity::Identities;
 use crate::log::{EventLog, SimEvent, SimEventKind};
 use crate::node::{NodeSeed, SimBackend};
 
@@ -31,8 +32,9 @@ pub struct GroupSpec {
 #[derive(Clone, Debug)]
 pub struct FleetSpec {
     pub groups: Vec<GroupSpec>,
-    /// A [`slate_api::gen_certs`] directory: every node serves its `node.crt` (which names
-    /// `127.0.0.1`) and trusts its `ca.crt`.
+    /// A [`slate_api::gen_certs`] directory: every node serves a certificate of its own
+    /// naming its id, issued from the fleet CA (`ca.crt`, `ca.key`), and accepts clients of the
+    /// client CA (`client-ca.crt`).
     pub certs_dir: PathBuf,
     pub heartbeat_interval: Duration,
     pub behaviour: Behaviour,
@@ -104,8 +106,10 @@ pub(crate) struct Shared {
     behaviour: RwLock<Behaviour>,
     pub(crate) reports: Arc<ReportQueue>,
     pub(crate) shutdown: Shutdown,
-    /// The server configuration of every node but its address.
+    /// The server configuration of every node but its address and certificate.
     pub(crate) server: ServerConfig,
+    /// Every node's key and certificates.
+    pub(crate) identities: Arc<Identities>,
     pub(crate) seed: u64,
     api_errors: Mutex<Vec<String>>,
 }
@@ -208,8 +212,11 @@ impl Fleet {
                 limit,
             });
         }
-        let server =
+        let mut server =
             ServerConfig::from_dir(SocketAddr::from(([127, 0, 0, 1], 0)), &spec.certs_dir)?;
+        // A node's API takes clients, not other nodes.
+        server.node_ca_pem = None;
+        let identities = Arc::new(Identities::from_dir(&spec.certs_dir)?);
         let runtime = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(spec.worker_threads.max(1))
             .thread_name("fleet-sim")
@@ -226,6 +233,7 @@ impl Fleet {
             reports,
             shutdown: Shutdown::new(),
             server,
+            identities,
             seed: spec.seed,
             api_errors: Mutex::new(Vec::new()),
         });

@@ -4,8 +4,9 @@
 //! Each simulated node is a real node API server (`slate_api::serve`, mutual TLS) on its own
 //! `127.0.0.1` port over a [`SimBackend`] — a small state machine instead of disks and boot
 //! loaders — so the operator drives it exactly as it drives a machine: `POST /v1/upgrade`,
-//! `GET /v1/status`. Nodes report themselves through a [`Reporter`] (the operator's heartbeat
-//! endpoint in the binary, a recorder in tests).
+//! `GET /v1/status`. Each has an identity of its own ([`Identities`]: its serving certificate
+//! and the client certificate it reports with name it). Nodes report themselves through a
+//! [`Reporter`] (the operator's heartbeat endpoint in the binary, a recorder in tests).
 //!
 //! What the simulator knows for sure is kept apart from what the operator believes: the
 //! ground-truth log ([`Fleet::events`]) records every upgrade request a node accepted or
@@ -21,6 +22,7 @@
 mod behaviour;
 mod fleet;
 mod heartbeat;
+mod identity;
 mod listen;
 mod log;
 mod node;
@@ -28,5 +30,6 @@ mod node;
 pub use behaviour::{image_version, Behaviour};
 pub use fleet::{raise_file_limit, Fleet, FleetError, FleetSpec, GroupSpec};
 pub use heartbeat::{ReportStats, Reporter};
+pub use identity::{Identities, NodeIdentity};
 pub use log::{SimEvent, SimEventKind};
 pub use node::{SimBackend, REVERT_REASON};

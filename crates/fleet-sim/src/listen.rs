@@ -89,6 +89,12 @@ async fn bind(node: &Arc<SimBackend>, addr: SocketAddr) -> Result<SocketAddr, St
     let shared = node.shared();
     let mut config = shared.server.clone();
     config.listen = addr;
+    let identity = shared
+        .identities
+        .node(node.id())
+        .map_err(|e| format!("issuing its certificate: {e}"))?;
+    config.cert_pem = identity.serving.clone().into_bytes();
+    config.key_pem = identity.key.clone().into_bytes();
     let (stop_tx, stop_rx) = oneshot::channel::<()>();
     let fleet_down = shared.shutdown.clone();
     let stop = async move {

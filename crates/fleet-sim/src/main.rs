@@ -4,21 +4,21 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use clap::Parser;
-use slate_api::{Client, ClientError, Role};
-use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, GroupSpec, Reporter};
+use slate_api::{Client, ClientError};
+use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, GroupSpec, Identities, Reporter};
 use slate_rollout::NodeReport;
 
 /// Simulated slate nodes for testing and benchmarking the rollout operator.
 #[derive(Debug, Parser)]
 #[command(name = "slate-fleet-sim")]
 struct Args {
-    /// A `slate gen certs` directory: nodes serve node.crt (it must name 127.0.0.1) and trust
-    /// ca.crt; heartbeats present operator.crt.
+    /// A `slate gen certs` directory: each node serves a certificate naming it, issued from
+    /// the fleet CA (ca.crt, ca.key), and reports with a client certificate naming it.
     #[arg(long, value_name = "DIR")]
     certs: PathBuf,
     /// A group of nodes: NAME:COUNT, optionally with labels NAME:COUNT:zone=a,role=etcd.
@@ -101,43 +101,28 @@ fn parse_group(arg: &str, version: &str, channel: &str) -> anyhow::Result<GroupS
 /// idle clients for reuse (building one parses the certificates and starts a small runtime).
 struct OperatorReporter {
     operators: Vec<String>,
-    certs: PathBuf,
+    /// Each node reports with a certificate naming it (the operator takes nothing else).
+    identities: Identities,
     next: AtomicUsize,
-    idle: Vec<Mutex<Vec<Client>>>,
 }
 
 impl OperatorReporter {
-    fn new(operators: Vec<String>, certs: PathBuf) -> Self {
-        let idle = operators.iter().map(|_| Mutex::new(Vec::new())).collect();
-        OperatorReporter {
+    fn new(operators: Vec<String>, certs: &std::path::Path) -> anyhow::Result<Self> {
+        Ok(OperatorReporter {
             operators,
-            certs,
+            identities: Identities::from_dir(certs).context("the node identities")?,
             next: AtomicUsize::new(0),
-            idle,
-        }
+        })
     }
 
-    fn post(&self, i: usize, report: &NodeReport) -> Result<(), ClientError> {
-        let pooled = self.idle[i]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .pop();
-        let client = match pooled {
-            Some(c) => c,
-            None => Client::from_dir(&self.operators[i], &self.certs, Role::Operator)?
-                .with_timeout(Duration::from_secs(10)),
-        };
-        let result = post_heartbeat(&client, report);
-        self.idle[i]
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .push(client);
-        result
+    fn post(&self, i: usize, report: &NodeReport) -> Result<(), String> {
+        let client = self
+            .identities
+            .heartbeat_client(&report.id, &self.operators[i])?;
+        post_heartbeat(&client, report).map_err(|e| e.to_string())
     }
 }
 
-/// The operator's heartbeat call, kept in one place: the operator API's route and answer are
-/// not settled yet. Any JSON answer counts as success (an empty 204 would not decode).
 fn post_heartbeat(client: &Client, report: &NodeReport) -> Result<(), ClientError> {
     client
         .call::<serde_json::Value, _>("POST", "/v1/fleet/heartbeat", Some(report))
@@ -194,10 +179,7 @@ fn main() -> anyhow::Result<()> {
         eprintln!("slate-fleet-sim: no --operator: heartbeats are dropped");
         Arc::new(Discard)
     } else {
-        Arc::new(OperatorReporter::new(
-            args.operators.clone(),
-            args.certs.clone(),
-        ))
+        Arc::new(OperatorReporter::new(args.operators.clone(), &args.certs)?)
     };
     let mut fleet = Fleet::start(spec, reporter).context("starting the fleet")?;
     println!(

@@ -403,6 +403,7 @@ impl NodeBackend for SimBackend {
             secure_boot: None,
             boot_times: None,
             memory: None,
+            warnings: Vec::new(),
             version: st.version.clone(),
             booted_entry: None,
             stage: st.stage,

@@ -206,7 +206,7 @@ pub fn configure_pool(
     force: bool,
     dry_run: bool,
 ) -> Result<PoolConfigured, PoolError> {
-    let parsed = slate_machine_config::parse(config_text)?;
+    let parsed = slate_machine_config::parse_for_writing(config_text)?;
     let rel = format!("{STATE_SUBVOLUME}/{STATE_PATH}");
     let pool = MountedPool::mount(disk, offset, len, dry_run)?;
     let state = pool.path().join(STATE_SUBVOLUME);

@@ -65,7 +65,7 @@ impl StateFilesystem {
     /// Check `config_text` as the node will, then make the filesystem (`size` bytes). `seed`
     /// and `epoch` fix its UUID and timestamps: the same inputs give the same bytes.
     pub fn build(config_text: &str, size: u64, seed: &str, epoch: u64) -> Result<Self, StateError> {
-        let parsed = slate_machine_config::parse(config_text)?;
+        let parsed = slate_machine_config::parse_for_writing(config_text)?;
         let work = tempfile::tempdir().map_err(|e| StateError::Mkfs(e.to_string()))?;
         let root = work.path().join("root");
         let config_path = root.join(STATE_PATH);

@@ -9,6 +9,7 @@
 //! Architecture invariant: a [`MachineConfig`] value that exists has passed [`validate`]; the
 //! edges (installer, machined, CLI) never write a document this crate refused.
 
+pub mod trust;
 mod update;
 pub mod v0;
 mod validate;
@@ -21,6 +22,7 @@ pub use update::{
     describe_minute_of_week, minute_of_week, minutes_until_open, Strategy, UpdateSettings, Weekday,
     Window,
 };
+pub use trust::{check_trust, trust_findings};
 pub use validate::{is_hostname, parse_cidr};
 
 /// The version this slate writes; [`parse`] also reads every older one.
@@ -119,12 +121,19 @@ pub struct Api {
     /// Where the node API listens (default `0.0.0.0:50000`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<SocketAddr>,
-    /// PEM: the CA that issues the node's serving certificate (clients trust it).
+    /// PEM: the node's own issuing CA, which issues its serving certificate and the client
+    /// certificate it reports to the rollout operator with. `slate gen config` makes one per
+    /// node, under the fleet CA, constrained to the node's names (docs/trust.md).
     pub ca_cert: String,
     /// PEM (PKCS#8, ECDSA P-256): its key. A secret: redacted by `config show`.
     pub ca_key: String,
-    /// PEM: the CA(s) whose client certificates the API accepts.
+    /// PEM: the CA(s) whose client certificates the API accepts. Never the issuer of
+    /// `ca_cert` ([`check_trust`]).
     pub client_ca: String,
+    /// PEM: the fleet CA, above `ca_cert`: the node verifies the rollout operator against it.
+    /// Absent (configurations of the older shared-CA shape): `ca_cert` is used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fleet_ca: Option<String>,
     /// More names (DNS or IP) for the serving certificate, beside the node's name, hostname
     /// and addresses.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -255,12 +264,27 @@ fn unknown_key(message: &str) -> Option<&str> {
     rest.split('`').next()
 }
 
+/// [`parse`] a document about to be written to a node (`slate config validate`, the
+/// installer, `apply-config`): also refused when its key could sign for other nodes or for
+/// clients ([`check_trust`]). A node already running such a document still boots with
+/// [`parse`] and reports [`trust_findings`].
+pub fn parse_for_writing(text: &str) -> Result<Parsed, ConfigError> {
+    let parsed = parse(text)?;
+    check_trust(&parsed.config)?;
+    Ok(parsed)
+}
+
 /// Check a value built in code (e.g. by `slate gen config`) as [`parse`] checks a document.
 pub fn validate(config: &MachineConfig) -> Result<(), ConfigError> {
     validate::validate(config)
 }
 
 impl MachineConfig {
+    /// The CA(s) the node verifies fleet services (the rollout operator) against.
+    pub fn fleet_ca(&self) -> &str {
+        self.api.fleet_ca.as_deref().unwrap_or(&self.api.ca_cert)
+    }
+
     /// The kernel hostname the node takes.
     pub fn hostname(&self) -> &str {
         self.node.hostname.as_deref().unwrap_or(&self.node.name)

@@ -64,6 +64,7 @@ pub fn migrate(old: ConfigV0) -> MachineConfig {
             client_ca: old.ca_crt.clone(),
             ca_cert: old.ca_crt,
             ca_key: old.ca_key,
+            fleet_ca: None,
             extra_sans: Vec::new(),
         },
         update: UpdateSettings {

@@ -159,6 +159,25 @@ fn api(config: &MachineConfig) -> Result<(), ConfigError> {
             ));
         }
     }
+    if let Some(fleet_ca) = &api.fleet_ca {
+        for (i, der) in pem_certificates(fleet_ca, "api.fleet_ca")?.iter().enumerate() {
+            let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| {
+                ConfigError::invalid("api.fleet_ca", format!("certificate {}: {e}", i + 1))
+            })?;
+            if !cert.is_ca() {
+                return Err(ConfigError::invalid(
+                    "api.fleet_ca",
+                    format!("certificate {} is not a CA (basic constraints CA:FALSE)", i + 1),
+                ));
+            }
+        }
+        if !crate::trust::issued_by_any(&api.ca_cert, fleet_ca) {
+            return Err(ConfigError::invalid(
+                "api.fleet_ca",
+                "did not issue api.ca_cert: clients that trust it could not verify this node",
+            ));
+        }
+    }
     // Port 0 asks the kernel for any free port: nobody could find the API there.
     if let Some(listen) = api.listen.filter(|addr| addr.port() == 0) {
         return Err(ConfigError::invalid(

@@ -156,6 +156,12 @@ impl NodeBackend for Backend {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
+            warnings: self
+                .0
+                .machine
+                .current()
+                .map(|c| crate::machine::warnings(&c))
+                .unwrap_or_default(),
             node_name: self.0.machine.current().map(|c| c.node.name),
             hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .ok()

@@ -34,6 +34,9 @@ pub fn machine_config(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Resu
             parsed.config.version
         )),
     ));
+    for warning in crate::machine::warnings(&parsed.config) {
+        ctx.log(&warning);
+    }
     node.machine.set(parsed);
     Ok(())
 }

@@ -69,6 +69,21 @@ pub fn load(state: &Path) -> Result<Option<Parsed>, String> {
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 
+/// What `slate status` says is unsafe about `config` as it runs: a key on this node's disk
+/// that signs for others. Loud, since such a configuration is accepted at boot (refusing it
+/// would strand the node) but refused by every writer.
+pub fn warnings(config: &MachineConfig) -> Vec<String> {
+    slate_machine_config::trust_findings(config)
+        .into_iter()
+        .map(|finding| {
+            format!(
+                "INSECURE machine configuration: {finding}; {}",
+                slate_machine_config::trust::HOW_TO_FIX
+            )
+        })
+        .collect()
+}
+
 /// Write `contents` to `path` so that a crash leaves either the old file or the new one:
 /// a temp file beside it, fsync, rename, fsync of the directory.
 pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
@@ -192,10 +207,10 @@ pub fn show(node: &Node) -> Result<ConfigView, BackendError> {
     })
 }
 
-/// Validate a document as `apply-config` must before writing it: the crate's rules, and a
-/// serving certificate actually issued from its CA.
+/// Validate a document as `apply-config` must before writing it: the crate's rules, a key
+/// that signs for this node only, and a serving certificate actually issued from its CA.
 pub fn check(text: &str) -> Result<Parsed, BackendError> {
-    let parsed = slate_machine_config::parse(text).map_err(|e| {
+    let parsed = slate_machine_config::parse_for_writing(text).map_err(|e| {
         BackendError::InvalidArgument(format!("the machine configuration is refused: {e}"))
     })?;
     let key = slate_api::generate_key_pem().map_err(|e| BackendError::Failed(e.to_string()))?;

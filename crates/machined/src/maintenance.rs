@@ -47,6 +47,7 @@ impl NodeBackend for MaintenanceBackend {
             secure_boot: None,
             boot_times: None,
             memory: None,
+            warnings: Vec::new(),
             version: self.version.clone(),
             booted_entry: None,
             stage: Stage::Booting,

@@ -43,7 +43,10 @@ impl ApiDriver {
 
 impl NodeDriver for ApiDriver {
     fn upgrade(&self, order: &Order) -> Result<(), DriveError> {
+        // The node's certificate must name the node ordered, whatever address it advertised:
+        // a node cannot send the operator's orders for another node to itself.
         let client = Client::from_dir(&order.endpoint, &self.certs, Role::Operator)
+            .and_then(|c| c.with_server_name(&order.node))
             .map_err(|e| DriveError::Unreachable(e.to_string()))?
             .with_timeout(CALL_TIMEOUT);
         let request = UpgradeRequest {

@@ -49,8 +49,8 @@ pub struct Operator {
     pub state: Arc<EtcdState>,
     pub leader: LeaderConfig,
     pub listen: std::net::SocketAddr,
-    /// `ca.crt`, the operator's serving `node.crt`/`node.key`, and `operator.crt`/`.key` to
-    /// call nodes with.
+    /// `client-ca.crt`, `ca.crt` (the fleet CA: nodes report under it), the operator's serving
+    /// `service.crt`/`service.key`, and `operator.crt`/`.key` to call nodes with.
     pub certs: PathBuf,
     pub releases: Arc<dyn ReleaseSource>,
     pub log: Log,

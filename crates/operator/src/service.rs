@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
-use slate_api::{BackendError, JsonService, Role, ServiceRoute};
+use slate_api::{BackendError, Caller, JsonService, Role, ServiceRoute};
 use slate_rollout::{
     abort, pause, plan, resume, ControlError, Event, NodeRecord, NodeReport, PlanRow, PolicySet,
     Rollout, Tick,
@@ -31,8 +31,9 @@ fn same_but_time(a: &NodeReport, b: &NodeReport) -> bool {
     *a == b
 }
 
-pub const HEARTBEAT: ServiceRoute =
-    ServiceRoute::new("POST", "/v1/fleet/heartbeat", Role::Operator);
+/// A node's report about itself: a node certificate (under the fleet CA, through the node's
+/// issuing CA) naming the node the report is about; no client role is a node.
+pub const HEARTBEAT: ServiceRoute = ServiceRoute::new("POST", "/v1/fleet/heartbeat", Role::Node);
 pub const ADD_NODE: ServiceRoute = ServiceRoute::new("POST", "/v1/fleet/nodes", Role::Admin);
 pub const STATUS: ServiceRoute = ServiceRoute::new("GET", "/v1/fleet/status", Role::Reader);
 pub const PLAN: ServiceRoute = ServiceRoute::new("GET", "/v1/fleet/plan", Role::Reader);
@@ -144,13 +145,13 @@ impl JsonService for OperatorService {
     fn call(
         &self,
         route: &ServiceRoute,
-        _role: Role,
+        caller: &Caller,
         query: Option<&str>,
         request: &[u8],
     ) -> Result<Value, BackendError> {
         match *route {
-            HEARTBEAT => self.heartbeat(request, false),
-            ADD_NODE => self.heartbeat(request, true),
+            HEARTBEAT => self.heartbeat(request, Some(caller)),
+            ADD_NODE => self.heartbeat(request, None),
             STATUS => to_value(&self.status()?),
             PLAN => to_value(&self.plan()?),
             EVENTS => {
@@ -187,10 +188,25 @@ impl OperatorService {
     /// older report of the node's arrives after a newer one ([`STALE_REPORT_GRACE`]). A
     /// compare-and-swap on the record keeps two replicas from writing an older report over a
     /// newer one.
-    fn heartbeat(&self, request: &[u8], by_hand: bool) -> Result<Value, BackendError> {
+    ///
+    /// `from`: the node that sent it (a heartbeat), which must be the node reported about;
+    /// `None` for `add-node` (an admin, by hand).
+    fn heartbeat(&self, request: &[u8], from: Option<&Caller>) -> Result<Value, BackendError> {
+        let by_hand = from.is_none();
         let report: NodeReport = serde_json::from_slice(request)
             .map_err(|e| BackendError::InvalidArgument(format!("not a node report: {e}")))?;
         check_report(&report).map_err(BackendError::InvalidArgument)?;
+        if let Some(caller) = from.filter(|c| !c.is_node(&report.id)) {
+            let who = match caller.role {
+                Role::Node => format!("node {}", caller.node_names.join(", ")),
+                role => format!("a client of role {role}"),
+            };
+            return Err(BackendError::PermissionDenied(format!(
+                "a heartbeat must come from the node it reports about: this report is about {}, \
+                 its certificate is {who}'s",
+                report.id
+            )));
+        }
         for _ in 0..5 {
             let now = now_unix();
             let stored = state::node(&self.state, &report.id).map_err(failed)?;

@@ -22,6 +22,11 @@ pub struct NodeTarget {
     /// The node's API address (HOST or HOST:PORT; port 50000 by default).
     #[arg(long, global = true, env = "SLATE_NODE")]
     pub node: Option<String>,
+    /// The name the node's certificate must carry, when --node is not one of its names (a
+    /// port forward, an address DHCP gave it): usually the node's name. A node's certificate
+    /// names only that node, so this is how the client knows which node it wants.
+    #[arg(long, global = true, env = "SLATE_SERVER_NAME", value_name = "NAME")]
+    pub server_name: Option<String>,
     /// Directory holding ca.crt and the client certificates (`slate gen certs`).
     #[arg(long, global = true, env = "SLATE_CERTS", default_value = "pki")]
     pub certs: PathBuf,
@@ -47,6 +52,10 @@ impl NodeTarget {
             Client::without_certificate(node, &ca)
         } else {
             Client::from_dir(node, dir, self.role.into())
+        };
+        let client = match &self.server_name {
+            Some(name) => client.and_then(|c| c.with_server_name(name)),
+            None => client,
         };
         client.with_context(|| format!("setting up the client for {node}"))
     }

@@ -20,10 +20,19 @@ pub struct GenConfigArgs {
     /// The node's name (one DNS label).
     #[arg(long)]
     pub name: String,
-    /// The directory `slate gen certs` wrote: its CA issues the node's serving certificate and
-    /// signs the clients' certificates.
+    /// The directory `slate gen certs` wrote: its fleet CA issues the node's own issuing CA,
+    /// constrained to the node's names; the node accepts clients of its client CA. Neither
+    /// CA's key goes into the configuration.
     #[arg(long)]
     pub pki: PathBuf,
+    /// Another name (DNS or IP address) clients reach the node by, repeatable: in its
+    /// serving certificate and its issuing CA's name constraints (`api.extra_sans`).
+    #[arg(long = "san", value_name = "NAME")]
+    pub sans: Vec<String>,
+    /// Another client CA the node accepts (PEM file), repeatable: the old CA while a fleet
+    /// migrates from a shared CA (docs/trust.md).
+    #[arg(long = "also-accept-client-ca", value_name = "FILE")]
+    pub also_accept_client_cas: Vec<PathBuf>,
     /// The kernel hostname (the name by default).
     #[arg(long)]
     pub hostname: Option<String>,
@@ -123,11 +132,26 @@ fn parse_window(text: &str) -> Result<Window> {
 
 /// Print a machine configuration for one node; it is checked as a node would check it.
 pub fn gen_config(args: GenConfigArgs) -> Result<()> {
-    let read = |name: &str| -> Result<String> {
-        let path = args.pki.join(name);
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
-    };
-    let ca_cert = read(slate_api::CA_CERT)?;
+    // The names the node's issuing CA may certify: its name, hostname, static address and
+    // extra names. An address DHCP gives it later is not among them (docs/trust.md).
+    let mut names = vec![args.name.clone()];
+    names.extend(args.hostname.iter().cloned());
+    if let Some(address) = &args.address {
+        let (ip, _) = slate_machine_config::parse_cidr(address)
+            .with_context(|| format!("--address {address:?} is not address/prefix"))?;
+        names.push(ip.to_string());
+    }
+    names.extend(args.sans.iter().cloned());
+    names.dedup();
+    let extra_client_cas = args
+        .also_accept_client_cas
+        .iter()
+        .map(|path| {
+            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let trust = slate_api::NodeTrust::issue(&args.pki, &args.name, &names, &extra_client_cas)
+        .with_context(|| format!("issuing node {}'s CA from {}", args.name, args.pki.display()))?;
     let config = MachineConfig {
         version: CURRENT_VERSION,
         node: Node {
@@ -146,10 +170,11 @@ pub fn gen_config(args: GenConfigArgs) -> Result<()> {
         },
         api: Api {
             listen: None,
-            ca_key: read(slate_api::CA_KEY)?,
-            client_ca: ca_cert.clone(),
-            ca_cert,
-            extra_sans: Vec::new(),
+            ca_cert: trust.ca_cert,
+            ca_key: trust.ca_key,
+            client_ca: trust.client_ca,
+            fleet_ca: Some(trust.fleet_ca),
+            extra_sans: args.sans,
         },
         update: UpdateSettings {
             enabled: args.image.is_some() || !args.operators.is_empty(),
@@ -190,7 +215,9 @@ pub fn gen_config(args: GenConfigArgs) -> Result<()> {
             }),
         },
     };
-    slate_machine_config::validate(&config).context("the configuration would be refused")?;
+    slate_machine_config::validate(&config)
+        .and_then(|()| slate_machine_config::check_trust(&config))
+        .context("the configuration would be refused")?;
     print!("{}", config.to_toml());
     Ok(())
 }
@@ -293,7 +320,7 @@ pub fn apply_config(target: &NodeTarget, args: ApplyConfigArgs) -> Result<()> {
 fn read_document(path: &Path) -> Result<String> {
     let text =
         std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
-    let parsed = slate_machine_config::parse(&text)
+    let parsed = slate_machine_config::parse_for_writing(&text)
         .with_context(|| format!("{} is not a valid machine configuration", path.display()))?;
     if let Some(version) = parsed.migrated_from {
         eprintln!(

@@ -35,8 +35,9 @@ pub struct RunArgs {
     /// Where the operator API listens.
     #[arg(long)]
     listen: SocketAddr,
-    /// ca.crt, the operator's serving node.crt/node.key and operator.crt/.key (nodes are
-    /// called with it): a `slate gen certs` directory of the fleet's CA.
+    /// A `slate gen certs` directory: client-ca.crt (admins, operators, readers), ca.crt (the
+    /// fleet CA: nodes' heartbeats and API), the operator's serving service.crt/service.key
+    /// and operator.crt/.key (nodes are called with it).
     #[arg(long)]
     certs: PathBuf,
     /// The release repository, REGISTRY/REPO (its `releases` index names the versions).

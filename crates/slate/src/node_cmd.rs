@@ -129,6 +129,10 @@ pub fn status(target: &NodeTarget, output: OutputFormat, boot_times: bool) -> Re
             }
         };
     }
+    // Loud whatever the format: on stderr, so a script reading the JSON still hears it.
+    for warning in &status.warnings {
+        eprintln!("WARNING: {warning}");
+    }
     match output {
         OutputFormat::Json => print_json(&status),
         OutputFormat::Text => {

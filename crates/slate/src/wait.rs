@@ -369,6 +369,7 @@ mod tests {
             secure_boot: None,
             boot_times: None,
             memory: None,
+            warnings: Vec::new(),
             booted_entry: None,
             stage,
             running_sequence: None,

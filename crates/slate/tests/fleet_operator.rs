@@ -26,7 +26,7 @@ use std::time::{Duration, Instant};
 
 use registry::TestRegistry;
 use slate_api::{Client, Role};
-use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, Reporter, SimEventKind};
+use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, Identities, Reporter, SimEventKind};
 use slate_release::{Channel, Release, ReleaseIndex};
 use slate_rollout::NodeReport;
 use slate_transport::{store_release_index, Options, Reference};
@@ -74,21 +74,21 @@ fn release(version: &str) -> Release {
 }
 
 /// Heartbeats to whichever replica answers.
+/// Each node as itself: a client certificate naming the node it reports about.
 struct ToReplicas {
-    clients: Vec<Client>,
+    addrs: Vec<String>,
+    identities: Identities,
     next: AtomicUsize,
 }
 
 impl Reporter for ToReplicas {
     fn report(&self, report: &NodeReport) -> Result<(), String> {
         let mut last = String::new();
-        for _ in 0..self.clients.len() {
-            let i = self.next.fetch_add(1, Ordering::Relaxed) % self.clients.len();
-            match self.clients[i].call::<serde_json::Value, _>(
-                "POST",
-                "/v1/fleet/heartbeat",
-                Some(report),
-            ) {
+        for _ in 0..self.addrs.len() {
+            let i = self.next.fetch_add(1, Ordering::Relaxed) % self.addrs.len();
+            let client = self.identities.heartbeat_client(&report.id, &self.addrs[i])?;
+            match client.call::<serde_json::Value, _>("POST", "/v1/fleet/heartbeat", Some(report))
+            {
                 Ok(_) => return Ok(()),
                 Err(e) => last = e.to_string(),
             }
@@ -231,14 +231,8 @@ fn failover_stop_the_line_and_resume_after_a_yank() {
     assert!(stored.is_empty(), "nothing stored by a dry run: {stored}");
 
     let reporter = ToReplicas {
-        clients: replica_addrs
-            .iter()
-            .map(|a| {
-                Client::from_dir(a, &certs, Role::Operator)
-                    .unwrap()
-                    .with_timeout(Duration::from_secs(5))
-            })
-            .collect(),
+        addrs: replica_addrs.clone(),
+        identities: Identities::from_dir(&certs).unwrap(),
         next: AtomicUsize::new(0),
     };
     let mut spec = FleetSpec::new(&certs);

@@ -214,8 +214,8 @@ fn ca_file_trusts_a_private_registry_ca() {
     slate_api::gen_certs(&certs, std::slice::from_ref(&ip)).unwrap();
     let Some(registry) = TestRegistry::start_tls(
         &ip,
-        &certs.join(slate_api::NODE_CERT),
-        &certs.join(slate_api::NODE_KEY),
+        &certs.join(slate_api::SERVICE_CERT),
+        &certs.join(slate_api::SERVICE_KEY),
     ) else {
         return;
     };
@@ -268,7 +268,7 @@ fn ca_file_trusts_a_private_registry_ca() {
         "--cache",
         s(&work.path().join("cache3")),
         "--ca-file",
-        s(&certs.join(slate_api::NODE_KEY)),
+        s(&certs.join(slate_api::SERVICE_KEY)),
     ]));
     assert!(err.contains("not a PEM CA certificate file"), "{err}");
 }

@@ -88,6 +88,8 @@ pub(super) struct Load {
 /// client certificate [`slate_api::CONNECTIONS_PER_CLIENT`] connections).
 pub(super) struct StatusClient {
     addr: String,
+    /// The node's name, which its certificate carries (the address is a port forward).
+    name: String,
     ca: String,
     cert: String,
     key: String,
@@ -119,23 +121,28 @@ impl StatusClient {
             self.cert.as_bytes(),
             self.key.as_bytes(),
         )?
+        .with_server_name(&self.name)?
         .with_timeout(REQUEST_TIMEOUT))
     }
 }
 
 /// [`CLIENTS`] status clients of the node at `port`, each with a reader certificate of its own.
-pub(super) fn clients(port: u16, reuse: bool) -> Result<Vec<StatusClient>> {
+pub(super) fn clients(port: u16, name: &str, reuse: bool) -> Result<Vec<StatusClient>> {
     let pki = demo_pki();
     let read = |name: &str| -> Result<String> {
         fs::read_to_string(pki.join(name)).with_context(|| format!("reading {name}"))
     };
-    let (ca, ca_key) = (read(slate_api::CA_CERT)?, read(slate_api::CA_KEY)?);
+    let ca = read(slate_api::CA_CERT)?;
+    let (client_ca, client_ca_key) = (
+        read(slate_api::CLIENT_CA_CERT)?,
+        read(slate_api::CLIENT_CA_KEY)?,
+    );
     (0..CLIENTS)
         .map(|i| {
             let key = slate_api::generate_key_pem()?;
             let cert = slate_api::issue_client_cert(
-                &ca,
-                &ca_key,
+                &client_ca,
+                &client_ca_key,
                 &key,
                 Role::Reader,
                 &format!("soak-client-{i}"),
@@ -143,6 +150,7 @@ pub(super) fn clients(port: u16, reuse: bool) -> Result<Vec<StatusClient>> {
             )?;
             let mut client = StatusClient {
                 addr: format!("127.0.0.1:{port}"),
+                name: name.to_owned(),
                 ca: ca.clone(),
                 cert,
                 key,

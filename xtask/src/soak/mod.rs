@@ -294,6 +294,7 @@ pub fn soak(upgrades: usize, load_at: usize, think: Duration, reuse_clients: boo
     let node = Node {
         prepared: &prepared,
         port: vm.api_port,
+        name: crate::vm_test::image_node_name(&image),
     };
     let cache = work.join("cache");
     let mut boot = running(&mut vm)?;
@@ -317,7 +318,7 @@ pub fn soak(upgrades: usize, load_at: usize, think: Duration, reuse_clients: boo
         let began = Instant::now();
         let boots_before = crate::vm::boots_under(&vm_dir).0;
         let clients = if i == load_at {
-            Some(clients(vm.api_port, reuse_clients)?)
+            Some(clients(vm.api_port, &node.name, reuse_clients)?)
         } else {
             None
         };

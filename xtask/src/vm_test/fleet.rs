@@ -213,6 +213,7 @@ pub fn fleet_lock_updates(prepared: &Prepared, work: &Path) -> Result<String> {
     let node = Node {
         prepared,
         port: vm.api_port,
+        name: "fleet1".into(),
     };
     let mut boot = running(&mut vm)?;
     boot.expect(

@@ -54,9 +54,10 @@ fn client_config(pki: &Path, role: Role) -> Result<Arc<ClientConfig>> {
 
 fn connect(
     config: &Arc<ClientConfig>,
+    name: &str,
     port: u16,
 ) -> Result<StreamOwned<ClientConnection, TcpStream>> {
-    let conn = ClientConnection::new(config.clone(), ServerName::try_from("127.0.0.1")?)?;
+    let conn = ClientConnection::new(config.clone(), ServerName::try_from(name.to_owned())?)?;
     let tcp = TcpStream::connect(("127.0.0.1", port))?;
     tcp.set_read_timeout(Some(Duration::from_secs(30)))?;
     let mut tls = StreamOwned::new(conn, tcp);
@@ -97,7 +98,14 @@ fn answer(tls: &mut StreamOwned<ClientConnection, TcpStream>) -> u16 {
 /// `requests` requests from `connections` reader connections at once, each connection sending
 /// [`LOGGED_METHOD`] requests and every [`REFUSED_EVERY`]th a [`REFUSED_METHOD`] one (then a
 /// new connection).
-pub(super) fn flood(pki: &Path, port: u16, connections: usize, requests: usize) -> Result<Flood> {
+/// `name` is what the node's certificate names (it is reached through a port forward).
+pub(super) fn flood(
+    pki: &Path,
+    name: &str,
+    port: u16,
+    connections: usize,
+    requests: usize,
+) -> Result<Flood> {
     let config = client_config(pki, Role::Reader)?;
     let logged = format!(
         "{} /v1/status HTTP/1.1\r\nhost: node\r\n\r\n",
@@ -122,7 +130,7 @@ pub(super) fn flood(pki: &Path, port: u16, connections: usize, requests: usize) 
                             None => {
                                 mine.connections += 1;
                                 on_this = 0;
-                                tls.insert(connect(&config, port)?)
+                                tls.insert(connect(&config, name, port)?)
                             }
                         };
                         on_this += 1;

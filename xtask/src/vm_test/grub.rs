@@ -156,6 +156,7 @@ pub(super) fn grub_upgrade_and_revert(prepared: &Prepared, work: &Path) -> Resul
     let node = Node {
         prepared,
         port: vm.api_port,
+        name: super::image_node_name(&image),
     };
     let mut boot = running(&mut vm)?;
     let status = node.status()?;

@@ -110,6 +110,7 @@ pub(super) fn node_identity(
     let node2 = Node {
         prepared,
         port: vm2.api_port,
+        name: "node2".into(),
     };
     let status2 = node2.status()?;
     boot2.kill();
@@ -131,6 +132,7 @@ pub(super) fn node_identity(
     let stranger = Command::new(slate)
         .arg("--node")
         .arg(format!("127.0.0.1:{}", node.port))
+        .args(["--server-name", &node.name])
         .arg("--certs")
         .arg(&other)
         .arg("status")

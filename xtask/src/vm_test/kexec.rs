@@ -102,6 +102,7 @@ pub(super) fn kexec_reboots(prepared: &Prepared, work: &Path) -> Result<String> 
     let node = Node {
         prepared,
         port: vm.api_port,
+        name: super::image_node_name(&image),
     };
 
     // Boot 1, through the firmware: the markers a firmware boot prints are there.

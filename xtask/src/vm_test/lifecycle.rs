@@ -19,6 +19,7 @@ pub(super) fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String>
     let node = Node {
         prepared,
         port: vm.api_port,
+        name: image_node_name(&image),
     };
 
     // Boot 1.
@@ -295,6 +296,7 @@ fn api_flood(node: &Node) -> Result<String> {
     let (rss_before, journal_before) = memory(&node.status()?)?;
     let addr = format!("127.0.0.1:{}", node.port);
     let admin = slate_api::Client::from_dir(&addr, &node.prepared.pki, slate_api::Role::Admin)?
+        .with_server_name(&node.name)?
         .with_timeout(Duration::from_secs(30));
     let done = std::sync::atomic::AtomicBool::new(false);
     let (flood, latencies) = std::thread::scope(|scope| {
@@ -307,7 +309,7 @@ fn api_flood(node: &Node) -> Result<String> {
             }
             latencies
         });
-        let flood = flood::flood(&node.prepared.pki, node.port, 6, FLOOD_REQUESTS);
+        let flood = flood::flood(&node.prepared.pki, &node.name, node.port, 6, FLOOD_REQUESTS);
         done.store(true, std::sync::atomic::Ordering::SeqCst);
         (flood, polls.join())
     });

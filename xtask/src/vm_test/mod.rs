@@ -70,11 +70,7 @@ pub fn demo_pki() -> PathBuf {
 /// to `dir/<name>.machine.toml` (beside profiles named `<something>.toml`, which it must not
 /// replace). Node names are DNS labels: anything else in `name` becomes '-'.
 pub fn node_config(slate: &Path, dir: &Path, name: &str) -> Result<PathBuf> {
-    let name: String = name
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
-        .collect();
+    let name = node_name(name);
     let text = output(
         Command::new(slate)
             .args(["gen", "config", "--name", &name, "--pki"])
@@ -83,6 +79,19 @@ pub fn node_config(slate: &Path, dir: &Path, name: &str) -> Result<PathBuf> {
     let path = dir.join(format!("{name}.machine.toml"));
     fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
     Ok(path)
+}
+
+/// `name` as a node name (a DNS label): anything else becomes '-'.
+pub fn node_name(name: &str) -> String {
+    name.to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() { c } else { '-' })
+        .collect()
+}
+
+/// The node name a disk image built by [`build_image`] was configured with (its file stem).
+pub fn image_node_name(image: &Path) -> String {
+    node_name(image.file_stem().and_then(|s| s.to_str()).unwrap_or("node"))
 }
 
 /// Put `config` onto the STATE partition of the disk image `disk`.
@@ -108,7 +117,8 @@ pub fn prepare() -> Result<Prepared> {
         run(Command::new(&slate).args(["keygen", "--out"]).arg(&keys))?;
     }
     let pki = demo_pki();
-    if !pki.join("ca.crt").exists() {
+    // A directory of the older shared-CA shape (no client CA) is made anew.
+    if !pki.join(slate_api::CLIENT_CA_CERT).exists() {
         let _ = fs::remove_dir_all(&pki);
         run(Command::new(&slate)
             .args(["gen", "certs", "--out"])
@@ -157,6 +167,9 @@ fn esp_listing(image: &Path) -> Result<String> {
 pub(crate) struct Node<'a> {
     pub(crate) prepared: &'a Prepared,
     pub(crate) port: u16,
+    /// The node's name: the API is reached through a port forward on 127.0.0.1, so the
+    /// client asks for the node by name (`--server-name`), as its certificate names only it.
+    pub(crate) name: String,
 }
 
 impl Node<'_> {
@@ -164,6 +177,8 @@ impl Node<'_> {
         let mut cmd = Command::new(&self.prepared.slate);
         cmd.arg("--node")
             .arg(format!("127.0.0.1:{}", self.port))
+            .arg("--server-name")
+            .arg(&self.name)
             .arg("--certs")
             .arg(&self.prepared.pki)
             .args(args);
@@ -425,6 +440,7 @@ pub fn demo() -> Result<()> {
     let node = Node {
         prepared: &prepared,
         port: vm.api_port,
+        name: "node1".into(),
     };
     let mut boot = running(&mut vm)?;
     boot.expect(&["committed:"], Duration::from_secs(30), "v1 committed")?;

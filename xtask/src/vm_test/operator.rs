@@ -43,14 +43,17 @@ impl Drop for Replica {
     }
 }
 
-/// A certificate directory for the operator: the demo CA, the operator client certificate it
-/// calls nodes with, and a serving certificate naming 10.0.2.2 (how the guests reach it).
+/// A certificate directory for the operator: the demo's fleet CA (nodes' certificates chain to
+/// it: their heartbeats and their API), its client CA, the operator client certificate it
+/// calls nodes with, and a serving certificate naming 10.0.2.2 (how the guests reach it),
+/// issued from the fleet CA as `slate gen certs` issues `service.crt`.
 fn operator_pki(work: &Path) -> Result<PathBuf> {
     let pki = demo_pki();
     let dir = work.join("operator-pki");
     fs::create_dir_all(&dir)?;
     for name in [
-        "ca.crt",
+        slate_api::CA_CERT,
+        slate_api::CLIENT_CA_CERT,
         "operator.crt",
         "operator.key",
         "admin.crt",
@@ -61,9 +64,14 @@ fn operator_pki(work: &Path) -> Result<PathBuf> {
     let read = |name: &str| fs::read_to_string(pki.join(name));
     let key = slate_api::generate_key_pem()?;
     let names = slate_api::serving_names(&["10.0.2.2".to_owned()]);
-    let cert = slate_api::issue_serving_cert(&read("ca.crt")?, &read("ca.key")?, &key, &names)?;
-    fs::write(dir.join("node.crt"), cert)?;
-    fs::write(dir.join("node.key"), key)?;
+    let cert = slate_api::issue_serving_cert(
+        &read(slate_api::CA_CERT)?,
+        &read(slate_api::CA_KEY)?,
+        &key,
+        &names,
+    )?;
+    fs::write(dir.join(slate_api::SERVICE_CERT), cert)?;
+    fs::write(dir.join(slate_api::SERVICE_KEY), key)?;
     Ok(dir)
 }
 

@@ -33,6 +33,7 @@ pub(super) fn power_cuts_during_upgrade(prepared: &Prepared, work: &Path) -> Res
     let node = Node {
         prepared,
         port: vm.api_port,
+        name: super::image_node_name(&image),
     };
     let mut boot = running(&mut vm)?;
     boot.expect(

@@ -235,6 +235,7 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
     let node = Node {
         prepared,
         port: vm.api_port,
+        name: super::image_node_name(&image),
     };
     let mut boot = running(&mut vm)?;
     let fed = boot.expect(

@@ -145,6 +145,7 @@ pub(super) fn secure_boot_enrol_and_enforce(prepared: &Prepared, work: &Path) ->
     let node = Node {
         prepared,
         port: vm.api_port,
+        name: super::image_node_name(&image),
     };
     // Boot 1: setup mode. systemd-boot enrols db, KEK, then PK, and resets the machine.
     let mut enrol = vm.start()?;

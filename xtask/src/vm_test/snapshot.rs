@@ -168,6 +168,7 @@ pub(super) fn btrfs_snapshot_upgrades(prepared: &Prepared, work: &Path) -> Resul
     let node = Node {
         prepared,
         port: vm.api_port,
+        name: "btrfs-node".into(),
     };
     let mut lines = Vec::new();
 

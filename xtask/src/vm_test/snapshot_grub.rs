@@ -106,6 +106,7 @@ pub(super) fn btrfs_snapshot_grub(prepared: &Prepared, work: &Path) -> Result<St
     let node = Node {
         prepared,
         port: vm.api_port,
+        name: "btrfs-grub-node".into(),
     };
     // 1. v1, from the pool through GRUB.
     let mut boot = running(&mut vm)?;

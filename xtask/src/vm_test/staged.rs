@@ -241,6 +241,7 @@ pub(super) fn staged_upgrades(prepared: &Prepared, work: &Path) -> Result<String
     let node = Node {
         prepared,
         port: vm.api_port,
+        name: super::image_node_name(&image),
     };
     let mut lines = Vec::new();
 

@@ -151,6 +151,7 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
     let node = Node {
         prepared,
         port: vm.api_port,
+        name: "node1".into(),
     };
     let meta_upgrade = || -> Result<Output> {
         Ok(Command::new(&prepared.slate)

@@ -76,6 +76,7 @@ pub(super) fn var_survives_power_cut(
     let node = Node {
         prepared,
         port: vm.api_port,
+        name: super::image_node_name(&image),
     };
 
     // Boot 1: EPHEMERAL formatted as a journaled ext4; STATE (seeded by `installer

@@ -92,6 +92,7 @@ pub fn status() -> Status {
         secure_boot: None,
         boot_times: None,
         memory: None,
+        warnings: Vec::new(),
         version: "1.2.3".into(),
         booted_entry: Some("slate-1.2.3+3.efi".into()),
         stage: Stage::Running,

@@ -1,13 +1,14 @@
 //! The operator strategy: the node does not choose releases; it reports itself to the
 //! rollout operator (docs/operator.md) every poll interval, and the operator upgrades it
 //! through the node API. The report goes over mutual TLS with a client certificate the node
-//! issues itself from its machine configuration's CA (the configuration holds the CA key, as
-//! Talos' does), with the operator role the operator's API asks of heartbeats; it lives only
-//! in memory and is renewed every [`RENEW_AFTER`].
+//! issues itself from its own issuing CA (its machine configuration's `api.ca_key`): no role,
+//! only the node's name, which the operator takes as [`slate_api::Role::Node`] and accepts a
+//! report about that node only (docs/trust.md). The operator is verified against the fleet CA.
+//! The certificate lives only in memory and is renewed every [`RENEW_AFTER`].
 
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use slate_api::{Client, Role, Stage};
+use slate_api::{Client, Stage};
 use slate_machine_config::MachineConfig;
 use slate_rollout::{FailureReport, NodeReport};
 
@@ -26,6 +27,8 @@ pub(super) struct OperatorReporter {
 struct Identity {
     /// The CA it was issued from: a new configuration with another CA needs a new one.
     ca_cert: String,
+    /// What the operator's certificate must chain to.
+    fleet_ca: String,
     cert: String,
     key: String,
     issued: Instant,
@@ -40,7 +43,7 @@ impl OperatorReporter {
         for endpoint in &config.update.operator {
             let sent = Client::new(
                 endpoint,
-                identity.ca_cert.as_bytes(),
+                identity.fleet_ca.as_bytes(),
                 identity.cert.as_bytes(),
                 identity.key.as_bytes(),
             )
@@ -60,20 +63,24 @@ impl OperatorReporter {
         let fresh = self
             .identity
             .as_ref()
-            .is_some_and(|i| i.ca_cert == config.api.ca_cert && i.issued.elapsed() < RENEW_AFTER);
+            .is_some_and(|i| {
+                i.ca_cert == config.api.ca_cert
+                    && i.fleet_ca == config.fleet_ca()
+                    && i.issued.elapsed() < RENEW_AFTER
+            });
         if !fresh {
             let key = slate_api::generate_key_pem().map_err(|e| e.to_string())?;
-            let cert = slate_api::issue_client_cert(
+            let cert = slate_api::issue_node_client_cert(
                 &config.api.ca_cert,
                 &config.api.ca_key,
                 &key,
-                Role::Operator,
                 &config.node.name,
                 CLIENT_VALIDITY,
             )
             .map_err(|e| format!("issuing the heartbeat certificate: {e}"))?;
             self.identity = Some(Identity {
                 ca_cert: config.api.ca_cert.clone(),
+                fleet_ca: config.fleet_ca().to_owned(),
                 cert,
                 key,
                 issued: Instant::now(),
@@ -124,18 +131,17 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     use serde_json::{json, Value};
-    use slate_api::{BackendError, JsonService, ServerConfig, ServiceRoute};
+    use slate_api::{BackendError, Caller, JsonService, Role, ServerConfig, ServiceRoute};
     use slate_machine_config::{Api, Etc, Network, Node as NodeSection, Strategy, UpdateSettings};
 
     use super::*;
 
-    const HEARTBEAT: ServiceRoute =
-        ServiceRoute::new("POST", "/v1/fleet/heartbeat", Role::Operator);
+    const HEARTBEAT: ServiceRoute = ServiceRoute::new("POST", "/v1/fleet/heartbeat", Role::Node);
 
-    /// The operator API's heartbeat route, recording what arrives and with which role.
+    /// The operator API's heartbeat route, recording what arrives and from whom.
     #[derive(Default)]
     struct Operator {
-        seen: Mutex<Vec<(Role, NodeReport)>>,
+        seen: Mutex<Vec<(Caller, NodeReport)>>,
     }
 
     impl JsonService for Operator {
@@ -146,22 +152,22 @@ mod tests {
         fn call(
             &self,
             _: &ServiceRoute,
-            role: Role,
+            caller: &Caller,
             _: Option<&str>,
             body: &[u8],
         ) -> Result<Value, BackendError> {
             let report = serde_json::from_slice(body)
                 .map_err(|e| BackendError::InvalidArgument(e.to_string()))?;
-            self.seen.lock().unwrap().push((role, report));
+            self.seen.lock().unwrap().push((caller.clone(), report));
             Ok(json!({ "written": true }))
         }
     }
 
     #[test]
-    fn the_node_reports_itself_with_a_certificate_it_issued_from_its_ca() {
+    fn the_node_reports_itself_as_itself_with_a_certificate_from_its_own_ca() {
         let pki = tempfile::tempdir().unwrap();
         slate_api::gen_certs(pki.path(), &[]).unwrap();
-        let read = |name: &str| std::fs::read_to_string(pki.path().join(name)).unwrap();
+        let trust = slate_api::NodeTrust::issue(pki.path(), "node7", &["node7".into()], &[]).unwrap();
         let operator = Arc::new(Operator::default());
         let server = slate_api::spawn_service(
             ServerConfig::from_dir("127.0.0.1:0".parse().unwrap(), pki.path()).unwrap(),
@@ -177,9 +183,10 @@ mod tests {
             network: Network::default(),
             api: Api {
                 listen: None,
-                ca_cert: read(slate_api::CA_CERT),
-                ca_key: read(slate_api::CA_KEY),
-                client_ca: read(slate_api::CA_CERT),
+                ca_cert: trust.ca_cert,
+                ca_key: trust.ca_key,
+                client_ca: trust.client_ca,
+                fleet_ca: Some(trust.fleet_ca),
                 extra_sans: Vec::new(),
             },
             update: UpdateSettings {
@@ -202,8 +209,9 @@ mod tests {
         reporter.report(&node, &config).unwrap();
         let seen = operator.seen.lock().unwrap().clone();
         assert_eq!(seen.len(), 2);
-        let (role, report) = &seen[0];
-        assert_eq!(*role, Role::Operator);
+        let (caller, report) = &seen[0];
+        assert_eq!(caller.role, Role::Node, "a node, not an operator");
+        assert_eq!(caller.node_names, ["node7"]);
         assert_eq!(report.id, "node7");
         assert_eq!(report.group, "web");
         assert_eq!(report.labels["zone"], "a");

@@ -1,0 +1,301 @@
+//! Whether a configuration's API trust may sit on a node's disk (docs/trust.md, "Node
+//! identity"). STATE is not encrypted: whatever key a configuration holds, an attacker with
+//! the disk holds too. So the key (`api.ca_key`) must sign nothing another party trusts
+//! beyond this node's own names:
+//!
+//! - its certificate (`api.ca_cert`) is not one of `api.client_ca`'s certificates and is not
+//!   issued by one of them (else it makes client certificates, admin included, that every node
+//!   sharing that `client_ca` accepts);
+//! - it is an issuing CA constrained to this node: path length 0 and X.509 name constraints
+//!   with permitted DNS subtrees and every IP address constrained (permitted subtrees, or all of
+//!   0.0.0.0/0 and ::/0 excluded), so the serving certificates it can make are good for this
+//!   node's names only. Clients (rustls' webpki) enforce the constraints.
+//!
+//! [`parse`](crate::parse) accepts the older shape (one CA for everything), so a node running
+//! one still boots; [`check_trust`] is what every writer of a configuration adds (`slate
+//! config validate`, the installer, `apply-config`), and [`trust_findings`] what a running
+//! node reports in its status.
+
+use std::net::IpAddr;
+
+use x509_parser::certificate::X509Certificate;
+use x509_parser::extensions::GeneralName;
+use x509_parser::pem::Pem;
+
+use crate::{ConfigError, MachineConfig};
+
+/// How to make a configuration of the safe shape, appended to every refusal.
+pub const HOW_TO_FIX: &str = "make a separate client CA and per-node issuing CAs with `slate gen \
+     certs --out NEW` and `slate gen config --pki NEW` (docs/trust.md, \"Migrating from a shared \
+     CA\")";
+
+/// The name constraints of an issuing CA, as the serving certificates it issues must obey.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NameConstraints {
+    pub permitted_dns: Vec<String>,
+    pub excluded_dns: Vec<String>,
+    pub permitted_ip: Vec<(IpAddr, IpAddr)>,
+    pub excluded_ip: Vec<(IpAddr, IpAddr)>,
+}
+
+impl NameConstraints {
+    /// Whether a certificate naming `name` (a DNS name or an IP address) satisfies these
+    /// constraints (RFC 5280 §4.2.1.10: a type with permitted subtrees must match one; none may
+    /// match an excluded one).
+    pub fn permits(&self, name: &str) -> bool {
+        match name.parse::<IpAddr>() {
+            Ok(ip) => {
+                let permitted_of_family: Vec<_> = self
+                    .permitted_ip
+                    .iter()
+                    .filter(|(net, _)| net.is_ipv4() == ip.is_ipv4())
+                    .collect();
+                (self.permitted_ip.is_empty() || permitted_of_family.iter().any(|s| in_subnet(ip, s)))
+                    && !self.excluded_ip.iter().any(|s| in_subnet(ip, s))
+            }
+            Err(_) => {
+                let name = name.trim_end_matches('.').to_ascii_lowercase();
+                (self.permitted_dns.is_empty()
+                    || self.permitted_dns.iter().any(|c| dns_within(&name, c)))
+                    && !self.excluded_dns.iter().any(|c| dns_within(&name, c))
+            }
+        }
+    }
+
+    /// Every IP address is constrained: some permitted, or both families wholly excluded.
+    fn constrains_every_ip(&self) -> bool {
+        let excludes_all = |v4: bool| {
+            self.excluded_ip.iter().any(|(net, mask)| {
+                net.is_ipv4() == v4 && mask_bits(*mask) == 0
+            })
+        };
+        !self.permitted_ip.is_empty() || (excludes_all(true) && excludes_all(false))
+    }
+}
+
+fn mask_bits(mask: IpAddr) -> u32 {
+    match mask {
+        IpAddr::V4(m) => u32::from(m).count_ones(),
+        IpAddr::V6(m) => u128::from(m).count_ones(),
+    }
+}
+
+fn in_subnet(ip: IpAddr, (net, mask): &(IpAddr, IpAddr)) -> bool {
+    match (ip, net, mask) {
+        (IpAddr::V4(ip), IpAddr::V4(net), IpAddr::V4(mask)) => {
+            u32::from(ip) & u32::from(*mask) == u32::from(*net) & u32::from(*mask)
+        }
+        (IpAddr::V6(ip), IpAddr::V6(net), IpAddr::V6(mask)) => {
+            u128::from(ip) & u128::from(*mask) == u128::from(*net) & u128::from(*mask)
+        }
+        _ => false,
+    }
+}
+
+/// RFC 5280: `example.com` matches itself and its subdomains; `.example.com` only the latter.
+fn dns_within(name: &str, constraint: &str) -> bool {
+    let constraint = constraint.trim_end_matches('.').to_ascii_lowercase();
+    if let Some(suffix) = constraint.strip_prefix('.') {
+        return name.ends_with(&format!(".{suffix}"));
+    }
+    name == constraint || name.ends_with(&format!(".{constraint}"))
+}
+
+/// An issuing CA certificate as far as trust is concerned.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct IssuingCa {
+    /// `None`: the certificate carries no name constraints (it can issue for any name).
+    pub constraints: Option<NameConstraints>,
+    /// The basic constraints' path length; `None` when unlimited.
+    pub path_len: Option<u32>,
+}
+
+/// Reads the first certificate of `pem` as an issuing CA.
+pub fn issuing_ca(pem: &str) -> Result<IssuingCa, String> {
+    let ders = certificates(pem)?;
+    let (_, cert) = x509_parser::parse_x509_certificate(&ders[0])
+        .map_err(|e| format!("not an X.509 certificate: {e}"))?;
+    let path_len = cert
+        .basic_constraints()
+        .map_err(|e| e.to_string())?
+        .and_then(|b| b.value.path_len_constraint);
+    let constraints = match cert.name_constraints().map_err(|e| e.to_string())? {
+        None => None,
+        Some(ext) => {
+            let mut out = NameConstraints::default();
+            let lists = [
+                (&ext.value.permitted_subtrees, true),
+                (&ext.value.excluded_subtrees, false),
+            ];
+            for (subtrees, permitted) in lists {
+                for subtree in subtrees.iter().flatten() {
+                    match &subtree.base {
+                        GeneralName::DNSName(name) => {
+                            let list = if permitted {
+                                &mut out.permitted_dns
+                            } else {
+                                &mut out.excluded_dns
+                            };
+                            list.push((*name).to_owned());
+                        }
+                        GeneralName::IPAddress(bytes) => {
+                            let subnet = subnet(bytes)
+                                .ok_or_else(|| "a malformed IP address constraint".to_owned())?;
+                            let list = if permitted {
+                                &mut out.permitted_ip
+                            } else {
+                                &mut out.excluded_ip
+                            };
+                            list.push(subnet);
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            Some(out)
+        }
+    };
+    Ok(IssuingCa {
+        constraints,
+        path_len,
+    })
+}
+
+fn subnet(bytes: &[u8]) -> Option<(IpAddr, IpAddr)> {
+    match bytes.len() {
+        8 => {
+            let (a, m) = bytes.split_at(4);
+            let a: [u8; 4] = a.try_into().ok()?;
+            let m: [u8; 4] = m.try_into().ok()?;
+            Some((IpAddr::from(a), IpAddr::from(m)))
+        }
+        32 => {
+            let (a, m) = bytes.split_at(16);
+            let a: [u8; 16] = a.try_into().ok()?;
+            let m: [u8; 16] = m.try_into().ok()?;
+            Some((IpAddr::from(a), IpAddr::from(m)))
+        }
+        _ => None,
+    }
+}
+
+fn certificates(pem: &str) -> Result<Vec<Vec<u8>>, String> {
+    let mut out = Vec::new();
+    for block in Pem::iter_from_buffer(pem.as_bytes()) {
+        let block = block.map_err(|e| format!("not PEM: {e}"))?;
+        if block.label == "CERTIFICATE" {
+            out.push(block.contents);
+        }
+    }
+    if out.is_empty() {
+        return Err("holds no PEM CERTIFICATE block".into());
+    }
+    Ok(out)
+}
+
+/// Why the configuration's API trust is unsafe on a node's disk, one sentence each (empty:
+/// it is safe). A certificate that does not parse is [`crate::parse`]'s to refuse; here it
+/// only yields no finding.
+pub fn trust_findings(config: &MachineConfig) -> Vec<String> {
+    let api = &config.api;
+    let mut findings = Vec::new();
+    let (Ok(ca), Ok(clients)) = (certificates(&api.ca_cert), certificates(&api.client_ca)) else {
+        return findings;
+    };
+    let Ok((_, ca)) = x509_parser::parse_x509_certificate(&ca[0]) else {
+        return findings;
+    };
+    for (i, der) in clients.iter().enumerate() {
+        let Ok((_, client_ca)) = x509_parser::parse_x509_certificate(der) else {
+            continue;
+        };
+        if same_key(&ca, &client_ca) {
+            findings.push(format!(
+                "api.ca_key is the key of api.client_ca's certificate {}: whoever reads this \
+                 node's disk can make client certificates, admin included, that every node \
+                 trusting that client CA accepts",
+                i + 1
+            ));
+        } else if issued_by(&ca, &client_ca) {
+            findings.push(format!(
+                "api.ca_cert is issued by api.client_ca's certificate {}: whoever reads this \
+                 node's disk can make client certificates under it that every node trusting \
+                 that client CA accepts",
+                i + 1
+            ));
+        }
+    }
+    match issuing_ca(&api.ca_cert) {
+        Ok(IssuingCa {
+            constraints: Some(constraints),
+            path_len: Some(0),
+        }) => {
+            if constraints.permitted_dns.is_empty() {
+                findings.push(
+                    "api.ca_cert's name constraints permit no DNS name subtree, so it can \
+                     issue a serving certificate for any other node's name"
+                        .into(),
+                );
+            }
+            if !constraints.constrains_every_ip() {
+                findings.push(
+                    "api.ca_cert's name constraints leave IP addresses open, so it can issue \
+                     a serving certificate for any other node's address"
+                        .into(),
+                );
+            }
+        }
+        Ok(IssuingCa {
+            constraints: None, ..
+        }) => findings.push(
+            "api.ca_cert is an unconstrained CA (no X.509 name constraints): its key, on this \
+             node's disk, can issue a serving certificate for any other node's name"
+                .into(),
+        ),
+        Ok(IssuingCa { path_len, .. }) => findings.push(format!(
+            "api.ca_cert allows {} below it (path length must be 0): its key could make \
+             further CAs",
+            path_len.map_or("any number of CAs".to_owned(), |n| format!("{n} CA(s)"))
+        )),
+        Err(_) => {}
+    }
+    findings
+}
+
+fn same_key(a: &X509Certificate<'_>, b: &X509Certificate<'_>) -> bool {
+    a.public_key().raw == b.public_key().raw
+}
+
+fn issued_by(cert: &X509Certificate<'_>, issuer: &X509Certificate<'_>) -> bool {
+    cert.issuer().as_raw() == issuer.subject().as_raw()
+        && cert.verify_signature(Some(issuer.public_key())).is_ok()
+}
+
+/// [`trust_findings`] as the refusal of a configuration about to be written: `api.ca_key`,
+/// every reason, and how to make a safe one.
+pub fn check_trust(config: &MachineConfig) -> Result<(), ConfigError> {
+    let findings = trust_findings(config);
+    if findings.is_empty() {
+        return Ok(());
+    }
+    Err(ConfigError::invalid(
+        "api.ca_key",
+        format!(
+            "refused: no node may hold a key that signs for others ({}); {HOW_TO_FIX}",
+            findings.join("; ")
+        ),
+    ))
+}
+
+/// Whether `fleet_ca` (the root clients verify nodes against) issued `ca_cert`.
+pub(crate) fn issued_by_any(ca_cert: &str, fleet_ca: &str) -> bool {
+    let (Ok(ca), Ok(roots)) = (certificates(ca_cert), certificates(fleet_ca)) else {
+        return false;
+    };
+    let Ok((_, ca)) = x509_parser::parse_x509_certificate(&ca[0]) else {
+        return false;
+    };
+    roots.iter().any(|der| {
+        x509_parser::parse_x509_certificate(der).is_ok_and(|(_, root)| issued_by(&ca, &root))
+    })
+}
