@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 
 use common::raw::{head, Raw};
 use common::Fake;
-use slate_api::{ApplyConfigRequest, ApplyMode, Client, ClientError, Role, ServerConfig};
+use slate_api::{
+    ApplyConfigRequest, ApplyMode, Client, ClientError, Role, ServerConfig, ServerHandle,
+};
 
 fn read(dir: &std::path::Path, name: &str) -> String {
     std::fs::read_to_string(dir.join(name)).unwrap()
@@ -22,43 +24,127 @@ fn apply(config: &str) -> ApplyConfigRequest {
     }
 }
 
+/// A node as machined makes it: its own key, a serving certificate from its issuing CA for
+/// its name, an address DHCP gave it and the loopback names (the CA's constraints drop all
+/// but the name), its API taking clients of the client CA.
+fn node(pki: &std::path::Path, name: &str) -> (slate_api::NodeTrust, ServerHandle) {
+    let trust = slate_api::NodeTrust::issue(pki, name, &[name.to_owned()], &[]).unwrap();
+    let key = slate_api::generate_key_pem().unwrap();
+    let names = slate_api::serving_names(&[name.to_owned(), "10.0.2.15".to_owned()]);
+    let cert = slate_api::issue_serving_cert(&trust.ca_cert, &trust.ca_key, &key, &names).unwrap();
+    let config = ServerConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        trust.client_ca.as_bytes(),
+        cert.as_bytes(),
+        key.as_bytes(),
+    );
+    (trust, slate_api::spawn(config, Arc::new(Fake::default())).unwrap())
+}
+
 #[test]
-fn two_nodes_issued_from_one_ca_answer_with_different_keys_and_clients_of_another_ca_are_refused() {
+fn each_node_answers_under_its_own_name_only_and_clients_of_another_fleet_are_refused() {
     let pki = common::certs();
-    let mut fingerprints = Vec::new();
     for name in ["node1", "node2"] {
-        let key = slate_api::generate_key_pem().unwrap();
-        let names = slate_api::serving_names(&[name.to_owned()]);
-        let cert = slate_api::issue_serving_cert(
-            &read(pki.path(), "ca.crt"),
-            &read(pki.path(), "ca.key"),
-            &key,
-            &names,
-        )
-        .unwrap();
-        fingerprints.push(slate_api::fingerprint(&cert).unwrap());
-        let config = ServerConfig::new(
-            "127.0.0.1:0".parse().unwrap(),
-            read(pki.path(), "ca.crt").as_bytes(),
-            cert.as_bytes(),
-            key.as_bytes(),
-        );
-        let server = slate_api::spawn(config, Arc::new(Fake::default())).unwrap();
+        let (_, server) = node(pki.path(), name);
         let addr = server.local_addr().to_string();
-        // A client of the configuration's CA reaches it, verifying the node's name.
+        // A client of the fleet reaches it, asking for the node by name.
         let client = Client::from_dir(&addr, pki.path(), Role::Reader)
             .unwrap()
             .with_server_name(name)
             .unwrap();
         assert_eq!(client.status().unwrap().version, "1.2.3");
-        // A client whose certificates come from another CA trusts neither the node nor is
+        // Its certificate names the node alone: not the address the client dialled, not the
+        // other node, not the address DHCP gave it.
+        for other in ["127.0.0.1", "node3", "10.0.2.15"] {
+            let client = Client::from_dir(&addr, pki.path(), Role::Reader)
+                .unwrap()
+                .with_server_name(other)
+                .unwrap();
+            let err = client.status().unwrap_err();
+            assert!(err.to_string().contains("not trusted"), "{other}: {err}");
+        }
+        // A client whose certificates come from another fleet trusts neither the node nor is
         // trusted by it.
         let other = common::certs();
-        let stranger = Client::from_dir(&addr, other.path(), Role::Admin).unwrap();
+        let stranger = Client::from_dir(&addr, other.path(), Role::Admin)
+            .unwrap()
+            .with_server_name(name)
+            .unwrap();
         assert!(stranger.status().is_err());
         server.shutdown().unwrap();
     }
-    assert_ne!(fingerprints[0], fingerprints[1]);
+}
+
+/// The attack of issue 36, replayed: everything on node1's disk is the attacker's, its
+/// machine configuration's CA key first. From it no client certificate node2 accepts can be
+/// made, and no serving certificate a client takes for node2.
+#[test]
+fn a_stolen_nodes_key_opens_no_other_node() {
+    let pki = common::certs();
+    let (stolen, node1) = node(pki.path(), "node1");
+    let (_, node2) = node(pki.path(), "node2");
+    let node2_addr = node2.local_addr().to_string();
+    let fleet_ca = common::read(&pki, slate_api::CA_CERT);
+
+    // 1. Admin (and every other role) on node2: refused at the TLS handshake.
+    for role in [Role::Admin, Role::Operator, Role::Reader] {
+        let (cert, key) = common::forge(&stolen.ca_cert, &stolen.ca_key, &["attacker"], Some(role));
+        let client = Client::new(&node2_addr, &fleet_ca, cert.as_bytes(), key.as_bytes())
+            .unwrap()
+            .with_server_name("node2")
+            .unwrap();
+        let err = client.status().unwrap_err();
+        assert!(
+            err.to_string().contains("refused the TLS handshake"),
+            "{role}: {err}"
+        );
+    }
+    // 2. A serving certificate for node2's name (or an address) under node1's CA: a client
+    //    of the fleet refuses it (webpki enforces the name constraints).
+    for name in ["node2", "127.0.0.1", "10.0.2.16"] {
+        let (cert, key) = common::forge(&stolen.ca_cert, &stolen.ca_key, &[name], None);
+        let impostor = slate_api::spawn(
+            ServerConfig::new(
+                "127.0.0.1:0".parse().unwrap(),
+                stolen.client_ca.as_bytes(),
+                cert.as_bytes(),
+                key.as_bytes(),
+            ),
+            Arc::new(Fake::default()),
+        )
+        .unwrap();
+        let client = Client::from_dir(&impostor.local_addr().to_string(), pki.path(), Role::Admin)
+            .unwrap()
+            .with_server_name(name)
+            .unwrap();
+        let err = client.status().unwrap_err();
+        assert!(
+            err.to_string().contains("not trusted"),
+            "a certificate for {name} under node1's CA: {err}"
+        );
+        impostor.shutdown().unwrap();
+    }
+    // …while node1's own name under its CA is good: the constraints, not a broken chain, are
+    // what refused the others.
+    let (cert, key) = common::forge(&stolen.ca_cert, &stolen.ca_key, &["node1"], None);
+    let own = slate_api::spawn(
+        ServerConfig::new(
+            "127.0.0.1:0".parse().unwrap(),
+            stolen.client_ca.as_bytes(),
+            cert.as_bytes(),
+            key.as_bytes(),
+        ),
+        Arc::new(Fake::default()),
+    )
+    .unwrap();
+    let client = Client::from_dir(&own.local_addr().to_string(), pki.path(), Role::Reader)
+        .unwrap()
+        .with_server_name("node1")
+        .unwrap();
+    assert_eq!(client.status().unwrap().version, "1.2.3");
+    own.shutdown().unwrap();
+    node1.shutdown().unwrap();
+    node2.shutdown().unwrap();
 }
 
 #[test]

@@ -460,13 +460,13 @@ fn maintenance_mode_and_malformed_tables_are_refused_at_start() {
 
 /// A client certificate under `ca`/`ca_key` with `O=os:<role>`: what an attacker holding a
 /// node's issuing CA key would try.
-fn forged_client(ca: &str, ca_key: &str, key: &str, role: Role) -> String {
+fn forged_client(ca: &str, ca_key: &str, key: &str, san: &str, role: Role) -> String {
     let issuer_key = rcgen::KeyPair::from_pem(ca_key).unwrap();
     let issuer = rcgen::CertificateParams::from_ca_cert_pem(ca)
         .unwrap()
         .self_signed(&issuer_key)
         .unwrap();
-    let mut p = rcgen::CertificateParams::new(vec!["node9".to_owned()]).unwrap();
+    let mut p = rcgen::CertificateParams::new(vec![san.to_owned()]).unwrap();
     p.distinguished_name
         .push(rcgen::DnType::OrganizationName, role.organization());
     p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
@@ -509,12 +509,18 @@ fn a_node_certificate_is_a_node_caller_and_never_a_role() {
         );
     }
     // The node's CA key, stolen, makes a certificate that claims admin: still only a node
-    // (the role is read from client-CA certificates alone).
-    let forged = with(&forged_client(&node_ca, &node_ca_key, &key, Role::Admin));
+    // (the role is read from client-CA certificates alone)…
+    let forged = with(&forged_client(&node_ca, &node_ca_key, &key, "node7", Role::Admin));
     let err = forged
         .call::<Value, _>("POST", "/v1/items", Some(&json!({"x": 1})))
         .unwrap_err();
     assert!(matches!(err, ClientError::PermissionDenied(_)), "{err}");
+    // …and one for another node's name is refused at the handshake (name constraints).
+    let forged = with(&forged_client(&node_ca, &node_ca_key, &key, "node9", Role::Admin));
+    let err = forged
+        .call::<Value, _>("POST", "/v1/whoami", Some(&json!({})))
+        .unwrap_err();
+    assert!(err.to_string().contains("refused the TLS handshake"), "{err}");
     assert!(toy.posted().is_empty());
     // Clients of the client CA carry their role.
     let admin = client(&dir, &server, Role::Admin);

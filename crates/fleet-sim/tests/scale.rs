@@ -36,7 +36,10 @@ fn two_thousand_nodes_start_answer_status_and_heartbeat() {
                 let i = next.fetch_add(1, Ordering::Relaxed);
                 let Some(id) = ids.get(i) else { break };
                 let endpoint = fleet.node_endpoint(id).unwrap();
+                // Each node's certificate names it (not the address).
                 let status = Client::new(&endpoint, &ca, &cert, &key)
+                    .unwrap()
+                    .with_server_name(id)
                     .unwrap()
                     .status()
                     .unwrap_or_else(|e| panic!("{id} at {endpoint}: {e}"));

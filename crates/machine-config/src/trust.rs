@@ -299,3 +299,156 @@ pub(crate) fn issued_by_any(ca_cert: &str, fleet_ca: &str) -> bool {
         x509_parser::parse_x509_certificate(der).is_ok_and(|(_, root)| issued_by(&ca, &root))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use rcgen::{
+        BasicConstraints, CertificateParams, CidrSubnet, DnType, GeneralSubtree, IsCa, KeyPair,
+        NameConstraints as Constraints,
+    };
+
+    use super::*;
+
+    const V1: &str = include_str!("../tests/fixtures/node-v1.toml");
+
+    /// A self-signed CA.
+    fn root(cn: &str) -> (rcgen::Certificate, KeyPair) {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::default();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.is_ca = IsCa::Ca(BasicConstraints::Constrained(1));
+        (p.self_signed(&key).unwrap(), key)
+    }
+
+    /// A CA under `issuer` with `path_len` and `constraints`.
+    fn under(
+        issuer: &(rcgen::Certificate, KeyPair),
+        path_len: Option<u8>,
+        constraints: Option<Constraints>,
+    ) -> (rcgen::Certificate, KeyPair) {
+        let key = KeyPair::generate().unwrap();
+        let mut p = CertificateParams::default();
+        p.distinguished_name.push(DnType::CommonName, "node CA");
+        p.is_ca = IsCa::Ca(match path_len {
+            Some(n) => BasicConstraints::Constrained(n),
+            None => BasicConstraints::Unconstrained,
+        });
+        p.name_constraints = constraints;
+        (p.signed_by(&key, &issuer.0, &issuer.1).unwrap(), key)
+    }
+
+    fn node_only(ips: Vec<GeneralSubtree>, excluded: Vec<GeneralSubtree>) -> Option<Constraints> {
+        let mut permitted = vec![GeneralSubtree::DnsName("node1".into())];
+        permitted.extend(ips);
+        Some(Constraints {
+            permitted_subtrees: permitted,
+            excluded_subtrees: excluded,
+        })
+    }
+
+    fn all_ips() -> Vec<GeneralSubtree> {
+        vec![
+            GeneralSubtree::IpAddress(CidrSubnet::V4([0; 4], [0; 4])),
+            GeneralSubtree::IpAddress(CidrSubnet::V6([0; 16], [0; 16])),
+        ]
+    }
+
+    /// The fixture's document with this CA and client CA.
+    fn config(ca: &(rcgen::Certificate, KeyPair), client_ca: &str) -> MachineConfig {
+        let mut config = crate::parse(V1).unwrap().config;
+        config.api.ca_cert = ca.0.pem();
+        config.api.ca_key = ca.1.serialize_pem();
+        config.api.client_ca = client_ca.to_owned();
+        config
+    }
+
+    #[test]
+    fn a_name_constrained_node_ca_apart_from_the_client_ca_is_safe() {
+        let (fleet, clients) = (root("fleet"), root("clients"));
+        let ca = under(&fleet, Some(0), node_only(Vec::new(), all_ips()));
+        let config = config(&ca, &clients.0.pem());
+        assert_eq!(trust_findings(&config), Vec::<String>::new());
+        check_trust(&config).unwrap();
+        // With a static address permitted instead of every address excluded: safe too.
+        let ip = GeneralSubtree::IpAddress(CidrSubnet::from_addr_prefix("10.0.0.5".parse().unwrap(), 32));
+        let ca = under(&fleet, Some(0), node_only(vec![ip], Vec::new()));
+        assert!(trust_findings(&config_with(&ca, &clients)).is_empty());
+    }
+
+    fn config_with(
+        ca: &(rcgen::Certificate, KeyPair),
+        clients: &(rcgen::Certificate, KeyPair),
+    ) -> MachineConfig {
+        config(ca, &clients.0.pem())
+    }
+
+    #[test]
+    fn every_unsafe_shape_is_named() {
+        let (fleet, clients) = (root("fleet"), root("clients"));
+        let finding = |config: &MachineConfig| trust_findings(config).join(" | ");
+        // The fixture: one CA for everything (what `slate gen certs` used to make).
+        let shared = crate::parse(V1).unwrap().config;
+        let text = finding(&shared);
+        assert!(text.contains("is the key of api.client_ca's certificate 1"), "{text}");
+        assert!(text.contains("unconstrained CA"), "{text}");
+        let err = check_trust(&shared).unwrap_err();
+        assert_eq!(err.field(), Some("api.ca_key"));
+        assert!(err.to_string().contains("slate gen certs"), "{err}");
+        assert_eq!(
+            crate::parse_for_writing(V1).unwrap_err(),
+            err,
+            "parse_for_writing refuses what check_trust refuses"
+        );
+        // The node's CA issued by the client CA: it could mint clients under it.
+        let ca = under(&clients, Some(0), node_only(Vec::new(), all_ips()));
+        let text = finding(&config_with(&ca, &clients));
+        assert!(text.contains("issued by api.client_ca's certificate 1"), "{text}");
+        // No name constraints.
+        let ca = under(&fleet, Some(0), None);
+        assert!(finding(&config_with(&ca, &clients)).contains("unconstrained CA"));
+        // IP addresses left open.
+        let ca = under(&fleet, Some(0), node_only(Vec::new(), Vec::new()));
+        assert!(finding(&config_with(&ca, &clients)).contains("leave IP addresses open"));
+        // Only IPv4 excluded: IPv6 still open.
+        let ca = under(&fleet, Some(0), node_only(Vec::new(), all_ips()[..1].to_vec()));
+        assert!(finding(&config_with(&ca, &clients)).contains("leave IP addresses open"));
+        // No DNS subtree permitted.
+        let no_dns = Some(Constraints {
+            permitted_subtrees: Vec::new(),
+            excluded_subtrees: all_ips(),
+        });
+        let ca = under(&fleet, Some(0), no_dns);
+        assert!(finding(&config_with(&ca, &clients)).contains("permit no DNS name"));
+        // CAs below it allowed.
+        for path_len in [None, Some(1)] {
+            let ca = under(&fleet, path_len, node_only(Vec::new(), all_ips()));
+            assert!(finding(&config_with(&ca, &clients)).contains("path length must be 0"));
+        }
+    }
+
+    #[test]
+    fn constraints_permit_as_rfc_5280_says() {
+        let c = NameConstraints {
+            permitted_dns: vec!["node1".into(), "lan.example".into()],
+            excluded_dns: vec!["bad.lan.example".into()],
+            permitted_ip: vec![("10.0.0.5".parse().unwrap(), "255.255.255.255".parse().unwrap())],
+            excluded_ip: Vec::new(),
+        };
+        for ok in ["node1", "NODE1.", "lan.example", "a.lan.example", "10.0.0.5"] {
+            assert!(c.permits(ok), "{ok}");
+        }
+        for refused in ["node2", "xnode1", "x.bad.lan.example", "10.0.0.6", "::1", "127.0.0.1"] {
+            assert!(!c.permits(refused), "{refused}");
+        }
+        let none_ip = NameConstraints {
+            permitted_dns: vec!["node1".into()],
+            excluded_ip: vec![
+                ("0.0.0.0".parse().unwrap(), "0.0.0.0".parse().unwrap()),
+                ("::".parse().unwrap(), "::".parse().unwrap()),
+            ],
+            ..NameConstraints::default()
+        };
+        assert!(none_ip.constrains_every_ip());
+        assert!(!none_ip.permits("10.0.2.15") && !none_ip.permits("fe80::1"));
+    }
+}

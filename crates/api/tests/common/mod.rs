@@ -275,3 +275,37 @@ pub fn client(dir: &TempDir, server: &ServerHandle, role: Role) -> Client {
 pub fn read(dir: &TempDir, name: &str) -> Vec<u8> {
     std::fs::read(dir.path().join(name)).unwrap()
 }
+
+/// What an attacker holding a CA's key (`ca_pem`/`ca_key_pem`: a node's issuing CA, read off
+/// its disk) makes of it: a certificate for `sans` (DNS names or IP addresses), a client's
+/// (`O=os:<role>`, clientAuth) when `role` is given, else a server's; the chain (certificate,
+/// then the CA) and its key, PEM. Built with rcgen directly, so nothing of slate's own issuing
+/// (which keeps to the constraints) stands in the way.
+pub fn forge(
+    ca_pem: &str,
+    ca_key_pem: &str,
+    sans: &[&str],
+    role: Option<Role>,
+) -> (String, String) {
+    let issuer_key = rcgen::KeyPair::from_pem(ca_key_pem).unwrap();
+    let issuer = rcgen::CertificateParams::from_ca_cert_pem(ca_pem)
+        .unwrap()
+        .self_signed(&issuer_key)
+        .unwrap();
+    let mut p = rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+        .unwrap();
+    p.distinguished_name
+        .push(rcgen::DnType::CommonName, "attacker");
+    p.extended_key_usages = match role {
+        Some(role) => {
+            p.distinguished_name
+                .push(rcgen::DnType::OrganizationName, role.organization());
+            vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth]
+        }
+        None => vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth],
+    };
+    let key = rcgen::KeyPair::generate_for(&rcgen::PKCS_ECDSA_P256_SHA256).unwrap();
+    let mut chain = p.signed_by(&key, &issuer, &issuer_key).unwrap().pem();
+    chain.push_str(ca_pem);
+    (chain, key.serialize_pem())
+}

@@ -68,6 +68,8 @@ pub fn admin(fleet: &Fleet, certs: &Path, id: &str) -> Client {
     let endpoint = fleet.node_endpoint(id).unwrap();
     Client::from_dir(&endpoint, certs, Role::Admin)
         .unwrap()
+        .with_server_name(id)
+        .unwrap()
         .with_timeout(Duration::from_secs(10))
 }
 
