@@ -12,10 +12,6 @@ use slate_api::{
     ApplyConfigRequest, ApplyMode, Client, ClientError, Role, ServerConfig, ServerHandle,
 };
 
-fn read(dir: &std::path::Path, name: &str) -> String {
-    std::fs::read_to_string(dir.join(name)).unwrap()
-}
-
 fn apply(config: &str) -> ApplyConfigRequest {
     ApplyConfigRequest {
         config: config.into(),

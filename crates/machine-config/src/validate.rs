@@ -159,6 +159,23 @@ fn api(config: &MachineConfig) -> Result<(), ConfigError> {
             ));
         }
     }
+    // A node CA constrained to other names could issue the node no certificate at all.
+    if let Ok(crate::trust::IssuingCa {
+        constraints: Some(constraints),
+        ..
+    }) = crate::trust::issuing_ca(&api.ca_cert)
+    {
+        if !constraints.permits(&config.node.name) {
+            return Err(ConfigError::invalid(
+                "node.name",
+                format!(
+                    "{:?} is not among the names api.ca_cert may certify (its name \
+                     constraints): this configuration was made for another node",
+                    config.node.name
+                ),
+            ));
+        }
+    }
     if let Some(fleet_ca) = &api.fleet_ca {
         for (i, der) in pem_certificates(fleet_ca, "api.fleet_ca")?.iter().enumerate() {
             let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| {

@@ -333,7 +333,19 @@ fn a_machine_configuration_goes_to_state_and_bad_ones_are_refused_before_any_wri
     let other = dir.path().join("other");
     ok(&["gen", "certs", "--out", s(&other)]);
     let other_key = fs::read_to_string(other.join("ca.key")).unwrap();
-    let own_key = fs::read_to_string(pki.join("ca.key")).unwrap();
+    let own_key = slate_machine_config::parse(&config)
+        .unwrap()
+        .config
+        .api
+        .ca_key;
+    // The shape `slate gen certs` made before issue 36: the node's CA is the client CA.
+    let shared = {
+        let mut c = slate_machine_config::parse(&config).unwrap().config;
+        c.api.ca_cert = fs::read_to_string(pki.join("client-ca.crt")).unwrap();
+        c.api.ca_key = fs::read_to_string(pki.join("client-ca.key")).unwrap();
+        c.api.fleet_ca = None;
+        c.to_toml()
+    };
     let keys = dir.path().join("keys");
     ok(&["keygen", "--out", s(&keys)]);
     let v1 = bundle(dir.path(), "1.0.0", "amd64", "demo");
@@ -360,6 +372,12 @@ fn a_machine_configuration_goes_to_state_and_bad_ones_are_refused_before_any_wri
             "a CA key that is not the CA's",
             edited_config(&config, own_key.trim(), other_key.trim()),
             "api.ca_key: is not the key of api.ca_cert",
+        ),
+        (
+            "a CA key that signs client certificates (a shared CA)",
+            shared,
+            "no node may hold a key that signs for others (api.ca_key is the key of \
+             api.client_ca's certificate 1",
         ),
         (
             "a wrong version",
@@ -445,7 +463,7 @@ fn a_machine_configuration_goes_to_state_and_bad_ones_are_refused_before_any_wri
     let renamed = dir.path().join("node2.toml");
     fs::write(
         &renamed,
-        config.replace("name = \"node1\"", "name = \"node2\""),
+        ok(&["gen", "config", "--name", "node2", "--pki", s(&pki)]),
     )
     .unwrap();
     ok(&[
