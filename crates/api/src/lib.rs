@@ -55,9 +55,9 @@ mod http;
 mod identity;
 mod limits;
 mod logq;
+mod node_ca;
 mod pace;
 mod routes;
-mod node_ca;
 mod server;
 mod service;
 mod tls;
@@ -67,8 +67,7 @@ mod upload;
 pub use backend::{BackendError, EventStream, LineStream, NodeBackend};
 pub use certs::{
     client_cert_file, client_key_file, gen_certs, issue_client_cert, CertError, GeneratedCerts,
-    CA_CERT, CA_KEY,
-    CLIENT_CA_CERT, CLIENT_CA_KEY, SERVICE_CERT, SERVICE_KEY,
+    CA_CERT, CA_KEY, CLIENT_CA_CERT, CLIENT_CA_KEY, SERVICE_CERT, SERVICE_KEY,
 };
 pub use client::{Client, ClientError};
 pub use handlers::MAINTENANCE_TOKEN_HEADER;
@@ -76,8 +75,8 @@ pub use identity::{
     fingerprint, generate_key_pem, issue_node_client_cert, issue_serving_cert, self_signed_cert,
     serving_names,
 };
-pub use node_ca::{issue_node_ca, permitted_names, NodeTrust};
 pub use logq::{LOG_QUEUE, MAX_LOGGED_FIELD, MAX_LOG_LINE};
+pub use node_ca::{issue_node_ca, permitted_names, NodeTrust};
 pub use routes::{route_of, Endpoint, Route, MAINTENANCE_ENDPOINTS, ROUTES};
 pub use server::{
     serve, serve_blocking, spawn, Limits, ServerConfig, ServerError, ServerHandle, Shutdown,
@@ -87,8 +86,8 @@ pub use server::{
 pub use service::{serve_service, spawn_service, JsonService, ServiceRoute, MAX_SERVICE_BODY};
 pub use types::{
     Accepted, AgentStatus, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, BootSpan,
-    BootTimes, ConfigView, ErrorCode, Event, EventKind, Failure, MemoryUse, Milestone, Mode,
-    Caller, PinRequest, PinResult, RebootMode, RebootRequest, Role, RollbackRecord, RollbackRequest,
+    BootTimes, Caller, ConfigView, ErrorCode, Event, EventKind, Failure, MemoryUse, Milestone,
+    Mode, PinRequest, PinResult, RebootMode, RebootRequest, Role, RollbackRecord, RollbackRequest,
     RollbackResult, SecureBootStatus, SnapshotUpgradeRequest, Stage, Status, UpgradeRequest,
     UploadedBundle, VersionInfo,
 };

@@ -133,7 +133,10 @@ impl ClientCertVerifier for ClientTrust {
         intermediates: &[CertificateDer<'_>],
         now: rustls_pki_types::UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
-        match self.clients.verify_client_cert(end_entity, intermediates, now) {
+        match self
+            .clients
+            .verify_client_cert(end_entity, intermediates, now)
+        {
             Ok(verified) => Ok(verified),
             Err(e) => match &self.nodes {
                 Some(nodes) => nodes

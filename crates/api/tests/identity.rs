@@ -34,7 +34,10 @@ fn node(pki: &std::path::Path, name: &str) -> (slate_api::NodeTrust, ServerHandl
         cert.as_bytes(),
         key.as_bytes(),
     );
-    (trust, slate_api::spawn(config, Arc::new(Fake::default())).unwrap())
+    (
+        trust,
+        slate_api::spawn(config, Arc::new(Fake::default())).unwrap(),
+    )
 }
 
 #[test]

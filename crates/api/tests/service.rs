@@ -485,7 +485,15 @@ fn a_node_certificate_is_a_node_caller_and_never_a_role() {
             .unwrap();
     let key = slate_api::generate_key_pem().unwrap();
     let addr = server.local_addr().to_string();
-    let with = |cert: &str| Client::new(&addr, read(CA_CERT).as_bytes(), cert.as_bytes(), key.as_bytes()).unwrap();
+    let with = |cert: &str| {
+        Client::new(
+            &addr,
+            read(CA_CERT).as_bytes(),
+            cert.as_bytes(),
+            key.as_bytes(),
+        )
+        .unwrap()
+    };
     let node = with(
         &slate_api::issue_node_client_cert(
             &node_ca,
@@ -510,17 +518,32 @@ fn a_node_certificate_is_a_node_caller_and_never_a_role() {
     }
     // The node's CA key, stolen, makes a certificate that claims admin: still only a node
     // (the role is read from client-CA certificates alone)…
-    let forged = with(&forged_client(&node_ca, &node_ca_key, &key, "node7", Role::Admin));
+    let forged = with(&forged_client(
+        &node_ca,
+        &node_ca_key,
+        &key,
+        "node7",
+        Role::Admin,
+    ));
     let err = forged
         .call::<Value, _>("POST", "/v1/items", Some(&json!({"x": 1})))
         .unwrap_err();
     assert!(matches!(err, ClientError::PermissionDenied(_)), "{err}");
     // …and one for another node's name is refused at the handshake (name constraints).
-    let forged = with(&forged_client(&node_ca, &node_ca_key, &key, "node9", Role::Admin));
+    let forged = with(&forged_client(
+        &node_ca,
+        &node_ca_key,
+        &key,
+        "node9",
+        Role::Admin,
+    ));
     let err = forged
         .call::<Value, _>("POST", "/v1/whoami", Some(&json!({})))
         .unwrap_err();
-    assert!(err.to_string().contains("refused the TLS handshake"), "{err}");
+    assert!(
+        err.to_string().contains("refused the TLS handshake"),
+        "{err}"
+    );
     assert!(toy.posted().is_empty());
     // Clients of the client CA carry their role.
     let admin = client(&dir, &server, Role::Admin);

@@ -70,11 +70,7 @@ impl Identities {
             )?,
             key,
         });
-        Ok(self
-            .lock()
-            .entry(id.to_owned())
-            .or_insert(identity)
-            .clone())
+        Ok(self.lock().entry(id.to_owned()).or_insert(identity).clone())
     }
 
     /// A client of the operator replica at `addr` that speaks as the node `id`.

@@ -260,7 +260,7 @@ pub fn seed_config(
 mod tests {
     use super::*;
 
-    const CONFIG: &str = include_str!("../../machine-config/tests/fixtures/node-v1.toml");
+    const CONFIG: &str = include_str!("../../machine-config/tests/fixtures/node-v1-own-ca.toml");
 
     /// A journaled ext4 (superblock `s_feature_compat` has `has_journal`, 0x4), and the same
     /// inputs give the same bytes, also when the two builds fall in different seconds (the

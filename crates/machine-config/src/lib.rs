@@ -18,11 +18,11 @@ use std::net::{IpAddr, SocketAddr};
 
 use serde::{Deserialize, Serialize};
 
+pub use trust::{check_trust, trust_findings};
 pub use update::{
     describe_minute_of_week, minute_of_week, minutes_until_open, Strategy, UpdateSettings, Weekday,
     Window,
 };
-pub use trust::{check_trust, trust_findings};
 pub use validate::{is_hostname, parse_cidr};
 
 /// The version this slate writes; [`parse`] also reads every older one.

@@ -50,7 +50,8 @@ impl NameConstraints {
                     .iter()
                     .filter(|(net, _)| net.is_ipv4() == ip.is_ipv4())
                     .collect();
-                (self.permitted_ip.is_empty() || permitted_of_family.iter().any(|s| in_subnet(ip, s)))
+                (self.permitted_ip.is_empty()
+                    || permitted_of_family.iter().any(|s| in_subnet(ip, s)))
                     && !self.excluded_ip.iter().any(|s| in_subnet(ip, s))
             }
             Err(_) => {
@@ -65,9 +66,9 @@ impl NameConstraints {
     /// Every IP address is constrained: some permitted, or both families wholly excluded.
     fn constrains_every_ip(&self) -> bool {
         let excludes_all = |v4: bool| {
-            self.excluded_ip.iter().any(|(net, mask)| {
-                net.is_ipv4() == v4 && mask_bits(*mask) == 0
-            })
+            self.excluded_ip
+                .iter()
+                .any(|(net, mask)| net.is_ipv4() == v4 && mask_bits(*mask) == 0)
         };
         !self.permitted_ip.is_empty() || (excludes_all(true) && excludes_all(false))
     }
@@ -363,6 +364,19 @@ mod tests {
     }
 
     #[test]
+    fn what_slate_gen_config_writes_is_safe() {
+        let text = include_str!("../tests/fixtures/node-v1-own-ca.toml");
+        let parsed = crate::parse_for_writing(text).unwrap();
+        assert!(trust_findings(&parsed.config).is_empty());
+        let ca = issuing_ca(&parsed.config.api.ca_cert).unwrap();
+        assert_eq!(ca.path_len, Some(0));
+        let constraints = ca.constraints.unwrap();
+        assert_eq!(constraints.permitted_dns, ["node1"]);
+        assert!(constraints.permits("node1") && !constraints.permits("node2"));
+        assert!(!constraints.permits("127.0.0.1") && !constraints.permits("::1"));
+    }
+
+    #[test]
     fn a_name_constrained_node_ca_apart_from_the_client_ca_is_safe() {
         let (fleet, clients) = (root("fleet"), root("clients"));
         let ca = under(&fleet, Some(0), node_only(Vec::new(), all_ips()));
@@ -370,7 +384,10 @@ mod tests {
         assert_eq!(trust_findings(&config), Vec::<String>::new());
         check_trust(&config).unwrap();
         // With a static address permitted instead of every address excluded: safe too.
-        let ip = GeneralSubtree::IpAddress(CidrSubnet::from_addr_prefix("10.0.0.5".parse().unwrap(), 32));
+        let ip = GeneralSubtree::IpAddress(CidrSubnet::from_addr_prefix(
+            "10.0.0.5".parse().unwrap(),
+            32,
+        ));
         let ca = under(&fleet, Some(0), node_only(vec![ip], Vec::new()));
         assert!(trust_findings(&config_with(&ca, &clients)).is_empty());
     }
@@ -389,7 +406,10 @@ mod tests {
         // The fixture: one CA for everything (what `slate gen certs` used to make).
         let shared = crate::parse(V1).unwrap().config;
         let text = finding(&shared);
-        assert!(text.contains("is the key of api.client_ca's certificate 1"), "{text}");
+        assert!(
+            text.contains("is the key of api.client_ca's certificate 1"),
+            "{text}"
+        );
         assert!(text.contains("unconstrained CA"), "{text}");
         let err = check_trust(&shared).unwrap_err();
         assert_eq!(err.field(), Some("api.ca_key"));
@@ -402,7 +422,10 @@ mod tests {
         // The node's CA issued by the client CA: it could mint clients under it.
         let ca = under(&clients, Some(0), node_only(Vec::new(), all_ips()));
         let text = finding(&config_with(&ca, &clients));
-        assert!(text.contains("issued by api.client_ca's certificate 1"), "{text}");
+        assert!(
+            text.contains("issued by api.client_ca's certificate 1"),
+            "{text}"
+        );
         // No name constraints.
         let ca = under(&fleet, Some(0), None);
         assert!(finding(&config_with(&ca, &clients)).contains("unconstrained CA"));
@@ -410,7 +433,11 @@ mod tests {
         let ca = under(&fleet, Some(0), node_only(Vec::new(), Vec::new()));
         assert!(finding(&config_with(&ca, &clients)).contains("leave IP addresses open"));
         // Only IPv4 excluded: IPv6 still open.
-        let ca = under(&fleet, Some(0), node_only(Vec::new(), all_ips()[..1].to_vec()));
+        let ca = under(
+            &fleet,
+            Some(0),
+            node_only(Vec::new(), all_ips()[..1].to_vec()),
+        );
         assert!(finding(&config_with(&ca, &clients)).contains("leave IP addresses open"));
         // No DNS subtree permitted.
         let no_dns = Some(Constraints {
@@ -431,13 +458,29 @@ mod tests {
         let c = NameConstraints {
             permitted_dns: vec!["node1".into(), "lan.example".into()],
             excluded_dns: vec!["bad.lan.example".into()],
-            permitted_ip: vec![("10.0.0.5".parse().unwrap(), "255.255.255.255".parse().unwrap())],
+            permitted_ip: vec![(
+                "10.0.0.5".parse().unwrap(),
+                "255.255.255.255".parse().unwrap(),
+            )],
             excluded_ip: Vec::new(),
         };
-        for ok in ["node1", "NODE1.", "lan.example", "a.lan.example", "10.0.0.5"] {
+        for ok in [
+            "node1",
+            "NODE1.",
+            "lan.example",
+            "a.lan.example",
+            "10.0.0.5",
+        ] {
             assert!(c.permits(ok), "{ok}");
         }
-        for refused in ["node2", "xnode1", "x.bad.lan.example", "10.0.0.6", "::1", "127.0.0.1"] {
+        for refused in [
+            "node2",
+            "xnode1",
+            "x.bad.lan.example",
+            "10.0.0.6",
+            "::1",
+            "127.0.0.1",
+        ] {
             assert!(!c.permits(refused), "{refused}");
         }
         let none_ip = NameConstraints {

@@ -177,14 +177,20 @@ fn api(config: &MachineConfig) -> Result<(), ConfigError> {
         }
     }
     if let Some(fleet_ca) = &api.fleet_ca {
-        for (i, der) in pem_certificates(fleet_ca, "api.fleet_ca")?.iter().enumerate() {
+        for (i, der) in pem_certificates(fleet_ca, "api.fleet_ca")?
+            .iter()
+            .enumerate()
+        {
             let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| {
                 ConfigError::invalid("api.fleet_ca", format!("certificate {}: {e}", i + 1))
             })?;
             if !cert.is_ca() {
                 return Err(ConfigError::invalid(
                     "api.fleet_ca",
-                    format!("certificate {} is not a CA (basic constraints CA:FALSE)", i + 1),
+                    format!(
+                        "certificate {} is not a CA (basic constraints CA:FALSE)",
+                        i + 1
+                    ),
                 ));
             }
         }

@@ -151,7 +151,13 @@ pub fn gen_config(args: GenConfigArgs) -> Result<()> {
         })
         .collect::<Result<Vec<_>>>()?;
     let trust = slate_api::NodeTrust::issue(&args.pki, &args.name, &names, &extra_client_cas)
-        .with_context(|| format!("issuing node {}'s CA from {}", args.name, args.pki.display()))?;
+        .with_context(|| {
+            format!(
+                "issuing node {}'s CA from {}",
+                args.name,
+                args.pki.display()
+            )
+        })?;
     let config = MachineConfig {
         version: CURRENT_VERSION,
         node: Node {

@@ -86,9 +86,10 @@ impl Reporter for ToReplicas {
         let mut last = String::new();
         for _ in 0..self.addrs.len() {
             let i = self.next.fetch_add(1, Ordering::Relaxed) % self.addrs.len();
-            let client = self.identities.heartbeat_client(&report.id, &self.addrs[i])?;
-            match client.call::<serde_json::Value, _>("POST", "/v1/fleet/heartbeat", Some(report))
-            {
+            let client = self
+                .identities
+                .heartbeat_client(&report.id, &self.addrs[i])?;
+            match client.call::<serde_json::Value, _>("POST", "/v1/fleet/heartbeat", Some(report)) {
                 Ok(_) => return Ok(()),
                 Err(e) => last = e.to_string(),
             }

@@ -114,6 +114,16 @@ pub(super) fn node_identity(
     };
     let status2 = node2.status()?;
     boot2.kill();
+    let stolen = stolen::stolen_node_and_migration(
+        prepared,
+        stolen::Victims {
+            node1: node,
+            node1_boot: boot,
+            disk2: &disk2,
+            vm2: &mut vm2,
+        },
+        work,
+    )?;
     ensure!(
         fp1 != fp2,
         "two nodes from one bundle share a certificate ({fp1})"
@@ -145,15 +155,15 @@ pub(super) fn node_identity(
     // apply-config: the hostname changes live; what needs a reboot, or is malformed, is
     // refused with nothing written.
     let shown = node.ok(&["config", "show", "--output", "json"])?;
-    // node1's configuration with `extra` arguments to `slate gen config`, in `work/FILE`.
-    let node1_config = |file: &str, extra: &[&str]| -> Result<(PathBuf, String)> {
-        let text = output(
-            Command::new(slate)
-                .args(["gen", "config", "--name", "node1"])
-                .args(extra)
-                .arg("--pki")
-                .arg(demo_pki()),
-        )?;
+    // node1's installed configuration with `from` replaced by `to`, in `work/FILE` (not made
+    // anew: `slate gen config` would issue a new CA, an API change that needs a reboot).
+    let installed = fs::read_to_string(work.join("node1.machine.toml"))?;
+    let node1_config = |file: &str, from: &str, to: &str| -> Result<(PathBuf, String)> {
+        ensure!(
+            installed.contains(from),
+            "{from:?} in node1's configuration"
+        );
+        let text = installed.replacen(from, to, 1);
         let path = work.join(file);
         fs::write(&path, &text)?;
         Ok((path, text))
@@ -166,10 +176,15 @@ pub(super) fn node_identity(
             "no-reboot",
         ])
     };
-    let (renamed, text) = node1_config("node1-renamed.toml", &["--hostname", "node1-renamed"])?;
+    let (renamed, text) = node1_config(
+        "node1-renamed.toml",
+        "name = \"node1\"\n",
+        "name = \"node1\"\nhostname = \"node1-renamed\"\n",
+    )?;
     let (static_net, _) = node1_config(
         "node1-static.toml",
-        &["--address", "10.0.2.15/24", "--gateway", "10.0.2.2"],
+        "mode = \"dhcp\"\n",
+        "mode = \"static\"\naddress = \"10.0.2.15/24\"\ngateway = \"10.0.2.2\"\n",
     )?;
     let needs_reboot = no_reboot(&static_net)?;
     ensure!(
@@ -209,7 +224,7 @@ pub(super) fn node_identity(
             "node1 sha256 {fp1:.16}…, node2 (same bundle) {fp2:.16}…; a client of another CA \
              refused; machine-id {machine_id} from the first boot; apply-config: hostname live, \
              a network change with --mode no-reboot and an unknown key (node.hostnme) refused \
-             with the configuration unchanged"
+             with the configuration unchanged; {stolen}"
         ),
         machine_id,
     })

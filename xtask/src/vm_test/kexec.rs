@@ -13,13 +13,12 @@
 //!    systemd-boot's boot counting brings v2 back, which records the rollback.
 
 use std::path::Path;
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
 
 use super::{build_bundle, build_image, ensure_logged, running, Node, Prepared};
-use crate::util::{output, repo_root};
+use crate::util::repo_root;
 use crate::vm::{tail, Running, Vm};
 
 /// What only a boot through the firmware prints on this setup: OVMF's boot manager and the
@@ -69,18 +68,17 @@ pub fn kexec_was_clean(boot: &mut Running) -> Result<String> {
         .to_owned())
 }
 
-/// `slate gen config` for the node `name` with `[reboot] mode = "kexec"`.
-fn kexec_config(slate: &Path, work: &Path, name: &str) -> Result<std::path::PathBuf> {
-    let text = output(
-        Command::new(slate)
-            .args([
-                "gen", "config", "--name", name, "--reboot", "kexec", "--pki",
-            ])
-            .arg(super::demo_pki()),
-    )?;
-    ensure!(text.contains("[reboot]"), "gen config --reboot: {text}");
+/// The node `name`'s installed configuration (`work/NAME.machine.toml`) with `[reboot] mode =
+/// "kexec"` (edited, not made anew: `slate gen config` would issue a new CA, which needs a
+/// reboot to apply).
+fn kexec_config(work: &Path, name: &str) -> Result<std::path::PathBuf> {
+    let installed = std::fs::read_to_string(work.join(format!("{name}.machine.toml")))?;
+    ensure!(
+        !installed.contains("[reboot]"),
+        "no [reboot] yet: {installed}"
+    );
     let path = work.join(format!("{name}-kexec.machine.toml"));
-    std::fs::write(&path, text)?;
+    std::fs::write(&path, format!("{installed}\n[reboot]\nmode = \"kexec\"\n"))?;
     Ok(path)
 }
 
@@ -148,7 +146,7 @@ pub(super) fn kexec_reboots(prepared: &Prepared, work: &Path) -> Result<String> 
     );
 
     // 2. The machine configuration makes kexec the default; an upgrade's reboot takes it.
-    let config = kexec_config(slate, work, "kexec")?;
+    let config = kexec_config(work, "kexec")?;
     let applied = node.ok(&[
         "apply-config",
         config.to_str().unwrap_or_default(),

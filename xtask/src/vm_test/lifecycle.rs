@@ -195,7 +195,13 @@ pub(super) fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String>
     ])?;
     ensure!(applied.starts_with("applied"), "apply-config: {applied}");
     boot.expect(&[RUNNING], BOOT_TIMEOUT, "Running once configured")?;
-    let status = node.status()?;
+    // Its certificate names it by its new name.
+    let reconfigured = Node {
+        prepared: node.prepared,
+        port: node.port,
+        name: "reconfigured".into(),
+    };
+    let status = reconfigured.status()?;
     ensure!(
         status["node_name"] == "reconfigured" && status["hostname"] == "reconfigured",
         "configured out of maintenance mode: {status}"

@@ -14,6 +14,7 @@ mod secureboot;
 mod snapshot;
 mod snapshot_grub;
 mod staged;
+mod stolen;
 mod upgrade;
 mod var_powercut;
 

@@ -292,8 +292,9 @@ pub fn forge(
         .unwrap()
         .self_signed(&issuer_key)
         .unwrap();
-    let mut p = rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
-        .unwrap();
+    let mut p =
+        rcgen::CertificateParams::new(sans.iter().map(|s| s.to_string()).collect::<Vec<_>>())
+            .unwrap();
     p.distinguished_name
         .push(rcgen::DnType::CommonName, "attacker");
     p.extended_key_usages = match role {

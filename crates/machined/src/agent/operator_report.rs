@@ -60,14 +60,11 @@ impl OperatorReporter {
     }
 
     fn identity(&mut self, config: &MachineConfig) -> Result<&Identity, String> {
-        let fresh = self
-            .identity
-            .as_ref()
-            .is_some_and(|i| {
-                i.ca_cert == config.api.ca_cert
-                    && i.fleet_ca == config.fleet_ca()
-                    && i.issued.elapsed() < RENEW_AFTER
-            });
+        let fresh = self.identity.as_ref().is_some_and(|i| {
+            i.ca_cert == config.api.ca_cert
+                && i.fleet_ca == config.fleet_ca()
+                && i.issued.elapsed() < RENEW_AFTER
+        });
         if !fresh {
             let key = slate_api::generate_key_pem().map_err(|e| e.to_string())?;
             let cert = slate_api::issue_node_client_cert(
@@ -167,7 +164,8 @@ mod tests {
     fn the_node_reports_itself_as_itself_with_a_certificate_from_its_own_ca() {
         let pki = tempfile::tempdir().unwrap();
         slate_api::gen_certs(pki.path(), &[]).unwrap();
-        let trust = slate_api::NodeTrust::issue(pki.path(), "node7", &["node7".into()], &[]).unwrap();
+        let trust =
+            slate_api::NodeTrust::issue(pki.path(), "node7", &["node7".into()], &[]).unwrap();
         let operator = Arc::new(Operator::default());
         let server = slate_api::spawn_service(
             ServerConfig::from_dir("127.0.0.1:0".parse().unwrap(), pki.path()).unwrap(),
