@@ -230,6 +230,7 @@ fn failover_stop_the_line_and_resume_after_a_yank() {
     );
     let stored = fleet_cli(&certs, &replica_addrs[0], &["policy", "show"]);
     assert!(stored.is_empty(), "nothing stored by a dry run: {stored}");
+    nodes_speak_only_for_themselves(&certs, &replica_addrs[0]);
 
     let reporter = ToReplicas {
         addrs: replica_addrs.clone(),
@@ -429,6 +430,70 @@ fn failover_stop_the_line_and_resume_after_a_yank() {
     assert_eq!(text.lines().count(), 3, "{text}");
     fleet.shutdown();
     drop(replicas);
+}
+
+/// Issue 36: a node's certificate reports about that node and does nothing else on the
+/// operator; an admin may not send a heartbeat in a node's name either.
+fn nodes_speak_only_for_themselves(certs: &Path, replica: &str) {
+    let identities = Identities::from_dir(certs).unwrap();
+    let node = identities.heartbeat_client("web-00001", replica).unwrap();
+    let report = |id: &str| NodeReport {
+        id: id.into(),
+        group: "web".into(),
+        labels: BTreeMap::new(),
+        endpoint: "127.0.0.1:1".into(),
+        version: "1".into(),
+        channel: "stable".into(),
+        committed: true,
+        healthy: true,
+        busy: false,
+        last_failure: None,
+        sent_at_ms: 1,
+    };
+    let denied =
+        |what: &str, result: Result<serde_json::Value, slate_api::ClientError>, says: &str| {
+            match result {
+                Err(slate_api::ClientError::PermissionDenied(m)) => {
+                    assert!(m.contains(says), "{what}: {m}")
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+        };
+    denied(
+        "a node reporting about another node",
+        node.call("POST", "/v1/fleet/heartbeat", Some(&report("web-00002"))),
+        "a heartbeat must come from the node it reports about: this report is about web-00002, \
+         its certificate is node web-00001's",
+    );
+    denied(
+        "a node pausing the fleet",
+        node.call("POST", "/v1/fleet/pause", Some(&serde_json::json!({}))),
+        "requires role operator or higher; this client's certificate grants role node",
+    );
+    for (method, path) in [
+        ("GET", "/v1/fleet/status"),
+        ("POST", "/v1/fleet/resume"),
+        ("POST", "/v1/fleet/abort"),
+        ("POST", "/v1/fleet/policy"),
+        ("POST", "/v1/fleet/nodes"),
+    ] {
+        denied(
+            &format!("a node: {method} {path}"),
+            node.call(method, path, Some(&serde_json::json!({}))),
+            "this client's certificate grants role node",
+        );
+    }
+    let admin = Client::from_dir(replica, certs, Role::Admin).unwrap();
+    denied(
+        "an admin sending a node's heartbeat",
+        admin.call("POST", "/v1/fleet/heartbeat", Some(&report("web-00001"))),
+        "a client of role admin",
+    );
+    // Its own report is taken.
+    let written: serde_json::Value = node
+        .call("POST", "/v1/fleet/heartbeat", Some(&report("web-00001")))
+        .unwrap();
+    assert_eq!(written["written"], true, "{written}");
 }
 
 fn write(dir: &tempfile::TempDir, text: &str) -> String {

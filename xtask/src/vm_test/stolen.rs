@@ -348,8 +348,7 @@ pub(super) fn stolen_node_and_migration(
         if serial.matches("TLS handshake refused").count() > refused_before {
             break serial
                 .lines()
-                .filter(|l| l.contains("TLS handshake refused"))
-                .last()
+                .rfind(|l| l.contains("TLS handshake refused"))
                 .unwrap_or_default()
                 .to_owned();
         }
