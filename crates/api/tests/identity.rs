@@ -74,6 +74,18 @@ fn each_node_answers_under_its_own_name_only_and_clients_of_another_fleet_are_re
     }
 }
 
+/// A node API serving a certificate for `name` forged under `stolen`'s CA.
+fn serve_forged(stolen: &slate_api::NodeTrust, name: &str) -> ServerHandle {
+    let (cert, key) = common::forge(&stolen.ca_cert, &stolen.ca_key, &[name], None);
+    let config = ServerConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        stolen.client_ca.as_bytes(),
+        cert.as_bytes(),
+        key.as_bytes(),
+    );
+    slate_api::spawn(config, Arc::new(Fake::default())).unwrap()
+}
+
 /// The attack of issue 36, replayed: everything on node1's disk is the attacker's, its
 /// machine configuration's CA key first. From it no client certificate node2 accepts can be
 /// made, and no serving certificate a client takes for node2.
@@ -101,17 +113,7 @@ fn a_stolen_nodes_key_opens_no_other_node() {
     // 2. A serving certificate for node2's name (or an address) under node1's CA: a client
     //    of the fleet refuses it (webpki enforces the name constraints).
     for name in ["node2", "127.0.0.1", "10.0.2.16"] {
-        let (cert, key) = common::forge(&stolen.ca_cert, &stolen.ca_key, &[name], None);
-        let impostor = slate_api::spawn(
-            ServerConfig::new(
-                "127.0.0.1:0".parse().unwrap(),
-                stolen.client_ca.as_bytes(),
-                cert.as_bytes(),
-                key.as_bytes(),
-            ),
-            Arc::new(Fake::default()),
-        )
-        .unwrap();
+        let impostor = serve_forged(&stolen, name);
         let client = Client::from_dir(&impostor.local_addr().to_string(), pki.path(), Role::Admin)
             .unwrap()
             .with_server_name(name)
@@ -125,17 +127,7 @@ fn a_stolen_nodes_key_opens_no_other_node() {
     }
     // …while node1's own name under its CA is good: the constraints, not a broken chain, are
     // what refused the others.
-    let (cert, key) = common::forge(&stolen.ca_cert, &stolen.ca_key, &["node1"], None);
-    let own = slate_api::spawn(
-        ServerConfig::new(
-            "127.0.0.1:0".parse().unwrap(),
-            stolen.client_ca.as_bytes(),
-            cert.as_bytes(),
-            key.as_bytes(),
-        ),
-        Arc::new(Fake::default()),
-    )
-    .unwrap();
+    let own = serve_forged(&stolen, "node1");
     let client = Client::from_dir(&own.local_addr().to_string(), pki.path(), Role::Reader)
         .unwrap()
         .with_server_name("node1")

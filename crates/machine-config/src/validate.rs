@@ -144,21 +144,7 @@ fn api(config: &MachineConfig) -> Result<(), ConfigError> {
             "is not the key of api.ca_cert",
         ));
     }
-    let client_cas = pem_certificates(&api.client_ca, "api.client_ca")?;
-    for (i, der) in client_cas.iter().enumerate() {
-        let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| {
-            ConfigError::invalid("api.client_ca", format!("certificate {}: {e}", i + 1))
-        })?;
-        if !cert.is_ca() {
-            return Err(ConfigError::invalid(
-                "api.client_ca",
-                format!(
-                    "certificate {} is not a CA (basic constraints CA:FALSE)",
-                    i + 1
-                ),
-            ));
-        }
-    }
+    only_cas(&api.client_ca, "api.client_ca")?;
     // A node CA constrained to other names could issue the node no certificate at all.
     if let Ok(crate::trust::IssuingCa {
         constraints: Some(constraints),
@@ -177,23 +163,7 @@ fn api(config: &MachineConfig) -> Result<(), ConfigError> {
         }
     }
     if let Some(fleet_ca) = &api.fleet_ca {
-        for (i, der) in pem_certificates(fleet_ca, "api.fleet_ca")?
-            .iter()
-            .enumerate()
-        {
-            let (_, cert) = x509_parser::parse_x509_certificate(der).map_err(|e| {
-                ConfigError::invalid("api.fleet_ca", format!("certificate {}: {e}", i + 1))
-            })?;
-            if !cert.is_ca() {
-                return Err(ConfigError::invalid(
-                    "api.fleet_ca",
-                    format!(
-                        "certificate {} is not a CA (basic constraints CA:FALSE)",
-                        i + 1
-                    ),
-                ));
-            }
-        }
+        only_cas(fleet_ca, "api.fleet_ca")?;
         if !crate::trust::issued_by_any(&api.ca_cert, fleet_ca) {
             return Err(ConfigError::invalid(
                 "api.fleet_ca",
@@ -213,6 +183,24 @@ fn api(config: &MachineConfig) -> Result<(), ConfigError> {
             return Err(ConfigError::invalid(
                 "api.extra_sans",
                 format!("{name:?} is neither an IP address nor a DNS name"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// `text` holds one or more certificates, every one of a CA.
+fn only_cas(text: &str, field: &str) -> Result<(), ConfigError> {
+    for (i, der) in pem_certificates(text, field)?.iter().enumerate() {
+        let (_, cert) = x509_parser::parse_x509_certificate(der)
+            .map_err(|e| ConfigError::invalid(field, format!("certificate {}: {e}", i + 1)))?;
+        if !cert.is_ca() {
+            return Err(ConfigError::invalid(
+                field,
+                format!(
+                    "certificate {} is not a CA (basic constraints CA:FALSE)",
+                    i + 1
+                ),
             ));
         }
     }
