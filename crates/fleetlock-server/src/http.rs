@@ -176,6 +176,7 @@ async fn accept_loop<S: SemaphoreStore + 'static>(
                 Ok((tcp, peer)) => {
                     let conn = Conn {
                         peer,
+                        client: None,
                         service: service.clone(),
                         log: log.clone(),
                         drain: drain_rx.clone(),
@@ -201,6 +202,9 @@ async fn accept_loop<S: SemaphoreStore + 'static>(
 /// What one connection's HTTP side needs.
 struct Conn<S: SemaphoreStore> {
     peer: SocketAddr,
+    /// With mutual TLS: the client's certificate (DER), which must name every id the
+    /// connection takes or frees a slot for.
+    client: Option<Arc<Vec<u8>>>,
     service: Arc<Service<S>>,
     log: Log,
     drain: watch::Receiver<bool>,
@@ -226,7 +230,15 @@ async fn connection<S: SemaphoreStore + 'static>(
         _ = conn.drain.wait_for(|d| *d) => return,
     };
     match stream {
-        Ok(Ok(stream)) => serve_http(TokioIo::new(stream), conn).await,
+        Ok(Ok(stream)) => {
+            conn.client = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(<[_]>::first)
+                .map(|der| Arc::new(der.as_ref().to_vec()));
+            serve_http(TokioIo::new(stream), conn).await
+        }
         Ok(Err((e, tcp))) => {
             (conn.log)(&format!("fleetlock: {peer}: TLS handshake refused: {e}"));
             linger(tcp).await;
@@ -234,6 +246,26 @@ async fn connection<S: SemaphoreStore + 'static>(
         // Dropping the socket closes it (a FIN): a client this slow or silent gets no alert.
         Err(_) => (conn.log)(&format!("fleetlock: {peer}: TLS handshake timed out")),
     }
+}
+
+/// With a client certificate, a request for an id the certificate does not name (as a DNS
+/// name: a node's certificate names the node) is refused: one node's credentials must not
+/// take or free another's slot. A body that does not parse is the service's to refuse.
+fn not_its_own(client: Option<&Vec<u8>>, body: &[u8]) -> Option<Refusal> {
+    let der = client?;
+    let params = slate_fleetlock::parse_body(body).ok()?;
+    let id = params.id.as_str();
+    let names_it =
+        webpki::EndEntityCert::try_from(&rustls_pki_types::CertificateDer::from(der.as_slice()))
+            .ok()
+            .zip(rustls_pki_types::ServerName::try_from(id).ok())
+            .is_some_and(|(cert, name)| cert.verify_is_valid_for_subject_name(&name).is_ok());
+    (!names_it).then(|| {
+        Refusal::new(
+            ErrorKind::InvalidClientIdentity,
+            format!("the client certificate does not name {id:?}: a client acts for itself only"),
+        )
+    })
 }
 
 /// After a refused handshake (the alert is already sent): close our side and read what the
@@ -262,13 +294,14 @@ where
 {
     let Conn {
         peer,
+        client,
         service,
         log,
         mut drain,
     } = conn;
     let svc = service_fn(move |req| {
-        let (service, log) = (service.clone(), log.clone());
-        async move { Ok::<_, Infallible>(handle(req, peer, service, log).await) }
+        let (service, log, client) = (service.clone(), log.clone(), client.clone());
+        async move { Ok::<_, Infallible>(handle(req, peer, client, service, log).await) }
     });
     let conn = http1::Builder::new()
         .timer(TokioTimer::new())
@@ -286,6 +319,7 @@ where
 async fn handle<S: SemaphoreStore + 'static>(
     req: Request<Incoming>,
     peer: SocketAddr,
+    client: Option<Arc<Vec<u8>>>,
     service: Arc<Service<S>>,
     log: Log,
 ) -> Response<Body> {
@@ -314,6 +348,10 @@ async fn handle<S: SemaphoreStore + 'static>(
             }
             Ok(bytes) => {
                 let blocking = tokio::task::spawn_blocking(move || {
+                    if let Some(refusal) = not_its_own(client.as_deref(), &bytes) {
+                        let summary = format!("{}: refused: {}", op.name(), refusal.value);
+                        return Answer::refused(&refusal, summary);
+                    }
                     service.serve(op, header.as_deref(), &bytes)
                 });
                 match blocking.await {

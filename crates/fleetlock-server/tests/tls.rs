@@ -59,9 +59,14 @@ impl Pki {
     }
 
     /// A leaf certificate and key, written as `<name>-<leaf>.crt` / `.key`; (cert, key) paths.
+    /// It names `leaf` too (a node's certificate names the node).
     fn issue(&self, leaf: &str, purpose: ExtendedKeyUsagePurpose) -> (PathBuf, PathBuf) {
         let key = KeyPair::generate().unwrap();
-        let names = vec!["localhost".to_owned(), "127.0.0.1".to_owned()];
+        let names = vec![
+            "localhost".to_owned(),
+            "127.0.0.1".to_owned(),
+            leaf.to_owned(),
+        ];
         let mut p = CertificateParams::new(names).unwrap();
         p.distinguished_name.push(DnType::CommonName, leaf);
         p.is_ca = IsCa::ExplicitNoCa;
@@ -305,8 +310,19 @@ fn mtls_refuses_clients_without_a_certificate_from_the_client_ca() {
     // None of the refused requests reached the store.
     assert!(server.holders().is_empty(), "{:?}", server.holders());
 
-    // A certificate from the client CA: the lock works, and the slot is held.
+    // A certificate from the client CA: the lock works for the id it names, and the slot is
+    // held; for another id it is refused, and nothing is taken.
     let good = agent(&pki.ca_pem(), Some(&pki.client("node-1")));
+    assert_eq!(
+        post(&good, &server.url(LOCK), "node-2"),
+        Ok((
+            400,
+            "{\"kind\":\"invalid_client_identity\",\"value\":\"the client certificate does not \
+             name \\\"node-2\\\": a client acts for itself only\"}"
+                .to_owned()
+        ))
+    );
+    assert!(server.holders().is_empty(), "{:?}", server.holders());
     assert_eq!(
         post(&good, &server.url(LOCK), "node-1"),
         Ok((200, String::new()))

@@ -30,19 +30,53 @@ struct ErrorBody {
     value: String,
 }
 
+/// Mutual TLS toward the lock server (PEM): the roots its certificate must chain to, and the
+/// node's client certificate chain and key.
+#[derive(Debug, Clone)]
+pub struct LockTls {
+    pub roots_pem: String,
+    pub chain_pem: String,
+    pub key_pem: String,
+}
+
 impl LockClient {
-    /// `server` is the base URL (`http://host:port`); `id` is this node's name.
-    pub fn new(server: &str, group: &str, id: &str) -> Self {
-        let config = ureq::Agent::config_builder()
+    /// `server` is the base URL (`http://host:port`, or `https://…` with `tls`); `id` is this
+    /// node's name.
+    pub fn new(server: &str, group: &str, id: &str, tls: Option<&LockTls>) -> Result<Self, String> {
+        let mut config = ureq::Agent::config_builder()
             .http_status_as_error(false)
-            .timeout_global(Some(Duration::from_secs(30)))
-            .build();
+            .timeout_global(Some(Duration::from_secs(30)));
+        if let Some(tls) = tls {
+            use ureq::tls::{Certificate, ClientCert, PrivateKey, RootCerts, TlsConfig};
+            let certs = |pem: &str, what: &str| -> Result<Vec<Certificate<'static>>, String> {
+                ureq::tls::parse_pem(pem.as_bytes())
+                    .filter_map(|item| match item {
+                        Ok(ureq::tls::PemItem::Certificate(c)) => Some(Ok(c)),
+                        Ok(_) => None,
+                        Err(e) => Some(Err(format!("{what}: {e}"))),
+                    })
+                    .collect()
+            };
+            let key = PrivateKey::from_pem(tls.key_pem.as_bytes())
+                .map_err(|e| format!("the client key: {e}"))?;
+            let tls_config = TlsConfig::builder()
+                .root_certs(RootCerts::new_with_certs(&certs(
+                    &tls.roots_pem,
+                    "the fleet CA",
+                )?))
+                .client_cert(Some(ClientCert::new_with_certs(
+                    &certs(&tls.chain_pem, "the client certificate")?,
+                    key,
+                )))
+                .build();
+            config = config.tls_config(tls_config);
+        }
         let body = serde_json::json!({ "client_params": { "id": id, "group": group } });
-        LockClient {
-            agent: ureq::Agent::new_with_config(config),
+        Ok(LockClient {
+            agent: ureq::Agent::new_with_config(config.build()),
             server: server.trim_end_matches('/').to_owned(),
             body: body.to_string(),
-        }
+        })
     }
 
     /// `POST /v1/pre-reboot`: take a slot (idempotent for the same id).
@@ -95,7 +129,7 @@ mod tests {
     use std::sync::Arc;
 
     use slate_fleetlock::{Groups, Service};
-    use slate_fleetlock_server::{FileStore, Server};
+    use slate_fleetlock_server::{FileStore, Server, Tls};
 
     use super::*;
 
@@ -114,8 +148,8 @@ mod tests {
             )
             .unwrap();
         let url = format!("http://{}", server.local_addr());
-        let a = LockClient::new(&url, "workers", "node-a");
-        let b = LockClient::new(&format!("{url}/"), "workers", "node-b");
+        let a = LockClient::new(&url, "workers", "node-a", None).unwrap();
+        let b = LockClient::new(&format!("{url}/"), "workers", "node-b", None).unwrap();
         a.lock().unwrap();
         a.lock().unwrap();
         match b.lock() {
@@ -131,13 +165,73 @@ mod tests {
         b.unlock().unwrap();
         a.unlock().unwrap();
         b.lock().unwrap();
-        let other_group = LockClient::new(&url, "nobody", "node-c");
+        let other_group = LockClient::new(&url, "nobody", "node-c", None).unwrap();
         assert!(matches!(
             other_group.lock(),
             Err(LockError::Refused { kind, .. }) if kind == "unknown_group"
         ));
         server.shutdown().unwrap();
-        let gone = LockClient::new(&url, "workers", "node-a");
+        let gone = LockClient::new(&url, "workers", "node-a", None).unwrap();
         assert!(matches!(gone.unlock(), Err(LockError::Unreachable { .. })));
+    }
+
+    /// `slate fleetlock serve --tls-cert service.crt --tls-key service.key --client-ca ca.crt`
+    /// (a `slate gen certs` directory): a node reaches it with its own client certificate and
+    /// the fleet CA, and takes a slot for itself only.
+    #[test]
+    fn a_node_locks_for_itself_only_over_mutual_tls() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = dir.path().join("pki");
+        slate_api::gen_certs(&pki, &[]).unwrap();
+        let tls = Tls::from_files(
+            &pki.join(slate_api::SERVICE_CERT),
+            &pki.join(slate_api::SERVICE_KEY),
+            Some(&pki.join(slate_api::CA_CERT)),
+        )
+        .unwrap();
+        let store = FileStore::create(&dir.path().join("store")).unwrap();
+        let groups = Groups::new(["workers=2".parse().unwrap()]).unwrap();
+        let server = Server::bind("127.0.0.1:0".parse().unwrap())
+            .unwrap()
+            .with_tls(tls)
+            .spawn(
+                Arc::new(Service::new(groups, store)),
+                Arc::new(|_: &str| {}),
+            )
+            .unwrap();
+        let url = format!("https://{}", server.local_addr());
+        let trust = slate_api::NodeTrust::issue(&pki, "node-a", &["node-a".into()], &[]).unwrap();
+        let key = slate_api::generate_key_pem().unwrap();
+        let cert = slate_api::issue_node_client_cert(
+            &trust.ca_cert,
+            &trust.ca_key,
+            &key,
+            "node-a",
+            std::time::Duration::from_secs(600),
+        )
+        .unwrap();
+        let tls = LockTls {
+            roots_pem: trust.fleet_ca,
+            chain_pem: cert,
+            key_pem: key,
+        };
+        let own = LockClient::new(&url, "workers", "node-a", Some(&tls)).unwrap();
+        own.lock().unwrap();
+        own.unlock().unwrap();
+        let other = LockClient::new(&url, "workers", "node-b", Some(&tls)).unwrap();
+        match other.lock() {
+            Err(LockError::Refused { kind, value }) => {
+                assert_eq!(kind, "invalid_client_identity");
+                assert!(value.contains("does not name \"node-b\""), "{value}");
+            }
+            other => panic!("node-a's certificate took node-b's slot: {other:?}"),
+        }
+        // Without a certificate the handshake fails.
+        let anonymous = LockClient::new(&url, "workers", "node-a", None).unwrap();
+        assert!(matches!(
+            anonymous.lock(),
+            Err(LockError::Unreachable { .. })
+        ));
+        server.shutdown().unwrap();
     }
 }

@@ -12,6 +12,7 @@
 //! hands the bundle to the same Upgrade sequence the API runs. The settings are read afresh
 //! each tick, so a new machine configuration applies live.
 
+mod credentials;
 mod decide;
 mod lock_client;
 mod operator_report;
@@ -21,7 +22,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use slate_api::{AgentStatus, EventKind};
-use slate_machine_config::{Strategy, UpdateSettings};
+use slate_machine_config::{MachineConfig, Strategy, UpdateSettings};
 use slate_release::{Release, ReleaseIndex, GIVE_UP_AFTER};
 use slate_sequencer::{SequenceKind, REBOOT_REQUESTED};
 use slate_transport::{Options, Reference};
@@ -55,8 +56,8 @@ struct Agent<'a> {
     downloaded: Option<UpgradePlan>,
     /// The FleetLock slot was given back in this boot.
     lock_released: bool,
-    /// The operator strategy's heartbeat identity.
-    operator: operator_report::OperatorReporter,
+    /// The node's client certificate toward the operator and a FleetLock server.
+    credentials: credentials::Credentials,
 }
 
 impl<'a> Agent<'a> {
@@ -94,7 +95,7 @@ impl<'a> Agent<'a> {
             record,
             downloaded: None,
             lock_released: false,
-            operator: Default::default(),
+            credentials: Default::default(),
         }
     }
 
@@ -121,20 +122,24 @@ impl<'a> Agent<'a> {
             return poll;
         }
         if settings.strategy == Strategy::Operator {
-            let reason = match self.operator.report(self.node, &config) {
+            let reason = match operator_report::report(&mut self.credentials, self.node, &config) {
                 Ok(replica) => format!("the rollout operator decides (reported to {replica})"),
                 Err(err) => format!("cannot report to the rollout operator: {err}"),
             };
             self.report(settings, "idle", None, None, Some(&reason));
             return poll.min(OPERATOR_HEARTBEAT);
         }
-        let lock = (settings.strategy == Strategy::FleetLock).then(|| {
-            LockClient::new(
-                settings.lock_server.as_deref().unwrap_or_default(),
-                settings.lock_group.as_deref().unwrap_or("default"),
-                &config.node.name,
-            )
-        });
+        let lock = match settings.strategy {
+            Strategy::FleetLock => match self.lock_client(settings, &config) {
+                Ok(lock) => Some(lock),
+                Err(err) => {
+                    let reason = format!("cannot set up the FleetLock client: {err}");
+                    self.report(settings, "locking", None, None, Some(&reason));
+                    return poll.min(LOCK_RETRY);
+                }
+            },
+            _ => None,
+        };
         if let (Some(lock), false) = (&lock, self.lock_released) {
             match lock.unlock() {
                 Ok(()) => {
@@ -355,6 +360,33 @@ impl<'a> Agent<'a> {
         let mut status = self.status(settings, "idle", None, None, Some(reason));
         status.strategy = "disabled".into();
         self.publish(status);
+    }
+
+    /// The FleetLock client: over `https://`, with the node's own client certificate and the
+    /// fleet CA as the only roots (a lock server with `--client-ca` then knows which node asks
+    /// and lets it act only for itself).
+    fn lock_client(
+        &mut self,
+        settings: &UpdateSettings,
+        config: &MachineConfig,
+    ) -> Result<LockClient, String> {
+        let server = settings.lock_server.as_deref().unwrap_or_default();
+        let tls = if server.starts_with("https://") {
+            let identity = self.credentials.current(config)?;
+            Some(lock_client::LockTls {
+                roots_pem: identity.fleet_ca.clone(),
+                chain_pem: identity.cert.clone(),
+                key_pem: identity.key.clone(),
+            })
+        } else {
+            None
+        };
+        LockClient::new(
+            server,
+            settings.lock_group.as_deref().unwrap_or("default"),
+            &config.node.name,
+            tls.as_ref(),
+        )
     }
 
     fn report(

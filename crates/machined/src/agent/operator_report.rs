@@ -1,90 +1,45 @@
 //! The operator strategy: the node does not choose releases; it reports itself to the
 //! rollout operator (docs/operator.md) every poll interval, and the operator upgrades it
-//! through the node API. The report goes over mutual TLS with a client certificate the node
-//! issues itself from its own issuing CA (its machine configuration's `api.ca_key`): no role,
-//! only the node's name, which the operator takes as [`slate_api::Role::Node`] and accepts a
-//! report about that node only (docs/trust.md). The operator is verified against the fleet CA.
-//! The certificate lives only in memory and is renewed every [`RENEW_AFTER`].
+//! through the node API. The report goes over mutual TLS with the node's own client
+//! certificate (`credentials.rs`), which the operator takes as [`slate_api::Role::Node`] and
+//! accepts a report about that node only (docs/trust.md); the operator is verified against
+//! the fleet CA.
 
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use slate_api::{Client, Stage};
 use slate_machine_config::MachineConfig;
 use slate_rollout::{FailureReport, NodeReport};
 
+use super::credentials::Credentials;
 use crate::node::Node;
 
-const CLIENT_VALIDITY: Duration = Duration::from_secs(24 * 60 * 60);
-const RENEW_AFTER: Duration = Duration::from_secs(12 * 60 * 60);
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The node's heartbeat identity, kept between ticks.
-#[derive(Default)]
-pub(super) struct OperatorReporter {
-    identity: Option<Identity>,
-}
-
-struct Identity {
-    /// The CA it was issued from: a new configuration with another CA needs a new one.
-    ca_cert: String,
-    /// What the operator's certificate must chain to.
-    fleet_ca: String,
-    cert: String,
-    key: String,
-    issued: Instant,
-}
-
-impl OperatorReporter {
-    /// Reports the node to the first replica that takes it; answers which one did.
-    pub(super) fn report(&mut self, node: &Node, config: &MachineConfig) -> Result<String, String> {
-        let report = node_report(node, config);
-        let identity = self.identity(config)?;
-        let mut errors = Vec::new();
-        for endpoint in &config.update.operator {
-            let sent = Client::new(
-                endpoint,
-                identity.fleet_ca.as_bytes(),
-                identity.cert.as_bytes(),
-                identity.key.as_bytes(),
-            )
-            .map(|c| c.with_timeout(CALL_TIMEOUT))
-            .and_then(|c| {
-                c.call::<serde_json::Value, _>("POST", "/v1/fleet/heartbeat", Some(&report))
-            });
-            match sent {
-                Ok(_) => return Ok(endpoint.clone()),
-                Err(e) => errors.push(format!("{endpoint}: {e}")),
-            }
+/// Reports the node to the first replica that takes it; answers which one did.
+pub(super) fn report(
+    credentials: &mut Credentials,
+    node: &Node,
+    config: &MachineConfig,
+) -> Result<String, String> {
+    let report = node_report(node, config);
+    let identity = credentials.current(config)?;
+    let mut errors = Vec::new();
+    for endpoint in &config.update.operator {
+        let sent = Client::new(
+            endpoint,
+            identity.fleet_ca.as_bytes(),
+            identity.cert.as_bytes(),
+            identity.key.as_bytes(),
+        )
+        .map(|c| c.with_timeout(CALL_TIMEOUT))
+        .and_then(|c| c.call::<serde_json::Value, _>("POST", "/v1/fleet/heartbeat", Some(&report)));
+        match sent {
+            Ok(_) => return Ok(endpoint.clone()),
+            Err(e) => errors.push(format!("{endpoint}: {e}")),
         }
-        Err(errors.join("; "))
     }
-
-    fn identity(&mut self, config: &MachineConfig) -> Result<&Identity, String> {
-        let fresh = self.identity.as_ref().is_some_and(|i| {
-            i.ca_cert == config.api.ca_cert
-                && i.fleet_ca == config.fleet_ca()
-                && i.issued.elapsed() < RENEW_AFTER
-        });
-        if !fresh {
-            let key = slate_api::generate_key_pem().map_err(|e| e.to_string())?;
-            let cert = slate_api::issue_node_client_cert(
-                &config.api.ca_cert,
-                &config.api.ca_key,
-                &key,
-                &config.node.name,
-                CLIENT_VALIDITY,
-            )
-            .map_err(|e| format!("issuing the heartbeat certificate: {e}"))?;
-            self.identity = Some(Identity {
-                ca_cert: config.api.ca_cert.clone(),
-                fleet_ca: config.fleet_ca().to_owned(),
-                cert,
-                key,
-                issued: Instant::now(),
-            });
-        }
-        Ok(self.identity.as_ref().expect("set above"))
-    }
+    Err(errors.join("; "))
 }
 
 /// What the node says about itself. The agent runs only after the boot is committed, and
@@ -201,22 +156,22 @@ mod tests {
             reboot: Default::default(),
         };
         let (node, _requests) = Node::for_tests("");
-        let mut reporter = OperatorReporter::default();
-        let replica = reporter.report(&node, &config).unwrap();
+        let mut reporter = Credentials::default();
+        let replica = report(&mut reporter, &node, &config).unwrap();
         assert_eq!(replica, server.local_addr().to_string());
-        reporter.report(&node, &config).unwrap();
+        report(&mut reporter, &node, &config).unwrap();
         let seen = operator.seen.lock().unwrap().clone();
         assert_eq!(seen.len(), 2);
-        let (caller, report) = &seen[0];
+        let (caller, sent) = &seen[0];
         assert_eq!(caller.role, Role::Node, "a node, not an operator");
         assert_eq!(caller.node_names, ["node7"]);
-        assert_eq!(report.id, "node7");
-        assert_eq!(report.group, "web");
-        assert_eq!(report.labels["zone"], "a");
-        assert_eq!(report.endpoint, "127.0.0.1:50007");
-        assert_eq!(report.version, node.version);
-        assert!(report.committed && report.healthy && !report.busy);
-        assert!(seen[1].1.sent_at_ms >= report.sent_at_ms && report.sent_at_ms > 0);
+        assert_eq!(sent.id, "node7");
+        assert_eq!(sent.group, "web");
+        assert_eq!(sent.labels["zone"], "a");
+        assert_eq!(sent.endpoint, "127.0.0.1:50007");
+        assert_eq!(sent.version, node.version);
+        assert!(sent.committed && sent.healthy && !sent.busy);
+        assert!(seen[1].1.sent_at_ms >= sent.sent_at_ms && sent.sent_at_ms > 0);
         // Another fleet's operator (another CA) is not reported to.
         let other = tempfile::tempdir().unwrap();
         slate_api::gen_certs(other.path(), &[]).unwrap();
@@ -227,7 +182,7 @@ mod tests {
         .unwrap();
         let mut elsewhere = config.clone();
         elsewhere.update.operator = vec![foreign.local_addr().to_string()];
-        assert!(reporter.report(&node, &elsewhere).is_err());
+        assert!(report(&mut reporter, &node, &elsewhere).is_err());
         server.shutdown().unwrap();
         foreign.shutdown().unwrap();
     }
