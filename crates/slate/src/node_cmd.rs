@@ -13,17 +13,21 @@ use crate::wait::{Progress, Reporter, WaitArgs};
 
 #[derive(Debug, Subcommand)]
 pub enum GenCommand {
-    /// Make a CA, the node's certificate and admin/operator/reader client certificates.
+    /// Make the fleet's two CAs — the client CA (admin/operator/reader certificates) and the
+    /// fleet CA (each node's own CA, `slate gen config`; the services' certificate) — and the
+    /// certificates made from them. Both CA keys stay with you, never on a node.
     Certs {
         #[arg(long)]
         out: PathBuf,
-        /// Extra names (DNS or IP) the node certificate is valid for.
+        /// Extra names (DNS or IP) of the services' certificate (`service.crt`: the rollout
+        /// operator, a FleetLock server with TLS), beside localhost.
         #[arg(long = "san")]
         sans: Vec<String>,
         #[arg(long)]
         dry_run: bool,
     },
-    /// Print a machine configuration for one node (`--name`, the CA from `--pki`).
+    /// Print a machine configuration for one node (`--name`): its own CA, constrained to its
+    /// names, from the fleet CA of `--pki`.
     Config(Box<crate::config_cmd::GenConfigArgs>),
     /// Make an owner's Secure Boot keys in a new directory: PK, KEK and db keys and
     /// certificates, and the signed PK.auth, KEK.auth and db.auth a Secure Boot image enrols
@@ -49,7 +53,8 @@ pub fn gen(cmd: GenCommand) -> Result<()> {
     };
     if dry_run {
         println!(
-            "would write ca, node ({}) and admin/operator/reader certificates to {}",
+            "would write the client CA, the fleet CA, the service certificate ({}) and \
+             admin/operator/reader certificates to {}",
             sans.join(", "),
             out.display()
         );

@@ -104,16 +104,22 @@ pub(super) fn node_identity(
             .arg("--config")
             .arg(&config2),
     )?;
+    // node2 as an older slate configured it: one CA for its serving certificate and its
+    // clients (issue 36); it is migrated, and stolen, below.
+    let shared = stolen::plant_shared_ca(slate, &disk2, work)?;
     let mut vm2 = Vm::new(&disk2, &work.join("vm-node2"))?;
-    let mut boot2 = running(&mut vm2)?;
+    let boot2 = running(&mut vm2)?;
     let fp2 = fingerprint(&boot2)?;
+    let old_clients = Prepared {
+        slate: prepared.slate.clone(),
+        pki: shared.clients.clone(),
+    };
     let node2 = Node {
-        prepared,
+        prepared: &old_clients,
         port: vm2.api_port,
         name: "node2".into(),
     };
     let status2 = node2.status()?;
-    boot2.kill();
     let stolen = stolen::stolen_node_and_migration(
         prepared,
         stolen::Victims {
@@ -121,7 +127,9 @@ pub(super) fn node_identity(
             node1_boot: boot,
             disk2: &disk2,
             vm2: &mut vm2,
+            boot2,
         },
+        shared,
         work,
     )?;
     ensure!(

@@ -7,12 +7,23 @@ use std::time::Instant;
 
 use super::*;
 
-/// The second node (`node2`) and the node it must not open (`node1`, running).
+/// The second node (`node2`, booted with the shared-CA configuration) and the node it must
+/// not open (`node1`, running).
 pub(super) struct Victims<'a> {
     pub(super) node1: &'a Node<'a>,
     pub(super) node1_boot: &'a Running,
     pub(super) disk2: &'a Path,
     pub(super) vm2: &'a mut Vm,
+    pub(super) boot2: Running,
+}
+
+/// What [`plant_shared_ca`] made: the old certificate directory, a client directory of it
+/// (the old CA verifies node2 and signed the old admin), and an attacker's admin certificate
+/// made from what node2's disk held.
+pub(super) struct SharedCa {
+    old: PathBuf,
+    pub(super) clients: PathBuf,
+    before: PathBuf,
 }
 
 /// The bytes of `path` in STATE's ext4 on `disk` (`debugfs`, as from a stolen disk).
@@ -142,27 +153,21 @@ fn status_with(slate: &Path, certs: &Path, addr: &str, server_name: &str) -> Res
         .output()?)
 }
 
-/// The scenario; returns its summary.
-pub(super) fn stolen_node_and_migration(
-    prepared: &Prepared,
-    v: Victims<'_>,
-    work: &Path,
-) -> Result<String> {
-    let slate = &prepared.slate;
+/// Puts a configuration of the shared-CA shape onto the STATE of the powered-off `disk2` (one
+/// CA issues node2's serving certificate and the clients' certificates, as `slate gen certs`
+/// made it before issue 36), after checking that today's slate refuses to write it; then
+/// plays the attacker on that disk.
+pub(super) fn plant_shared_ca(slate: &Path, disk2: &Path, work: &Path) -> Result<SharedCa> {
     let work = &work.join("stolen");
     let _ = fs::remove_dir_all(work);
     fs::create_dir_all(work)?;
-    let node1_addr = format!("127.0.0.1:{}", v.node1.port);
-
-    // The old shape: one CA issues node2's serving certificate and the clients' certificates.
     let old = work.join("old-pki");
     run(Command::new(slate)
         .args(["gen", "certs", "--out"])
         .arg(&old))?;
     let read_old = |f: &str| fs::read_to_string(old.join(f));
-    let mut shared =
-        slate_machine_config::parse(&read_state_file(v.disk2, work, "/config/machine.toml")?)?
-            .config;
+    let installed = read_state_file(disk2, work, "/config/machine.toml")?;
+    let mut shared = slate_machine_config::parse(&installed)?.config;
     shared.api.ca_cert = read_old(slate_api::CLIENT_CA_CERT)?;
     shared.api.ca_key = read_old(slate_api::CLIENT_CA_KEY)?;
     shared.api.client_ca = read_old(slate_api::CLIENT_CA_CERT)?;
@@ -180,22 +185,19 @@ pub(super) fn stolen_node_and_migration(
         !refused.status.success() && why.contains("no node may hold a key that signs for others"),
         "config validate of a shared-CA configuration: {why}"
     );
-    plant_config(v.disk2, work, &shared_text)?;
-    // Old clients: the old CA verifies node2 and signed their certificates.
-    let old_clients = work.join("old-clients");
-    fs::create_dir_all(&old_clients)?;
+    plant_config(disk2, work, &shared_text)?;
+    let clients = work.join("old-clients");
+    fs::create_dir_all(&clients)?;
     fs::write(
-        old_clients.join(slate_api::CA_CERT),
+        clients.join(slate_api::CA_CERT),
         read_old(slate_api::CLIENT_CA_CERT)?,
     )?;
     for f in ["admin.crt", "admin.key"] {
-        fs::copy(old.join(f), old_clients.join(f))?;
+        fs::copy(old.join(f), clients.join(f))?;
     }
-
-    // Before: the key on node2's disk makes admin certificates node2 accepts.
+    // The attacker, before the migration: the key on node2's disk makes admin certificates.
     let harvested =
-        slate_machine_config::parse(&read_state_file(v.disk2, work, "/config/machine.toml")?)?
-            .config;
+        slate_machine_config::parse(&read_state_file(disk2, work, "/config/machine.toml")?)?.config;
     let before = work.join("attacker-before");
     forge(
         &before,
@@ -207,7 +209,30 @@ pub(super) fn stolen_node_and_migration(
         "attacker",
     )?;
     fs::write(before.join(slate_api::CA_CERT), &harvested.api.ca_cert)?;
-    let mut boot2 = running(v.vm2)?;
+    Ok(SharedCa {
+        old,
+        clients,
+        before,
+    })
+}
+
+/// The scenario on the booted node2; returns its summary.
+pub(super) fn stolen_node_and_migration(
+    prepared: &Prepared,
+    v: Victims<'_>,
+    shared: SharedCa,
+    work: &Path,
+) -> Result<String> {
+    let slate = &prepared.slate;
+    let work = &work.join("stolen");
+    let node1_addr = format!("127.0.0.1:{}", v.node1.port);
+    let SharedCa {
+        old,
+        clients: old_clients,
+        before,
+    } = shared;
+    let read_old = |f: &str| fs::read_to_string(old.join(f));
+    let mut boot2 = v.boot2;
     let node2_addr = format!("127.0.0.1:{}", v.vm2.api_port);
     let node2 = Node {
         prepared,
