@@ -6,16 +6,6 @@
 
 mod base_rootfs;
 mod bench;
-mod bench_apply;
-mod bench_apply_bare;
-mod bench_boot;
-mod bench_fleetlock;
-mod bench_operator;
-mod bench_pull;
-mod bench_reboot;
-mod bench_rootfs;
-mod bench_snapshot;
-mod bench_summary;
 mod kernel;
 mod registry;
 mod slate_static;
@@ -130,7 +120,7 @@ enum Task {
         /// named).
         only: Vec<String>,
         /// Simulated nodes for the operator benchmark.
-        #[arg(long, default_value_t = bench_summary::OPERATOR_NODES)]
+        #[arg(long, default_value_t = bench::summary::OPERATOR_NODES)]
         operator_nodes: usize,
     },
 }
@@ -148,14 +138,16 @@ fn main() -> Result<()> {
         Task::VmPrep => vm_test::prepare().map(drop),
         Task::VmTest { only } => vm_test::vm_test(&only),
         Task::Demo => vm_test::demo(),
-        Task::BenchRootfs => bench_rootfs::bench_rootfs().map(drop),
-        Task::BenchBoot => bench_boot::bench_boot().map(drop),
-        Task::BenchPull => bench_pull::bench_pull().map(drop),
-        Task::BenchReboot => bench_reboot::bench_reboot().map(drop),
-        Task::BenchApply => bench_apply::bench_apply().map(drop),
-        Task::BenchFleetlock { quick } => bench_fleetlock::bench_fleetlock(quick).map(drop),
-        Task::BenchOperator { nodes } => bench_operator::bench_operator(nodes).map(drop),
-        Task::BenchSnapshot { slate } => bench_snapshot::bench_snapshot(slate.as_deref()).map(drop),
+        Task::BenchRootfs => bench::rootfs::bench_rootfs().map(drop),
+        Task::BenchBoot => bench::boot::bench_boot().map(drop),
+        Task::BenchPull => bench::pull::bench_pull().map(drop),
+        Task::BenchReboot => bench::reboot::bench_reboot().map(drop),
+        Task::BenchApply => bench::apply::bench_apply().map(drop),
+        Task::BenchFleetlock { quick } => bench::fleetlock::bench_fleetlock(quick).map(drop),
+        Task::BenchOperator { nodes } => bench::operator::bench_operator(nodes).map(drop),
+        Task::BenchSnapshot { slate } => {
+            bench::snapshot::bench_snapshot(slate.as_deref()).map(drop)
+        }
         Task::Soak {
             upgrades,
             load_at,
@@ -170,6 +162,6 @@ fn main() -> Result<()> {
         Task::Bench {
             only,
             operator_nodes,
-        } => bench_summary::bench_all(&only, operator_nodes),
+        } => bench::summary::bench_all(&only, operator_nodes),
     }
 }

@@ -32,15 +32,15 @@ const ALL: [&str; 8] = [
 
 fn run_one(name: &str, operator_nodes: usize) -> Result<Vec<Comparison>> {
     match name {
-        "rootfs" => crate::bench_rootfs::bench_rootfs(),
-        "apply" => crate::bench_apply::bench_apply(),
-        "pull" => crate::bench_pull::bench_pull(),
-        "boot" => crate::bench_boot::bench_boot(),
-        "reboot" => crate::bench_reboot::bench_reboot(),
+        "rootfs" => crate::bench::rootfs::bench_rootfs(),
+        "apply" => crate::bench::apply::bench_apply(),
+        "pull" => crate::bench::pull::bench_pull(),
+        "boot" => crate::bench::boot::bench_boot(),
+        "reboot" => crate::bench::reboot::bench_reboot(),
         // The 1,000-id series: the 10,000-id ones add minutes and say the same.
-        "fleetlock" => crate::bench_fleetlock::bench_fleetlock(true),
-        "operator" => crate::bench_operator::bench_operator(operator_nodes),
-        "snapshot" => crate::bench_snapshot::bench_snapshot(None),
+        "fleetlock" => crate::bench::fleetlock::bench_fleetlock(true),
+        "operator" => crate::bench::operator::bench_operator(operator_nodes),
+        "snapshot" => crate::bench::snapshot::bench_snapshot(None),
         _ => bail!("no benchmark {name}: one of {}", ALL.join(", ")),
     }
 }

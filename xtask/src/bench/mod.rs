@@ -11,6 +11,17 @@
 //! baseline, slate, … so that a neighbour's burst of load falls on both sides rather than on
 //! whichever happened to run then.
 
+pub(crate) mod apply;
+mod apply_bare;
+pub(crate) mod boot;
+pub(crate) mod fleetlock;
+pub(crate) mod operator;
+pub(crate) mod pull;
+pub(crate) mod reboot;
+pub(crate) mod rootfs;
+pub(crate) mod snapshot;
+pub(crate) mod summary;
+
 use std::time::{Duration, Instant};
 
 use anyhow::Result;

@@ -107,7 +107,7 @@ impl Payload {
             File::create(target).with_context(|| format!("creating {}", target.display()))?;
         file.set_len(OFFSET + self.len as u64)?;
         drop(file);
-        super::bench_apply::sync_all()?;
+        super::apply::sync_all()?;
         let ((), hash) = stopwatch(verify)?;
         let ((), write) = stopwatch(|| self.write_direct(target))?;
         fs::remove_file(target).with_context(|| format!("removing {}", target.display()))?;

@@ -14,8 +14,8 @@ use std::process::Command;
 use anyhow::{ensure, Context, Result};
 use slate_bundle::{write_bundle, BlobInput, BundleSpec, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE};
 
+use crate::bench::apply_bare::Payload;
 use crate::bench::{noise, stopwatch, Bench, Comparison, Sample, Side};
-use crate::bench_apply_bare::Payload;
 use crate::util::{output, repo_root, run};
 use crate::vm_test::prepare;
 
