@@ -1,6 +1,7 @@
 //! Argument types more than one command takes. The `*_cmd` modules import these, never `cli.rs`,
 //! so the command modules and the top-level parser cannot depend on each other in a cycle.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
@@ -130,4 +131,29 @@ impl RegistryArgs {
             chunk_size: None,
         })
     }
+}
+
+/// `--tries`: a number within [`slate_bootspec::INSTALL_TRIES`], refused while the arguments
+/// are parsed, before anything is opened. 0 would mark the version bad before it boots, and a
+/// counter above `INT_MAX` is read as uncounted, so that version would never be rolled back.
+pub fn parse_tries(text: &str) -> Result<u32, String> {
+    let tries: u32 = text
+        .parse()
+        .map_err(|e| format!("{text:?} is not a number of boot-counting tries: {e}"))?;
+    slate_bootspec::check_install_tries(tries).map_err(|e| e.to_string())
+}
+
+/// A diff on stdout: its text, or its JSON (pretty, one value). `slate upgrade --check` prints
+/// with this too.
+pub fn print_diff(diff: &slate_bundle_diff::BundleDiff, output: OutputFormat) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    match output {
+        OutputFormat::Json => {
+            serde_json::to_writer_pretty(&mut out, diff)?;
+            writeln!(out)?;
+        }
+        OutputFormat::Text => out.write_all(slate_bundle_diff::render_text(diff).as_bytes())?,
+    }
+    out.flush()?;
+    Ok(())
 }

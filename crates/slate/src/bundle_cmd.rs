@@ -1,14 +1,13 @@
 //! `slate bundle diff A B`: what changed between two installer bundles, read offline
 //! (`slate_bundle_diff`). Parses, calls, prints; exits 0 whether or not the bundles differ.
 
-use std::io::Write as _;
 use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{Args, Subcommand};
-use slate_bundle_diff::{BundleDiff, Side};
+use slate_bundle_diff::Side;
 
-use crate::args::OutputFormat;
+use crate::args::{print_diff, OutputFormat};
 
 #[derive(Debug, Subcommand)]
 pub enum BundleCommand {
@@ -43,19 +42,4 @@ pub fn run(cmd: BundleCommand) -> Result<()> {
     let b = slate_bundle_diff::open(Side::B, &args.b, args.tag_b.as_deref())?;
     let diff = slate_bundle_diff::diff_bundles(&a, &b)?;
     print_diff(&diff, args.output)
-}
-
-/// A diff on stdout: its text, or its JSON (pretty, one value). `slate upgrade --check` prints
-/// with this too.
-pub fn print_diff(diff: &BundleDiff, output: OutputFormat) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    match output {
-        OutputFormat::Json => {
-            serde_json::to_writer_pretty(&mut out, diff)?;
-            writeln!(out)?;
-        }
-        OutputFormat::Text => out.write_all(slate_bundle_diff::render_text(diff).as_bytes())?,
-    }
-    out.flush()?;
-    Ok(())
 }

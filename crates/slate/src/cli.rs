@@ -2,6 +2,7 @@
 
 use std::ffi::OsString;
 use std::io::Write as _;
+use std::path::PathBuf;
 
 use anyhow::Result;
 use clap::{CommandFactory as _, Parser, Subcommand};
@@ -15,7 +16,7 @@ use crate::fleetlock_cmd::{self, FleetlockCommand};
 use crate::imager_cmd::{self, ImagerCommand};
 use crate::installer_cmd::{self, InstallerCommand};
 use crate::meta_cmd::{self, MetaCommand};
-use crate::node_cmd::{self, GenCommand};
+use crate::node_cmd;
 use crate::release_cmd::{self, ReleaseCommand};
 use crate::snapshot_cmd::{self, PoolArgs, SnapshotCommand};
 use crate::{config_cmd, transport_cmd, trust_cmd, upgrade_cmd};
@@ -132,7 +133,7 @@ pub enum Command {
     Rollback {
         /// Boot-counting tries for the previous version, 1 to 15 (the node's default, 3, when
         /// absent; systemd-boot only: GRUB boots it once).
-        #[arg(long, value_parser = crate::installer_cmd::parse_tries)]
+        #[arg(long, value_parser = crate::args::parse_tries)]
         tries: Option<u32>,
         #[arg(long, value_enum, default_value_t)]
         reboot_mode: RebootModeArg,
@@ -201,6 +202,38 @@ pub enum Command {
     },
 }
 
+#[derive(Debug, Subcommand)]
+pub enum GenCommand {
+    /// Make the fleet's two CAs — the client CA (admin/operator/reader certificates) and the
+    /// fleet CA (each node's own CA, `slate gen config`; the services' certificate) — and the
+    /// certificates made from them. Both CA keys stay with you, never on a node.
+    Certs {
+        #[arg(long)]
+        out: PathBuf,
+        /// Extra names (DNS or IP) of the services' certificate (`service.crt`: the rollout
+        /// operator, a FleetLock server with TLS), beside localhost.
+        #[arg(long = "san")]
+        sans: Vec<String>,
+        #[arg(long)]
+        dry_run: bool,
+    },
+    /// Print a machine configuration for one node (`--name`): its own CA, constrained to its
+    /// names, from the fleet CA of `--pki`.
+    Config(Box<config_cmd::GenConfigArgs>),
+    /// Make an owner's Secure Boot keys in a new directory: PK, KEK and db keys and
+    /// certificates, and the signed PK.auth, KEK.auth and db.auth a Secure Boot image enrols
+    /// (needs openssl and efitools). A profile then names them in `[secureboot]`.
+    SecurebootKeys {
+        #[arg(long)]
+        out: PathBuf,
+        /// The certificates' common-name prefix.
+        #[arg(long, default_value = "slate owner")]
+        name: String,
+        #[arg(long)]
+        dry_run: bool,
+    },
+}
+
 pub fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Meta(cmd) => meta_cmd::run(cmd),
@@ -209,7 +242,13 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Imager(cmd) => imager_cmd::run(cmd),
         Command::Machined => slate_machined::run(),
         Command::Installer(cmd) => installer_cmd::run(cmd),
-        Command::Gen(cmd) => node_cmd::gen(cmd),
+        Command::Gen(GenCommand::Certs { out, sans, dry_run }) => {
+            node_cmd::gen_certs(out, sans, dry_run)
+        }
+        Command::Gen(GenCommand::Config(args)) => config_cmd::gen_config(*args),
+        Command::Gen(GenCommand::SecurebootKeys { out, name, dry_run }) => {
+            node_cmd::gen_secureboot_keys(&out, &name, dry_run)
+        }
         Command::Keygen(args) => trust_cmd::keygen(args),
         Command::Sign(args) => trust_cmd::sign(args),
         Command::Verify(args) => trust_cmd::verify(args),

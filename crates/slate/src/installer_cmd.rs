@@ -8,6 +8,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, Result};
 use clap::{Args, Subcommand};
+
+use crate::args::parse_tries;
 use slate_installer::{
     InstallEvent, InstallRequest, Provenance, Trust, UpgradeEvent, UpgradeRequest,
 };
@@ -120,16 +122,6 @@ pub struct UpgradeArgs {
     secureboot_db: Option<PathBuf>,
     #[arg(long)]
     dry_run: bool,
-}
-
-/// `--tries`: a number within [`slate_bootspec::INSTALL_TRIES`], refused while the arguments
-/// are parsed, before anything is opened. 0 would mark the version bad before it boots, and a
-/// counter above `INT_MAX` is read as uncounted, so that version would never be rolled back.
-pub(crate) fn parse_tries(text: &str) -> Result<u32, String> {
-    let tries: u32 = text
-        .parse()
-        .map_err(|e| format!("{text:?} is not a number of boot-counting tries: {e}"))?;
-    slate_bootspec::check_install_tries(tries).map_err(|e| e.to_string())
 }
 
 pub fn run(cmd: InstallerCommand) -> Result<()> {

@@ -6,51 +6,12 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
-use clap::Subcommand;
 
 use crate::args::{NodeTarget, OutputFormat, RebootModeArg};
 use crate::wait::{Progress, Reporter, WaitArgs};
 
-#[derive(Debug, Subcommand)]
-pub enum GenCommand {
-    /// Make the fleet's two CAs — the client CA (admin/operator/reader certificates) and the
-    /// fleet CA (each node's own CA, `slate gen config`; the services' certificate) — and the
-    /// certificates made from them. Both CA keys stay with you, never on a node.
-    Certs {
-        #[arg(long)]
-        out: PathBuf,
-        /// Extra names (DNS or IP) of the services' certificate (`service.crt`: the rollout
-        /// operator, a FleetLock server with TLS), beside localhost.
-        #[arg(long = "san")]
-        sans: Vec<String>,
-        #[arg(long)]
-        dry_run: bool,
-    },
-    /// Print a machine configuration for one node (`--name`): its own CA, constrained to its
-    /// names, from the fleet CA of `--pki`.
-    Config(Box<crate::config_cmd::GenConfigArgs>),
-    /// Make an owner's Secure Boot keys in a new directory: PK, KEK and db keys and
-    /// certificates, and the signed PK.auth, KEK.auth and db.auth a Secure Boot image enrols
-    /// (needs openssl and efitools). A profile then names them in `[secureboot]`.
-    SecurebootKeys {
-        #[arg(long)]
-        out: PathBuf,
-        /// The certificates' common-name prefix.
-        #[arg(long, default_value = "slate owner")]
-        name: String,
-        #[arg(long)]
-        dry_run: bool,
-    },
-}
-
-pub fn gen(cmd: GenCommand) -> Result<()> {
-    let (out, sans, dry_run) = match cmd {
-        GenCommand::Certs { out, sans, dry_run } => (out, sans, dry_run),
-        GenCommand::Config(args) => return crate::config_cmd::gen_config(*args),
-        GenCommand::SecurebootKeys { out, name, dry_run } => {
-            return gen_secureboot_keys(&out, &name, dry_run)
-        }
-    };
+/// `slate gen certs`.
+pub fn gen_certs(out: PathBuf, sans: Vec<String>, dry_run: bool) -> Result<()> {
     if dry_run {
         println!(
             "would write the client CA, the fleet CA, the service certificate ({}) and \
@@ -85,7 +46,8 @@ fn secure_boot_line(sb: &slate_api::SecureBootStatus) -> String {
     }
 }
 
-fn gen_secureboot_keys(out: &std::path::Path, name: &str, dry_run: bool) -> Result<()> {
+/// `slate gen secureboot-keys`.
+pub fn gen_secureboot_keys(out: &std::path::Path, name: &str, dry_run: bool) -> Result<()> {
     if dry_run {
         println!(
             "would write {} to {} (certificates \"{name} PK|KEK|db\")",

@@ -150,33 +150,6 @@ fn version_tag(repository: &Reference, version: &str) -> Result<Reference> {
     })
 }
 
-/// Refuse a bundle without a signature over its manifest digest. Which key signed it is the
-/// nodes' business (their trusted keys); here only its presence and binding are checked.
-fn check_signed(bundle: &Bundle) -> Result<()> {
-    let digest = bundle.manifest_digest();
-    let layers = bundle
-        .signatures()
-        .with_context(|| format!("reading the signatures of {}", bundle.dir().display()))?;
-    let Some(layers) = layers else {
-        bail!(
-            "{} is not signed (no {} in its layout): sign it with `slate sign`, or publish it \
-             with --allow-unsigned --unofficial",
-            bundle.dir().display(),
-            slate_bundle::signature_tag_of(bundle.digest())
-        );
-    };
-    let binding = layers.iter().any(|layer| {
-        slate_trust::Payload::parse(&layer.payload).is_ok_and(|p| p.manifest_digest() == digest)
-    });
-    if !binding {
-        bail!(
-            "no signature of {} names its manifest {digest}",
-            bundle.dir().display()
-        );
-    }
-    Ok(())
-}
-
 fn published_text(version: &str, outcome: &Published, channel: Channel) -> String {
     match outcome {
         Published::New => format!("{version}: new in {channel}"),
@@ -282,7 +255,12 @@ fn publish(args: PublishArgs) -> Result<()> {
             bail!("an unsigned bundle is not an official release: add --unofficial");
         }
     } else {
-        check_signed(&bundle)?;
+        slate_trust::check_signature_present(&bundle).with_context(|| {
+            format!(
+                "{}: sign it with `slate sign`, or publish it with --allow-unsigned --unofficial",
+                bundle.dir().display()
+            )
+        })?;
     }
     let release = Release {
         version: version.clone(),

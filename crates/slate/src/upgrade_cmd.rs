@@ -37,7 +37,7 @@ pub struct UpgradeArgs {
     #[arg(long)]
     pub stage: bool,
     /// Boot-counting tries for the new version, 1 to 15 (the node's default, 3, when absent).
-    #[arg(long, value_parser = crate::installer_cmd::parse_tries)]
+    #[arg(long, value_parser = crate::args::parse_tries)]
     pub tries: Option<u32>,
     /// Allow an older version (the node's version floor still applies).
     #[arg(long)]
@@ -164,7 +164,7 @@ fn check(target: &NodeTarget, args: &UpgradeArgs) -> Result<()> {
     };
     let target_summary = slate_bundle_diff::inspect(slate_bundle_diff::Side::B, &bundle)?;
     let diff = slate_bundle_diff::diff(&running, &target_summary);
-    crate::bundle_cmd::print_diff(&diff, args.output)
+    crate::args::print_diff(&diff, args.output)
 }
 
 pub fn run(target: &NodeTarget, args: UpgradeArgs) -> Result<()> {

@@ -36,8 +36,8 @@ pub use keys::{
 pub use payload::{Critical, Identity, Image, Payload, COSIGN_SIGNATURE_TYPE};
 pub use policy::{check_update, NodeFacts, PolicyError, UpdateKind};
 pub use verify::{
-    decode_signature, sign, signature_for, signature_over, verify, verify_blobs, verify_layer,
-    Verified,
+    check_signature_present, decode_signature, sign, signature_for, signature_over, verify,
+    verify_blobs, verify_layer, Verified,
 };
 
 /// The file name `key` has in a directory of trusted keys: `<full key id>.pub` (the directory
@@ -85,6 +85,8 @@ pub enum TrustError {
         signed: String,
         bundle: String,
     },
+    #[error("no signature of the bundle names its manifest {digest}")]
+    Unbound { digest: String },
     #[error("the signature payload is malformed: {reason}")]
     MalformedPayload { reason: String },
     #[error("the signature is malformed: {reason}")]

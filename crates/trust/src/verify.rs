@@ -90,6 +90,30 @@ pub fn verify(bundle: &Bundle, trusted: &[PublicKey]) -> Result<Verified, TrustE
     })
 }
 
+/// Whether the bundle carries a signature bound to its manifest digest, whoever made it: what a
+/// publisher checks before a release goes up (which keys to trust is each node's to say, in
+/// [`verify`]). Refused: no signature manifest for the digest ([`TrustError::Unsigned`]), or
+/// none of its payloads naming the digest ([`TrustError::Unbound`]).
+pub fn check_signature_present(bundle: &Bundle) -> Result<(), TrustError> {
+    let digest = bundle.manifest_digest();
+    let Some(layers) = bundle.signatures()? else {
+        return Err(TrustError::Unsigned {
+            tag: slate_bundle::signature_tag_of(bundle.digest()),
+            others: bundle.signature_tags()?,
+        });
+    };
+    let bound = layers
+        .iter()
+        .any(|layer| Payload::parse(&layer.payload).is_ok_and(|p| p.manifest_digest() == digest));
+    if bound {
+        Ok(())
+    } else {
+        Err(TrustError::Unbound {
+            digest: digest.to_owned(),
+        })
+    }
+}
+
 /// Check one stored signature of the manifest `digest` against `trusted`.
 pub fn verify_layer(
     layer: &SignatureLayer,
