@@ -81,6 +81,21 @@ impl Refusal {
     }
 }
 
+/// A refusal as a client reads it off a server: `{"kind":…,"value":…}` with any kind (airlock
+/// and other servers name kinds slate's does not). What slate's update agent parses.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Deserialize)]
+pub struct ReceivedRefusal {
+    pub kind: String,
+    pub value: String,
+}
+
+impl ReceivedRefusal {
+    /// The refusal in `body`, when it is one.
+    pub fn parse(body: &[u8]) -> Option<Self> {
+        serde_json::from_slice(body).ok()
+    }
+}
+
 impl From<RouteError> for Refusal {
     fn from(e: RouteError) -> Self {
         match e {

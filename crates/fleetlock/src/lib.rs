@@ -22,7 +22,7 @@ pub mod semaphore;
 pub mod service;
 pub mod store;
 
-pub use answer::{Answer, ErrorKind, Refusal};
+pub use answer::{Answer, ErrorKind, ReceivedRefusal, Refusal};
 pub use groups::{GroupSpec, Groups, GroupsError};
 pub use record::{encode_record, parse_record, RecordError};
 pub use request::{

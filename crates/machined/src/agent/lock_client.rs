@@ -3,15 +3,14 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
-
-const PROTOCOL_HEADER: &str = "fleet-lock-protocol";
+use slate_fleetlock::request::{PROTOCOL_HEADER, PROTOCOL_HEADER_VALUE};
+use slate_fleetlock::{ClientId, ClientParams, GroupName, Operation, ReceivedRefusal};
 
 #[derive(Debug)]
 pub struct LockClient {
     agent: ureq::Agent,
     server: String,
-    body: String,
+    body: Vec<u8>,
 }
 
 /// Why a lock or unlock did not succeed.
@@ -22,12 +21,6 @@ pub enum LockError {
     Refused { kind: String, value: String },
     #[error("lock server {server}: {reason}")]
     Unreachable { server: String, reason: String },
-}
-
-#[derive(Deserialize)]
-struct ErrorBody {
-    kind: String,
-    value: String,
 }
 
 /// Mutual TLS toward the lock server (PEM): the roots its certificate must chain to, and the
@@ -71,26 +64,30 @@ impl LockClient {
                 .build();
             config = config.tls_config(tls_config);
         }
-        let body = serde_json::json!({ "client_params": { "id": id, "group": group } });
+        // The protocol's own rules, before anything is sent.
+        let params = ClientParams {
+            id: ClientId::new(id).map_err(|e| format!("the node name as a FleetLock id: {e}"))?,
+            group: GroupName::new(group).map_err(|e| format!("update.lock_group: {e}"))?,
+        };
         Ok(LockClient {
             agent: ureq::Agent::new_with_config(config.build()),
             server: server.trim_end_matches('/').to_owned(),
-            body: body.to_string(),
+            body: slate_fleetlock::encode_body(&params),
         })
     }
 
     /// `POST /v1/pre-reboot`: take a slot (idempotent for the same id).
     pub fn lock(&self) -> Result<(), LockError> {
-        self.post("/v1/pre-reboot")
+        self.post(Operation::Lock)
     }
 
     /// `POST /v1/steady-state`: give the slot back (idempotent; fine when none is held).
     pub fn unlock(&self) -> Result<(), LockError> {
-        self.post("/v1/steady-state")
+        self.post(Operation::Unlock)
     }
 
-    fn post(&self, path: &str) -> Result<(), LockError> {
-        let url = format!("{}{path}", self.server);
+    fn post(&self, operation: Operation) -> Result<(), LockError> {
+        let url = format!("{}{}", self.server, operation.path());
         let unreachable = |reason: String| LockError::Unreachable {
             server: self.server.clone(),
             reason,
@@ -98,9 +95,9 @@ impl LockClient {
         let mut response = self
             .agent
             .post(&url)
-            .header(PROTOCOL_HEADER, "true")
+            .header(PROTOCOL_HEADER, PROTOCOL_HEADER_VALUE)
             .content_type("application/json")
-            .send(self.body.as_bytes())
+            .send(&self.body[..])
             .map_err(|e| unreachable(e.to_string()))?;
         let status = response.status();
         if status.as_u16() == 200 {
@@ -112,12 +109,12 @@ impl LockClient {
             .limit(64 * 1024)
             .read_to_string()
             .unwrap_or_default();
-        match serde_json::from_str::<ErrorBody>(&text) {
-            Ok(body) => Err(LockError::Refused {
-                kind: body.kind,
-                value: body.value,
+        match ReceivedRefusal::parse(text.as_bytes()) {
+            Some(refusal) => Err(LockError::Refused {
+                kind: refusal.kind,
+                value: refusal.value,
             }),
-            Err(_) => Err(unreachable(format!(
+            None => Err(unreachable(format!(
                 "answered {status} without a FleetLock error body"
             ))),
         }
@@ -207,7 +204,7 @@ mod tests {
             &trust.ca_key,
             &key,
             "node-a",
-            std::time::Duration::from_secs(600),
+            Duration::from_secs(600),
         )
         .unwrap();
         let tls = LockTls {
