@@ -266,7 +266,7 @@ pub fn issue_client_cert(
     common_name: &str,
     validity: Duration,
 ) -> Result<String, CertError> {
-    let (ca, ca_key) = crate::identity::load_ca(client_ca_pem, client_ca_key_pem)?;
+    let (ca, ca_key) = load_ca(client_ca_pem, client_ca_key_pem)?;
     let key = KeyPair::from_pem(key_pem).map_err(|e| CertError::Invalid {
         what: "client key".into(),
         reason: e.to_string(),
@@ -282,4 +282,23 @@ pub fn issue_client_cert(
     p.key_usages = vec![KeyUsagePurpose::DigitalSignature];
     p.use_authority_key_identifier_extension = true;
     Ok(p.signed_by(&key, &ca, &ca_key)?.pem())
+}
+
+/// The CA as an issuer rcgen can sign with: same subject and key as the CA certificate.
+pub(crate) fn load_ca(
+    ca_cert_pem: &str,
+    ca_key_pem: &str,
+) -> Result<(Certificate, KeyPair), CertError> {
+    let ca_key = KeyPair::from_pem(ca_key_pem).map_err(|e| rcgen_invalid("CA key", e))?;
+    let ca = CertificateParams::from_ca_cert_pem(ca_cert_pem)
+        .map_err(|e| rcgen_invalid("CA certificate", e))?
+        .self_signed(&ca_key)?;
+    Ok((ca, ca_key))
+}
+
+fn rcgen_invalid(what: &str, e: rcgen::Error) -> CertError {
+    CertError::Invalid {
+        what: what.to_owned(),
+        reason: e.to_string(),
+    }
 }

@@ -5,14 +5,11 @@
 
 use std::time::SystemTime;
 
-use rcgen::{
-    CertificateParams, ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose,
-    PKCS_ECDSA_P256_SHA256,
-};
+use rcgen::{ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, PKCS_ECDSA_P256_SHA256};
 use rustls_pki_types::CertificateDer;
 use sha2::Digest as _;
 
-use crate::certs::{params, san_types, CertError, DAY, LONG_VALIDITY};
+use crate::certs::{load_ca, params, san_types, CertError, DAY, LONG_VALIDITY};
 use crate::tls::parse_certs;
 
 /// A new ECDSA P-256 private key as PKCS#8 PEM.
@@ -79,18 +76,6 @@ fn invalid(what: &str, e: rcgen::Error) -> CertError {
         what: what.to_owned(),
         reason: e.to_string(),
     }
-}
-
-/// The CA as an issuer rcgen can sign with: same subject and key as the CA certificate.
-pub(crate) fn load_ca(
-    ca_cert_pem: &str,
-    ca_key_pem: &str,
-) -> Result<(rcgen::Certificate, KeyPair), CertError> {
-    let ca_key = KeyPair::from_pem(ca_key_pem).map_err(|e| invalid("CA key", e))?;
-    let ca = CertificateParams::from_ca_cert_pem(ca_cert_pem)
-        .map_err(|e| invalid("CA certificate", e))?
-        .self_signed(&ca_key)?;
-    Ok((ca, ca_key))
 }
 
 /// The node `node`'s client certificate for `key_pem` (clientAuth, CN and DNS name `node`, no

@@ -20,8 +20,7 @@ use rcgen::{
     KeyUsagePurpose, NameConstraints, PKCS_ECDSA_P256_SHA256,
 };
 
-use crate::certs::{params, CertError, LONG_VALIDITY};
-use crate::identity::load_ca;
+use crate::certs::{load_ca, params, CertError, LONG_VALIDITY};
 
 /// The issuing CA of the node `node` (certificate PEM, key PEM), from the fleet CA
 /// `fleet_ca_cert_pem`/`fleet_ca_key_pem`, constrained to `names` (DNS names and IP

@@ -14,7 +14,7 @@ use std::process::Command;
 use anyhow::{ensure, Context, Result};
 use slate_bundle::{write_bundle, BlobInput, BundleSpec, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE};
 
-use crate::bench::apply_bare::Payload;
+use super::apply_bare::{sync_all, Payload};
 use crate::bench::{noise, stopwatch, Bench, Comparison, Sample, Side};
 use crate::util::{output, repo_root, run};
 use crate::vm_test::prepare;
@@ -35,11 +35,6 @@ fn bench_profile(dir: &Path) -> Result<std::path::PathBuf> {
     let path = dir.join("bench-apply.toml");
     fs::write(&path, text)?;
     Ok(path)
-}
-
-/// Flushes the whole system: untimed, before each timed part.
-pub(crate) fn sync_all() -> Result<()> {
-    run(&mut Command::new("sync"))
 }
 
 /// The bundle with the payload as its UKI, and the payload alone as a plain file.
