@@ -270,6 +270,14 @@ fn describe(err: &rustls::Error) -> String {
             "the node refused the TLS handshake ({alert:?}): the client certificate is not \
              accepted (is it signed by the node's CA, and still valid?)"
         ),
+        // webpki's NameConstraintViolation comes wrapped in `Other`; its Debug names it.
+        rustls::Error::InvalidCertificate(e)
+            if format!("{e:?}").contains("NameConstraintViolation") =>
+        {
+            "the node's certificate is not trusted: its issuing CA may not certify that name \
+             (X.509 name constraints): another node's CA, or the wrong --server-name"
+                .to_owned()
+        }
         rustls::Error::InvalidCertificate(e) => {
             format!("the node's certificate is not trusted: {e}")
         }

@@ -400,7 +400,9 @@ pub(super) fn stolen_node_and_migration(
         .port();
     let mut impostor = Command::new("openssl")
         .args(["s_server", "-quiet", "-accept", &port.to_string(), "-cert"])
-        .arg(impostor_dir.join("server.crt"))
+        .arg(impostor_dir.join("forged.crt"))
+        .arg("-cert_chain")
+        .arg(impostor_dir.join("stolen-ca.crt"))
         .arg("-key")
         .arg(impostor_dir.join("server.key"))
         .stdout(std::process::Stdio::null())
@@ -418,8 +420,8 @@ pub(super) fn stolen_node_and_migration(
     let out = out?;
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     ensure!(
-        !out.status.success() && err.contains("not trusted"),
-        "a certificate for node1 under node2's CA is refused by slate: {err}"
+        !out.status.success() && err.contains("(X.509 name constraints)"),
+        "a certificate for node1 under node2's CA is refused by slate for its name: {err}"
     );
     Ok(format!(
         "node2 with a shared-CA configuration warned ({warned:.60}…) and a forged admin was \
