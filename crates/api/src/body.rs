@@ -5,6 +5,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use hyper::body::{Body as HttpBody, Bytes, Frame, SizeHint};
+use hyper::header::{HeaderValue, CONTENT_TYPE};
+use hyper::{Response, StatusCode};
 use tokio::sync::mpsc;
 
 #[derive(Debug)]
@@ -91,4 +93,16 @@ where
         buf.extend_from_slice(&chunk);
     }
     Ok(buf)
+}
+
+pub(crate) fn response(
+    status: StatusCode,
+    content_type: &'static str,
+    body: Body,
+) -> Response<Body> {
+    let mut r = Response::new(body);
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r
 }

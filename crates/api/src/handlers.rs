@@ -12,10 +12,10 @@ use serde::de::DeserializeOwned;
 use tokio::sync::mpsc;
 
 use crate::backend::{BackendError, LineStream, NodeBackend};
-use crate::body::Body;
+use crate::body::{response, Body};
 use crate::http::{
     admit, backend_error, blocking, body_reject, drain, drain_paced, json, limits, read_body,
-    reply, response, too_large, Answer, Reject, Site, DRAIN_REFUSED,
+    reply, too_large, Answer, Reject, Site, DRAIN_REFUSED,
 };
 use crate::pace::Paced;
 use crate::routes::{self, Endpoint, Route, ROUTES};

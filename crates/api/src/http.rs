@@ -10,12 +10,12 @@ use std::pin::Pin;
 use std::sync::Arc;
 
 use hyper::body::Incoming;
-use hyper::header::{HeaderValue, ALLOW, CONTENT_TYPE};
+use hyper::header::{HeaderValue, ALLOW};
 use hyper::{Request, Response, StatusCode};
 use serde::Serialize;
 
 use crate::backend::BackendError;
-use crate::body::Body;
+use crate::body::{response, Body};
 use crate::limits::Limits;
 use crate::logq::{for_log, LogQueue, MAX_LOGGED_FIELD};
 use crate::pace::{BodyError, Paced};
@@ -305,16 +305,4 @@ pub(crate) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body
         ),
     };
     response(status, "application/json", Body::full(body))
-}
-
-pub(crate) fn response(
-    status: StatusCode,
-    content_type: &'static str,
-    body: Body,
-) -> Response<Body> {
-    let mut r = Response::new(body);
-    *r.status_mut() = status;
-    r.headers_mut()
-        .insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-    r
 }

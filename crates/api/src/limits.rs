@@ -17,8 +17,8 @@ use hyper::service::service_fn;
 use hyper::{Response, StatusCode};
 use hyper_util::rt::{TokioIo, TokioTimer};
 
+use crate::body::response;
 use crate::body::Body;
-use crate::http::response;
 
 /// The largest request head (request line and headers) hyper buffers: a 400 KB method is
 /// refused by the parser (431) instead of being kept, logged and echoed. Also the largest

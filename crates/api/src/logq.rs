@@ -9,8 +9,6 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{sync_channel, SyncSender, TrySendError};
 use std::sync::Arc;
 
-use crate::http::Site;
-
 /// Lines waiting for the logging thread; more are dropped (and counted).
 pub const LOG_QUEUE: usize = 256;
 /// The longest line the server logs, in bytes (before the site's own prefix).
@@ -27,7 +25,8 @@ pub(crate) struct LogQueue {
 
 impl LogQueue {
     /// Starts the logging thread; it ends when every `LogQueue` of this server is dropped.
-    pub(crate) fn start(site: Arc<dyn Site>) -> std::io::Result<Self> {
+    /// `log` is the site's `log_api`, called on that thread one line at a time.
+    pub(crate) fn start(log: Arc<dyn Fn(&str) + Send + Sync>) -> std::io::Result<Self> {
         let (tx, rx) = sync_channel::<String>(LOG_QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
         let counted = dropped.clone();
@@ -35,10 +34,10 @@ impl LogQueue {
             .name("slate-api-log".into())
             .spawn(move || {
                 for line in rx {
-                    site.log_api(&line);
+                    log(&line);
                     let lost = counted.swap(0, Ordering::Relaxed);
                     if lost > 0 {
-                        site.log_api(&format!(
+                        log(&format!(
                             "api: {lost} log lines dropped: the log could not keep up"
                         ));
                     }
@@ -92,12 +91,7 @@ mod tests {
     use std::sync::Mutex;
     use std::time::{Duration, Instant};
 
-    use hyper::body::Incoming;
-    use hyper::Request;
-
     use super::*;
-    use crate::http::Answer;
-    use crate::types::Caller;
 
     #[test]
     fn client_text_is_escaped_and_cut_with_its_length() {
@@ -115,23 +109,18 @@ mod tests {
         assert_eq!(cut, "\\n\\n\\n\\n…(1000 bytes)");
     }
 
-    /// A site whose log is as slow as a serial console.
     struct Slow(Mutex<Vec<String>>);
-
-    impl Site for Slow {
-        fn respond(self: Arc<Self>, _: Request<Incoming>, _: Option<Caller>) -> Answer {
-            unreachable!()
-        }
-        fn log_api(&self, message: &str) {
-            std::thread::sleep(Duration::from_millis(5));
-            self.0.lock().unwrap().push(message.to_owned());
-        }
-    }
 
     #[test]
     fn a_slow_log_never_holds_the_caller_and_counts_what_it_dropped() {
+        // A log as slow as a serial console.
         let site = Arc::new(Slow(Mutex::default()));
-        let log = LogQueue::start(site.clone()).unwrap();
+        let slow = site.clone();
+        let log = LogQueue::start(Arc::new(move |message: &str| {
+            std::thread::sleep(Duration::from_millis(5));
+            slow.0.lock().unwrap().push(message.to_owned());
+        }))
+        .unwrap();
         let started = Instant::now();
         for i in 0..LOG_QUEUE * 4 {
             log.push(format!("line {i} {}", "x".repeat(10 * MAX_LOG_LINE)));

@@ -371,7 +371,9 @@ impl Listening {
             )?)),
         };
         let tls = tls::server_config(trust.clone(), &config.cert_pem, &config.key_pem)?;
-        let log = LogQueue::start(site.clone()).map_err(ServerError::Runtime)?;
+        let logged = site.clone();
+        let log = LogQueue::start(Arc::new(move |line: &str| logged.log_api(line)))
+            .map_err(ServerError::Runtime)?;
         Ok(Listening {
             acceptor: TlsAcceptor::from(Arc::new(tls)),
             served: Arc::new(Served {

@@ -317,3 +317,13 @@ pub fn build_uki(inputs: &Inputs, initramfs: &[u8]) -> Result<Vec<u8>, ImagerErr
         .sbat(UKI_SBAT_LINE)
         .build()?)
 }
+
+/// A profile size in bytes. A parsed profile's sizes are bounded so that this never fails; the
+/// conversion is checked all the same, because a size that wrapped around would build an image
+/// of the wrong size without a word.
+pub(crate) fn in_bytes(size: Result<u64, slate_profile::ProfileError>) -> Result<u64, ImagerError> {
+    size.map_err(|e| ImagerError::BadInput {
+        what: "profile",
+        reason: e.to_string(),
+    })
+}

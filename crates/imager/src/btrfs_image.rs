@@ -36,7 +36,9 @@ use slate_snapshot::grub_menu::{MenuEntry, MENU_PATH};
 use slate_snapshot::{esp, fstab, grub, validate, SnapshotName};
 use slate_snapshot_engine::tree;
 
-use crate::artifacts::{assemble_root, build_initramfs, compress_initramfs, write_generated};
+use crate::artifacts::{
+    assemble_root, build_initramfs, compress_initramfs, in_bytes, write_generated,
+};
 use crate::{ImagerError, Inputs, Progress};
 
 /// The smallest pool slate lays out, in MiB: mkfs.btrfs 6.2 refuses devices under 109 MiB
@@ -187,9 +189,7 @@ fn disk_layout(inputs: &Inputs) -> Result<DiskLayout, ImagerError> {
             PartitionSpec {
                 label: EFI_LABEL.into(),
                 type_guid: ESP_TYPE,
-                size: PartitionSize::Bytes(crate::build::in_bytes(
-                    inputs.profile.image.esp_bytes(),
-                )?),
+                size: PartitionSize::Bytes(in_bytes(inputs.profile.image.esp_bytes())?),
                 attributes: 0,
             },
             PartitionSpec {
@@ -305,7 +305,7 @@ pub(crate) fn build(
     let snap = first_snapshot(inputs);
     let uuid = pool_uuid(&inputs.image_id());
     let layout = disk_layout(inputs)?;
-    let disk_len = crate::build::in_bytes(p.image.size_bytes())?;
+    let disk_len = in_bytes(p.image.size_bytes())?;
     let placed = layout.place(disk_len).map_err(BtrfsImageError::from)?;
     let part = |label: &str| -> Result<PlacedPartition, ImagerError> {
         placed

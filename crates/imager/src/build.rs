@@ -9,7 +9,7 @@ use slate_installer::{write_grub_image, write_image, GrubImagePlan, ImagePlan};
 use slate_layout::LayoutParams;
 
 use crate::artifacts::{
-    build_cmdline, build_initramfs, build_rootfs, build_uki, compress_initramfs, uki_name,
+    build_cmdline, build_initramfs, build_rootfs, build_uki, compress_initramfs, in_bytes, uki_name,
 };
 use crate::output::PendingOutput;
 use crate::{ImagerError, Inputs, OutputKind, Progress};
@@ -323,15 +323,5 @@ fn layout_params(profile: &slate_profile::Profile) -> Result<LayoutParams, Image
         esp_size: in_bytes(profile.image.esp_bytes())?,
         state_size: in_bytes(profile.image.state_bytes())?,
         ..LayoutParams::default()
-    })
-}
-
-/// A profile size in bytes. A parsed profile's sizes are bounded so that this never fails; the
-/// conversion is checked all the same, because a size that wrapped around would build an image
-/// of the wrong size without a word.
-pub(crate) fn in_bytes(size: Result<u64, slate_profile::ProfileError>) -> Result<u64, ImagerError> {
-    size.map_err(|e| ImagerError::BadInput {
-        what: "profile",
-        reason: e.to_string(),
     })
 }

@@ -7,7 +7,6 @@ use slate_machine_config::minutes_until_open;
 
 use crate::policy::Policy;
 use crate::rollout::{Rollout, Step};
-use crate::tick::GroupTick;
 use crate::waves::PolicyView;
 
 /// One policy's running totals over its members in a group, kept up to date as the tick
@@ -24,8 +23,13 @@ pub(crate) struct Counts {
 }
 
 impl Counts {
-    pub(crate) fn of(view: &PolicyView<'_>, rollout: &Rollout, g: &GroupTick<'_, '_>) -> Counts {
-        let now = g.t.now;
+    /// The counts of `view`'s members at `now`; `up`: whether a node reports, healthy and idle.
+    pub(crate) fn of(
+        view: &PolicyView<'_>,
+        rollout: &Rollout,
+        now: u64,
+        up: impl Fn(&str) -> bool,
+    ) -> Counts {
         let mut unavailable = 0;
         let mut healthy_up = 0;
         for id in &view.members {
@@ -33,10 +37,7 @@ impl Counts {
                 rollout.nodes.get(*id).map(|p| &p.step),
                 Some(Step::Upgrading { .. })
             );
-            let up = g
-                .record(id)
-                .is_some_and(|rec| !g.stale(rec) && rec.report.healthy && !rec.report.busy);
-            if upgrading || !up {
+            if upgrading || !up(id) {
                 unavailable += 1;
             } else {
                 healthy_up += 1;

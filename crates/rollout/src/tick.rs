@@ -401,7 +401,13 @@ impl<'t, 'd> GroupTick<'t, 'd> {
         let mut counts: Vec<Counts> = self
             .views
             .iter()
-            .map(|v| Counts::of(v, rollout, self))
+            .map(|v| {
+                Counts::of(v, rollout, self.t.now, |id| {
+                    self.record(id).is_some_and(|rec| {
+                        !self.stale(rec) && rec.report.healthy && !rec.report.busy
+                    })
+                })
+            })
             .collect();
         let mut candidates: Vec<&NodeRecord> = self
             .covered

@@ -20,12 +20,9 @@ use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
 use slate_bundle::{is_signature_tag, signature_tag_of, Digest};
 
-use crate::layout::{check_writable, parse_digest, tag_of, INCOMING};
+use crate::layout::{check_writable, parse_digest, tag_of, INCOMING, LOCK_FILE};
 use crate::source::LayoutSource;
 use crate::{PlannedBlob, TransportError};
-
-/// The lock file in a layout that slate writes.
-pub(crate) const LOCK_FILE: &str = ".lock";
 
 /// How many pulled images [`gc`] keeps unless told otherwise.
 pub const DEFAULT_KEEP: usize = 3;

@@ -279,14 +279,14 @@ impl Layout {
     }
 }
 
+/// The lock file in a layout that slate writes.
+pub(crate) const LOCK_FILE: &str = ".lock";
+
 /// A directory a layout may be written into: missing, empty, a layout (it has `oci-layout`), or
 /// one slate is making a layout of (it has the lock file, created only in such directories), so
 /// a mistyped path never gets blobs sprinkled into it.
 pub(crate) fn check_writable(dir: &Path) -> Result<(), TransportError> {
-    if !dir.is_dir()
-        || dir.join("oci-layout").exists()
-        || dir.join(crate::cache::LOCK_FILE).exists()
-    {
+    if !dir.is_dir() || dir.join("oci-layout").exists() || dir.join(LOCK_FILE).exists() {
         return Ok(());
     }
     let mut entries = fs::read_dir(dir).map_err(TransportError::io(dir))?;

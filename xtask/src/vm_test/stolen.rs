@@ -1,7 +1,7 @@
 //! Issue 36 on real nodes: a node whose STATE holds a configuration of the shared-CA shape (as
 //! an older slate wrote it) warns, is migrated with `apply-config` to its own name-constrained
-//! CA, and an attacker who takes its disk before and after is replayed — with openssl, as an
-//! attacker would, against slate's own CLI and node1's real API.
+//! CA, and an attacker who takes its disk before and after is replayed against slate's own CLI,
+//! node1's real API and an `openssl s_server` impostor.
 
 use std::time::Instant;
 
@@ -80,59 +80,42 @@ fn plant_config(disk: &Path, work: &Path, text: &str) -> Result<()> {
     Ok(())
 }
 
-/// What an attacker makes with openssl of a CA read off a disk: a key and a certificate under
-/// `ca_cert`/`ca_key` with `subject`, `eku` and the DNS `san`, chained with the CA, in `dir`
-/// as `NAME.crt`/`NAME.key`.
+/// What an attacker makes of a CA read off a disk: a key and a certificate under
+/// `ca_cert`/`ca_key` for the DNS name `san` — a client's with `O=os:<role>` when `role` is
+/// given, else a server's —, valid from a day back (a guest's clock may lag the host's), in
+/// `dir` as `forged.crt` (alone) and `NAME.crt` (with the CA after it), `NAME.key`, and the CA
+/// as `stolen-ca.crt`. rcgen, not slate's issuing code, which keeps to the constraints.
 fn forge(
     dir: &Path,
     name: &str,
     ca_cert: &str,
     ca_key: &str,
-    subject: &str,
-    eku: &str,
+    role: Option<&str>,
     san: &str,
 ) -> Result<()> {
+    use rcgen::{CertificateParams, DnType, ExtendedKeyUsagePurpose, KeyPair};
     fs::create_dir_all(dir)?;
-    let path = |file: &str| dir.join(file);
-    fs::write(path("stolen-ca.crt"), ca_cert)?;
-    fs::write(path("stolen-ca.key"), ca_key)?;
-    fs::write(
-        path("ext.cnf"),
-        format!("extendedKeyUsage={eku}\nsubjectAltName=DNS:{san}\nbasicConstraints=CA:FALSE\n"),
-    )?;
-    let key = path(&format!("{name}.key"));
-    run(Command::new("openssl")
-        .args([
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:P-256",
-            "-out",
-        ])
-        .arg(&key))?;
-    let csr = path("forged.csr");
-    run(Command::new("openssl")
-        .args(["req", "-new", "-subj", subject, "-key"])
-        .arg(&key)
-        .arg("-out")
-        .arg(&csr))?;
-    let cert = path("forged.crt");
-    run(Command::new("openssl")
-        .args(["x509", "-req", "-days", "1", "-set_serial", "7", "-in"])
-        .arg(&csr)
-        .arg("-CA")
-        .arg(path("stolen-ca.crt"))
-        .arg("-CAkey")
-        .arg(path("stolen-ca.key"))
-        .arg("-extfile")
-        .arg(path("ext.cnf"))
-        .arg("-out")
-        .arg(&cert))?;
-    fs::write(
-        path(&format!("{name}.crt")),
-        fs::read_to_string(&cert)? + ca_cert,
-    )?;
+    let issuer_key = KeyPair::from_pem(ca_key)?;
+    let issuer = CertificateParams::from_ca_cert_pem(ca_cert)?.self_signed(&issuer_key)?;
+    let mut p = CertificateParams::new(vec![san.to_owned()])?;
+    p.distinguished_name.push(DnType::CommonName, "attacker");
+    p.extended_key_usages = match role {
+        Some(role) => {
+            p.distinguished_name
+                .push(DnType::OrganizationName, format!("os:{role}"));
+            vec![ExtendedKeyUsagePurpose::ClientAuth]
+        }
+        None => vec![ExtendedKeyUsagePurpose::ServerAuth],
+    };
+    let now = std::time::SystemTime::now();
+    p.not_before = (now - Duration::from_secs(24 * 3600)).into();
+    p.not_after = (now + Duration::from_secs(24 * 3600)).into();
+    let key = KeyPair::generate()?;
+    let cert = p.signed_by(&key, &issuer, &issuer_key)?.pem();
+    fs::write(dir.join("stolen-ca.crt"), ca_cert)?;
+    fs::write(dir.join("forged.crt"), &cert)?;
+    fs::write(dir.join(format!("{name}.crt")), cert + ca_cert)?;
+    fs::write(dir.join(format!("{name}.key")), key.serialize_pem())?;
     Ok(())
 }
 
@@ -204,8 +187,7 @@ pub(super) fn plant_shared_ca(slate: &Path, disk2: &Path, work: &Path) -> Result
         "admin",
         &harvested.api.ca_cert,
         &harvested.api.ca_key,
-        "/CN=attacker/O=os:admin",
-        "clientAuth",
+        Some("admin"),
         "attacker",
     )?;
     fs::write(before.join(slate_api::CA_CERT), &harvested.api.ca_cert)?;
@@ -350,8 +332,7 @@ pub(super) fn stolen_node_and_migration(
         "admin",
         &stolen.api.ca_cert,
         &stolen.api.ca_key,
-        "/CN=attacker/O=os:admin",
-        "clientAuth",
+        Some("admin"),
         "node2",
     )?;
     fs::write(after.join(slate_api::CA_CERT), stolen.fleet_ca())?;
@@ -383,7 +364,11 @@ pub(super) fn stolen_node_and_migration(
         );
         std::thread::sleep(Duration::from_millis(200));
     };
-    ensure!(logged.len() < 1024, "one bounded line: {logged}");
+    // Refused for the right reason: its chain leads to no CA node1 takes clients of.
+    ensure!(
+        logged.len() < 1024 && logged.contains("UnknownIssuer"),
+        "one bounded line naming the unknown issuer: {logged}"
+    );
     // A serving certificate for node1's name under node2's CA: slate refuses it.
     let impostor_dir = work.join("impostor");
     forge(
@@ -391,8 +376,7 @@ pub(super) fn stolen_node_and_migration(
         "server",
         &stolen.api.ca_cert,
         &stolen.api.ca_key,
-        "/CN=node1",
-        "serverAuth",
+        None,
         &v.node1.name,
     )?;
     let port = std::net::TcpListener::bind("127.0.0.1:0")?
