@@ -22,7 +22,7 @@ use slate_snapshot::{entry, esp, fstab, validate, SnapshotName};
 const EPOCH: u64 = 1_782_639_000;
 const SNAP: &str = "root-20260628-093000";
 const RELEASE: &str = "6.1.0-test";
-const CONFIG: &str = include_str!("../../machine-config/tests/fixtures/node-v1.toml");
+const CONFIG: &str = include_str!("../../machine-config/tests/fixtures/node-v1-own-ca.toml");
 
 fn available() -> bool {
     slate_testkit::require_root()
@@ -369,11 +369,14 @@ fn btrfs_image_holds_a_bootable_first_snapshot() {
     }
     let err = slate_installer::seed_config(&image, CONFIG, false, false).unwrap_err();
     assert!(chain(&err).contains("--force"), "{}", chain(&err));
-    let renamed = CONFIG.replace("name = \"node1\"", "name = \"node2\"");
+    let renamed = CONFIG.replace(
+        "name = \"node1\"",
+        "name = \"node1\"\nhostname = \"node1-b\"",
+    );
     slate_installer::seed_config(&image, &renamed, true, false).unwrap();
     let pool = Mounted::pool(&image);
     let text = fs::read_to_string(pool.top().join("@state/config/machine.toml")).unwrap();
-    assert!(text.contains("name = \"node2\""));
+    assert!(text.contains("hostname = \"node1-b\""));
 }
 
 fn chain(err: &dyn std::error::Error) -> String {
