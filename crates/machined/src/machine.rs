@@ -311,7 +311,10 @@ fn apply_live(node: &Node, old: &MachineConfig, new: &MachineConfig) -> Result<(
 mod tests {
     use super::*;
 
+    /// The shared-CA shape slate wrote before issue 36 (still booted, never written).
     const FIXTURE: &str = include_str!("../../machine-config/tests/fixtures/node-v1.toml");
+    /// What `slate gen config` writes now: the node's own name-constrained CA.
+    const OWN_CA: &str = include_str!("../../machine-config/tests/fixtures/node-v1-own-ca.toml");
 
     #[test]
     fn the_identity_is_made_once_and_reissued_when_its_names_change() {
@@ -356,7 +359,39 @@ mod tests {
             matches!(&err, BackendError::InvalidArgument(m) if m.contains("node.nmae")),
             "{err}"
         );
-        assert!(check(FIXTURE).is_ok());
+        let err = check(FIXTURE).unwrap_err();
+        assert!(
+            matches!(&err, BackendError::InvalidArgument(m)
+                if m.contains("no node may hold a key that signs for others")),
+            "{err}"
+        );
+        assert!(check(OWN_CA).is_ok());
+        assert!(!warnings(&slate_machine_config::parse(FIXTURE).unwrap().config).is_empty());
+        assert!(warnings(&slate_machine_config::parse(OWN_CA).unwrap().config).is_empty());
+    }
+
+    /// Under the node's own CA the serving certificate names what the CA permits: the node,
+    /// not the address DHCP gave it nor the loopback names; and it is served with its CA.
+    #[test]
+    fn the_serving_certificate_names_what_the_nodes_ca_permits() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = slate_machine_config::parse(OWN_CA).unwrap().config;
+        let (cert, _, _) = identity(dir.path(), &config, &["10.0.2.15".to_owned()]).unwrap();
+        let blocks: Vec<_> = x509_parser::pem::Pem::iter_from_buffer(cert.as_bytes())
+            .map(|p| p.unwrap())
+            .collect();
+        assert_eq!(blocks.len(), 2, "the certificate, then its issuing CA");
+        let (_, leaf) = x509_parser::parse_x509_certificate(&blocks[0].contents).unwrap();
+        let names: Vec<String> = leaf
+            .subject_alternative_name()
+            .unwrap()
+            .unwrap()
+            .value
+            .general_names
+            .iter()
+            .map(|n| n.to_string())
+            .collect();
+        assert_eq!(names, ["DNSName(node1)"]);
     }
 
     #[test]
