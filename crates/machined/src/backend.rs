@@ -12,11 +12,12 @@ use slate_api::{
 };
 use slate_sequencer::{Capabilities, LockError, RebootMode, SequenceKind};
 
-use super::journal::Journal;
-use super::node::{Node, Request};
-use super::upgrade;
+use crate::base::journal::Journal;
+use crate::base::node::{Node, Request};
+use crate::boot::upgrade;
 
 mod image_summary;
+pub mod snapshots;
 
 #[derive(Debug)]
 pub struct Backend(pub Arc<Node>);
@@ -60,7 +61,7 @@ impl Backend {
         }
         // Checked now, while the caller still gets the refusal: the pull runs after the answer.
         let tries = upgrade::requested_tries(&req)?;
-        crate::replace::check_request(&req)?;
+        crate::boot::replace::check_request(&req)?;
         let options = slate_transport::Options {
             insecure: self.0.machine.current().is_some_and(|c| c.update.insecure),
             ..slate_transport::Options::default()
@@ -138,7 +139,7 @@ impl NodeBackend for Backend {
                 .lock()
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
-            secure_boot: crate::secure_boot::status(),
+            secure_boot: crate::boot::secure_boot::status(),
             boot_times: Some(self.0.journal.boot.times()),
             memory: slate_host::resident_kib().ok().map(|rss_kib| MemoryUse {
                 rss_kib,
@@ -160,13 +161,13 @@ impl NodeBackend for Backend {
                 .0
                 .machine
                 .current()
-                .map(|c| crate::machine::warnings(&c))
+                .map(|c| crate::boot::machine::warnings(&c))
                 .unwrap_or_default(),
             node_name: self.0.machine.current().map(|c| c.node.name),
             hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
                 .ok()
                 .map(|h| h.trim().to_owned()),
-            machine_id: crate::machine::read_machine_id(),
+            machine_id: crate::boot::machine::read_machine_id(),
             agent: self
                 .0
                 .agent
@@ -177,11 +178,11 @@ impl NodeBackend for Backend {
     }
 
     fn boot_explain(&self) -> Result<serde_json::Value, BackendError> {
-        crate::transaction::explain().map_err(BackendError::Failed)
+        crate::settle::transaction::explain().map_err(BackendError::Failed)
     }
 
     fn snapshot_list(&self) -> Result<serde_json::Value, BackendError> {
-        crate::snapshot_root::list(&self.0)
+        snapshots::list(&self.0)
     }
 
     /// Under the upgrade lock; the reboot (if asked) follows the answer like any other.
@@ -198,7 +199,7 @@ impl NodeBackend for Backend {
             "snapshot upgrade requested: `{}`",
             req.command.chars().take(256).collect::<String>()
         ));
-        let report = crate::snapshot_root::upgrade(&self.0, &req)?;
+        let report = snapshots::upgrade(&self.0, &req)?;
         drop(guard);
         if req.reboot && !req.dry_run {
             let guard = self.0.lock.try_lock(SequenceKind::Reboot).map_err(locked)?;
@@ -215,14 +216,14 @@ impl NodeBackend for Backend {
     }
 
     fn show_config(&self) -> Result<slate_api::ConfigView, BackendError> {
-        crate::machine::show(&self.0)
+        crate::boot::machine::show(&self.0)
     }
 
     fn apply_config(
         &self,
         req: slate_api::ApplyConfigRequest,
     ) -> Result<slate_api::ApplyConfigResult, BackendError> {
-        crate::machine::apply(&self.0, req)
+        crate::boot::machine::apply(&self.0, req)
     }
 
     fn reboot(&self, mode: RebootMode) -> Result<(), BackendError> {
@@ -245,7 +246,7 @@ impl NodeBackend for Backend {
             ));
         }
         let guard = self.0.lock.try_lock(SequenceKind::Reboot).map_err(locked)?;
-        let id = crate::transaction::boot_once(entry)?;
+        let id = crate::settle::transaction::boot_once(entry)?;
         self.0.journal.info(format_args!(
             "{id} boots next, once (LoaderEntryOneShot written); rebooting"
         ));
@@ -263,13 +264,14 @@ impl NodeBackend for Backend {
         )
         .map_err(|e| BackendError::InvalidArgument(format!("the rollback is refused: {e}")))?;
         let guard = self.0.lock.try_lock(SequenceKind::Reboot).map_err(locked)?;
-        let plan =
-            crate::transaction::rollback(&self.0, tries, req.dry_run).map_err(|e| match e {
-                crate::transaction::RollbackError::Refused(why) => {
+        let plan = crate::settle::transaction::rollback(&self.0, tries, req.dry_run).map_err(
+            |e| match e {
+                crate::settle::transaction::RollbackError::Refused(why) => {
                     BackendError::InvalidArgument(why)
                 }
-                crate::transaction::RollbackError::Failed(why) => BackendError::Failed(why),
-            })?;
+                crate::settle::transaction::RollbackError::Failed(why) => BackendError::Failed(why),
+            },
+        )?;
         let result = RollbackResult {
             from: plan.from,
             to: plan.to_on_trial,
@@ -293,12 +295,12 @@ impl NodeBackend for Backend {
         self.require(Capabilities::UPGRADE, "pin")?;
         // Under the reboot lock: not while an upgrade writes the ESP or a reboot is under way.
         let _guard = self.0.lock.try_lock(SequenceKind::Reboot).map_err(locked)?;
-        let outcome = crate::transaction::pin(&self.0, &req.version, req.pin, req.dry_run)
+        let outcome = crate::settle::transaction::pin(&self.0, &req.version, req.pin, req.dry_run)
             .map_err(|e| match e {
-                crate::transaction::RollbackError::Refused(why) => {
+                crate::settle::transaction::RollbackError::Refused(why) => {
                     BackendError::InvalidArgument(why)
                 }
-                crate::transaction::RollbackError::Failed(why) => BackendError::Failed(why),
+                crate::settle::transaction::RollbackError::Failed(why) => BackendError::Failed(why),
             })?;
         Ok(PinResult {
             pinned: outcome.pinned,

@@ -6,9 +6,9 @@ use std::time::Duration;
 use slate_api::Stage;
 use slate_sequencer::{error_chain, RebootMode};
 
-use super::decision::Phase;
-use super::kexec::{self, Via};
-use super::node::Node;
+use crate::base::node::Node;
+use crate::settle::decision::Phase;
+use crate::settle::kexec::{self, Via};
 
 const SYNC_BUDGET: Duration = Duration::from_secs(30);
 const FATAL_REBOOT_DELAY: Duration = Duration::from_secs(10);
@@ -89,10 +89,11 @@ type Loading = Result<std::thread::JoinHandle<Result<kexec::Prepared, String>>, 
 /// `None`: restart through the firmware, as asked.
 fn start_kexec(node: &Node, mode: RebootMode) -> Option<Loading> {
     let machine = node.machine.current().and_then(|c| c.reboot.mode);
-    let image = super::health::load_config(std::path::Path::new(super::health::NODE_CONFIG))
-        .ok()
-        .and_then(|c| c.reboot)
-        .map(|r| r.mode);
+    let image =
+        crate::boot::health::load_config(std::path::Path::new(crate::boot::health::NODE_CONFIG))
+            .ok()
+            .and_then(|c| c.reboot)
+            .map(|r| r.mode);
     if kexec::via(mode, machine, image) != Via::Kexec {
         return None;
     }
@@ -176,11 +177,11 @@ pub fn fatal(node: &Node, error: &(dyn std::error::Error + 'static)) -> ! {
             version: node.version.clone(),
             reason: message.clone(),
         });
-    } else if let Err(err) = super::transaction::record_failure(node, &message) {
+    } else if let Err(err) = crate::settle::transaction::record_failure(node, &message) {
         node.journal
             .error(format_args!("could not record the failure in META: {err}"));
     }
-    if let Err(err) = super::transaction::settle(node, Phase::Fatal) {
+    if let Err(err) = crate::settle::transaction::settle(node, Phase::Fatal) {
         node.journal.error(format_args!("revert failed: {err}"));
     }
     teardown(node);

@@ -7,33 +7,16 @@
 //! SIGTERM, SIGPWR, ctrl-alt-del and the ACPI power button ask for a shutdown or a reboot the
 //! same way the API does ([`power_events`]).
 
+// Layers, each importing only those below it (ARCHITECTURE.md, "machined"): `base`, then
+// `settle`, then `boot`; the top is this file and the modules that serve the running node.
+mod base;
+mod boot;
+mod settle;
+
 mod agent;
 mod backend;
-mod boot_config;
-mod boot_times;
-mod decision;
-mod etc;
 mod handler;
-mod health;
-mod journal;
-mod kexec;
-mod machine;
-mod maintenance;
-mod network;
-mod node;
 mod power_events;
-mod random_seed;
-mod records;
-mod replace;
-mod secure_boot;
-mod sequences;
-mod snapshot_root;
-mod system_disk;
-mod task;
-mod transaction;
-mod upgrade;
-mod volumes;
-mod watchdog;
 
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
@@ -50,11 +33,12 @@ use slate_sequencer::{
 };
 
 use backend::Backend;
-use decision::{HealthOutcome, Phase};
-use journal::Journal;
-use node::{Node, Request};
-use sequences::Facts;
-use transaction::SettleError;
+use base::journal::Journal;
+use base::node::{Node, Request};
+use boot::facts::Facts;
+use boot::{health, machine, sequences, upgrade, watchdog};
+use settle::decision::{HealthOutcome, Phase};
+use settle::{transaction, SettleError};
 
 pub fn run() -> Result<()> {
     if !slate_host::is_pid1() {
@@ -75,7 +59,7 @@ pub fn run() -> Result<()> {
             &cmdline,
             slate_host::read_loader_string("LoaderEntrySelected"),
         ),
-        snapshot_root::detect(),
+        base::snapshot_root::detect(),
     );
 
     let panic_journal = node.journal.clone();
@@ -277,8 +261,8 @@ fn start_api(node: &Arc<Node>) -> Result<slate_api::ServerHandle, TaskError> {
         None => node.config.listen().map_err(TaskError::msg)?,
     };
     let addresses = node.machine.addresses();
-    let (cert, key, issued) =
-        machine::identity(&machine::state_dir(), &config, &addresses).map_err(TaskError::msg)?;
+    let (cert, key, issued) = machine::identity(&base::paths::state_dir(), &config, &addresses)
+        .map_err(TaskError::msg)?;
     let fingerprint = slate_api::fingerprint(&cert).map_err(|e| TaskError::msg(e.to_string()))?;
     node.journal.info(format_args!(
         "API identity: serving certificate sha256 {fingerprint} ({})",

@@ -21,7 +21,7 @@ use slate_api::Stage;
 use slate_host::{HostError, Signal, SignalReader};
 use slate_sequencer::{RebootMode, SequenceKind};
 
-use crate::node::{Node, Request};
+use crate::base::node::{Node, Request};
 
 /// The signals machined takes: blocked before any thread starts, read from a signalfd.
 const SIGNALS: [Signal; 3] = [Signal::SIGTERM, Signal::SIGPWR, Signal::SIGINT];

@@ -27,7 +27,7 @@ use slate_release::{Release, ReleaseIndex, GIVE_UP_AFTER};
 use slate_sequencer::{SequenceKind, REBOOT_REQUESTED};
 use slate_transport::{Options, Reference};
 
-use crate::node::{Node, Request, UpgradePlan};
+use crate::base::node::{Node, Request, UpgradePlan};
 use decide::{decide, minute_of_week, newest_available, Inputs, Step};
 use lock_client::{LockClient, LockError};
 use record::{AgentRecord, Attempt, Outcome};
@@ -62,7 +62,7 @@ struct Agent<'a> {
 
 impl<'a> Agent<'a> {
     fn new(node: &'a Node) -> Self {
-        let state = crate::machine::state_dir();
+        let state = crate::base::paths::state_dir();
         let (mut record, warning) = record::load(&state);
         if let Some(warning) = warning {
             node.journal.info(format_args!("update agent: {warning}"));
@@ -267,7 +267,7 @@ impl<'a> Agent<'a> {
                 // Only a failure comes back: a successful upgrade reboots the node.
                 self.record.attempt = None;
                 let outcome = self.record.failed(&version);
-                let _ = record::store(&crate::machine::state_dir(), &self.record);
+                let _ = record::store(&crate::base::paths::state_dir(), &self.record);
                 self.node.journal.error(format_args!(
                     "update agent: the upgrade to {version} failed ({outcome:?}): {err}"
                 ));
@@ -294,7 +294,7 @@ impl<'a> Agent<'a> {
         options: &Options,
         release: &Release,
     ) -> Result<UpgradePlan, String> {
-        let pinned = crate::upgrade::pull::pinned(&format!(
+        let pinned = crate::boot::upgrade::pull::pinned(&format!(
             "{image}:{}@{}",
             release.version, release.digest
         ))?;
@@ -302,7 +302,8 @@ impl<'a> Agent<'a> {
             "update agent: downloading {} ({})",
             release.version, release.digest
         ));
-        let (plan, fetched, cached) = crate::upgrade::pull::pull(self.node, &pinned, options)?;
+        let (plan, fetched, cached) =
+            crate::boot::upgrade::pull::pull(self.node, &pinned, options)?;
         self.node.journal.info(format_args!(
             "update agent: {} downloaded and verified ({} bytes fetched, {} cached)",
             release.version, fetched, cached
@@ -324,7 +325,7 @@ impl<'a> Agent<'a> {
             from: self.node.version.clone(),
             to: plan.version.clone(),
         });
-        if let Err(err) = record::store(&crate::machine::state_dir(), &self.record) {
+        if let Err(err) = record::store(&crate::base::paths::state_dir(), &self.record) {
             return format!("cannot record the attempt: {err}");
         }
         self.node.journal.info(format_args!(

@@ -12,7 +12,7 @@ use slate_machine_config::MachineConfig;
 use slate_rollout::{FailureReport, NodeReport};
 
 use super::credentials::Credentials;
-use crate::node::Node;
+use crate::base::node::Node;
 
 const CALL_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -104,7 +104,7 @@ pub fn store(state: &Path, record: &AgentRecord) -> Result<(), String> {
         std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     }
     let bytes = serde_json::to_vec_pretty(record).map_err(|e| e.to_string())?;
-    crate::machine::write_atomically(&path, &bytes, 0o600)
+    crate::base::files::write_atomically(&path, &bytes, 0o600)
         .map_err(|e| format!("{}: {e}", path.display()))
 }
 

@@ -12,8 +12,8 @@ use slate_bootloader::{Bootloader, BootloaderError};
 use slate_bundle_diff::{running_summary, Identity, MAX_UKI_BYTES};
 use slate_sequencer::error_chain;
 
-use crate::node::{os_release_value, Node};
-use crate::transaction::{booted_entry, read_only_loader};
+use crate::base::node::{os_release_value, Node};
+use crate::settle::transaction::{booted_entry, read_only_loader};
 
 /// Held while a summary is made.
 static BUSY: Mutex<()> = Mutex::new(());

@@ -6,8 +6,9 @@ use slate_bootloader::{Bootloader, CommitOutcome, EfiVars, EfiVarsError, EntrySt
 use slate_disk::FileDisk;
 use slate_sequencer::error_chain;
 
-use super::decision::{decide, BootFacts, Decision, LoaderFacts, Phase, Refusal, Upgrade};
-use super::node::Node;
+use crate::base::node::Node;
+use crate::settle::decision::{decide, BootFacts, Decision, LoaderFacts, Phase, Refusal, Upgrade};
+use crate::settle::SettleError;
 
 /// The firmware's variables through efivarfs: read, and written when the backend asks (an
 /// upgrade dropping a stale `LoaderEntryOneShot`/`LoaderEntryDefault`, a revert setting
@@ -60,7 +61,7 @@ pub fn read_only_loader() -> Result<Box<dyn Bootloader>, String> {
 fn loader_over(
     open: impl FnOnce(&std::path::Path) -> std::io::Result<FileDisk>,
 ) -> Result<Box<dyn Bootloader>, String> {
-    let meta = crate::system_disk::meta_partition()?;
+    let meta = crate::base::system_disk::meta_partition()?;
     let disk = open(&meta.disk).map_err(|e| format!("opening {}: {e}", meta.disk.display()))?;
     slate_bootloader::probe(disk, FirmwareVars).map_err(|e| error_chain(&e))
 }
@@ -182,17 +183,6 @@ fn slot_from_cmdline(cmdline: &str) -> Option<String> {
         .map(str::to_owned)
 }
 
-/// Why the transaction could not be settled.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum SettleError {
-    /// A health check failed (its report): the boot is not committed.
-    #[error("{0}")]
-    Unhealthy(String),
-    /// The loader could not be read or written, or the facts were incomplete.
-    #[error("{0}")]
-    Failed(String),
-}
-
 /// The facts, the backend to act through when it opened, and the entries that carried a boot
 /// counter before any write (to name the one a commit renamed).
 struct Gathered {
@@ -254,7 +244,7 @@ fn gather(node: &Node, phase: Phase) -> Gathered {
 /// decided; reading writes nothing.
 pub fn settle(node: &Node, phase: Phase) -> Result<(), SettleError> {
     if let Some(root) = &node.snapshot_root {
-        return crate::snapshot_root::settle(node, root, phase);
+        return crate::settle::snapshot::settle(node, root, phase);
     }
     let Gathered {
         facts,
@@ -421,7 +411,7 @@ fn record_rollback(node: &Node, from: &str, to: &str, reason: &str) {
 pub fn write_meta_value(tag: u8, value: Vec<u8>) -> Result<(), String> {
     // Through the whole disk, as the boot loader backend reads and rewrites META
     // (`system_disk::open_meta_on` says why), over rotted copies if need be.
-    let mut store = crate::system_disk::open_meta(true)?;
+    let mut store = crate::base::system_disk::open_meta(true)?;
     store.set(tag, value).map_err(|e| error_chain(&e))?;
     store.flush().map_err(|e| error_chain(&e))
 }

@@ -9,7 +9,7 @@ use slate_disk::{Disk, FileDisk, PartitionView};
 use slate_host::{BlockPartition, MsFlags};
 use slate_sequencer::{TaskContext, TaskError};
 
-use crate::task::failed;
+use crate::base::task::failed;
 
 /// Disks are probed asynchronously after their driver loads: wait a while for a partition
 /// before concluding it does not exist.

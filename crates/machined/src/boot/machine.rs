@@ -1,60 +1,22 @@
 //! The node's machine configuration on STATE, its identity, and what applying a new
 //! configuration does to the running node.
 //!
-//! STATE layout (under [`STATE_MOUNT`]):
+//! STATE layout (under `base::paths::STATE_MOUNT`):
 //! - `config/machine.toml` (0600): the document as written by the installer or `apply-config`;
 //!   `config/machine.toml.previous`: the one it replaced.
 //! - `pki/node.key` (0600): made here on the first boot, never sent anywhere; `pki/node.crt`:
 //!   issued from the configuration's CA; `pki/identity`: the CA fingerprint and names it was
 //!   issued for, so a change of either re-issues it.
 
-use std::io::Write as _;
-use std::os::unix::fs::OpenOptionsExt as _;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
+use std::path::Path;
+use std::sync::atomic::Ordering;
 
 use slate_api::{ApplyConfigRequest, ApplyConfigResult, ApplyMode, BackendError, ConfigView};
 use slate_machine_config::{MachineConfig, Parsed, PREVIOUS_STATE_PATH, STATE_PATH};
 
-use crate::node::Node;
-use crate::sequences::STATE_MOUNT;
-
-/// What machined knows of its configuration.
-#[derive(Debug, Default)]
-pub struct MachineState {
-    /// The configuration in effect (`None` before it is loaded, and in maintenance mode).
-    pub config: Mutex<Option<Parsed>>,
-    /// A configuration was written that takes effect at the next boot.
-    pub pending_reboot: AtomicBool,
-    /// The addresses the network task found, for the serving certificate's names.
-    pub addresses: Mutex<Vec<String>>,
-}
-
-impl MachineState {
-    pub fn current(&self) -> Option<MachineConfig> {
-        self.config
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .as_ref()
-            .map(|p| p.config.clone())
-    }
-
-    pub fn addresses(&self) -> Vec<String> {
-        self.addresses
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-
-    pub fn set(&self, parsed: Parsed) {
-        *self.config.lock().unwrap_or_else(|p| p.into_inner()) = Some(parsed);
-    }
-}
-
-pub fn state_dir() -> PathBuf {
-    PathBuf::from(STATE_MOUNT)
-}
+use crate::base::files::write_atomically;
+use crate::base::node::Node;
+use crate::base::paths::state_dir;
 
 /// The stored configuration, parsed (and migrated); `None` when there is none.
 pub fn load(state: &Path) -> Result<Option<Parsed>, String> {
@@ -82,26 +44,6 @@ pub fn warnings(config: &MachineConfig) -> Vec<String> {
             )
         })
         .collect()
-}
-
-/// Write `contents` to `path` so that a crash leaves either the old file or the new one:
-/// a temp file beside it, fsync, rename, fsync of the directory.
-pub fn write_atomically(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("/"));
-    std::fs::create_dir_all(dir)?;
-    let name = path.file_name().map(|n| n.to_string_lossy().into_owned());
-    let tmp = dir.join(format!(".{}.tmp", name.unwrap_or_default()));
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(mode)
-        .open(&tmp)?;
-    file.write_all(contents)?;
-    file.sync_all()?;
-    drop(file);
-    std::fs::rename(&tmp, path)?;
-    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Store a validated document, keeping the one it replaces as `.previous`.
@@ -276,7 +218,7 @@ pub fn apply(node: &Node, req: ApplyConfigRequest) -> Result<ApplyConfigResult, 
     ));
     if let Some(guard) = guard {
         node.machine.pending_reboot.store(true, Ordering::SeqCst);
-        node.request(crate::node::Request::Reboot(
+        node.request(crate::base::node::Request::Reboot(
             slate_sequencer::RebootMode::Default,
             guard,
         ))
@@ -312,9 +254,9 @@ mod tests {
     use super::*;
 
     /// The shared-CA shape slate wrote before issue 36 (still booted, never written).
-    const FIXTURE: &str = include_str!("../../machine-config/tests/fixtures/node-v1.toml");
+    const FIXTURE: &str = include_str!("../../../machine-config/tests/fixtures/node-v1.toml");
     /// What `slate gen config` writes now: the node's own name-constrained CA.
-    const OWN_CA: &str = include_str!("../../machine-config/tests/fixtures/node-v1-own-ca.toml");
+    const OWN_CA: &str = include_str!("../../../machine-config/tests/fixtures/node-v1-own-ca.toml");
 
     #[test]
     fn the_identity_is_made_once_and_reissued_when_its_names_change() {

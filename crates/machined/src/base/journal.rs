@@ -37,7 +37,7 @@ pub struct Journal {
     lines: Mutex<Lines>,
     grown: Condvar,
     /// The boot's milestones and the sequencer's spans (`slate status --boot-times`).
-    pub boot: crate::boot_times::BootRecord,
+    pub boot: crate::base::boot_times::BootRecord,
 }
 
 impl Journal {
@@ -102,7 +102,7 @@ impl Journal {
                 bytes: 0,
             }),
             grown: Condvar::new(),
-            boot: crate::boot_times::BootRecord::default(),
+            boot: crate::base::boot_times::BootRecord::default(),
         }
     }
 

@@ -1,11 +1,12 @@
 //! The sequences' shapes and what their tasks do without a machine.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use slate_sequencer::{error_chain, CancelToken, NullLogger, SequenceError};
 
-use super::super::upgrade::{Staged, StagedOptions};
 use super::*;
+use crate::boot::upgrade::{Staged, StagedOptions};
 
 /// Each phase's name and its tasks' names, in order.
 fn shape(sequence: &Sequence<'_>) -> Vec<(String, Vec<String>)> {
@@ -130,7 +131,7 @@ fn a_staged_upgrade_that_cannot_run_is_dropped_and_the_boot_goes_on() {
 #[test]
 fn a_snapshot_root_boots_without_meta_volumes_or_etc_overlay() {
     let (node, _requests) = Node::for_tests("");
-    let root = crate::snapshot_root::SnapshotRoot {
+    let root = crate::base::snapshot_root::SnapshotRoot {
         snapshot: slate_snapshot::SnapshotName::parse("root-20261202-054323").unwrap(),
         device: "/dev/vda2".into(),
         disk: "/dev/vda".into(),

@@ -13,7 +13,7 @@ use std::time::Duration;
 use slate_host::Watchdog;
 use slate_profile::NodeConfig;
 
-use super::node::Node;
+use crate::base::node::Node;
 
 /// Arm the configured watchdog. A node whose watchdog cannot be armed still boots (it would
 /// otherwise fail on every version alike and never settle): the error is logged.

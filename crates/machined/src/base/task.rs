@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use slate_sequencer::{Task, TaskContext, TaskError};
 
-use crate::node::Node;
+use crate::base::node::Node;
 
 /// A task, failing on purpose when the kernel command line names it in
 /// `slate.debug.fail-task=`, or never finishing when it names it in `slate.debug.hang-task=`

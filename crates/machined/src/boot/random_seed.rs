@@ -10,8 +10,8 @@ use std::sync::Arc;
 use slate_host::SeedOutcome;
 use slate_sequencer::{TaskContext, TaskError};
 
-use crate::journal::Journal;
-use crate::sequences::STATE_MOUNT;
+use crate::base::journal::Journal;
+use crate::base::paths::STATE_MOUNT;
 
 /// The seed's file on STATE (root only, 512 bytes).
 pub(crate) const RANDOM_SEED_FILE: &str = "random-seed";

@@ -5,25 +5,26 @@ use std::path::Path;
 
 use slate_sequencer::{TaskContext, TaskError};
 
-use crate::node::Node;
-use crate::sequences::Facts;
-use crate::task::failed;
+use crate::base::node::Node;
+use crate::base::task::failed;
+use crate::boot::facts::Facts;
 
 /// The machine configuration from STATE; without one, maintenance mode until an operator
 /// applies one.
 pub fn machine_config(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), TaskError> {
-    let path = crate::maintenance::config_path();
-    let parsed = match crate::machine::load(&crate::machine::state_dir()).map_err(failed)? {
-        Some(parsed) => parsed,
-        None => {
-            // The operator must be able to reach the node: DHCP first.
-            crate::network::dhcp(ctx, node, None)?;
-            facts
-                .network_up
-                .store(true, std::sync::atomic::Ordering::SeqCst);
-            crate::maintenance::wait_for_config(ctx, node, facts.watchdog.as_ref())?
-        }
-    };
+    let path = crate::boot::maintenance::config_path();
+    let parsed =
+        match crate::boot::machine::load(&crate::base::paths::state_dir()).map_err(failed)? {
+            Some(parsed) => parsed,
+            None => {
+                // The operator must be able to reach the node: DHCP first.
+                crate::boot::network::dhcp(ctx, node, None)?;
+                facts
+                    .network_up
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                crate::boot::maintenance::wait_for_config(ctx, node, facts.watchdog.as_ref())?
+            }
+        };
     ctx.log(&format!(
         "machine configuration {}: node {}, hostname {}{}",
         path.display(),
@@ -34,7 +35,7 @@ pub fn machine_config(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Resu
             parsed.config.version
         )),
     ));
-    for warning in crate::machine::warnings(&parsed.config) {
+    for warning in crate::boot::machine::warnings(&parsed.config) {
         ctx.log(&warning);
     }
     node.machine.set(parsed);
@@ -47,8 +48,9 @@ pub fn configure(ctx: &TaskContext<'_>, node: &Node) -> Result<(), TaskError> {
         .machine
         .current()
         .ok_or_else(|| failed("no machine configuration"))?;
-    crate::machine::set_hostname(node, config.hostname()).map_err(failed)?;
-    let written = crate::machine::write_etc_files(Path::new("/etc"), &config).map_err(failed)?;
+    crate::boot::machine::set_hostname(node, config.hostname()).map_err(failed)?;
+    let written =
+        crate::boot::machine::write_etc_files(Path::new("/etc"), &config).map_err(failed)?;
     if !written.is_empty() {
         ctx.log(&format!(
             "/etc files from the configuration: {}",

@@ -11,7 +11,7 @@ use std::path::PathBuf;
 use slate_bundle::{Digest, VerifiedBlobs};
 use slate_sequencer::{Mode, PriorityLock, RebootMode, SequenceGuard, SequenceKind};
 
-use super::journal::Journal;
+use crate::base::journal::Journal;
 
 /// What the API asks machined's main loop to do, with the sequence lock already taken.
 #[derive(Debug)]
@@ -79,7 +79,7 @@ pub struct Node {
     pub kernel: Option<String>,
     pub booted_entry: Option<String>,
     /// The root is a Btrfs snapshot (`None`: an image root).
-    pub snapshot_root: Option<crate::snapshot_root::SnapshotRoot>,
+    pub snapshot_root: Option<crate::base::snapshot_root::SnapshotRoot>,
     pub config: BootConfig,
     stage: Mutex<Stage>,
     pub last_failure: Mutex<Option<Failure>>,
@@ -92,7 +92,7 @@ pub struct Node {
     /// Set once this boot is healthy and committed (`transaction::settle` at Running).
     committed: AtomicBool,
     /// The machine configuration and what came of it.
-    pub machine: crate::machine::MachineState,
+    pub machine: crate::base::machine_state::MachineState,
     /// What the update agent reports (none until it starts).
     pub agent: Mutex<Option<slate_api::AgentStatus>>,
     subscribers: Mutex<Vec<Sender<Event>>>,
@@ -135,7 +135,7 @@ impl Node {
                 .ok()
                 .map(|id| id.trim().to_owned()),
             committed: AtomicBool::new(false),
-            machine: crate::machine::MachineState::default(),
+            machine: crate::base::machine_state::MachineState::default(),
             agent: Mutex::new(None),
             subscribers: Mutex::new(Vec::new()),
             requests: Mutex::new(tx),
@@ -156,7 +156,7 @@ impl Node {
     pub fn with_booted_entry(
         self: Arc<Self>,
         entry: Option<String>,
-        snapshot_root: Option<crate::snapshot_root::SnapshotRoot>,
+        snapshot_root: Option<crate::base::snapshot_root::SnapshotRoot>,
     ) -> Arc<Self> {
         match Arc::try_unwrap(self) {
             Ok(mut node) => {

@@ -4,7 +4,7 @@
 
 use slate_meta::tags;
 
-use crate::node::Node;
+use crate::base::node::Node;
 
 /// Load the records from META values (`get` by tag) into `node`; the lines to log.
 pub fn load<'a>(node: &Node, get: impl Fn(u8) -> Option<&'a [u8]>) -> Vec<String> {
@@ -44,7 +44,7 @@ mod tests {
 
     #[test]
     fn records_are_loaded_and_unreadable_ones_reported() {
-        let journal = std::sync::Arc::new(crate::journal::Journal::new(
+        let journal = std::sync::Arc::new(crate::base::journal::Journal::new(
             slate_host::KmsgLogger::stderr("test"),
         ));
         let (node, _requests) = Node::new(journal, "");

@@ -13,7 +13,7 @@ use slate_bootloader::{KexecPlan, LoaderKind, SystemdBoot};
 use slate_disk::FileDisk;
 use slate_sequencer::{error_chain, RebootMode};
 
-use super::transaction::FirmwareVars;
+use crate::settle::transaction::FirmwareVars;
 
 /// How the machine restarts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -69,7 +69,7 @@ pub struct Prepared {
 /// /dev mounted (the system disk is opened at once, and read through that descriptor); the
 /// lockdown level must have been checked before ([`lockdown_allows`]).
 pub fn prepare() -> Result<Prepared, String> {
-    let meta = crate::system_disk::meta_partition()?;
+    let meta = crate::base::system_disk::meta_partition()?;
     let disk =
         FileDisk::open(&meta.disk).map_err(|e| format!("opening {}: {e}", meta.disk.display()))?;
     match slate_bootloader::detect(&disk).map_err(|e| error_chain(&e))? {

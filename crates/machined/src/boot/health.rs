@@ -18,7 +18,7 @@ use anyhow::Context as _;
 use slate_profile::{HealthCheck, NodeConfig};
 use slate_sequencer::error_chain;
 
-use super::node::Node;
+use crate::base::node::Node;
 
 /// The node's runtime configuration (health checks, watchdog).
 pub use slate_profile::image_contract::NODE_CONFIG;

@@ -9,7 +9,7 @@
 //! Entry names are those of both loaders: systemd-boot UKI file names or entry IDs
 //! (`slate-2.0.0+2-1.efi`, `slate-1.0.0.efi`), GRUB slot labels (`A`, `B`).
 
-use slate_bootspec::{EntryName, IdStyle};
+use slate_bootspec::{BootState, EntryName, IdStyle};
 
 /// When machined decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -45,6 +45,36 @@ pub enum LoaderFacts {
         /// counted). `None`: it would boot nothing.
         default_entry: Option<String>,
     },
+}
+
+impl LoaderFacts {
+    /// A snapshot root's loader, in the terms of an A/B disk's: the snapshot engine keeps the
+    /// booted entry's state itself and there is no META marker, so an entry on trial stands
+    /// for a pending upgrade whose marker names the engine's fallback (empty: none), and a
+    /// state other than good carries a counter (`+0` where the loader's own name has none,
+    /// as under GRUB, whose trials the engine records). No entry at all boots nothing.
+    pub fn of_snapshot(entry: &str, state: Option<BootState>, fallback: Option<&str>) -> Self {
+        let counted = || {
+            if on_trial(entry) {
+                entry.to_owned()
+            } else {
+                format!("{entry}+0")
+            }
+        };
+        let (upgrade_marker, default_entry) = match state {
+            None => (None, None),
+            Some(BootState::Good) => (None, Some(entry.to_owned())),
+            Some(BootState::Indeterminate) => (
+                Some(fallback.unwrap_or_default().to_owned()),
+                Some(counted()),
+            ),
+            Some(BootState::Bad) => (None, Some(counted())),
+        };
+        LoaderFacts::Read {
+            upgrade_marker,
+            default_entry,
+        }
+    }
 }
 
 /// Everything the decision depends on.
@@ -561,5 +591,88 @@ mod tests {
         assert!(on_trial("slate-1.0.0+3.efi"));
         assert!(!on_trial("slate-1.0.0.efi"));
         assert!(!on_trial("A"));
+    }
+
+    // A snapshot root: the same decisions from the snapshot engine's facts.
+
+    const SNAP: &str = "root-20261202-054323";
+    const SNAP_BEFORE: &str = "root-20261201-101010";
+
+    fn snapshot_facts(phase: Phase, state: Option<BootState>, fallback: Option<&str>) -> BootFacts {
+        BootFacts {
+            phase,
+            booted_entry: Some(SNAP.to_owned()),
+            loader: LoaderFacts::of_snapshot(SNAP, state, fallback),
+        }
+    }
+
+    #[test]
+    fn a_snapshot_on_trial_is_committed_when_healthy_and_reverted_when_fatal() {
+        let f = snapshot_facts(running(), Some(BootState::Indeterminate), Some(SNAP_BEFORE));
+        assert_eq!(decide(&f), commit(SNAP, succeeded(SNAP_BEFORE)));
+        let f = snapshot_facts(
+            Phase::Fatal,
+            Some(BootState::Indeterminate),
+            Some(SNAP_BEFORE),
+        );
+        assert_eq!(
+            decide(&f),
+            Decision::Revert {
+                failed: SNAP.into(),
+                to: SNAP_BEFORE.into()
+            }
+        );
+        // No fallback: the engine's rollback is still asked, and says why it cannot.
+        let f = snapshot_facts(Phase::Fatal, Some(BootState::Indeterminate), None);
+        assert_eq!(
+            decide(&f),
+            Decision::DropEmptyMarker {
+                failed: SNAP.into()
+            }
+        );
+    }
+
+    #[test]
+    fn a_good_snapshot_is_committed_already_and_never_reverted() {
+        let f = snapshot_facts(running(), Some(BootState::Good), Some(SNAP_BEFORE));
+        assert_eq!(decide(&f), Decision::Nothing(Idle::AlreadyCommitted));
+        let f = snapshot_facts(Phase::Fatal, Some(BootState::Good), Some(SNAP_BEFORE));
+        assert_eq!(decide(&f), Decision::Nothing(Idle::NoUpgradePending));
+    }
+
+    #[test]
+    fn a_bad_snapshot_that_booted_healthy_is_blessed_but_a_fatal_one_is_left_alone() {
+        let f = snapshot_facts(running(), Some(BootState::Bad), None);
+        assert_eq!(decide(&f), commit(SNAP, Upgrade::NonePending));
+        let f = snapshot_facts(Phase::Fatal, Some(BootState::Bad), None);
+        assert_eq!(decide(&f), Decision::Nothing(Idle::NoUpgradePending));
+    }
+
+    #[test]
+    fn an_unhealthy_snapshot_is_not_committed_and_one_without_an_entry_boots_nothing() {
+        let unhealthy = Phase::Running {
+            health: HealthOutcome::Failed("health check `file /x` failed".into()),
+        };
+        let f = snapshot_facts(unhealthy, Some(BootState::Indeterminate), Some(SNAP_BEFORE));
+        assert_eq!(
+            decide(&f),
+            Decision::Refuse(Refusal::Unhealthy("health check `file /x` failed".into()))
+        );
+        let f = snapshot_facts(running(), None, None);
+        assert_eq!(decide(&f), Decision::Refuse(Refusal::NothingBootable));
+        let f = snapshot_facts(Phase::Fatal, None, None);
+        assert_eq!(decide(&f), Decision::Nothing(Idle::NoUpgradePending));
+    }
+
+    #[test]
+    fn a_counted_systemd_boot_snapshot_entry_keeps_its_own_counter() {
+        let entry = format!("{SNAP}+2-1.conf");
+        assert_eq!(
+            LoaderFacts::of_snapshot(&entry, Some(BootState::Indeterminate), Some(SNAP_BEFORE)),
+            LoaderFacts::Read {
+                upgrade_marker: Some(SNAP_BEFORE.into()),
+                default_entry: Some(entry.clone()),
+            }
+        );
     }
 }

@@ -19,10 +19,10 @@ use slate_meta::replace::{parse_replace, ReplaceOnBoot};
 use slate_meta::tags::REPLACE_ON_BOOT;
 use slate_sequencer::{error_chain as chain, Task, TaskContext, TaskError};
 
-use crate::machine::state_dir;
-use crate::node::{Node, UpgradePlan};
-use crate::task::{failed, task};
-use crate::volumes::wipe_head;
+use crate::base::node::{Node, UpgradePlan};
+use crate::base::paths::state_dir;
+use crate::base::task::{failed, task};
+use crate::boot::volumes::wipe_head;
 
 /// `replace` is immediate: a staged upgrade runs from the Install sequence, before the volumes
 /// a replacement would wipe are even found.
@@ -87,7 +87,7 @@ pub fn at_boot(value: Option<&[u8]>, booted_version: &str) -> AtBoot {
 /// STATE), or delete a leftover record for an in-place upgrade. Returns what to log, if
 /// anything was written.
 pub fn record_before_install(plan: &UpgradePlan) -> Result<Option<String>, String> {
-    let mut store = crate::system_disk::open_meta(true)?;
+    let mut store = crate::base::system_disk::open_meta(true)?;
     if !plan.replace {
         if store.get(REPLACE_ON_BOOT).is_none() {
             return Ok(None);
@@ -126,7 +126,7 @@ fn read_config(state: &Path) -> Result<String, String> {
 /// the tag.
 pub fn restore(ctx: &TaskContext<'_>, record: &ReplaceOnBoot) -> Result<(), TaskError> {
     restore_into(&state_dir(), record).map_err(failed)?;
-    let mut store = crate::system_disk::open_meta(true).map_err(failed)?;
+    let mut store = crate::base::system_disk::open_meta(true).map_err(failed)?;
     store.delete(REPLACE_ON_BOOT);
     store.flush().map_err(|e| failed(chain(&e)))?;
     ctx.log(&if record.config.is_empty() {
@@ -148,7 +148,7 @@ fn restore_into(state: &Path, record: &ReplaceOnBoot) -> Result<(), String> {
         return Ok(());
     }
     let path = state.join(slate_machine_config::STATE_PATH);
-    crate::machine::write_atomically(&path, record.config.as_bytes(), 0o600)
+    crate::base::files::write_atomically(&path, record.config.as_bytes(), 0o600)
         .map_err(|e| format!("restoring {}: {e}", path.display()))
 }
 

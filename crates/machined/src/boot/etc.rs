@@ -21,7 +21,7 @@ use slate_sequencer::{TaskContext, TaskError};
 pub use hooks::{hooks_due, run_setup_hooks, HookRun};
 pub use upper::prepare_upper;
 
-use crate::node::Node;
+use crate::base::node::Node;
 
 /// Where the overlay is mounted, and its lower layer (the image's `/etc`).
 pub const ETC: &str = "/etc";
@@ -46,7 +46,7 @@ const MACHINE_ID: &str = "machine-id";
 
 /// The directory on STATE that holds `/etc`'s layers and records.
 pub fn state_etc_dir() -> PathBuf {
-    Path::new(crate::sequences::STATE_MOUNT).join("etc")
+    Path::new(crate::base::paths::STATE_MOUNT).join("etc")
 }
 
 /// The files of `/etc` that survive a reset besides `machine-id`, relative to `/etc`: the

@@ -7,9 +7,9 @@ use std::process::Command;
 
 use slate_sequencer::{TaskContext, TaskError};
 
-use crate::node::Node;
-use crate::sequences::Facts;
-use crate::task::failed;
+use crate::base::node::Node;
+use crate::base::task::failed;
+use crate::boot::facts::Facts;
 
 /// The first non-loopback interface.
 fn first_interface() -> Result<String, TaskError> {
@@ -136,7 +136,7 @@ fn write_resolv_conf(ctx: &TaskContext<'_>, servers: &[impl std::fmt::Display]) 
         .map(|d| format!("nameserver {d}\n"))
         .collect();
     if let Err(e) =
-        crate::machine::write_atomically(Path::new("/etc/resolv.conf"), text.as_bytes(), 0o644)
+        crate::base::files::write_atomically(Path::new("/etc/resolv.conf"), text.as_bytes(), 0o644)
     {
         ctx.log(&format!("/etc/resolv.conf not written: {e}"));
     }

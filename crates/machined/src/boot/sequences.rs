@@ -2,8 +2,7 @@
 //! boundaries: tasks of one phase run concurrently.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
-use std::sync::Mutex;
+use std::path::Path;
 
 use slate_api::Stage;
 use slate_host::BlockPartition;
@@ -12,36 +11,11 @@ use slate_sequencer::{
     PhaseListBuilder, RebootMode, Sequence, SequenceKind, TaskContext, TaskError,
 };
 
-use super::node::Node;
-use crate::task::{failed, task};
-use crate::volumes::{mount_volume, wait_for_partition, wipe_head};
-
-pub const STATE_MOUNT: &str = "/system/state";
-pub const EPHEMERAL_MOUNT: &str = "/var";
-
-/// What Initialize learns for the later sequences.
-#[derive(Debug, Default)]
-pub struct Facts {
-    /// The disk holding META: slate is installed there.
-    pub system_disk: Mutex<Option<PathBuf>>,
-    /// A staged upgrade taken out of META (consumed: the tags are already gone).
-    pub staged: Mutex<Option<super::upgrade::Staged>>,
-    /// The armed watchdog: fed while the node waits in maintenance mode.
-    pub watchdog: Option<std::sync::Arc<slate_host::Watchdog>>,
-    /// The network was brought up with DHCP for maintenance mode already.
-    pub network_up: std::sync::atomic::AtomicBool,
-    /// This boot is an upgrade by replacement's first: its data partitions start afresh.
-    pub replace: Mutex<Option<slate_meta::replace::ReplaceOnBoot>>,
-}
-
-impl Facts {
-    fn system_disk(&self) -> Option<PathBuf> {
-        self.system_disk
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clone()
-    }
-}
+use crate::base::node::Node;
+use crate::base::paths::{EPHEMERAL_MOUNT, STATE_MOUNT};
+use crate::base::task::{failed, task};
+use crate::boot::facts::Facts;
+use crate::boot::volumes::{mount_volume, wait_for_partition, wipe_head};
 
 pub fn initialize<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
     PhaseListBuilder::new()
@@ -76,7 +50,7 @@ pub fn initialize<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
             node.snapshot_root.is_some(),
             "snapshotRoot",
             [task(node, "openSnapshotRoot", move |ctx| {
-                crate::snapshot_root::initialize(ctx, node, &facts.system_disk)
+                crate::boot::snapshot_volumes::initialize(ctx, node, &facts.system_disk)
             })],
         )
         .append(
@@ -104,7 +78,7 @@ pub fn initialize<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
 }
 
 fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), TaskError> {
-    let part = match wait_for_partition(ctx, crate::system_disk::META_LABEL, None) {
+    let part = match wait_for_partition(ctx, crate::base::system_disk::META_LABEL, None) {
         Ok(part) => part,
         Err(err) => {
             ctx.log(&format!("no META partition: {err}"));
@@ -129,10 +103,10 @@ fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), Ta
         entries.len(),
         entries.join(" ")
     ));
-    for line in super::records::load(node, |tag| store.get(tag)) {
+    for line in crate::settle::records::load(node, |tag| store.get(tag)) {
         ctx.log(&line);
     }
-    match super::upgrade::consume_staged(&mut store) {
+    match crate::boot::upgrade::consume_staged(&mut store) {
         Ok(Some(staged)) => {
             ctx.log(&format!(
                 "a staged upgrade to {} was waiting; taken out of META before it runs",
@@ -144,9 +118,9 @@ fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), Ta
         Err(err) => ctx.log(&format!("the staged upgrade in META is dropped: {err}")),
     }
     let replace = store.get(slate_meta::tags::REPLACE_ON_BOOT);
-    match super::replace::at_boot(replace, &node.version) {
-        super::replace::AtBoot::Nothing => {}
-        super::replace::AtBoot::Replace(record) => {
+    match crate::boot::replace::at_boot(replace, &node.version) {
+        crate::boot::replace::AtBoot::Nothing => {}
+        crate::boot::replace::AtBoot::Replace(record) => {
             ctx.log(&format!(
                 "this is the first boot of the replacement by {}: STATE and EPHEMERAL start \
                  afresh",
@@ -154,7 +128,7 @@ fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), Ta
             ));
             *facts.replace.lock().unwrap_or_else(|p| p.into_inner()) = Some(record);
         }
-        super::replace::AtBoot::Drop(why) => {
+        crate::boot::replace::AtBoot::Drop(why) => {
             store.delete(slate_meta::tags::REPLACE_ON_BOOT);
             store
                 .flush()
@@ -166,8 +140,9 @@ fn load_meta(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), Ta
     Ok(())
 }
 
-fn open_meta(part: &BlockPartition) -> Result<crate::system_disk::SystemMeta, TaskError> {
-    crate::system_disk::open_meta_on(part, true).map_err(|e| failed(format!("reading META: {e}")))
+fn open_meta(part: &BlockPartition) -> Result<crate::base::system_disk::SystemMeta, TaskError> {
+    crate::base::system_disk::open_meta_on(part, true)
+        .map_err(|e| failed(format!("reading META: {e}")))
 }
 
 pub fn install<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
@@ -177,13 +152,13 @@ pub fn install<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
         .lock()
         .unwrap_or_else(|p| p.into_inner())
         .take();
-    let builder = match staged.map(|s| super::upgrade::staged_plan(&s)) {
+    let builder = match staged.map(|s| crate::boot::upgrade::staged_plan(&s)) {
         Some(Ok(plan)) => {
             node.journal.info(format_args!(
                 "running the staged upgrade to {}",
                 plan.version
             ));
-            super::upgrade::staged_phases(node, plan, PhaseListBuilder::new())
+            crate::boot::upgrade::staged_phases(node, plan, PhaseListBuilder::new())
         }
         Some(Err(err)) => {
             node.journal.error(format_args!(
@@ -224,12 +199,12 @@ pub fn boot<'a>(
         .append_when(
             replace.is_some(),
             "replace",
-            super::replace::wipe_tasks(node, disk.clone()),
+            crate::boot::replace::wipe_tasks(node, disk.clone()),
         )
         .append_when(
             snapshot_root.is_some(),
             "volumes",
-            crate::snapshot_root::volume_tasks(node),
+            crate::boot::snapshot_volumes::volume_tasks(node),
         )
         .append_when(
             snapshot_root.is_none(),
@@ -251,17 +226,17 @@ pub fn boot<'a>(
         .append_when(
             replace.is_some(),
             "restore",
-            super::replace::restore_tasks(node, replace.clone()),
+            crate::boot::replace::restore_tasks(node, replace.clone()),
         )
         .append(
             "config",
             [
                 task(node, "machineConfig", move |ctx| {
-                    crate::boot_config::machine_config(ctx, node, facts)
+                    crate::boot::boot_config::machine_config(ctx, node, facts)
                 }),
                 // As soon as STATE is mounted: the API's TLS waits for the kernel's CRNG.
                 task(node, "randomSeed", move |ctx| {
-                    crate::random_seed::random_seed_task(ctx, &node.journal)
+                    crate::boot::random_seed::random_seed_task(ctx, &node.journal)
                 }),
             ],
         )
@@ -270,25 +245,25 @@ pub fn boot<'a>(
             snapshot_root.is_none(),
             "etc",
             [task(node, "etcOverlay", move |ctx| {
-                crate::etc::overlay_task(ctx, node, &crate::etc::etc_keep_list(node))
+                crate::boot::etc::overlay_task(ctx, node, &crate::boot::etc::etc_keep_list(node))
             })],
         )
         .append(
             "configure",
             [task(node, "applyConfig", move |ctx| {
-                crate::boot_config::configure(ctx, node)
+                crate::boot::boot_config::configure(ctx, node)
             })],
         )
         .append(
             "setup",
             [task(node, "setupHooks", move |ctx| {
-                crate::etc::setup_hooks_task(ctx, node)
+                crate::boot::etc::setup_hooks_task(ctx, node)
             })],
         )
         .append(
             "network",
             [task(node, "network", move |ctx| {
-                crate::network::network(ctx, node, facts)
+                crate::boot::network::network(ctx, node, facts)
             })],
         )
         .append(
@@ -343,7 +318,7 @@ pub fn reset(node: &Node) -> Sequence<'_> {
             "unmountVolumes",
             [task(node, "unmount", |ctx| {
                 // /etc first: its overlay keeps STATE busy.
-                for target in [crate::etc::ETC, EPHEMERAL_MOUNT, STATE_MOUNT] {
+                for target in [crate::boot::etc::ETC, EPHEMERAL_MOUNT, STATE_MOUNT] {
                     if slate_host::is_mount_point(Path::new(target))? {
                         slate_host::unmount(Path::new(target))?;
                         ctx.log(&format!("unmounted {target}"));

@@ -16,10 +16,10 @@ use slate_api::{
 use slate_machine_config::Parsed;
 use slate_sequencer::{TaskContext, TaskError};
 
-use crate::journal::Journal;
-use crate::machine;
-use crate::node::Node;
-use crate::task::failed;
+use crate::base::journal::Journal;
+use crate::base::node::Node;
+use crate::base::task::failed;
+use crate::boot::machine;
 
 struct MaintenanceBackend {
     version: String,
@@ -154,7 +154,7 @@ pub fn wait_for_config(
     let backend = MaintenanceBackend {
         version: node.version.clone(),
         journal: node.journal.clone(),
-        state: machine::state_dir(),
+        state: crate::base::paths::state_dir(),
         configured: Mutex::new(Some(tx)),
     };
     let server = slate_api::spawn(
@@ -172,7 +172,7 @@ pub fn wait_for_config(
         "configure this node with `slate --node {} apply-config FILE --insecure --token {token}`",
         addresses.first().map_or("ADDRESS", String::as_str)
     ));
-    let feed_every = watchdog.map(|dog| crate::watchdog::interval(dog.timeout()));
+    let feed_every = watchdog.map(|dog| crate::boot::watchdog::interval(dog.timeout()));
     let parsed = loop {
         if let Some(dog) = watchdog {
             let _ = dog.keepalive();
@@ -199,5 +199,5 @@ pub fn wait_for_config(
 
 /// Where the configuration lives, for log lines.
 pub fn config_path() -> std::path::PathBuf {
-    Path::new(crate::sequences::STATE_MOUNT).join(slate_machine_config::STATE_PATH)
+    Path::new(crate::base::paths::STATE_MOUNT).join(slate_machine_config::STATE_PATH)
 }

@@ -27,8 +27,8 @@ use slate_sequencer::{
 };
 use slate_trust::PublicKey;
 
-use crate::node::{Node, UpgradePlan};
-use crate::task::{failed, task};
+use crate::base::node::{Node, UpgradePlan};
+use crate::base::task::{failed, task};
 use receive::invalid;
 
 pub const BUNDLES_DIR: &str = "/var/lib/slate/bundles";
@@ -182,7 +182,7 @@ fn write_installer(bundle: &Bundle, path: &Path) -> Result<u64, String> {
 
 /// META `VersionFloor` on the system disk, if one is kept.
 fn version_floor() -> Result<Option<String>, String> {
-    let store = crate::system_disk::open_meta(false)?;
+    let store = crate::base::system_disk::open_meta(false)?;
     Ok(store
         .get(slate_meta::tags::VERSION_FLOOR)
         .map(|v| String::from_utf8_lossy(v).trim().to_string()))
@@ -249,7 +249,7 @@ fn locate(image: &str) -> Result<(Digest, Bundle), BackendError> {
 /// here (synchronously, before the lock) when the update policy says no.
 pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan, BackendError> {
     let tries = requested_tries(req)?;
-    crate::replace::check_request(req)?;
+    crate::boot::replace::check_request(req)?;
     let (id, bundle) = locate(&req.image)?;
     check_policy(node, bundle.manifest(), req.allow_downgrade)
         .map_err(|e| invalid(format!("the upgrade is refused: {e}")))?;
@@ -267,8 +267,8 @@ pub fn plan(node: &Node, req: &slate_api::UpgradeRequest) -> Result<UpgradePlan,
 }
 
 /// Open META on the system disk for writing.
-fn meta_store() -> Result<crate::system_disk::SystemMeta, String> {
-    crate::system_disk::open_meta(true)
+fn meta_store() -> Result<crate::base::system_disk::SystemMeta, String> {
+    crate::base::system_disk::open_meta(true)
 }
 
 /// Write the staged upgrade into META (both tags in one flush).
@@ -295,7 +295,7 @@ fn record_staged(plan: &UpgradePlan) -> Result<(), String> {
 /// Take a staged upgrade out of META: both tags are deleted and flushed before anything acts
 /// on them, so an upgrade that fails (or whose version fails) is never tried again.
 pub fn consume_staged(
-    store: &mut crate::system_disk::SystemMeta,
+    store: &mut crate::base::system_disk::SystemMeta,
 ) -> Result<Option<Staged>, String> {
     use slate_meta::tags::{STAGED_UPGRADE_IMAGE_REF, STAGED_UPGRADE_INSTALL_OPTIONS};
     let image = store
@@ -437,9 +437,9 @@ fn upgrade_phases<'a>(
                 check_policy(node, bundle.manifest(), plan_allow_downgrade).map_err(failed)?;
                 bundle.verify_blobs().map_err(|e| failed(chain(&e)))?;
                 // A UKI this node's firmware would refuse must never reach its ESP.
-                if let Some(db) = crate::secure_boot::trusted_db().map_err(failed)? {
+                if let Some(db) = crate::boot::secure_boot::trusted_db().map_err(failed)? {
                     let line =
-                        crate::secure_boot::check_bundle_uki(&bundle, &db).map_err(failed)?;
+                        crate::boot::secure_boot::check_bundle_uki(&bundle, &db).map_err(failed)?;
                     ctx.log(&line);
                 }
                 let bytes = write_installer(&bundle, &installer).map_err(failed)?;
@@ -456,7 +456,7 @@ fn upgrade_phases<'a>(
             "replace",
             [task(node, "recordReplace", move |ctx| {
                 // Before the installer: a replacement is never installed without its record.
-                let recorded = crate::replace::record_before_install(&replace_plan)
+                let recorded = crate::boot::replace::record_before_install(&replace_plan)
                     .map_err(|e| failed(format!("META ReplaceOnBoot: {e}")))?;
                 if let Some(line) = recorded {
                     ctx.log(&line);
@@ -467,9 +467,9 @@ fn upgrade_phases<'a>(
         .append(
             "install",
             [task(node, "runInstaller", move |ctx| {
-                let meta = crate::system_disk::meta_partition()
+                let meta = crate::base::system_disk::meta_partition()
                     .map_err(|e| failed(format!("finding the system disk: {e}")))?;
-                let running = super::transaction::booted_entry(node).ok_or_else(|| {
+                let running = crate::settle::transaction::booted_entry(node).ok_or_else(|| {
                     failed("neither the firmware nor the kernel command line says what booted")
                 })?;
                 let mut cmd = Command::new(&run_installer);

@@ -8,7 +8,7 @@
 use slate_bundle::Digest;
 use slate_transport::{Options, Reference};
 
-use crate::node::{Node, UpgradePlan};
+use crate::base::node::{Node, UpgradePlan};
 
 /// A pinned registry reference, taken apart.
 #[derive(Debug, Clone)]
