@@ -8,7 +8,7 @@ use slate_bundle::Digest;
 use crate::initramfs::{Blob, FileInfo};
 use crate::rootfs::{display_path, Listing, Node, NodeKind};
 
-/// What `diff` knows of one bundle, read once (see [`crate::inspect`]), or of the version a
+/// What `diff` knows of one bundle, read once (by the `inspect` module), or of the version a
 /// node runs ([`crate::running_summary`]). Its JSON is what a node answers to `GET /v1/image`:
 /// the fields by name, the root filesystem as a list of entries (see `wire.rs`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use crate::heartbeat::{tick, ReportQueue, ReportStats, Reporter};
 use crate::identity::Identities;
 use crate::log::{EventLog, SimEvent, SimEventKind};
 use crate::node::{NodeSeed, SimBackend};
+use crate::shared::Shared;
 
 /// One group of identical nodes.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,42 +98,6 @@ pub enum FleetError {
     },
     #[error("node {node}: cannot start its API: {message}")]
     Listen { node: String, message: String },
-}
-
-/// What every node and task of a fleet shares.
-pub(crate) struct Shared {
-    pub(crate) rt: tokio::runtime::Handle,
-    pub(crate) log: EventLog,
-    behaviour: RwLock<Behaviour>,
-    pub(crate) reports: Arc<ReportQueue>,
-    pub(crate) shutdown: Shutdown,
-    /// The server configuration of every node but its address and certificate.
-    pub(crate) server: ServerConfig,
-    /// Every node's key and certificates.
-    pub(crate) identities: Arc<Identities>,
-    pub(crate) seed: u64,
-    api_errors: Mutex<Vec<String>>,
-}
-
-impl Shared {
-    pub(crate) fn behaviour(&self) -> RwLockReadGuard<'_, Behaviour> {
-        self.behaviour
-            .read()
-            .unwrap_or_else(PoisonError::into_inner)
-    }
-
-    pub(crate) fn api_error(&self, message: String) {
-        if !self.shutdown.is_triggered() {
-            self.api_errors
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .push(message);
-        }
-    }
-
-    pub(crate) fn is_shutting_down(&self) -> bool {
-        self.shutdown.is_triggered()
-    }
 }
 
 /// Raises the soft limit of open files to the hard limit (a node costs a listener, and a

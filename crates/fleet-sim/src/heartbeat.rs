@@ -12,7 +12,6 @@ use std::time::Duration;
 use slate_rollout::NodeReport;
 
 use crate::behaviour::SplitMix64;
-use crate::node::SimBackend;
 
 /// Where heartbeats go: the operator's `POST /v1/fleet/heartbeat` in the binary, a recorder
 /// in tests. Called on a reporter thread (never on the async executor), so it may block; calls
@@ -36,9 +35,18 @@ pub struct ReportStats {
     pub coalesced: u64,
 }
 
+/// What the queue asks of a node: its lane, whether a heartbeat of it waits already, and its
+/// report as it is now (`None` while it reboots).
+pub(crate) trait Heartbeating: Send + Sync {
+    fn index(&self) -> usize;
+    /// Sets whether a periodic heartbeat is queued; answers whether one was.
+    fn heartbeat_queued(&self, queued: bool) -> bool;
+    fn heartbeat(&self) -> Option<NodeReport>;
+}
+
 pub(crate) enum Job {
     /// A periodic heartbeat: the report is taken when it is sent, so it is never stale.
-    Periodic(Arc<SimBackend>),
+    Periodic(Arc<dyn Heartbeating>),
     /// A state change: the report as it was at the change, so none is lost to a later one.
     Change(NodeReport),
 }
@@ -130,7 +138,7 @@ impl ReportQueue {
     }
 
     /// Queues a periodic heartbeat unless the node's previous one is still waiting.
-    pub(crate) fn periodic(&self, node: &Arc<SimBackend>) {
+    pub(crate) fn periodic<N: Heartbeating + 'static>(&self, node: &Arc<N>) {
         if node.heartbeat_queued(true) {
             self.counters.coalesced.fetch_add(1, Ordering::Relaxed);
         } else {
@@ -159,8 +167,8 @@ impl ReportQueue {
 
 /// A node's periodic heartbeats: first after `phase` (the fleet spreads phases evenly over the
 /// interval, so 10,000 nodes do not report in one burst), then every `interval` ± 10 %.
-pub(crate) async fn tick(
-    node: Arc<SimBackend>,
+pub(crate) async fn tick<N: Heartbeating + 'static>(
+    node: Arc<N>,
     queue: Arc<ReportQueue>,
     interval: Duration,
     phase: Duration,

@@ -26,6 +26,7 @@ mod identity;
 mod listen;
 mod log;
 mod node;
+mod shared;
 
 pub use behaviour::{image_version, Behaviour};
 pub use fleet::{raise_file_limit, Fleet, FleetError, FleetSpec, GroupSpec};

@@ -29,7 +29,15 @@ use nix::sys::socket::{self, sockopt, AddressFamily, SockFlag, SockType, Sockadd
 use slate_api::NodeBackend;
 use tokio::sync::oneshot;
 
-use crate::node::SimBackend;
+use crate::shared::Shared;
+
+/// What a listener needs of the node it serves, besides its API.
+pub(crate) trait Served: NodeBackend + 'static {
+    fn shared(&self) -> &Arc<Shared>;
+    fn id(&self) -> &str;
+    /// Keeps the sender that stops the listener just started.
+    fn set_api_stop(&self, stop: oneshot::Sender<()>);
+}
 
 const FIRST_PORT: u32 = 10_000;
 const END_PORT: u32 = 32_768;
@@ -56,8 +64,8 @@ fn next_port() -> u16 {
 
 /// Starts `node`'s API, on `port` when given (after a reboot: the operator knows the node
 /// there) and else on the next free port of the range; answers the address it listens on.
-pub(crate) async fn start_api(
-    node: &Arc<SimBackend>,
+pub(crate) async fn start_api<N: Served>(
+    node: &Arc<N>,
     port: Option<u16>,
 ) -> Result<SocketAddr, String> {
     let mut last_error = String::from("no free port");
@@ -85,7 +93,7 @@ pub(crate) async fn start_api(
     Err(last_error)
 }
 
-async fn bind(node: &Arc<SimBackend>, addr: SocketAddr) -> Result<SocketAddr, String> {
+async fn bind<N: Served>(node: &Arc<N>, addr: SocketAddr) -> Result<SocketAddr, String> {
     let shared = node.shared();
     let mut config = shared.server.clone();
     config.listen = addr;

@@ -19,8 +19,10 @@ use slate_rollout::{FailureReport, NodeReport};
 use tokio::sync::oneshot;
 
 use crate::behaviour::{image_version, SplitMix64};
-use crate::fleet::Shared;
+use crate::heartbeat::Heartbeating;
+use crate::listen::Served;
 use crate::log::SimEventKind;
+use crate::shared::Shared;
 
 /// The reason a reverted node records, as machined words it.
 pub const REVERT_REASON: &str = "the new version failed its health checks; reverted";
@@ -496,5 +498,33 @@ impl NodeBackend for SimBackend {
 
     fn dmesg(&self, _follow: bool) -> Result<LineStream, BackendError> {
         Ok(Box::new(std::iter::empty()))
+    }
+}
+
+impl Served for SimBackend {
+    fn shared(&self) -> &Arc<Shared> {
+        SimBackend::shared(self)
+    }
+
+    fn id(&self) -> &str {
+        SimBackend::id(self)
+    }
+
+    fn set_api_stop(&self, stop: oneshot::Sender<()>) {
+        SimBackend::set_api_stop(self, stop);
+    }
+}
+
+impl Heartbeating for SimBackend {
+    fn index(&self) -> usize {
+        SimBackend::index(self)
+    }
+
+    fn heartbeat_queued(&self, queued: bool) -> bool {
+        SimBackend::heartbeat_queued(self, queued)
+    }
+
+    fn heartbeat(&self) -> Option<NodeReport> {
+        SimBackend::heartbeat(self)
     }
 }

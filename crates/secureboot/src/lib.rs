@@ -18,6 +18,7 @@ mod pe;
 mod siglist;
 mod sign;
 mod verify;
+mod x509;
 
 pub use siglist::{
     certs_from_auth, certs_from_signature_lists, signature_list, SigListError, EFI_CERT_X509_GUID,

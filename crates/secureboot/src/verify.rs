@@ -12,7 +12,7 @@ use sha2::{Digest, Sha256};
 use x509_cert::Certificate;
 
 use crate::pe::{image_digest, Pe};
-use crate::sign::oid;
+use crate::x509::{oid, subject};
 use crate::VerifyError;
 
 /// The certificates a target trusts: its firmware's `db` (or what the running image says it
@@ -59,10 +59,6 @@ pub struct Signer {
     pub subject: String,
     /// The trusted certificate that vouched for it (itself, or its issuer).
     pub trusted_by: String,
-}
-
-pub(crate) fn subject(cert: &Certificate) -> String {
-    cert.tbs_certificate.subject.to_string()
 }
 
 /// Accept `image` if one of its signatures verifies and chains to `trusted`. Every signature
