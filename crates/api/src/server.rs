@@ -23,7 +23,7 @@
 //! so at most 64 × (64 + 64 + 100 + 1024) KiB ≈ 80 MiB, reached only with admins' bodies; a
 //! reader holds at most 8 × (228 + 512) KiB ≈ 6 MiB per certificate (following logs it does
 //! not read). machined's journal adds its own bound (1 MiB of lines of at most 4 KiB,
-//! `crates/machined/src/journal.rs`), and each stream a thread of its own. Time is bounded
+//! `crates/machined/src/base/journal.rs`), and each stream a thread of its own. Time is bounded
 //! too: a head within [`Limits::header_timeout`], a body at [`Limits::body_min_rate`] with no
 //! gap longer than [`Limits::body_timeout`]; a refusal is answered before a body of declared
 //! length is read (a chunked one, as slate's client streams uploads, is read out first, within
