@@ -36,6 +36,7 @@ const PURE: &[&str] = &[
     "crates/fleetlock/src",
     "crates/rollout/src",
     "crates/snapshot/src",
+    "crates/services/src",
     // Only the policy of trust: keys.rs reads key files and key directories (std::fs).
     "crates/trust/src/policy.rs",
 ];
