@@ -5,13 +5,14 @@
 //! `nix`'s safe wrappers where they exist; the loop-device and watchdog ioctls, which neither
 //! `nix` nor `libc` describe, and `kexec_file_load`, which `nix` lacks, are the only `unsafe`
 //! code (see `loopdev.rs`, `watchdog.rs`, `kexec.rs`, `btrfs.rs`, `random_seed.rs`, and
-//! `chroot.rs`'s `pre_exec`).
+//! `chroot.rs`'s and `supervised.rs`'s `pre_exec`).
 //! Every error names the operation and the path it was applied to, so a failed boot reads as a
 //! sentence on the console.
 
 mod block;
 mod boot_clock;
 mod btrfs;
+mod cgroup;
 mod chroot;
 mod cmdline;
 mod dhcp_transport;
@@ -27,6 +28,7 @@ mod net;
 mod process;
 mod random_seed;
 mod signals;
+mod supervised;
 mod system;
 mod teardown;
 mod watchdog;
@@ -42,6 +44,7 @@ pub use btrfs::{
     child_subvolumes, create_subvolume, delete_subvolume, is_btrfs, is_subvolume, pool_uuid,
     snapshot_subvolume,
 };
+pub use cgroup::{cgroup2_mount_point, is_cgroup2, mount_cgroup2, Cgroup, CGROUP_ROOT};
 pub use chroot::{spawn_chrooted, ApiMounts};
 pub use cmdline::{cmdline_value, kernel_cmdline};
 pub use dhcp_transport::DhcpTransport;
@@ -72,6 +75,7 @@ pub use process::{
 };
 pub use random_seed::{consume_random_seed, save_random_seed, SeedOutcome, RANDOM_SEED_LEN};
 pub use signals::{disable_ctrl_alt_del, Signal, SignalReader};
+pub use supervised::{spawn_supervised, ProcessExit, SupervisedChild};
 pub use system::{
     ensure_console_stdio, exec, is_pid1, kernel_release, load_module, poweroff, reboot,
     unusable_here, ModuleLoad,

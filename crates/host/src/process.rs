@@ -19,7 +19,7 @@ use nix::unistd::Pid;
 
 use crate::{HostError, Result};
 
-static CHILDREN: Mutex<()> = Mutex::new(());
+pub(crate) static CHILDREN: Mutex<()> = Mutex::new(());
 
 /// A child spawned under the reaper's lock, which it holds until it is dropped: PID 1's reaper
 /// cannot take its exit status, however long it runs. Derefs to the [`Child`] to wait for.
@@ -218,7 +218,10 @@ pub fn reap_zombies() -> usize {
     loop {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) | Err(_) => return reaped,
-            Ok(_) => reaped += 1,
+            Ok(status) => {
+                crate::supervised::reaped(status);
+                reaped += 1;
+            }
         }
     }
 }

@@ -50,6 +50,11 @@ pub struct MachineConfig {
     pub etc: Etc,
     #[serde(default, skip_serializing_if = "Reboot::is_unset")]
     pub reboot: Reboot,
+    /// `[[services]]`: this node's own services, beside the image's (one of the same name
+    /// replaces the image's). Dependencies may name the image's services: the whole set is
+    /// checked on the node, against its image, before a document is written.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<slate_services::ServiceSpec>,
 }
 
 /// `[reboot]`: how the node restarts when a reboot asks for its default way (an upgrade's
@@ -340,6 +345,8 @@ pub fn change(old: &MachineConfig, new: &MachineConfig) -> ConfigChange {
     note("etc", old.etc != new.etc, false);
     // Read when the node goes down, so it applies to the next reboot without one.
     note("reboot", old.reboot != new.reboot, false);
+    // Started, stopped and restarted as they change (machined's services).
+    note("services", old.services != new.services, false);
     ConfigChange {
         changed,
         reboot_required,

@@ -43,7 +43,8 @@ pub(crate) fn validate(config: &MachineConfig) -> Result<(), ConfigError> {
     network(config)?;
     api(config)?;
     update(config)?;
-    etc(config)
+    etc(config)?;
+    check_services(&config.services)
 }
 
 fn is_label(text: &str) -> bool {
@@ -459,6 +460,25 @@ fn operator_fields(update: &crate::UpdateSettings) -> Result<(), ConfigError> {
             return Err(ConfigError::invalid(
                 "update.labels",
                 format!("{key:?} = {value:?}: keys and values are 1-63 of [A-Za-z0-9-_.]"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Each service's own checks and no name twice; the programs and the dependencies on the
+/// image's services are checked on the node (`slate_services::start_order` over the image's
+/// services and these).
+fn check_services(services: &[slate_services::ServiceSpec]) -> Result<(), ConfigError> {
+    let mut names = std::collections::BTreeSet::new();
+    for service in services {
+        service
+            .check(&|_| true)
+            .map_err(|e| ConfigError::invalid("services", e.to_string()))?;
+        if !names.insert(service.name.as_str()) {
+            return Err(ConfigError::invalid(
+                "services",
+                slate_services::ServiceError::Duplicate(service.name.clone()).to_string(),
             ));
         }
     }

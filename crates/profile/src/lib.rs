@@ -14,6 +14,7 @@ mod node;
 use std::path::PathBuf;
 
 use serde::Deserialize;
+pub use slate_services::ServiceSpec;
 
 pub use image::{Image, KEEP_VERSIONS_RANGE, MAX_ESP_MIB, MAX_IMAGE_MIB};
 pub use node::{
@@ -88,6 +89,9 @@ pub struct Profile {
     /// How the node restarts by default (`[reboot] mode`; a machine configuration's wins).
     #[serde(default)]
     pub reboot: Option<Reboot>,
+    /// The services every node of the image runs (`[[services]]`, docs/node.md "Services").
+    #[serde(default)]
+    pub services: Vec<ServiceSpec>,
     /// The public keys this image trusts for updates.
     #[serde(default)]
     pub trust: Trust,
@@ -270,17 +274,21 @@ impl Profile {
             }
             _ => {}
         }
-        node::validate(self.health.as_ref(), self.watchdog.as_ref())
+        node::validate(self.health.as_ref(), self.watchdog.as_ref())?;
+        node::validate_services(&self.services)
     }
 
     /// The node's runtime configuration this image carries, when the profile has any.
     pub fn node_config(&self) -> Option<NodeConfig> {
-        (self.health.is_some() || self.watchdog.is_some() || self.reboot.is_some()).then(|| {
-            NodeConfig {
-                health: self.health.clone(),
-                watchdog: self.watchdog.clone(),
-                reboot: self.reboot.clone(),
-            }
+        let any = self.health.is_some()
+            || self.watchdog.is_some()
+            || self.reboot.is_some()
+            || !self.services.is_empty();
+        any.then(|| NodeConfig {
+            health: self.health.clone(),
+            watchdog: self.watchdog.clone(),
+            reboot: self.reboot.clone(),
+            services: self.services.clone(),
         })
     }
 

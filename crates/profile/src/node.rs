@@ -184,6 +184,10 @@ pub struct NodeConfig {
     pub watchdog: Option<Watchdog>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub reboot: Option<Reboot>,
+    /// `[[services]]`: what machined starts and supervises (the machine configuration adds
+    /// its own).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub services: Vec<slate_services::ServiceSpec>,
 }
 
 /// `[reboot]`: how the node restarts when a reboot asks for its default way (an upgrade's,
@@ -211,6 +215,7 @@ impl NodeConfig {
     pub fn parse(text: &str) -> Result<Self, ProfileError> {
         let config: NodeConfig = toml::from_str(text)?;
         validate(config.health.as_ref(), config.watchdog.as_ref())?;
+        validate_services(&config.services)?;
         Ok(config)
     }
 
@@ -232,6 +237,19 @@ impl NodeConfig {
     pub fn enabled_watchdog(&self) -> Option<&Watchdog> {
         self.watchdog.as_ref().filter(|w| w.enabled())
     }
+}
+
+/// The services as a set (each declaration, names, dependencies, circles). Whether the
+/// programs exist is the imager's check, against the root it builds.
+pub(crate) fn validate_services(
+    services: &[slate_services::ServiceSpec],
+) -> Result<(), ProfileError> {
+    slate_services::start_order(services, &|_| true)
+        .map(drop)
+        .map_err(|e| ProfileError::Invalid {
+            field: "services",
+            reason: e.to_string(),
+        })
 }
 
 /// Range checks shared by the profile and the node configuration file.
