@@ -1,8 +1,9 @@
 //! What the server asks of the node: [`NodeBackend`], implemented by machined.
 
 use crate::types::{
-    ApplyConfigRequest, ApplyConfigResult, ConfigView, Event, PinRequest, PinResult, RebootMode,
-    RollbackRequest, RollbackResult, Status, UpgradeRequest, UploadedBundle, VersionInfo,
+    ApplyConfigRequest, ApplyConfigResult, ConfigView, Event, NodeServiceStatus, PinRequest,
+    PinResult, RebootMode, RollbackRequest, RollbackResult, ServiceControlRequest, ServicesView,
+    Status, UpgradeRequest, UploadedBundle, VersionInfo,
 };
 
 /// Lines of a log, consumed on a dedicated thread (blocking in `next` is fine).
@@ -155,6 +156,24 @@ pub trait NodeBackend: Send + Sync {
         ))
     }
     /// `GET /v1/events`: a new subscription; see [`EventStream`] for the contract.
+    /// `GET /v1/services`: the node's services.
+    fn services(&self) -> Result<ServicesView, BackendError> {
+        Err(BackendError::Unsupported(
+            "this node runs no services".into(),
+        ))
+    }
+
+    /// `POST /v1/services`: start, stop or restart one.
+    fn control_service(
+        &self,
+        req: ServiceControlRequest,
+    ) -> Result<NodeServiceStatus, BackendError> {
+        let _ = req;
+        Err(BackendError::Unsupported(
+            "this node runs no services".into(),
+        ))
+    }
+
     fn events(&self) -> EventStream;
     /// `GET /v1/logs`: machined's own log lines (without trailing newlines). With `follow`,
     /// the iterator first yields the retained lines, then blocks for new ones.

@@ -257,6 +257,19 @@ impl Client {
         self.unary(Endpoint::SnapshotUpgrade, Some(req))
     }
 
+    /// `GET /v1/services` (reader): the node's services.
+    pub fn services(&self) -> Result<crate::ServicesView, ClientError> {
+        self.unary(Endpoint::Services, None::<&()>)
+    }
+
+    /// `POST /v1/services` (operator): start, stop or restart one service.
+    pub fn control_service(
+        &self,
+        req: &crate::ServiceControlRequest,
+    ) -> Result<crate::NodeServiceStatus, ClientError> {
+        self.unary(Endpoint::ControlService, Some(req))
+    }
+
     /// `GET /v1/boot` (reader): the node's boot entries and its next boot, as JSON.
     pub fn boot_explain(&self) -> Result<serde_json::Value, ClientError> {
         self.unary(Endpoint::BootExplain, None::<&()>)

@@ -21,7 +21,7 @@ use crate::pace::Paced;
 use crate::routes::{self, Endpoint, Route, ROUTES};
 use crate::types::{
     Accepted, ApplyConfigRequest, Caller, ErrorCode, Event, PinRequest, RebootRequest, Role,
-    RollbackRequest, SnapshotUpgradeRequest, UpgradeRequest,
+    RollbackRequest, ServiceControlRequest, SnapshotUpgradeRequest, UpgradeRequest,
 };
 use crate::upload::{upload_room, ChannelReader, MAX_UPLOAD_BYTES, UPLOAD_CHANNEL};
 
@@ -186,6 +186,13 @@ async fn dispatch(
         Endpoint::SnapshotUpgrade => {
             match read_json::<SnapshotUpgradeRequest>(req, false, MAX_REQUEST_BODY).await {
                 Ok(body) => reply(call(node, move |b| b.snapshot_upgrade(body)).await),
+                Err(reject) => reject.into_response(),
+            }
+        }
+        Endpoint::Services => reply(call(node, |b| b.services()).await),
+        Endpoint::ControlService => {
+            match read_json::<ServiceControlRequest>(req, false, MAX_REQUEST_BODY).await {
+                Ok(body) => reply(call(node, move |b| b.control_service(body)).await),
                 Err(reject) => reject.into_response(),
             }
         }

@@ -87,8 +87,9 @@ pub use service::{serve_service, spawn_service, JsonService, ServiceRoute, MAX_S
 pub use types::{
     Accepted, AgentStatus, ApiError, ApplyConfigRequest, ApplyConfigResult, ApplyMode, BootSpan,
     BootTimes, Caller, ConfigView, ErrorCode, Event, EventKind, Failure, MemoryUse, Milestone,
-    Mode, PinRequest, PinResult, RebootMode, RebootRequest, Role, RollbackRecord, RollbackRequest,
-    RollbackResult, SecureBootStatus, SnapshotUpgradeRequest, Stage, Status, UpgradeRequest,
+    Mode, NodeServiceStatus, PinRequest, PinResult, RebootMode, RebootRequest, Role,
+    RollbackRecord, RollbackRequest, RollbackResult, SecureBootStatus, ServiceAction,
+    ServiceControlRequest, ServicesView, SnapshotUpgradeRequest, Stage, Status, UpgradeRequest,
     UploadedBundle, VersionInfo,
 };
 pub use upload::{upload_room, MAX_UPLOAD_BYTES};

@@ -24,6 +24,8 @@ pub enum Endpoint {
     ImageSummary,
     SnapshotList,
     SnapshotUpgrade,
+    Services,
+    ControlService,
 }
 
 /// One route: method, path and the least role allowed to call it.
@@ -80,6 +82,13 @@ pub const ROUTES: &[Route] = &[
         "/v1/snapshots/upgrade",
         Role::Admin,
         Endpoint::SnapshotUpgrade,
+    ),
+    route("GET", "/v1/services", Role::Reader, Endpoint::Services),
+    route(
+        "POST",
+        "/v1/services",
+        Role::Operator,
+        Endpoint::ControlService,
     ),
 ];
 

@@ -70,12 +70,12 @@ pub use mount::{
 };
 pub use net::{add_default_route, hardware_address, ipv4_addresses, set_ipv4_address, set_link_up};
 pub use process::{
-    reap_zombies, resident_kib, run_command, run_command_logged, spawn_reaper, CommandEnd,
-    GuardedChild,
+    reap_zombies, resident_kib, run_command, run_command_logged, spawn_line_reader, spawn_reaper,
+    CommandEnd, GuardedChild,
 };
 pub use random_seed::{consume_random_seed, save_random_seed, SeedOutcome, RANDOM_SEED_LEN};
 pub use signals::{disable_ctrl_alt_del, Signal, SignalReader};
-pub use supervised::{spawn_supervised, ProcessExit, SupervisedChild};
+pub use supervised::{signal_process_group, spawn_supervised, ProcessExit, SupervisedChild};
 pub use system::{
     ensure_console_stdio, exec, is_pid1, kernel_release, load_module, poweroff, reboot,
     unusable_here, ModuleLoad,

@@ -180,11 +180,21 @@ fn spawn_retrying_busy(cmd: &mut Command) -> std::io::Result<std::process::Child
 }
 
 /// A thread sending `pipe`'s lines (lossy UTF-8, without the newline) to `tx` until EOF.
-fn forward_lines(mut pipe: impl Read + Send + 'static, tx: mpsc::Sender<String>) {
+fn forward_lines(pipe: impl Read + Send + 'static, tx: mpsc::Sender<String>) {
+    spawn_line_reader(pipe, move |line| tx.send(line).is_ok());
+}
+
+/// A thread handing each line of `pipe` (lossy UTF-8, without the newline; a line longer than
+/// 4 KiB in pieces) to `on_line` until EOF or until `on_line` answers false. Memory stays at
+/// one piece however much the other end writes.
+pub fn spawn_line_reader(
+    mut pipe: impl Read + Send + 'static,
+    mut on_line: impl FnMut(String) -> bool + Send + 'static,
+) -> std::thread::JoinHandle<()> {
     std::thread::spawn(move || {
         let mut pending = Vec::new();
         let mut buf = [0u8; 4096];
-        let send = |bytes: &[u8]| tx.send(String::from_utf8_lossy(bytes).into_owned()).is_ok();
+        let mut send = |bytes: &[u8]| on_line(String::from_utf8_lossy(bytes).into_owned());
         loop {
             let n = match pipe.read(&mut buf) {
                 Ok(0) | Err(_) => break,
@@ -207,7 +217,7 @@ fn forward_lines(mut pipe: impl Read + Send + 'static, tx: mpsc::Sender<String>)
         if !pending.is_empty() {
             send(&pending);
         }
-    });
+    })
 }
 
 /// Reap every exited child that is not being waited for by [`run_command`], once.

@@ -149,3 +149,11 @@ impl SupervisedChild {
         }
     }
 }
+
+/// Signal number `signal` to the process group `pgid` (a supervised child leads its own);
+/// an unknown number or a group already gone is ignored.
+pub fn signal_process_group(pgid: i32, signal: i32) {
+    if let Ok(signal) = nix::sys::signal::Signal::try_from(signal) {
+        let _ = nix::sys::signal::killpg(Pid::from_raw(pgid), signal);
+    }
+}

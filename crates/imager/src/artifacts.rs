@@ -141,6 +141,13 @@ pub fn assemble_root(inputs: &Inputs, tree: &Path) -> Result<(), ImagerError> {
         inputs.profile.os_release().as_bytes(),
     )?;
     if let Some(node) = inputs.profile.node_config() {
+        // Every service's program (and ready command) must be in the root being built.
+        slate_services::start_order(&node.services, &|program| program_in(tree, program)).map_err(
+            |e| ImagerError::BadInput {
+                what: "the profile's services",
+                reason: e.to_string(),
+            },
+        )?;
         write_generated(
             &tree.join(slate_profile::NODE_CONFIG_PATH),
             node.to_toml().as_bytes(),
@@ -326,4 +333,83 @@ pub(crate) fn in_bytes(size: Result<u64, slate_profile::ProfileError>) -> Result
         what: "profile",
         reason: e.to_string(),
     })
+}
+
+/// Whether the root at `tree` holds an executable file at `path` (as the node will see it:
+/// symbolic links followed inside `tree`, an absolute target meaning `tree`'s root).
+pub(crate) fn program_in(tree: &Path, path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut at = path.to_path_buf();
+    // As many links as the kernel follows before ELOOP.
+    for _ in 0..40 {
+        let inside = tree.join(at.strip_prefix("/").unwrap_or(&at));
+        let Ok(meta) = fs::symlink_metadata(&inside) else {
+            return false;
+        };
+        if !meta.file_type().is_symlink() {
+            return meta.is_file() && meta.permissions().mode() & 0o111 != 0;
+        }
+        let Ok(target) = fs::read_link(&inside) else {
+            return false;
+        };
+        let joined = if target.is_absolute() {
+            target
+        } else {
+            at.parent().unwrap_or(Path::new("/")).join(target)
+        };
+        at = inside_root(&joined);
+    }
+    false
+}
+
+/// `path` with `.` and `..` taken lexically, never above `/`: a link cannot lead outside the
+/// root being built.
+fn inside_root(path: &Path) -> std::path::PathBuf {
+    use std::path::Component;
+    let mut out = std::path::PathBuf::from("/");
+    for part in path.components() {
+        match part {
+            Component::Normal(name) => out.push(name),
+            Component::ParentDir => {
+                out.pop();
+            }
+            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::fs::{symlink, PermissionsExt as _};
+
+    use super::*;
+
+    /// busybox's applets are links: `/bin/httpd -> busybox`, `/usr/bin/web -> /bin/busybox`.
+    #[test]
+    fn a_program_is_found_through_links_inside_the_root_only() {
+        let tree = tempfile::tempdir().unwrap();
+        let root = tree.path();
+        fs::create_dir_all(root.join("bin")).unwrap();
+        fs::create_dir_all(root.join("usr/bin")).unwrap();
+        fs::write(root.join("bin/busybox"), b"#!").unwrap();
+        fs::set_permissions(root.join("bin/busybox"), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(root.join("bin/data"), b"x").unwrap();
+        symlink("busybox", root.join("bin/httpd")).unwrap();
+        symlink("/bin/busybox", root.join("usr/bin/web")).unwrap();
+        symlink("../../../../../../bin/busybox", root.join("usr/bin/deep")).unwrap();
+        symlink("loop", root.join("bin/loop")).unwrap();
+        for (path, found) in [
+            ("/bin/busybox", true),
+            ("/bin/httpd", true),
+            ("/usr/bin/web", true),
+            ("/usr/bin/deep", true),
+            ("/bin/data", false),
+            ("/bin/loop", false),
+            ("/bin", false),
+            ("/bin/nginx", false),
+        ] {
+            assert_eq!(program_in(root, Path::new(path)), found, "{path}");
+        }
+    }
 }

@@ -181,6 +181,30 @@ impl NodeBackend for Backend {
         crate::settle::transaction::explain().map_err(BackendError::Failed)
     }
 
+    fn services(&self) -> Result<slate_api::ServicesView, BackendError> {
+        let services = self.0.services.get().map(|s| s.list()).unwrap_or_default();
+        Ok(slate_api::ServicesView { services })
+    }
+
+    /// A stop waits for the service's processes to be gone (its grace period at most), on a
+    /// blocking thread of the server's pool like every backend call.
+    fn control_service(
+        &self,
+        req: slate_api::ServiceControlRequest,
+    ) -> Result<slate_api::NodeServiceStatus, BackendError> {
+        let services = self.0.services.get().ok_or_else(|| {
+            BackendError::InvalidArgument(format!("this node runs no service {:?}", req.name))
+        })?;
+        let status = services
+            .control(&req.name, req.action)
+            .map_err(BackendError::InvalidArgument)?;
+        self.0.journal.info(format_args!(
+            "service {}: {:?} asked over the API; now {}",
+            req.name, req.action, status.state
+        ));
+        Ok(status)
+    }
+
     fn snapshot_list(&self) -> Result<serde_json::Value, BackendError> {
         snapshots::list(&self.0)
     }

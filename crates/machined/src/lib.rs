@@ -93,6 +93,7 @@ fn boot_and_serve(
 ) -> SequenceError {
     let facts = Facts {
         watchdog: watchdog.cloned(),
+        image_services: config.services.clone(),
         ..Facts::default()
     };
     let api = Mutex::new(None);
@@ -223,6 +224,10 @@ fn run_upgrade(node: &Node, sequence: Sequence<'_>, guard: &slate_sequencer::Seq
     };
     if let Disposition::Reboot(mode) = err.disposition() {
         handler::reboot(node, mode);
+    }
+    // Drained before the installer ran: the node runs on as it was, workload included.
+    if let Some(services) = node.services.get() {
+        services.start_all();
     }
     // The whole chain: the task's own words say why (a signature, a Secure Boot refusal, a
     // policy), and `slate status` is where an operator reads them.

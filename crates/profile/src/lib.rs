@@ -275,7 +275,7 @@ impl Profile {
             _ => {}
         }
         node::validate(self.health.as_ref(), self.watchdog.as_ref())?;
-        node::validate_services(&self.services)
+        node::validate_services(&self.services, self.health.as_ref())
     }
 
     /// The node's runtime configuration this image carries, when the profile has any.

@@ -50,6 +50,8 @@ pub enum HealthCheck {
     Command(Vec<String>),
     /// A TCP connection to the address is accepted (a service is up).
     Tcp(SocketAddr),
+    /// The node's service of that name is ready (`[[services]]`, its `ready` check).
+    Service(String),
 }
 
 /// The TOML shape of a check: a table with one key.
@@ -62,14 +64,22 @@ struct RawCheck {
     command: Option<Vec<String>>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     tcp: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    service: Option<String>,
 }
 
 impl TryFrom<RawCheck> for HealthCheck {
     type Error = String;
 
     fn try_from(raw: RawCheck) -> Result<Self, String> {
-        match (raw.file, raw.command, raw.tcp) {
-            (Some(file), None, None) => {
+        match (raw.file, raw.command, raw.tcp, raw.service) {
+            (None, None, None, Some(service)) => {
+                if service.is_empty() {
+                    return Err("health check `service`: names no service".into());
+                }
+                Ok(HealthCheck::Service(service))
+            }
+            (Some(file), None, None, None) => {
                 if !file.is_absolute() {
                     return Err(format!(
                         "health check `file`: {} is not an absolute path",
@@ -78,7 +88,7 @@ impl TryFrom<RawCheck> for HealthCheck {
                 }
                 Ok(HealthCheck::File(file))
             }
-            (None, Some(command), None) => {
+            (None, Some(command), None, None) => {
                 if command.is_empty() || command[0].is_empty() {
                     return Err(
                         "health check `command`: names no program (give an argv list, \
@@ -91,7 +101,7 @@ impl TryFrom<RawCheck> for HealthCheck {
                 }
                 Ok(HealthCheck::Command(command))
             }
-            (None, None, Some(tcp)) => {
+            (None, None, Some(tcp), None) => {
                 let addr: SocketAddr = tcp.parse().map_err(|_| {
                     format!(
                         "health check `tcp`: {tcp:?} is not an IP address and port \
@@ -107,7 +117,9 @@ impl TryFrom<RawCheck> for HealthCheck {
                 }
                 Ok(HealthCheck::Tcp(addr))
             }
-            _ => Err("a health check has exactly one of `file`, `command` or `tcp`".into()),
+            _ => Err(
+                "a health check has exactly one of `file`, `command`, `tcp` or `service`".into(),
+            ),
         }
     }
 }
@@ -125,6 +137,10 @@ impl From<HealthCheck> for RawCheck {
             },
             HealthCheck::Tcp(addr) => RawCheck {
                 tcp: Some(addr.to_string()),
+                ..RawCheck::default()
+            },
+            HealthCheck::Service(name) => RawCheck {
+                service: Some(name),
                 ..RawCheck::default()
             },
         }
@@ -152,6 +168,7 @@ impl fmt::Display for HealthCheck {
                 Ok(())
             }
             HealthCheck::Tcp(addr) => write!(f, "tcp {addr}"),
+            HealthCheck::Service(name) => write!(f, "service {name}"),
         }
     }
 }
@@ -215,7 +232,7 @@ impl NodeConfig {
     pub fn parse(text: &str) -> Result<Self, ProfileError> {
         let config: NodeConfig = toml::from_str(text)?;
         validate(config.health.as_ref(), config.watchdog.as_ref())?;
-        validate_services(&config.services)?;
+        validate_services(&config.services, config.health.as_ref())?;
         Ok(config)
     }
 
@@ -243,13 +260,24 @@ impl NodeConfig {
 /// programs exist is the imager's check, against the root it builds.
 pub(crate) fn validate_services(
     services: &[slate_services::ServiceSpec],
+    health: Option<&Health>,
 ) -> Result<(), ProfileError> {
-    slate_services::start_order(services, &|_| true)
-        .map(drop)
-        .map_err(|e| ProfileError::Invalid {
-            field: "services",
-            reason: e.to_string(),
-        })
+    slate_services::start_order(services, &|_| true).map_err(|e| ProfileError::Invalid {
+        field: "services",
+        reason: e.to_string(),
+    })?;
+    let checks = health.map(|h| h.checks.as_slice()).unwrap_or_default();
+    for check in checks {
+        if let HealthCheck::Service(name) = check {
+            if !services.iter().any(|s| s.name == *name) {
+                return Err(ProfileError::Invalid {
+                    field: "health.checks",
+                    reason: format!("`service {name}`: the image declares no service {name:?}"),
+                });
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Range checks shared by the profile and the node configuration file.

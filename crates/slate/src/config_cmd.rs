@@ -220,6 +220,7 @@ pub fn gen_config(args: GenConfigArgs) -> Result<()> {
                 RebootArg::Kexec => RebootMethod::Kexec,
             }),
         },
+        services: Vec::new(),
     };
     slate_machine_config::validate(&config)
         .and_then(|()| slate_machine_config::check_trust(&config))

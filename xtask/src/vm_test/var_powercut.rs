@@ -28,13 +28,16 @@ struct Uploads {
 }
 
 /// Upload the bundle in `layout` to the node at `port` again and again until told to stop.
-fn upload_loop(prepared: &Prepared, port: u16, layout: &std::path::Path, uploads: &Arc<Uploads>) {
+/// The node is reached through a port forward on 127.0.0.1 and asked for by `name`, the one
+/// name its certificate carries.
+fn upload_loop(node: &Node<'_>, layout: &std::path::Path, uploads: &Arc<Uploads>) {
     let run = || -> Result<()> {
         let client = slate_api::Client::from_dir(
-            &format!("127.0.0.1:{port}"),
-            &prepared.pki,
+            &format!("127.0.0.1:{}", node.port),
+            &node.prepared.pki,
             slate_api::Role::Admin,
-        )?;
+        )?
+        .with_server_name(&node.name)?;
         let bundle = Arc::new(slate_bundle::Bundle::open(layout, None)?);
         while !uploads.stop.load(Ordering::SeqCst) {
             let started = Instant::now();
@@ -121,7 +124,7 @@ pub(super) fn var_survives_power_cut(
     // Uploads into /var, one after another; the plug is pulled halfway through the third.
     let uploads = Arc::new(Uploads::default());
     let (cut_into, cut_at, upload_time) = std::thread::scope(|scope| -> Result<_> {
-        let writer = scope.spawn(|| upload_loop(prepared, vm.api_port, &layout, &uploads));
+        let writer = scope.spawn(|| upload_loop(&node, &layout, &uploads));
         let deadline = Instant::now() + Duration::from_secs(600);
         while uploads.done.load(Ordering::SeqCst) < 2 {
             let failed = uploads
@@ -221,7 +224,8 @@ pub(super) fn var_survives_power_cut(
         &format!("127.0.0.1:{}", vm.api_port),
         &prepared.pki,
         slate_api::Role::Admin,
-    )?;
+    )?
+    .with_server_name(&node.name)?;
     let bundle = Arc::new(bundle);
     client
         .upload_bundle(

@@ -154,6 +154,7 @@ mod tests {
             },
             etc: Etc::default(),
             reboot: Default::default(),
+            services: Vec::new(),
         };
         let (node, _requests) = Node::for_tests("");
         let mut reporter = Credentials::default();

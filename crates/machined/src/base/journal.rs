@@ -112,6 +112,12 @@ impl Journal {
         self.push(line);
     }
 
+    /// A line a service printed: kept for `slate logs` (bounded as every line), never sent to
+    /// the kernel log, so a chatty program neither floods the console nor costs kmsg's lock.
+    pub fn program_output(&self, line: impl fmt::Display) {
+        self.push(bounded(line));
+    }
+
     pub fn error(&self, line: impl fmt::Display) {
         let line = bounded(line);
         self.kmsg.error(&line);

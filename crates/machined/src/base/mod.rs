@@ -2,7 +2,8 @@
 //! machined's above. The node's state ([`node::Node`], with the machine configuration's
 //! [`machine_state::MachineState`] and the [`snapshot_root::SnapshotRoot`] it booted from),
 //! where things are mounted ([`paths`]), crash-safe file writes ([`files`]), the task wrapper
-//! every sequence uses ([`task`]), the journal and boot timings, and the system disk's META.
+//! every sequence uses ([`task`]), the journal and boot timings, the system disk's META, and
+//! what the node's services answer ([`services::Workload`]).
 
 pub mod boot_times;
 pub mod files;
@@ -10,6 +11,7 @@ pub mod journal;
 pub mod machine_state;
 pub mod node;
 pub mod paths;
+pub mod services;
 pub mod snapshot_root;
 pub mod system_disk;
 pub mod task;

@@ -93,6 +93,8 @@ pub struct Node {
     committed: AtomicBool,
     /// The machine configuration and what came of it.
     pub machine: crate::base::machine_state::MachineState,
+    /// The node's services, once the Boot sequence started them.
+    pub services: std::sync::OnceLock<Arc<dyn crate::base::services::Workload>>,
     /// What the update agent reports (none until it starts).
     pub agent: Mutex<Option<slate_api::AgentStatus>>,
     subscribers: Mutex<Vec<Sender<Event>>>,
@@ -136,6 +138,7 @@ impl Node {
                 .map(|id| id.trim().to_owned()),
             committed: AtomicBool::new(false),
             machine: crate::base::machine_state::MachineState::default(),
+            services: std::sync::OnceLock::new(),
             agent: Mutex::new(None),
             subscribers: Mutex::new(Vec::new()),
             requests: Mutex::new(tx),

@@ -15,6 +15,8 @@ pub struct Facts {
     pub watchdog: Option<std::sync::Arc<slate_host::Watchdog>>,
     /// The network was brought up with DHCP for maintenance mode already.
     pub network_up: std::sync::atomic::AtomicBool,
+    /// The image's services (its node configuration's `[[services]]`).
+    pub image_services: Vec<slate_services::ServiceSpec>,
     /// This boot is an upgrade by replacement's first: its data partitions start afresh.
     pub replace: Mutex<Option<slate_meta::replace::ReplaceOnBoot>>,
 }

@@ -84,7 +84,12 @@ pub fn check(node: &Node, config: &NodeConfig) -> Result<(), HealthFailure> {
         health.checks.len(),
         health.timeout_secs
     ));
-    match run_checks(&health.checks, timeout, &|line: &str| {
+    let service_ready = |name: &str| {
+        node.services
+            .get()
+            .and_then(|services| services.is_ready(name))
+    };
+    match run_checks(&health.checks, timeout, &service_ready, &|line: &str| {
         journal.info(format_args!("health: {line}"))
     }) {
         Ok(passed) => {
@@ -106,6 +111,7 @@ pub fn check(node: &Node, config: &NodeConfig) -> Result<(), HealthFailure> {
 pub fn run_checks(
     checks: &[HealthCheck],
     timeout: Duration,
+    service_ready: &dyn Fn(&str) -> Option<bool>,
     log: &dyn Fn(&str),
 ) -> Result<Passed, HealthFailure> {
     let started = Instant::now();
@@ -118,7 +124,7 @@ pub fn run_checks(
         let mut finished_reason: Option<String> = None;
         loop {
             attempts += 1;
-            match attempt(check, deadline) {
+            match attempt(check, deadline, service_ready) {
                 Ok(()) => {
                     log(&format!(
                         "`{check}` passed ({attempts} attempt{}, {:.1}s)",
@@ -170,7 +176,11 @@ enum Attempt {
 }
 
 /// One attempt of one check.
-fn attempt(check: &HealthCheck, deadline: Instant) -> Result<(), Attempt> {
+fn attempt(
+    check: &HealthCheck,
+    deadline: Instant,
+    service_ready: &dyn Fn(&str) -> Option<bool>,
+) -> Result<(), Attempt> {
     match check {
         HealthCheck::File(path) => match std::fs::metadata(path) {
             Ok(_) => Ok(()),
@@ -186,6 +196,11 @@ fn attempt(check: &HealthCheck, deadline: Instant) -> Result<(), Attempt> {
         },
         HealthCheck::Tcp(addr) => connect(*addr, deadline),
         HealthCheck::Command(argv) => run(argv, deadline),
+        HealthCheck::Service(name) => match service_ready(name) {
+            Some(true) => Ok(()),
+            Some(false) => Err(Attempt::Failed(format!("service {name} is not ready"))),
+            None => Err(Attempt::Failed(format!("this node runs no service {name}"))),
+        },
     }
 }
 
@@ -247,7 +262,7 @@ mod tests {
         timeout: Duration,
     ) -> (Result<Passed, HealthFailure>, Vec<String>) {
         let lines = Mutex::new(Vec::new());
-        let result = run_checks(checks, timeout, &|l: &str| {
+        let result = run_checks(checks, timeout, &|_| None, &|l: &str| {
             lines.lock().unwrap().push(l.to_string())
         });
         (result, lines.into_inner().unwrap())

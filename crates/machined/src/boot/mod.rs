@@ -15,6 +15,7 @@ pub mod random_seed;
 pub mod replace;
 pub mod secure_boot;
 pub mod sequences;
+pub mod services;
 pub mod snapshot_volumes;
 pub mod upgrade;
 pub mod volumes;

@@ -275,11 +275,33 @@ pub fn boot<'a>(
                 Ok(())
             })],
         )
+        // Last: every milestone a service may wait for (network, /var, /etc) is reached.
+        .append(
+            "services",
+            [task(node, "startServices", move |ctx| {
+                crate::boot::services::start_task(ctx, node, &facts.image_services)
+            })],
+        )
         .into_sequence(SequenceKind::Boot)
 }
 
+/// The drain phase every way down starts with: the node's services stopped.
+fn drain<'a>(
+    node: &'a Node,
+    builder: PhaseListBuilder<'a>,
+    why: &'static str,
+) -> PhaseListBuilder<'a> {
+    builder.append(
+        "drain",
+        [task(node, "stopServices", move |ctx| {
+            crate::boot::services::drain(ctx, node, why);
+            Ok(())
+        })],
+    )
+}
+
 pub fn reboot(node: &Node, mode: RebootMode) -> Sequence<'_> {
-    PhaseListBuilder::new()
+    drain(node, PhaseListBuilder::new(), "the node reboots")
         .append(
             "reboot",
             [task(node, "reboot", move |_| {
@@ -292,7 +314,7 @@ pub fn reboot(node: &Node, mode: RebootMode) -> Sequence<'_> {
 
 /// Shutdown (SIGTERM, SIGPWR, the power button): the handler's teardown, then power off.
 pub fn shutdown(node: &Node) -> Sequence<'_> {
-    PhaseListBuilder::new()
+    drain(node, PhaseListBuilder::new(), "the node shuts down")
         .append(
             "shutdown",
             [task(node, "powerOff", move |_| {
@@ -306,7 +328,7 @@ pub fn shutdown(node: &Node) -> Sequence<'_> {
 /// Reset: forget the node's state. STATE and EPHEMERAL are unmounted and their heads zeroed
 /// (through the Disk trait), so the next boot formats them afresh; then reboot.
 pub fn reset(node: &Node) -> Sequence<'_> {
-    PhaseListBuilder::new()
+    drain(node, PhaseListBuilder::new(), "the node is reset")
         .append(
             "stage",
             [task(node, "announce", move |_| {

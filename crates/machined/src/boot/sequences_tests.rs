@@ -157,6 +157,7 @@ fn a_snapshot_root_boots_without_meta_volumes_or_etc_overlay() {
             phase("setup", &["setupHooks"]),
             phase("network", &["network"]),
             phase("api", &["startApi"]),
+            phase("services", &["startServices"]),
         ]
     );
 }
@@ -177,6 +178,7 @@ fn boot_mounts_volumes_reads_the_config_sets_up_etc_then_network_then_the_api() 
             phase("setup", &["setupHooks"]),
             phase("network", &["network"]),
             phase("api", &["startApi"]),
+            phase("services", &["startServices"]),
         ]
     );
     // The first boot of a replacement: data partitions wiped before they are mounted (and
@@ -201,7 +203,13 @@ fn reboot_asks_for_the_requested_mode() {
     let (node, _requests) = Node::for_tests("");
     for mode in [RebootMode::Default, RebootMode::Powercycle] {
         let sequence = reboot(&node, mode);
-        assert_eq!(shape(&sequence), [phase("reboot", &["reboot"])]);
+        assert_eq!(
+            shape(&sequence),
+            [
+                phase("drain", &["stopServices"]),
+                phase("reboot", &["reboot"])
+            ]
+        );
         assert!(matches!(run(sequence), Err(SequenceError::Reboot { mode: m }) if m == mode));
         assert_eq!(node.stage(), Stage::Rebooting);
     }
@@ -212,7 +220,13 @@ fn shutdown_powers_off() {
     let (node, _requests) = Node::for_tests("");
     let sequence = shutdown(&node);
     assert_eq!(sequence.kind(), SequenceKind::Shutdown);
-    assert_eq!(shape(&sequence), [phase("shutdown", &["powerOff"])]);
+    assert_eq!(
+        shape(&sequence),
+        [
+            phase("drain", &["stopServices"]),
+            phase("shutdown", &["powerOff"])
+        ]
+    );
     assert!(matches!(
         run(sequence),
         Err(SequenceError::Reboot {
@@ -230,6 +244,7 @@ fn reset_unmounts_before_wiping_and_reboots_last() {
     assert_eq!(
         shape(&sequence),
         [
+            phase("drain", &["stopServices"]),
             phase("stage", &["announce"]),
             phase("unmountVolumes", &["unmount"]),
             phase("wipe", &["wipeState", "wipeEphemeral"]),

@@ -452,6 +452,15 @@ fn upgrade_phases<'a>(
                 Ok(())
             })],
         )
+        // After the checks (a refused bundle leaves the services running), before anything is
+        // written: the node's workload is down before its next version is installed.
+        .append(
+            "drain",
+            [task(node, "stopServices", move |ctx| {
+                crate::boot::services::drain(ctx, node, "an upgrade is installed");
+                Ok(())
+            })],
+        )
         .append(
             "replace",
             [task(node, "recordReplace", move |ctx| {
