@@ -38,6 +38,8 @@ const APPLETS: &[&str] = &[
     "halt",
     "head",
     "hostname",
+    // The demo profile's workload: a web server (`[[services]]` web).
+    "httpd",
     "id",
     "insmod",
     "ip",
@@ -195,6 +197,15 @@ pub fn base_rootfs(
     fs::write(udhcpc.join("default.script"), UDHCPC_SCRIPT).context("writing default.script")?;
     set_mode(&udhcpc.join("default.script"), 0o755)?;
 
+    // What the demo's web service serves: a page, and the running version's os-release (a
+    // link: the page follows the root it is served from, not the one this tree was built as).
+    let www = out.join("usr/share/slate/www");
+    fs::create_dir_all(&www).context("creating /usr/share/slate/www")?;
+    set_mode(&www, 0o755)?;
+    fs::write(www.join("index.html"), DEMO_PAGE).context("writing index.html")?;
+    set_mode(&www.join("index.html"), 0o644)?;
+    symlink("/etc/os-release", www.join("os-release")).context("linking www/os-release")?;
+
     // A file a profile's health check can name (`file = "/usr/lib/slate/healthy"`): present
     // in every demo root, so a root that lost it fails its check.
     let healthy = out.join("usr/lib/slate/healthy");
@@ -228,6 +239,10 @@ pub fn base_rootfs(
     );
     Ok(())
 }
+
+/// The demo web service's page.
+const DEMO_PAGE: &str = "<!doctype html>\n<title>slate demo node</title>\n<p>A workload on a \
+slate node. Its version: <a href=\"os-release\">os-release</a>.</p>\n";
 
 const DEMO_INIT: &str = r#"#!/bin/sh
 . /etc/os-release

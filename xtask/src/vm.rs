@@ -22,7 +22,8 @@ const OVMF_VARS: &str = "/usr/share/OVMF/OVMF_VARS_4M.fd";
 /// q35 with SMM and a secure flash (TCG: this KVM has no SMM). Its empty VARS are setup mode.
 const OVMF_CODE_SECBOOT: &str = "/usr/share/OVMF/OVMF_CODE_4M.secboot.fd";
 
-/// One virtual machine: a disk, its NVRAM, and a host port forwarded to the node API.
+/// One virtual machine: a disk, its NVRAM, and host ports forwarded to the node API and to
+/// the demo's web service.
 #[derive(Debug)]
 pub struct Vm {
     disk: PathBuf,
@@ -30,6 +31,8 @@ pub struct Vm {
     work: PathBuf,
     boots: u32,
     pub api_port: u16,
+    /// Forwarded to the guest's port 8080: the demo profile's web service.
+    pub web_port: u16,
     /// Secure Boot firmware ([`Vm::with_secure_boot`]).
     secure_boot: bool,
 }
@@ -76,6 +79,7 @@ impl Vm {
             work: work.to_owned(),
             boots: 0,
             api_port: free_port()?,
+            web_port: free_port()?,
             secure_boot: false,
         })
     }
@@ -128,8 +132,8 @@ impl Vm {
             // power-on to the kernel, same disk).
             .arg("-netdev")
             .arg(format!(
-                "user,id=net0,hostfwd=tcp:127.0.0.1:{}-:50000",
-                self.api_port
+                "user,id=net0,hostfwd=tcp:127.0.0.1:{}-:50000,hostfwd=tcp:127.0.0.1:{}-:8080",
+                self.api_port, self.web_port
             ))
             .args(["-device", "virtio-net-pci,netdev=net0,romfile="])
             .stdin(Stdio::piped())

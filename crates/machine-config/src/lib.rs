@@ -345,8 +345,8 @@ pub fn change(old: &MachineConfig, new: &MachineConfig) -> ConfigChange {
     note("etc", old.etc != new.etc, false);
     // Read when the node goes down, so it applies to the next reboot without one.
     note("reboot", old.reboot != new.reboot, false);
-    // Started, stopped and restarted as they change (machined's services).
-    note("services", old.services != new.services, false);
+    // Taken at the next boot (machined starts the set it finds then).
+    note("services", old.services != new.services, true);
     ConfigChange {
         changed,
         reboot_required,

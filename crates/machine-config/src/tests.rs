@@ -421,3 +421,28 @@ fn the_reboot_mode_is_optional_and_checked_by_name() {
     assert_eq!(change.changed, ["reboot"]);
     assert!(!change.reboot_required);
 }
+
+#[test]
+fn services_are_checked_one_by_one_here_and_take_a_reboot() {
+    let base = parse(V1).unwrap().config;
+    let mut with = base.clone();
+    with.services = vec![slate_services::ServiceSpec::new("web", &["/bin/httpd"])];
+    let change = change(&base, &with);
+    assert_eq!(change.changed, ["services"]);
+    assert!(change.reboot_required);
+    let text = format!("{V1}\n[[services]]\nname = \"web\"\ncommand = [\"httpd\"]\n");
+    let err = parse(&text).unwrap_err();
+    assert_eq!(err.field(), Some("services"));
+    assert!(
+        err.to_string()
+            .contains("service \"web\": command: \"httpd\" is not an absolute path"),
+        "{err}"
+    );
+    let twins = format!(
+        "{V1}\n[[services]]\nname = \"web\"\ncommand = [\"/a\"]\n[[services]]\nname = \"web\"\ncommand = [\"/b\"]\n"
+    );
+    assert!(parse(&twins)
+        .unwrap_err()
+        .to_string()
+        .contains("declared twice"));
+}

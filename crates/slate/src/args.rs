@@ -157,3 +157,11 @@ pub fn print_diff(diff: &slate_bundle_diff::BundleDiff, output: OutputFormat) ->
     out.flush()?;
     Ok(())
 }
+
+/// `value` as pretty JSON on stdout, a newline after it (`--output json`).
+pub fn print_json(value: &impl serde::Serialize) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, value)?;
+    writeln!(out)?;
+    Ok(())
+}

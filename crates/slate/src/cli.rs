@@ -19,7 +19,7 @@ use crate::meta_cmd::{self, MetaCommand};
 use crate::node_cmd;
 use crate::release_cmd::{self, ReleaseCommand};
 use crate::snapshot_cmd::{self, PoolArgs, SnapshotCommand};
-use crate::{config_cmd, transport_cmd, trust_cmd, upgrade_cmd};
+use crate::{config_cmd, services_cmd, transport_cmd, trust_cmd, upgrade_cmd};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -163,7 +163,18 @@ pub enum Command {
     Logs {
         #[arg(short, long)]
         follow: bool,
+        /// Only one service's: its output and what machined said of it.
+        #[arg(long, value_name = "NAME")]
+        service: Option<String>,
     },
+    /// The node's services: state, pid, readiness, restarts, memory, last exit.
+    Services {
+        #[arg(long, value_enum, default_value_t)]
+        output: OutputFormat,
+    },
+    /// Start, stop or restart one of the node's services (operator).
+    #[command(subcommand)]
+    Service(services_cmd::ServiceCommand),
     /// The node's kernel log.
     Dmesg {
         #[arg(short, long)]
@@ -313,8 +324,12 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Upgrade(args) => upgrade_cmd::run(&cli.target, args),
         Command::ApplyConfig(args) => config_cmd::apply_config(&cli.target, args),
         Command::Config(cmd) => config_cmd::run(&cli.target, cmd),
-        Command::Logs { follow } => node_cmd::logs(&cli.target, follow, false),
-        Command::Dmesg { follow } => node_cmd::logs(&cli.target, follow, true),
+        Command::Logs { follow, service } => {
+            node_cmd::logs(&cli.target, follow, false, service.as_deref())
+        }
+        Command::Services { output } => services_cmd::list(&cli.target, output),
+        Command::Service(cmd) => services_cmd::run(&cli.target, cmd),
+        Command::Dmesg { follow } => node_cmd::logs(&cli.target, follow, true, None),
         Command::Fleetlock(cmd) => fleetlock_cmd::run(cmd),
         #[cfg(feature = "etcd")]
         Command::Operator(cmd) => fleet_cmd::run_operator(cmd),

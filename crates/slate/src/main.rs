@@ -19,6 +19,7 @@ mod meta_cmd;
 mod node_cmd;
 mod progress;
 mod release_cmd;
+mod services_cmd;
 mod snapshot_cmd;
 mod transport_cmd;
 mod trust_cmd;

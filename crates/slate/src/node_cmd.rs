@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use anyhow::{Context as _, Result};
 
-use crate::args::{NodeTarget, OutputFormat, RebootModeArg};
+use crate::args::{print_json, NodeTarget, OutputFormat, RebootModeArg};
 use crate::wait::{Progress, Reporter, WaitArgs};
 
 /// `slate gen certs`.
@@ -61,13 +61,6 @@ pub fn gen_secureboot_keys(out: &std::path::Path, name: &str, dry_run: bool) -> 
     for file in files {
         println!("{}", file.display());
     }
-    Ok(())
-}
-
-fn print_json(value: &impl serde::Serialize) -> Result<()> {
-    let mut out = std::io::stdout().lock();
-    serde_json::to_writer_pretty(&mut out, value)?;
-    writeln!(out)?;
     Ok(())
 }
 
@@ -319,17 +312,38 @@ pub fn shutdown(target: &NodeTarget, dry_run: bool) -> Result<()> {
     Ok(())
 }
 
-pub fn logs(target: &NodeTarget, follow: bool, kernel: bool) -> Result<()> {
+/// `slate logs`, `slate logs --service NAME` (the service's output and what machined said of
+/// it), `slate dmesg`.
+pub fn logs(target: &NodeTarget, follow: bool, kernel: bool, service: Option<&str>) -> Result<()> {
     let client = target.client()?;
     if kernel {
-        client
+        return client
             .dmesg(follow, print_line)
-            .context("reading the kernel log")
-    } else {
-        client
-            .logs(follow, print_line)
-            .context("reading machined's log")
+            .context("reading the kernel log");
     }
+    match service {
+        None => client
+            .logs(follow, print_line)
+            .context("reading machined's log"),
+        Some(name) => client
+            .logs(follow, |line| {
+                if of_service(line, name) {
+                    print_line(line)
+                } else {
+                    ControlFlow::Continue(())
+                }
+            })
+            .with_context(|| format!("reading the log of service {name}")),
+    }
+}
+
+/// Whether a journal line is service `name`'s: its output (`NAME: …`) or machined's words on it
+/// (`service NAME: …`, an error's too).
+fn of_service(line: &str, name: &str) -> bool {
+    let line = line.strip_prefix("error: ").unwrap_or(line);
+    let line = line.strip_prefix("service ").unwrap_or(line);
+    line.strip_prefix(name)
+        .is_some_and(|rest| rest.starts_with(": "))
 }
 
 /// `slate pin VERSION` / `slate unpin VERSION`.
@@ -354,6 +368,30 @@ pub fn pin(target: &NodeTarget, req: &slate_api::PinRequest, output: OutputForma
             };
             println!("{what}; pinned: {pinned}");
             Ok(())
+        }
+    }
+}
+
+#[cfg(test)]
+mod service_log_tests {
+    use super::of_service;
+
+    #[test]
+    fn a_services_lines_are_its_output_and_machineds_words_on_it() {
+        for line in [
+            "web: GET /index.html",
+            "service web: started, pid 312",
+            "error: service web: not ready after 60 s (tcp 127.0.0.1:8080)",
+        ] {
+            assert!(of_service(line, "web"), "{line}");
+        }
+        for line in [
+            "webhook: started",
+            "service webhook: started, pid 1",
+            "stage Running",
+            "web:no space",
+        ] {
+            assert!(!of_service(line, "web"), "{line}");
         }
     }
 }

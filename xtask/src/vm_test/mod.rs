@@ -17,6 +17,7 @@ mod staged;
 mod stolen;
 mod upgrade;
 mod var_powercut;
+mod workload;
 
 use std::fs;
 use std::path::{Path, PathBuf};
@@ -448,15 +449,22 @@ pub fn demo() -> Result<()> {
     show(&boot, &["[slate]"]);
     println!("== asking the node over mutual TLS");
     print!("{}", node.ok(&["status"])?);
-    println!("== slate upgrade --image oci-layout:bundle-v2 (uploaded over mutual TLS; the node runs v2's own installer)");
+    println!("== its workload: the web service machined runs (`slate services`, and its page)");
+    print!("{}", node.ok(&["services"])?);
+    println!("{}", workload::serves_version(vm.web_port, "1.0.0")?);
+    println!("== slate upgrade --image oci-layout:bundle-v2 (uploaded over mutual TLS; the node drains its services, then runs v2's own installer)");
     online_upgrade(&node, &mut boot, &v2, "2.0.0")?;
-    show(&boot, &["received bundle", "installer", "rebooting"]);
+    show(
+        &boot,
+        &["received bundle", "service web:", "installer", "rebooting"],
+    );
     println!("{}", esp_listing(&image)?);
     println!("== booting v2: systemd-boot tries it (+3), machined commits it at Running");
     let mut boot = running(&mut vm)?;
     boot.expect(&["committed:"], Duration::from_secs(30), "v2 committed")?;
-    show(&boot, &["committed", "stage Running"]);
+    show(&boot, &["committed", "stage Running", "service web:"]);
     print!("{}", node.ok(&["status"])?);
+    println!("{}", workload::serves_version(vm.web_port, "2.0.0")?);
     println!("== upgrading to the broken v3 (its setup hook 20-check fails)");
     online_upgrade(&node, &mut boot, &v3, "3.0.0")?;
     show(&boot, &["installer: installed"]);
@@ -480,6 +488,7 @@ pub fn demo() -> Result<()> {
     println!("== the node came back on v2 by itself");
     let _boot = running(&mut vm)?;
     print!("{}", node.ok(&["status"])?);
+    println!("{}", workload::serves_version(vm.web_port, "2.0.0")?);
     println!("== slate boot explain (asked of the node)");
     print!("{}", node.ok(&["boot", "explain"])?);
     Ok(())

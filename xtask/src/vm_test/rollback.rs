@@ -188,7 +188,7 @@ fn power_off(boot: &mut Running, node: &Node<'_>) -> Result<()> {
 fn back_on_v2(vm: &mut Vm, node: &Node<'_>) -> Result<(Running, serde_json::Value)> {
     let mut boot = running(vm)?;
     boot.expect(
-        &["health: 3/3 checks passed"],
+        &["health: 4/4 checks passed"],
         Duration::from_secs(90),
         "v2's health checks",
     )?;
@@ -244,7 +244,7 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
         "v2 committed and its watchdog fed",
     )?;
     let fed_since = Instant::now();
-    ensure_logged(&boot, "health: 3/3 checks passed")?;
+    ensure_logged(&boot, "health: 4/4 checks passed")?;
     ensure_logged(
         &boot,
         "committed: slate-2.0.0+2-1.efi blessed as slate-2.0.0.efi",

@@ -166,6 +166,9 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
         Duration::from_secs(30),
         "v1 blessed",
     )?;
+    // The workload: v1's web service answers, and the node answers for it.
+    let web_v1 = workload::serves_version(vm.web_port, "1.0.0")?;
+    let services = workload::services_answer(&node, vm.web_port)?;
     let identity = node_identity(prepared, &boot, &node, work)?;
     let machine_id = identity.machine_id.clone();
     // The node refuses what its image's keys did not sign, and keeps running.
@@ -190,6 +193,8 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
         .args(["--image", &reference]))?;
     let installed = online_upgrade_from(&node, &mut boot, &reference, "2.0.0")?;
     drop(registry);
+    // Drained before the installer wrote a byte: the web service was stopped by its signal.
+    let (drained, stopped) = workload::drained(&boot.serial(), "an upgrade is installed")?;
     ensure!(
         installed.contains("installed slate-2.0.0+3.efi (fallback slate-1.0.0.efi"),
         "upgrade to v2: {installed}"
@@ -210,6 +215,7 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
         "commit line: {committed}"
     );
     ensure!(node.status()?["version"] == "2.0.0");
+    let web_v2 = workload::serves_version(vm.web_port, "2.0.0")?;
     // A new version: /etc reset to v2's, keeping machine-id; v2's hooks ran once, in order.
     let reset = said_line(&boot, "/etc reset from 1.0.0 to 2.0.0: kept machine-id")?;
     let hooks = hook_order(&boot)?;
@@ -244,7 +250,7 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
         "hooks ran twice for one version"
     );
     boot.expect(
-        &["health: 3/3 checks passed"],
+        &["health: 4/4 checks passed"],
         Duration::from_secs(60),
         "/etc/slate-setup-stamp kept across the reboot",
     )?;
@@ -287,6 +293,7 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
     let mut boot = running(&mut vm)?;
     let status = node.status()?;
     ensure!(status["version"] == "2.0.0", "after the revert: {status}");
+    let web_reverted = workload::serves_version(vm.web_port, "2.0.0")?;
     // The VM's real choice is the one explained; the node explains the same online.
     ensure!(
         status["booted_entry"] == after["next_boot"],
@@ -329,7 +336,9 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
          (blessed, marker dropped), still v2 after a reboot; `{reset}`, hooks 10-stamp then \
          20-check; boot explain mid-upgrade: next {} (fallback {}); v3 with a failing setup hook \
          reverted to v2 unattended ({reverted}); boot explain after the revert: next {} = what \
-         booted; `{back}`; {once}; a bad entry refused for --entry",
+         booted; `{back}`; {once}; a bad entry refused for --entry; workload: v1 {web_v1}; \
+         {services}; drained for the upgrade (`{drained}`, `{stopped}`); v2 {web_v2}; after the \
+         revert {web_reverted}",
         identity.summary, mid["next_boot"], mid["upgrade_tag"], after["next_boot"]
     ))
 }

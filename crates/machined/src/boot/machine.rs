@@ -155,6 +155,19 @@ pub fn check(text: &str) -> Result<Parsed, BackendError> {
     let parsed = slate_machine_config::parse_for_writing(text).map_err(|e| {
         BackendError::InvalidArgument(format!("the machine configuration is refused: {e}"))
     })?;
+    // The node's services with the image's, against this root's programs.
+    let image = crate::boot::health::load_config(Path::new(crate::boot::health::NODE_CONFIG))
+        .map_err(|e| BackendError::Failed(format!("{e:#}")))?;
+    crate::boot::services::merged(
+        &image.services,
+        &parsed.config.services,
+        &crate::boot::services::has_program,
+    )
+    .map_err(|e| {
+        BackendError::InvalidArgument(format!(
+            "the machine configuration is refused: services: {e}"
+        ))
+    })?;
     let key = slate_api::generate_key_pem().map_err(|e| BackendError::Failed(e.to_string()))?;
     let api = &parsed.config.api;
     slate_api::issue_serving_cert(
@@ -353,5 +366,34 @@ mod tests {
         assert!(load(dir.path()).unwrap_err().contains("machine.toml"));
         let empty = tempfile::tempdir().unwrap();
         assert_eq!(load(empty.path()).unwrap(), None);
+    }
+}
+
+#[cfg(test)]
+mod service_tests {
+    const OWN_CA: &str = include_str!("../../../machine-config/tests/fixtures/node-v1-own-ca.toml");
+
+    #[test]
+    fn a_configuration_whose_services_this_root_cannot_run_is_refused() {
+        let with = |command: &str| {
+            format!("{OWN_CA}\n[[services]]\nname = \"web\"\ncommand = [\"{command}\"]\n")
+        };
+        let parsed = super::check(&with("/bin/sh")).expect("/bin/sh is here");
+        assert_eq!(parsed.config.services[0].name, "web");
+        let err = super::check(&with("/no/such/program"))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains(
+                "services: service \"web\": command: the image holds no executable /no/such/program"
+            ),
+            "{err}"
+        );
+        let cycle = format!(
+            "{OWN_CA}\n[[services]]\nname = \"a\"\ncommand = [\"/bin/sh\"]\ndepends_on = [\"b\"]\n\
+             [[services]]\nname = \"b\"\ncommand = [\"/bin/sh\"]\ndepends_on = [\"a\"]\n"
+        );
+        let err = super::check(&cycle).unwrap_err().to_string();
+        assert!(err.contains("in a circle: a -> b -> a"), "{err}");
     }
 }
