@@ -14,24 +14,25 @@
 pub mod config;
 mod record;
 mod rollback;
+pub mod snapshots;
 
 use config::{grub_entry_title, parse_slot_cmdline_cfg, slot_cmdline_cfg};
 
-use std::io::{self, Read, Seek, Write};
+use std::io::{self, Read};
 
 use fatfs::ReadWriteSeek;
 use slate_bootspec::{
     grub_entry_index, grub_select_with_record, GrubEnv, GrubEnvError, GrubMenuEntry, GrubReason,
     GrubSelection, Reason, Selection,
 };
-use slate_disk::{Disk, PartitionView};
+use slate_disk::Disk;
 use slate_esp::fat;
 use slate_esp::{
-    fat_space, FatSpace, ReadOnly, GRUBENV_PATH, GRUB_CFG_PATH, GRUB_DEFAULT_ENV_PATH, GRUB_SLOTS,
-    SLOT_CMDLINE, SLOT_INITRAMFS, SLOT_KERNEL,
+    fat_space, session, EspError, FatSpace, GRUBENV_PATH, GRUB_CFG_PATH, GRUB_DEFAULT_ENV_PATH,
+    GRUB_SLOTS, SLOT_CMDLINE, SLOT_INITRAMFS, SLOT_KERNEL,
 };
 
-use crate::parts::{self, fat_err, invalid, EspFs, Result};
+use crate::parts::{self, fat_err, invalid, Result};
 use crate::{
     BootStatus, Bootloader, BootloaderError, CommitOutcome, EntryStatus, UpgradeOutcome,
     UpgradeRequest,
@@ -231,13 +232,9 @@ impl<D: Disk> Grub<D> {
         self.disk
     }
 
-    fn esp_read_only(&self) -> Result<PartitionView<ReadOnly<'_, D>>> {
-        parts::esp_read_only(&self.disk)
-    }
-
     /// The content of a file on the ESP (`/`-separated path).
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
-        parts::read_esp_file(&self.disk, self.source_date_epoch, path)
+        parts::read_esp_file(&self.disk, path)
     }
 
     /// A slot's payload and version, if it is complete.
@@ -258,7 +255,7 @@ impl<D: Disk> Grub<D> {
     /// Everything GRUB and slate's flows read: the slots, grubenv (refused when GRUB could not
     /// load it, or slate could not rewrite it), META `Upgrade`, the selection.
     pub fn grub_status(&self) -> Result<GrubStatus> {
-        let esp = self.esp_read_only()?;
+        let esp = session::read_only(&self.disk)?;
         let space = fat_space(&esp).map_err(fat_err("counting free clusters of", "/"))?;
         let fs = fat::mount(esp, self.source_date_epoch)?;
         let root = fs.root_dir();
@@ -347,11 +344,6 @@ impl<D: Disk> Grub<D> {
         })
     }
 
-    /// Mount the ESP read-write, run `f`, unmount and flush ([`parts::with_esp`]).
-    fn with_esp<R>(&mut self, f: impl FnOnce(&EspFs<'_, '_, D>) -> Result<R>) -> Result<R> {
-        parts::with_esp(&mut self.disk, self.source_date_epoch, f)
-    }
-
     /// META `Upgrade` set to `label` (`Some`) or deleted (`None`), flushed (both copies).
     fn set_tag(&mut self, label: Option<&str>) -> Result<()> {
         parts::set_upgrade_tag(&mut self.disk, label)
@@ -359,33 +351,7 @@ impl<D: Disk> Grub<D> {
 
     /// Rewrite `grub/grubenv` in place: the same 1024 bytes over the same clusters (flushed).
     fn write_env(&mut self, env: &GrubEnv) -> Result<()> {
-        self.write_block(GRUBENV_PATH, env)
-    }
-
-    /// An environment block rewritten in place: the same 1024 bytes over the same clusters.
-    fn write_block(&mut self, path: &str, env: &GrubEnv) -> Result<()> {
-        let bytes = env.to_bytes();
-        self.with_esp(|fs| {
-            let mut f = fs
-                .root_dir()
-                .open_file(path)
-                .map_err(fat_err("opening", path))?;
-            let len = f
-                .seek(io::SeekFrom::End(0))
-                .map_err(fat_err("sizing", path))?;
-            if len != bytes.len() as u64 {
-                let err = GrubEnvError::WrongLength { len: len as usize };
-                return Err(if path == GRUBENV_PATH {
-                    err.into()
-                } else {
-                    invalid(format!("{path}: {err}"))
-                });
-            }
-            f.seek(io::SeekFrom::Start(0))
-                .and_then(|_| f.write_all(&bytes))
-                .and_then(|()| f.flush())
-                .map_err(fat_err("rewriting", path))
-        })
+        write_block(&mut self.disk, self.source_date_epoch, GRUBENV_PATH, env)
     }
 
     /// What GRUB does at power-on, for tests and dry runs: select, consume a one-shot
@@ -501,7 +467,7 @@ impl<D: Disk> Grub<D> {
         cfg: &str,
         temps: &[String],
     ) -> Result<()> {
-        self.with_esp(|fs| {
+        session::with_esp(&mut self.disk, self.source_date_epoch, |fs| -> Result<()> {
             let dir = fs
                 .root_dir()
                 .open_dir(label)
@@ -522,10 +488,44 @@ impl<D: Disk> Grub<D> {
             (SLOT_CMDLINE, cfg.as_bytes()),
         ] {
             let path = format!("{label}/{name}");
-            self.with_esp(|fs| Ok(fat::write_file_atomically(fs, &path, bytes)?))?;
+            session::with_esp(&mut self.disk, self.source_date_epoch, |fs| {
+                fat::write_file_atomically(fs, &path, bytes)
+            })
+            .map_err(BootloaderError::from)?;
         }
         Ok(())
     }
+}
+
+/// An environment block (grubenv, the second record) rewritten in place, flushed: the same
+/// 1024 bytes over the same clusters, as GRUB's `save_env` writes it. A block of another
+/// length is refused as GRUB's reader refuses it.
+pub(crate) fn write_block<D: Disk>(
+    disk: &mut D,
+    source_date_epoch: u64,
+    path: &str,
+    env: &GrubEnv,
+) -> Result<()> {
+    session::rewrite_in_place(disk, source_date_epoch, path, &env.to_bytes()).map_err(|e| match e {
+        EspError::WrongLength { len, .. } => {
+            let err = GrubEnvError::WrongLength { len: len as usize };
+            if path == GRUBENV_PATH {
+                err.into()
+            } else {
+                invalid(format!("{path}: {err}"))
+            }
+        }
+        EspError::File {
+            path,
+            action,
+            source,
+        } => BootloaderError::Fat {
+            action,
+            path,
+            source,
+        },
+        e => e.into(),
+    })
 }
 
 fn remove_if_present<T: ReadWriteSeek>(dir: &fatfs::Dir<'_, T>, name: &str) -> io::Result<()> {
