@@ -3,6 +3,7 @@
 //! selection model shows they are needed. A fresh image's ESP files: [`image_files`]. A Btrfs
 //! snapshot root's Type #1 entries: [`snapshots`].
 
+pub(crate) mod explain;
 mod image;
 mod kexec;
 mod once;
@@ -284,11 +285,7 @@ impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
 
     fn explain(&self) -> Result<crate::BootExplanation> {
         let vars = loader_vars(&self.vars);
-        Ok(crate::explain::systemd_boot(
-            &self.status()?,
-            &vars,
-            self.style,
-        ))
+        Ok(explain::explain(&self.status()?, &vars, self.style))
     }
 
     /// The entry found by its name or ID in the directory listing, its length checked there,
