@@ -132,13 +132,7 @@ pub fn rewrite_in_place<D: Disk>(
     path: &str,
     bytes: &[u8],
 ) -> Result<(), EspError> {
-    let fail = |action: &'static str| {
-        move |source: io::Error| EspError::File {
-            path: path.to_owned(),
-            action,
-            source,
-        }
-    };
+    let fail = |action| fat::file_err(path, action);
     with_esp(disk, source_date_epoch, |fs| {
         let mut f = fs.root_dir().open_file(path).map_err(fail("opening"))?;
         let len = f.seek(SeekFrom::End(0)).map_err(fail("sizing"))?;
