@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use slate_snapshot::grub_menu::{parse_menu, render_menu};
+use slate_bootloader::grub::snapshots::menu::{parse_menu, render_menu};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

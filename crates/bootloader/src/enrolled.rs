@@ -4,16 +4,16 @@
 use std::io::{Read, Seek, SeekFrom};
 
 use slate_disk::Disk;
-use slate_esp::{fat, SECURE_BOOT_DB_AUTH_PATH};
+use slate_esp::{session, SECURE_BOOT_DB_AUTH_PATH};
 
-use crate::parts::{esp_read_only, fat_err, invalid, Result};
+use crate::parts::{fat_err, invalid, Result};
 
 /// A `db.auth` larger than this is not one slate wrote (one certificate is about 1 KiB).
 const DB_AUTH_LIMIT: u64 = 1 << 20;
 
 /// The ESP's `db.auth`, or `None` when the disk enrols no keys.
 pub fn enrolled_db_auth<D: Disk>(disk: &D) -> Result<Option<Vec<u8>>> {
-    let fs = fat::mount(esp_read_only(disk)?, 0)?;
+    let fs = session::mount_read_only(disk)?;
     let mut file = match fs.root_dir().open_file(SECURE_BOOT_DB_AUTH_PATH) {
         Ok(file) => file,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),

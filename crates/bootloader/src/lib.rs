@@ -22,6 +22,11 @@
 //! the ESP and flips with grubenv: upgrade writes the inactive slot completely, then META
 //! `Upgrade`, then `next_entry` (one shot); commit sets `saved_entry`; revert returns
 //! `saved_entry` to the tag's slot. [`probe`] picks the backend a disk was installed with.
+//!
+//! One component per loader, as bootupd keeps one per boot loader: each loader's directory
+//! also writes the boot entries of a Btrfs snapshot root (`sdboot::snapshots`: Type #1
+//! entries with boot counting; `grub::snapshots`: GRUB's generated menu and grubenv), which
+//! `slate-snapshot-engine` drives. Every backend opens the ESP through `slate_esp::session`.
 
 mod efivars;
 mod enrolled;
@@ -159,7 +164,7 @@ pub enum BootloaderError {
     #[error("partition table")]
     Layout(#[from] slate_layout::LayoutError),
     #[error("EFI partition")]
-    Esp(#[from] slate_esp::EspError),
+    Esp(#[source] slate_esp::EspError),
     #[error("EFI partition: {action} {path}")]
     Fat {
         action: &'static str,
@@ -186,6 +191,25 @@ pub enum BootloaderError {
     /// Why a restart cannot go by kexec (the caller restarts through the firmware).
     #[error("{0}")]
     NoKexec(String),
+    /// A snapshot root's boot entry or menu (`sdboot::snapshots`, `grub::snapshots`) refused,
+    /// before any write, or failed.
+    #[error("ESP: {0}")]
+    SnapshotEsp(String),
+    /// A snapshot's name, entry text or menu entry refused.
+    #[error(transparent)]
+    Snapshot(#[from] slate_snapshot::SnapshotError),
+}
+
+/// The partition table and the disk are reported as such, whether the ESP's or META's.
+impl From<slate_esp::EspError> for BootloaderError {
+    fn from(err: slate_esp::EspError) -> Self {
+        use slate_esp::EspError;
+        match err {
+            EspError::Layout(e) => Self::Layout(e),
+            EspError::Disk(e) => Self::Disk(e),
+            e => Self::Esp(e),
+        }
+    }
 }
 
 /// A boot loader slate drives. Every method reads or writes only the disk and EFI variables
@@ -251,7 +275,7 @@ pub enum LoaderKind {
 /// The loader installed on `disk`: GRUB when its ESP holds `grub/grubenv` (the GRUB layout's
 /// environment block), else systemd-boot. Reads only.
 pub fn detect(disk: &impl slate_disk::Disk) -> Result<LoaderKind, BootloaderError> {
-    let fs = slate_esp::fat::mount(parts::esp_read_only(disk)?, 0)?;
+    let fs = slate_esp::session::mount_read_only(disk)?;
     let found = fs.root_dir().open_file(slate_esp::GRUBENV_PATH).is_ok();
     Ok(if found {
         LoaderKind::Grub

@@ -1,22 +1,16 @@
-//! The partitions every backend opens, opened one way: the ESP (read-only, or read-write over a
-//! [`SectorBuffer`] so a directory entry changes in one write) and META, both found by GPT
-//! label.
+//! What every backend opens besides the ESP (which `slate_esp::session` finds and opens):
+//! META, found by GPT label, and the errors both backends report.
 
 use std::io;
 
-use fatfs::FileSystem;
-use slate_disk::{Disk, DiskIo, PartitionView, SectorBuffer};
-use slate_esp::{fat, ReadOnly};
-use slate_layout::{find_partition, open_partition, EFI_LABEL, META_LABEL};
+use slate_disk::{Disk, PartitionView};
+use slate_esp::{session, ReadOnly};
+use slate_layout::{open_partition, META_LABEL};
 use slate_meta::{tags, MetaStore};
 
 use crate::BootloaderError;
 
 pub(crate) type Result<T> = std::result::Result<T, BootloaderError>;
-
-/// The ESP file system as the backends mount it for writing.
-pub(crate) type EspFs<'fs, 'disk, D> =
-    FileSystem<DiskIo<&'fs mut SectorBuffer<PartitionView<&'disk mut D>>>>;
 
 pub(crate) fn fat_err(
     action: &'static str,
@@ -34,54 +28,18 @@ pub(crate) fn invalid(e: impl std::fmt::Display) -> BootloaderError {
     BootloaderError::Invalid(e.to_string())
 }
 
-pub(crate) fn esp_read_only<D: Disk>(disk: &D) -> Result<PartitionView<ReadOnly<'_, D>>> {
-    Ok(open_partition(ReadOnly(disk), EFI_LABEL)?)
+/// A snapshot root's entries refused or not written ([`BootloaderError::SnapshotEsp`]).
+pub(crate) fn esp_err(what: impl std::fmt::Display) -> BootloaderError {
+    BootloaderError::SnapshotEsp(what.to_string())
 }
+
+/// FAT timestamps of a snapshot root's entries: a fixed instant (1980-01-01, FAT's first), as
+/// the A/B backends use by default; nothing reads them.
+pub(crate) const FAT_EPOCH: u64 = 0;
 
 /// The content of a file on the ESP (`/`-separated path).
-pub(crate) fn read_esp_file<D: Disk>(
-    disk: &D,
-    source_date_epoch: u64,
-    path: &str,
-) -> Result<Vec<u8>> {
-    let fs = fat::mount(esp_read_only(disk)?, source_date_epoch)?;
-    let mut bytes = Vec::new();
-    fs.root_dir()
-        .open_file(path)
-        .and_then(|mut f| io::Read::read_to_end(&mut f, &mut bytes))
-        .map_err(fat_err("reading", path))?;
-    Ok(bytes)
-}
-
-/// Mount the ESP read-write over a [`SectorBuffer`], run `f`, unmount (FSInfo) and flush.
-pub(crate) fn with_esp<D: Disk, R>(
-    disk: &mut D,
-    source_date_epoch: u64,
-    f: impl FnOnce(&EspFs<'_, '_, D>) -> Result<R>,
-) -> Result<R> {
-    let info = find_partition(&mut *disk, EFI_LABEL)?;
-    let mut esp = SectorBuffer::new(PartitionView::new(disk, info.start, info.len)?);
-    let fs = fat::mount(&mut esp, source_date_epoch)?;
-    let out = f(&fs)?;
-    fat::unmount(fs)?;
-    esp.flush()?;
-    Ok(out)
-}
-
-/// Trim the deleted entries at the end of the ESP's `dir` ([`slate_esp::trim_deleted_tail`]),
-/// so that the firmware's next rename there reuses the space instead of growing the
-/// directory. Flushed. Returns how many entries were trimmed.
-pub(crate) fn trim_esp_dir<D: Disk>(disk: &mut D, dir: &str) -> Result<usize> {
-    let info = find_partition(&mut *disk, EFI_LABEL)?;
-    let mut esp = SectorBuffer::new(PartitionView::new(disk, info.start, info.len)?);
-    let trimmed = slate_esp::trim_deleted_tail(&mut esp, dir).map_err(|e| {
-        BootloaderError::Esp(slate_esp::EspError::Fs {
-            action: "trimming the deleted entries of a directory",
-            source: io::Error::other(e),
-        })
-    })?;
-    esp.flush()?;
-    Ok(trimmed)
+pub(crate) fn read_esp_file<D: Disk>(disk: &D, path: &str) -> Result<Vec<u8>> {
+    session::read(&session::mount_read_only(disk)?, path).map_err(fat_err("reading", path))
 }
 
 /// META opened for writing. The partition was found by its label on a slate disk whose

@@ -149,7 +149,7 @@ fn the_matrix_catches_writing_the_final_name_in_place() {
     let base = running_v1(&v1);
     let mut rec = RecordingDisk::on(base);
     {
-        let esp = slate_layout::open_partition(&mut rec, slate_layout::EFI_LABEL).unwrap();
+        let esp = slate_esp::session::open(&mut rec).unwrap();
         let fs = fat::mount(esp, EPOCH).unwrap();
         let dir = fs.root_dir().open_dir("EFI/Linux").unwrap();
         let mut f = dir.create_file("slate-2+3.efi").unwrap();

@@ -123,7 +123,7 @@ fn check(
 /// would) with 1024 bytes of `fill`.
 fn overwrite_in_place(disk: &mut MemDisk, path: &str, bytes: &[u8]) {
     use std::io::Write;
-    let esp = slate_layout::open_partition(disk, slate_layout::EFI_LABEL).unwrap();
+    let esp = slate_esp::session::open(disk).unwrap();
     let fs = slate_esp::fat::mount(esp, EPOCH).unwrap();
     {
         let mut f = fs.root_dir().open_file(path).unwrap();
@@ -418,7 +418,7 @@ fn a_bad_grubenv_boots_the_recorded_default_and_refuses_writes() {
     {
         let mut long = grub(disk.clone()).read_file("grub/grubenv").unwrap();
         long.extend(std::iter::repeat_n(b'#', 512));
-        let esp = slate_layout::open_partition(&mut disk, slate_layout::EFI_LABEL).unwrap();
+        let esp = slate_esp::session::open(&mut disk).unwrap();
         let fs = slate_esp::fat::mount(esp, EPOCH).unwrap();
         slate_esp::fat::write_file_atomically(&fs, "grub/grubenv", &long).unwrap();
         slate_esp::fat::unmount(fs).unwrap();

@@ -366,7 +366,7 @@ fn a_refusal_for_room_names_the_numbers_and_writes_nothing() {
 fn another_os_entries_are_never_pruned() {
     let mut disk = running_v1(&uki(1, 20_000));
     {
-        let esp = slate_layout::open_partition(&mut disk, slate_layout::EFI_LABEL).unwrap();
+        let esp = slate_esp::session::open(&mut disk).unwrap();
         let fs = slate_esp::fat::mount(esp, EPOCH).unwrap();
         let dir = fs.root_dir().open_dir("EFI/Linux").unwrap();
         for name in ["debian-12.efi", "slate-rescue-1.efi"] {

@@ -214,14 +214,7 @@ pub fn create_dirs<D: Disk>(
         let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty()).collect();
         for depth in 1..=parts.len() {
             let prefix = parts[..depth].join("/");
-            let fail = |action: &'static str| {
-                let path = prefix.clone();
-                move |source: io::Error| EspError::File {
-                    path,
-                    action,
-                    source,
-                }
-            };
+            let fail = |action| file_err(&prefix, action);
             let fs = mount(&mut *esp, source_date_epoch)?;
             fs.root_dir()
                 .create_dir(&prefix)
@@ -258,13 +251,7 @@ pub fn write_file_atomically<T: ReadWriteSeek>(
     path: &str,
     bytes: &[u8],
 ) -> Result<(), EspError> {
-    let fail = |action: &'static str| {
-        move |source: io::Error| EspError::File {
-            path: path.to_string(),
-            action,
-            source,
-        }
-    };
+    let fail = |action| file_err(path, action);
     let (dir_path, name) = path.rsplit_once('/').unwrap_or(("", path));
     let root = fs.root_dir();
     let dir = if dir_path.is_empty() {
@@ -291,6 +278,16 @@ pub fn write_file_atomically<T: ReadWriteSeek>(
     dir.open_file(name)
         .and_then(|mut file| file.flush())
         .map_err(fail("flushing the rename of"))
+}
+
+/// An I/O error of `action` on the file or directory at `path`.
+pub(crate) fn file_err(path: &str, action: &'static str) -> impl FnOnce(io::Error) -> EspError {
+    let path = path.to_owned();
+    move |source| EspError::File {
+        path,
+        action,
+        source,
+    }
 }
 
 fn remove_if_present<T: ReadWriteSeek>(dir: &fatfs::Dir<'_, T>, name: &str) -> io::Result<()> {

@@ -1,17 +1,20 @@
 //! The EFI system partition, in one place: the path of every file slate puts on it (both boot
 //! loaders' layouts), the FAT32 file system written with the userspace `fatfs` crate over a
 //! [`slate_disk::Disk`] partition view (geometry, reproducible formatting, the
-//! temp-name-then-rename writer, an exact free-cluster count), and the Boot Loader Specification
-//! names of the UKIs (docs/formats.md §2).
+//! temp-name-then-rename writer, an exact free-cluster count), the ESP of a whole disk found
+//! and opened ([`session`]: read-only, read-write, a file rewritten in place), and the Boot
+//! Loader Specification names of the UKIs (docs/formats.md §2).
 //!
-//! The installer (a fresh image) and the boot loader backends (upgrade, commit, revert, status)
-//! both write the ESP through this crate, so there is one writer to replay in the crash matrix.
+//! The installer (a fresh image) and the boot loader backends (upgrade, commit, revert, status,
+//! a snapshot root's entries) all write the ESP through this crate, so there is one writer to
+//! replay in the crash matrices.
 
 mod dot_entries;
 pub mod fat;
 mod fatscan;
 mod names;
 pub mod paths;
+pub mod session;
 
 pub use dot_entries::{trim_deleted_tail, DotError};
 pub use fatscan::{fat_space, FatSpace, ReadOnly};
@@ -40,5 +43,19 @@ pub enum EspError {
         action: &'static str,
         #[source]
         source: std::io::Error,
+    },
+    #[error("partition table")]
+    Layout(#[from] slate_layout::LayoutError),
+    /// No ESP, or no way to tell which one it is ([`session::locate`]).
+    #[error("{0}")]
+    Locate(&'static str),
+    #[error("disk")]
+    Disk(#[from] slate_disk::DiskError),
+    /// [`session::rewrite_in_place`] refused a file whose length differs from the new bytes'.
+    #[error("{path} is {len} bytes, not {expected}: not rewritten")]
+    WrongLength {
+        path: String,
+        len: u64,
+        expected: u64,
     },
 }

@@ -18,6 +18,9 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use slate_bootloader::grub::snapshots as grub;
+use slate_bootloader::grub::snapshots::menu::{MenuEntry, MENU_PATH};
+use slate_bootloader::sdboot::snapshots as sdboot;
 use slate_disk::{Disk, DiskError, FileDisk, PartitionView, SectorBuffer};
 use slate_esp::fat::{self, EspGeometry};
 use slate_esp::GRUB_DIRECTORIES;
@@ -32,8 +35,7 @@ use slate_layout::{
 };
 use slate_profile::{Bootloader, Profile};
 use slate_snapshot::entry::{self, carried_options, entry_text, EntrySpec, LOADER_DEFAULT};
-use slate_snapshot::grub_menu::{MenuEntry, MENU_PATH};
-use slate_snapshot::{esp, fstab, grub, validate, SnapshotName};
+use slate_snapshot::{fstab, validate, SnapshotName};
 use slate_snapshot_engine::tree;
 
 use crate::artifacts::{
@@ -62,6 +64,8 @@ pub enum BtrfsImageError {
     Engine(#[from] slate_snapshot_engine::EngineError),
     #[error(transparent)]
     Snapshot(#[from] slate_snapshot::SnapshotError),
+    #[error(transparent)]
+    Boot(#[from] slate_bootloader::BootloaderError),
     #[error("the partition table")]
     Layout(#[from] LayoutError),
     #[error("the first snapshot {snapshot} does not validate: {}", problems.join("; "))]
@@ -380,7 +384,7 @@ pub(crate) fn build(
         extra_options: entry_options(inputs),
     })
     .map_err(BtrfsImageError::from)?;
-    esp::register(
+    sdboot::register(
         &mut disk,
         &snap,
         &kernel,
@@ -390,7 +394,7 @@ pub(crate) fn build(
     )
     .map_err(BtrfsImageError::from)?;
     // The image's first boot is not a trial: nothing older to fall back to.
-    esp::bless(&mut disk, &snap).map_err(BtrfsImageError::from)?;
+    sdboot::bless(&mut disk, &snap).map_err(BtrfsImageError::from)?;
     progress(Progress::Step("copying the pool into its partition"));
     copy_pool(&pool_file, &mut disk, &pool_part)?;
     disk.flush().map_err(disk_err("(whole disk)", "flushing"))?;
@@ -454,7 +458,7 @@ fn fill_pool(
 
 /// The ESP as the `image` output lays it down for systemd-boot (FAT32, volume id from the image
 /// id, timestamps from SOURCE_DATE_EPOCH), with `loader.conf` `default root-*` and the
-/// profile's timeout; the entry follows through `slate_snapshot::esp::register`.
+/// profile's timeout; the entry follows through `slate_bootloader::sdboot::snapshots::register`.
 fn write_esp(
     inputs: &Inputs,
     disk: &mut FileDisk,
@@ -485,7 +489,7 @@ fn write_esp(
 }
 
 /// The ESP of a GRUB btrfs-image: FAT32 as for systemd-boot, its directories, and the GRUB EFI
-/// image at the removable path; `slate_snapshot::grub::lay_down` writes the rest.
+/// image at the removable path; `slate_bootloader::grub::snapshots::lay_down` writes the rest.
 fn write_grub_esp(
     inputs: &Inputs,
     disk: &mut FileDisk,

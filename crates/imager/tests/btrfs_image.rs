@@ -11,12 +11,13 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use slate_bootloader::sdboot::snapshots as sdboot;
 use slate_disk::FileDisk;
 use slate_imager::{Inputs, OutputKind};
 use slate_layout::{ESP_TYPE, LINUX_ROOT_X86_64_TYPE, POOL_LABEL};
 use slate_profile::image_contract;
 use slate_snapshot::manifest::Manifest;
-use slate_snapshot::{entry, esp, fstab, validate, SnapshotName};
+use slate_snapshot::{entry, fstab, validate, SnapshotName};
 
 /// 2026-06-28 09:30:00 UTC.
 const EPOCH: u64 = 1_782_639_000;
@@ -298,10 +299,14 @@ fn btrfs_image_holds_a_bootable_first_snapshot() {
         slate_esp::FALLBACK_LOADER_PATH,
         slate_esp::SYSTEMD_BOOT_PATH,
     ] {
-        assert_eq!(esp::read_file(&disk, path).unwrap().unwrap(), sd, "{path}");
+        assert_eq!(
+            slate_esp::session::read_file(&disk, path).unwrap().unwrap(),
+            sd,
+            "{path}"
+        );
     }
     let conf = String::from_utf8(
-        esp::read_file(&disk, slate_esp::LOADER_CONF_PATH)
+        slate_esp::session::read_file(&disk, slate_esp::LOADER_CONF_PATH)
             .unwrap()
             .unwrap(),
     )
@@ -310,7 +315,7 @@ fn btrfs_image_holds_a_bootable_first_snapshot() {
         conf.contains("default root-*") && conf.contains("timeout 0"),
         "{conf}"
     );
-    let scan = esp::scan(&disk).unwrap();
+    let scan = sdboot::scan(&disk).unwrap();
     assert_eq!(scan.entries.len(), 1, "{:?}", scan.entries);
     let found = scan.selected().unwrap();
     assert_eq!(found.name.file_name(), format!("{SNAP}.conf"));
@@ -327,13 +332,13 @@ fn btrfs_image_holds_a_bootable_first_snapshot() {
         Some(format!("slate 1.0.0 2026-06-28 09:30:00 ({SNAP})").as_str())
     );
     assert_eq!(
-        esp::read_file(&disk, &entry::kernel_path(&snap))
+        slate_esp::session::read_file(&disk, &entry::kernel_path(&snap))
             .unwrap()
             .unwrap(),
         kernel
     );
     assert_eq!(
-        esp::read_file(&disk, &entry::initrd_path(&snap))
+        slate_esp::session::read_file(&disk, &entry::initrd_path(&snap))
             .unwrap()
             .unwrap(),
         initrd
@@ -416,18 +421,18 @@ fn a_grub_btrfs_image_boots_the_first_snapshot_from_the_pool() {
     let image = build(dir.path());
     let uuid = slate_imager::pool_uuid("slate-1.0.0");
     let disk = FileDisk::open_read_only(&image).unwrap();
-    let read = |path: &str| esp::read_file(&disk, path).unwrap();
+    let read = |path: &str| slate_esp::session::read_file(&disk, path).unwrap();
     assert_eq!(read("EFI/BOOT/BOOTX64.EFI"), Some(vec![0x6b; 70_000]));
     assert_eq!(
         read("grub/grub.cfg"),
-        Some(slate_snapshot::grub_menu::grub_cfg(0).into_bytes())
+        Some(slate_bootloader::grub::snapshots::menu::grub_cfg(0).into_bytes())
     );
     for path in ["loader/loader.conf", "EFI/systemd/systemd-bootx64.efi"] {
         assert_eq!(read(path), None, "{path}");
     }
     let snap = SnapshotName::parse(SNAP).unwrap();
     assert!(
-        esp::snapshot_files(&disk, &snap).unwrap().is_empty(),
+        sdboot::snapshot_files(&disk, &snap).unwrap().is_empty(),
         "no copies"
     );
     for path in ["grub/grubenv", "grub/slate-default.env"] {
@@ -440,8 +445,8 @@ fn a_grub_btrfs_image_boots_the_first_snapshot_from_the_pool() {
         );
     }
     // The engine's view: GRUB's layout, one entry, the saved default and what boots.
-    assert!(slate_snapshot::grub::is_grub_layout(&disk).unwrap());
-    let scan = slate_snapshot::grub::scan(&disk).unwrap();
+    assert!(slate_bootloader::grub::snapshots::is_grub_layout(&disk).unwrap());
+    let scan = slate_bootloader::grub::snapshots::scan(&disk).unwrap();
     assert_eq!(scan.entries.len(), 1);
     let e = &scan.entries[0];
     assert_eq!(

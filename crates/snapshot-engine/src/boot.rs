@@ -1,7 +1,8 @@
 //! The boot loader on the pool's ESP, chosen by what is there (docs/formats.md §12.9): slate's
 //! GRUB layout for snapshot roots (`grub/grub.cfg` with its marker) means GRUB and its
-//! generated menu (`slate_snapshot::grub`); otherwise systemd-boot's Type #1 entries
-//! (`slate_snapshot::esp`). One view of both for list, prune, commit and rollback.
+//! generated menu (`slate_bootloader::grub::snapshots`); otherwise systemd-boot's Type #1
+//! entries (`slate_bootloader::sdboot::snapshots`). One view of both for list, prune, commit
+//! and rollback.
 //!
 //! GRUB has no "bad" mark and its one-shot leaves no trace once consumed, so on GRUB the engine
 //! records what it put on trial, and what it rolled back from, under `<top>/.slate/grub/` (one
@@ -12,9 +13,10 @@
 use std::collections::BTreeMap;
 use std::fs;
 
+use slate_bootloader::grub::snapshots::{self as grub, GrubScan, Mark};
+use slate_bootloader::sdboot::snapshots as sdboot;
 use slate_bootspec::BootState;
-use slate_snapshot::grub::{self, GrubScan, Mark};
-use slate_snapshot::{esp, SnapshotName};
+use slate_snapshot::SnapshotName;
 
 use crate::tree::write_atomically;
 use crate::{io_err, Pool, Result};
@@ -22,7 +24,7 @@ use crate::{io_err, Pool, Result};
 /// What the ESP says about the snapshots.
 #[derive(Debug)]
 pub(crate) enum Boot {
-    SystemdBoot(esp::EspScan),
+    SystemdBoot(sdboot::EspScan),
     Grub {
         scan: GrubScan,
         marks: BTreeMap<SnapshotName, Mark>,
@@ -95,7 +97,7 @@ impl Boot {
                 running: pool.running.clone(),
             })
         } else {
-            Ok(Boot::SystemdBoot(esp::scan(&disk)?))
+            Ok(Boot::SystemdBoot(sdboot::scan(&disk)?))
         }
     }
 
@@ -157,7 +159,7 @@ pub(crate) fn remove_entry(pool: &Pool, snapshot: &SnapshotName) -> Result<()> {
     if grub::is_grub_layout(&disk)? {
         grub::remove(&mut disk, snapshot)?;
     } else {
-        esp::remove(&mut disk, snapshot)?;
+        sdboot::remove(&mut disk, snapshot)?;
     }
     Ok(())
 }

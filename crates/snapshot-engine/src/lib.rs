@@ -2,7 +2,8 @@
 //! `slate snapshot upgrade | commit | rollback | verify | generate-manifest | list | prune`.
 //! Decisions are `slate-snapshot`'s values; this crate does the I/O around them: the pool's
 //! top level mounted at `/run/slate/btrfs-<uuid>`, subvolumes through `slate-host`'s ioctls,
-//! the manifest key and manifests under `<top>/.slate/`, the ESP through the Disk trait.
+//! the manifest key and manifests under `<top>/.slate/`, the ESP's boot entries through
+//! `slate-bootloader` (`sdboot::snapshots`, `grub::snapshots`) over the Disk trait.
 
 mod boot;
 pub mod mountinfo;
@@ -33,6 +34,8 @@ pub enum EngineError {
     Host(#[from] slate_host::HostError),
     #[error(transparent)]
     Snapshot(#[from] slate_snapshot::SnapshotError),
+    #[error(transparent)]
+    Boot(#[from] slate_bootloader::BootloaderError),
     #[error("{action} {path}")]
     Io {
         action: &'static str,

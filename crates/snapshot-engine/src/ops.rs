@@ -2,14 +2,15 @@
 
 use std::fs;
 
+use slate_bootloader::grub::snapshots::{self as grub, Mark};
+use slate_bootloader::sdboot::snapshots as sdboot;
 use slate_bootspec::BootState;
 use slate_snapshot::entry::DEFAULT_TRIES;
-use slate_snapshot::grub::{self, Mark};
 use slate_snapshot::manifest::{sha256, Difference, Manifest, Record};
 use slate_snapshot::policy::{
     self, choose_rollback, Listed, Verification, VerifyPolicy, KEEP_SNAPSHOTS,
 };
-use slate_snapshot::{esp, SnapshotName};
+use slate_snapshot::SnapshotName;
 
 use crate::boot::{remove_entry, Boot};
 use crate::{io_err, tree, EngineError, Pool, Result};
@@ -206,7 +207,7 @@ pub fn commit(pool: &Pool, dry_run: bool) -> Result<CommitOutcome> {
             pruned: prune(pool, false)?,
         });
     }
-    let scan = esp::scan(&pool.open_esp_read_only()?)?;
+    let scan = sdboot::scan(&pool.open_esp_read_only()?)?;
     let found = scan
         .entry_of(&snap)
         .ok_or_else(|| EngineError::Invalid(format!("{snap} has no boot entry to bless")))?;
@@ -223,7 +224,7 @@ pub fn commit(pool: &Pool, dry_run: bool) -> Result<CommitOutcome> {
             pruned: prune(pool, true)?,
         });
     }
-    let renamed = esp::bless(&mut pool.open_esp()?, &snap)?;
+    let renamed = sdboot::bless(&mut pool.open_esp()?, &snap)?;
     Ok(CommitOutcome {
         renamed,
         saved_entry: None,
@@ -235,7 +236,7 @@ pub fn commit(pool: &Pool, dry_run: bool) -> Result<CommitOutcome> {
 fn current_manifest(pool: &Pool, snap: &SnapshotName) -> Result<Manifest> {
     let mut m = Manifest::new(snap.clone());
     tree::walk_into(&pool.path_of(snap), &mut m)?;
-    for (path, bytes) in esp::snapshot_files(&pool.open_esp_read_only()?, snap)? {
+    for (path, bytes) in sdboot::snapshot_files(&pool.open_esp_read_only()?, snap)? {
         m.insert(
             path.as_bytes(),
             Record::Esp {
@@ -401,7 +402,7 @@ pub fn rollback(pool: &Pool, policy: VerifyPolicy, dry_run: bool) -> Result<Roll
         });
     }
     let (to_entry, from_entry) =
-        esp::rollback(&mut pool.open_esp()?, &target, &current, DEFAULT_TRIES)?;
+        sdboot::rollback(&mut pool.open_esp()?, &target, &current, DEFAULT_TRIES)?;
     Ok(RollbackOutcome {
         target: target.to_string(),
         notes,

@@ -117,7 +117,7 @@ impl Pool {
 
     /// The pool reached through its top level alone, mounted at `top` by the caller: no
     /// running root, no ESP, no lock. What an image build uses to write `<top>/.slate`
-    /// (`crate::seed`); nothing here reads `root` or `esp_disk`.
+    /// ([`crate::seed_engine_dir`]); nothing here reads `root` or `esp_disk`.
     pub(crate) fn at_top(top: &Path, uuid: &str) -> Pool {
         Pool {
             root: top.to_path_buf(),

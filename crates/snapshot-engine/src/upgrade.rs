@@ -5,13 +5,14 @@
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant, SystemTime};
 
+use slate_bootloader::grub::snapshots::menu::{MenuEntry, MENU_PATH};
+use slate_bootloader::grub::snapshots::{self as grub, Mark};
+use slate_bootloader::sdboot::snapshots as sdboot;
 use slate_host::{Signal, SignalReader};
 use slate_snapshot::entry::{self, carried_options, entry_text, EntrySpec, DEFAULT_TRIES};
-use slate_snapshot::grub::{self, Mark};
-use slate_snapshot::grub_menu::MenuEntry;
 use slate_snapshot::manifest::{sha256, Manifest, Record};
 use slate_snapshot::policy::{prune, Listed, KEEP_SNAPSHOTS};
-use slate_snapshot::{esp, fstab, upgrade_plan, validate, SnapshotName};
+use slate_snapshot::{fstab, validate, SnapshotName};
 
 use crate::boot::{remove_entry, Boot};
 use crate::ops::remove_snapshot;
@@ -121,7 +122,7 @@ pub fn upgrade(
         )?;
         grub::check_register(&esp_now, &placeholder)?;
     } else {
-        esp::check_register(&esp_now, &new)?;
+        sdboot::check_register(&esp_now, &new)?;
     }
     let mut all = crate::ops::listed(pool, &boot)?;
     all.push(Listed {
@@ -321,7 +322,7 @@ fn build(
         grub::register(&mut disk, &entry)?;
         say(format!(
             "(4) register: menuentry {new} in {} (/{new}/{k}, /{new}/{i} in the pool)",
-            slate_snapshot::grub_menu::MENU_PATH
+            MENU_PATH
         ));
         let scan = grub::scan(&disk)?;
         let (next, saved) = (
@@ -349,7 +350,7 @@ fn build(
     };
     let text = entry_text(&spec)?;
     let mut disk = pool.open_esp()?;
-    let name = esp::register(&mut disk, new, &kernel, &initrd, &text, DEFAULT_TRIES)?;
+    let name = sdboot::register(&mut disk, new, &kernel, &initrd, &text, DEFAULT_TRIES)?;
     say(format!(
         "(4) register: ESP:/{}/ ({} + {} bytes), loader/entries/{}",
         entry::esp_dir(new),
@@ -358,7 +359,7 @@ fn build(
         name.file_name()
     ));
 
-    let scan = esp::scan(&disk)?;
+    let scan = sdboot::scan(&disk)?;
     let next = scan
         .selected()
         .map(|f| f.name.file_name().to_owned())
@@ -451,4 +452,44 @@ fn in_snapshot(root: &Path, rel: &str) -> Result<String> {
                 root.display()
             ))
         })
+}
+
+/// The steps of an upgrade, in order, as `--dry-run` prints them.
+fn upgrade_plan(
+    source: &str,
+    new: &SnapshotName,
+    change: &str,
+    entry_file: &str,
+    prune: &[SnapshotName],
+    grub: bool,
+) -> Vec<String> {
+    let pruned = if prune.is_empty() {
+        "nothing to prune".to_owned()
+    } else {
+        prune
+            .iter()
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    if grub {
+        return vec![
+            format!("(1) snapshot {source} -> {new} (writable, copy-on-write)"),
+            format!("(2) upgrade {new}: {change}"),
+            format!("(3) validate {new}: kernel + initramfs in /boot, /sbin/init, fstab root subvol={new}"),
+            format!("(4) register: menu entry --id {new} in {MENU_PATH} (GRUB reads its /boot in the pool)"),
+            format!("(5) manifest: HMAC-SHA256 over /usr and /boot -> .slate/manifests/{new}.manifest"),
+            format!("(6) next boot: grubenv next_entry={new} (one-shot); saved_entry unchanged"),
+            format!("(7) keep fallback {source}; prune: {pruned}"),
+        ];
+    }
+    vec![
+        format!("(1) snapshot {source} -> {new} (writable, copy-on-write)"),
+        format!("(2) upgrade {new}: {change}"),
+        format!("(3) validate {new}: kernel + initramfs in /boot, /sbin/init, fstab root subvol={new}"),
+        format!("(4) register: copy kernel and initramfs to ESP:/{}/, entry loader/entries/{entry_file}", entry::esp_dir(new)),
+        format!("(5) manifest: HMAC-SHA256 over /usr, /boot and the ESP copies -> .slate/manifests/{new}.manifest"),
+        format!("(6) next boot: {entry_file} sorts first (loader.conf default {}); default pattern unchanged", entry::LOADER_DEFAULT),
+        format!("(7) keep fallback {source}; prune: {pruned}"),
+    ]
 }

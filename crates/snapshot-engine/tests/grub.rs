@@ -58,7 +58,7 @@ fn grub_upgrade_sets_next_entry_and_commit_moves_saved_entry() {
     // Step 4: the menu gains the entry (newest first), which boots the snapshot's own /boot.
     assert_eq!(env.grub_menu(), [new, R0]);
     let disk = slate_disk::FileDisk::open_read_only(&env.esp).unwrap();
-    let menu = slate_snapshot::esp::read_file(&disk, "grub/snapshots.cfg")
+    let menu = slate_esp::session::read_file(&disk, "grub/snapshots.cfg")
         .unwrap()
         .unwrap();
     let menu = String::from_utf8(menu).unwrap();

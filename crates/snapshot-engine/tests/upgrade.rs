@@ -39,7 +39,7 @@ fn the_eight_steps_with_a_command_that_succeeds() {
     assert_eq!(env.entries(), [format!("{new}+3.conf")]);
     assert_eq!(env.esp_files(new), 2);
     let disk = slate_disk::FileDisk::open_read_only(&env.esp).unwrap();
-    let text = slate_snapshot::esp::read_file(&disk, &format!("loader/entries/{new}+3.conf"))
+    let text = slate_esp::session::read_file(&disk, &format!("loader/entries/{new}+3.conf"))
         .unwrap()
         .unwrap();
     let text = String::from_utf8(text).unwrap();
@@ -54,7 +54,7 @@ fn the_eight_steps_with_a_command_that_succeeds() {
         )),
         "{text}"
     );
-    let conf = slate_snapshot::esp::read_file(&disk, "loader/loader.conf")
+    let conf = slate_esp::session::read_file(&disk, "loader/loader.conf")
         .unwrap()
         .unwrap();
     assert!(String::from_utf8(conf).unwrap().contains("default root-*"));
@@ -100,7 +100,7 @@ fn the_eight_steps_with_a_command_that_succeeds() {
         "the tree's /usr replaces the old one"
     );
     assert!(!p.join("boot/vmlinuz-6.1.0-1-amd64").exists());
-    let text = slate_snapshot::esp::read_file(
+    let text = slate_esp::session::read_file(
         &slate_disk::FileDisk::open_read_only(&env.esp).unwrap(),
         &format!("slate/{}/vmlinuz", r.snapshot),
     )

@@ -79,7 +79,7 @@ struct DiskFigures {
 
 fn measure(image: &Path) -> Result<DiskFigures> {
     let open = || FileDisk::open_read_only(image).with_context(|| format!("{}", image.display()));
-    let esp = slate_layout::open_partition(open()?, slate_layout::EFI_LABEL)?;
+    let esp = slate_esp::session::open(open()?)?;
     let space = slate_esp::fat_space(&esp).context("counting the ESP's free clusters")?;
     let meta = slate_layout::open_partition(open()?, slate_layout::META_LABEL)?;
     let store = slate_meta::MetaStore::open(meta).context("reading META")?;

@@ -1,10 +1,13 @@
-//! The reasons `explain` gives, over statuses built as the backends build them.
+//! The reasons both loaders' `explain` gives, over statuses built as the backends build them.
 
-use slate_bootspec::{select, EfiVars, GrubEnv, LoaderConf};
-use slate_esp::FatSpace;
+use slate_bootspec::{select, EfiVars, Entry, EntryName, GrubEnv, IdStyle, LoaderConf};
+use slate_esp::{FatSpace, GRUB_SLOTS};
 
 use super::*;
-use crate::grub::SlotStatus;
+use crate::grub::explain::explain as grub;
+use crate::grub::{menu as grub_menu, GrubStatus, SlotStatus};
+use crate::sdboot::explain::explain as systemd_boot;
+use crate::{BootStatus, EntryStatus};
 
 /// A systemd-boot status the way the backend builds it: the entries in directory order
 /// (`files`), the selection by the model over them.

@@ -10,33 +10,37 @@
 //! Which slot boots is answered by [`slate_bootspec::grub_select`], over what is on the disk.
 //! The crash matrix (`tests/grub_crash.rs`) replays upgrade, commit and revert over a
 //! fault-injecting disk and asks that model, for every power-cut state, which slot boots.
+//!
+//! Beside this file: what is read in one pass (`status.rs`), the upgrade's writes
+//! (`upgrade.rs`), rollback, the second record, `slate boot explain`'s value (`explain.rs`),
+//! the text GRUB reads ([`config`]), and GRUB on a Btrfs snapshot root ([`snapshots`]), which
+//! shares grub.cfg's choice of entry and the environment block writer (`write_block`).
 
 pub mod config;
+pub(crate) mod explain;
 mod record;
 mod rollback;
+pub mod snapshots;
+mod status;
+mod upgrade;
 
-use config::{grub_entry_title, parse_slot_cmdline_cfg, slot_cmdline_cfg};
+pub use status::{GrubStatus, SlotStatus};
 
-use std::io::{self, Read, Seek, Write};
+use config::{grub_entry_title, parse_slot_cmdline_cfg};
 
-use fatfs::ReadWriteSeek;
 use slate_bootspec::{
-    grub_entry_index, grub_select_with_record, GrubEnv, GrubEnvError, GrubMenuEntry, GrubReason,
-    GrubSelection, Reason, Selection,
+    BootState, GrubEnv, GrubEnvError, GrubMenuEntry, GrubReason, Reason, Selection,
 };
-use slate_disk::{Disk, PartitionView};
-use slate_esp::fat;
+use slate_disk::Disk;
 use slate_esp::{
-    fat_space, FatSpace, ReadOnly, GRUBENV_PATH, GRUB_CFG_PATH, GRUB_DEFAULT_ENV_PATH, GRUB_SLOTS,
-    SLOT_CMDLINE, SLOT_INITRAMFS, SLOT_KERNEL,
+    session, EspError, GRUBENV_PATH, GRUB_SLOTS, SLOT_CMDLINE, SLOT_INITRAMFS, SLOT_KERNEL,
 };
 
-use crate::parts::{self, fat_err, invalid, EspFs, Result};
+use crate::parts::{self, invalid, Result};
 use crate::{
     BootStatus, Bootloader, BootloaderError, CommitOutcome, EntryStatus, UpgradeOutcome,
     UpgradeRequest,
 };
-use slate_bootspec::BootState;
 
 /// What a slot boots: the pieces of a UKI, laid out for GRUB.
 #[derive(Clone, PartialEq, Eq)]
@@ -76,100 +80,6 @@ impl SlotPayload {
             initramfs: section(".initrd")?.to_vec(),
             cmdline,
         })
-    }
-}
-
-/// One slot as found on the ESP.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct SlotStatus {
-    pub label: &'static str,
-    pub kernel_len: Option<u64>,
-    pub initramfs_len: Option<u64>,
-    /// From `cmdline.cfg`: (version, command line). `None`: absent or not slate's format.
-    pub config: Option<(String, String)>,
-}
-
-impl SlotStatus {
-    /// Kernel, initramfs and `cmdline.cfg` present: the slot was completely written
-    /// (`cmdline.cfg` is removed first and written last).
-    pub fn complete(&self) -> bool {
-        self.kernel_len.is_some() && self.initramfs_len.is_some() && self.config.is_some()
-    }
-    pub fn version(&self) -> Option<&str> {
-        self.config.as_ref().map(|(v, _)| v.as_str())
-    }
-    fn len(&self) -> u64 {
-        self.kernel_len.unwrap_or(0) + self.initramfs_len.unwrap_or(0)
-    }
-}
-
-/// What is on the ESP and in META for GRUB, read in one pass.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GrubStatus {
-    pub slots: Vec<SlotStatus>,
-    /// `grub/grubenv` as read; an empty block when it could not be ([`Self::env_error`]).
-    pub env: GrubEnv,
-    /// Why `grub/grubenv` could not be read (corrupted, unsigned, not 1024 bytes). GRUB then
-    /// loads nothing from it, `grub.cfg` takes `saved_entry` from the second record, and slate
-    /// refuses every write to the loader ([`Self::writable`]).
-    pub env_error: Option<GrubEnvError>,
-    /// `grub/slate-default.env`, the second record of the committed slot: `None` when absent
-    /// (a disk imaged before it existed), `Some(Err)` when unreadable.
-    pub default_record: Option<std::result::Result<GrubEnv, GrubEnvError>>,
-    /// META `Upgrade`: the slot to return to while an upgrade is uncommitted.
-    pub upgrade_tag: Option<String>,
-    /// What GRUB does on the next boot, by the selection model.
-    pub selection: Option<GrubSelection>,
-    /// Hidden temp files left in the slots by an interrupted write (never booted).
-    pub temp_files: Vec<String>,
-    pub space: FatSpace,
-    pub warnings: Vec<String>,
-}
-
-impl GrubStatus {
-    /// The slot GRUB starts next (before its fallback, see [`Self::booted_slot`]).
-    pub fn selected_slot(&self) -> Option<&'static str> {
-        self.selection.as_ref().map(|s| GRUB_SLOTS[s.index])
-    }
-
-    /// The slot that actually comes up: the selected one if complete, else GRUB's `fallback`
-    /// (saved_entry) if that is complete.
-    pub fn booted_slot(&self) -> Option<&'static str> {
-        let sel = self.selection.as_ref()?;
-        if self.slots[sel.index].complete() {
-            return Some(GRUB_SLOTS[sel.index]);
-        }
-        sel.fallback
-            .filter(|&f| self.slots[f].complete())
-            .map(|f| GRUB_SLOTS[f])
-    }
-
-    fn slot(&self, reference: &str) -> Option<usize> {
-        grub_entry_index(&menu(), reference)
-    }
-
-    /// The status, if slate may write the loader: refused while grubenv is unreadable (slate
-    /// rewrites it in place and edits it line by line, and would not guess what it held).
-    pub fn writable(self) -> Result<Self> {
-        match self.env_error {
-            Some(err) => Err(err.into()),
-            None => Ok(self),
-        }
-    }
-
-    /// The slot the second record names (`saved_entry`), when it is present and readable.
-    pub fn record_entry(&self) -> Option<&str> {
-        match &self.default_record {
-            Some(Ok(record)) => record.get_nonempty("saved_entry"),
-            _ => None,
-        }
-    }
-
-    /// grubenv's `saved_entry` when it is exactly a slot's id (what `grub.cfg` tests before it
-    /// reads the record).
-    fn env_saved_slot(&self) -> Option<&'static str> {
-        let saved = self.env.get("saved_entry")?;
-        GRUB_SLOTS.iter().copied().find(|s| *s == saved)
     }
 }
 
@@ -231,13 +141,9 @@ impl<D: Disk> Grub<D> {
         self.disk
     }
 
-    fn esp_read_only(&self) -> Result<PartitionView<ReadOnly<'_, D>>> {
-        parts::esp_read_only(&self.disk)
-    }
-
     /// The content of a file on the ESP (`/`-separated path).
     pub fn read_file(&self, path: &str) -> Result<Vec<u8>> {
-        parts::read_esp_file(&self.disk, self.source_date_epoch, path)
+        parts::read_esp_file(&self.disk, path)
     }
 
     /// A slot's payload and version, if it is complete.
@@ -255,103 +161,6 @@ impl<D: Disk> Grub<D> {
         ))
     }
 
-    /// Everything GRUB and slate's flows read: the slots, grubenv (refused when GRUB could not
-    /// load it, or slate could not rewrite it), META `Upgrade`, the selection.
-    pub fn grub_status(&self) -> Result<GrubStatus> {
-        let esp = self.esp_read_only()?;
-        let space = fat_space(&esp).map_err(fat_err("counting free clusters of", "/"))?;
-        let fs = fat::mount(esp, self.source_date_epoch)?;
-        let root = fs.root_dir();
-        let mut warnings = Vec::new();
-        // grub.cfg is written once by the installer: its absence means this is not a GRUB
-        // layout at all.
-        root.open_file(GRUB_CFG_PATH)
-            .map_err(fat_err("opening", GRUB_CFG_PATH))?;
-        let mut env_bytes = Vec::new();
-        root.open_file(GRUBENV_PATH)
-            .and_then(|mut f| f.read_to_end(&mut env_bytes))
-            .map_err(fat_err("reading", GRUBENV_PATH))?;
-        let (env, env_error) = match GrubEnv::parse(&env_bytes) {
-            Ok(env) => (env, None),
-            Err(err) => (GrubEnv::new(), Some(err)),
-        };
-        let mut record_bytes = Vec::new();
-        let default_record = match root
-            .open_file(GRUB_DEFAULT_ENV_PATH)
-            .and_then(|mut f| f.read_to_end(&mut record_bytes))
-        {
-            Ok(_) => Some(GrubEnv::parse(&record_bytes)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => None,
-            Err(e) => return Err(fat_err("reading", GRUB_DEFAULT_ENV_PATH)(e)),
-        };
-        let (mut slots, mut temp_files) = (Vec::new(), Vec::new());
-        for label in GRUB_SLOTS {
-            let mut slot = SlotStatus {
-                label,
-                kernel_len: None,
-                initramfs_len: None,
-                config: None,
-            };
-            let dir = root.open_dir(label).map_err(fat_err("opening", label))?;
-            for item in dir.iter() {
-                let item = item.map_err(fat_err("listing", label))?;
-                let name = item.file_name();
-                if item.is_dir() {
-                    continue;
-                }
-                match name.as_str() {
-                    SLOT_KERNEL => slot.kernel_len = Some(item.len()),
-                    SLOT_INITRAMFS => slot.initramfs_len = Some(item.len()),
-                    SLOT_CMDLINE => {
-                        let mut text = String::new();
-                        item.to_file()
-                            .read_to_string(&mut text)
-                            .map_err(fat_err("reading", &format!("{label}/{name}")))?;
-                        slot.config = parse_slot_cmdline_cfg(&text);
-                        if slot.config.is_none() {
-                            warnings.push(format!("{label}/{name}: not slate's format"));
-                        }
-                    }
-                    n if n.starts_with('.') => temp_files.push(format!("{label}/{n}")),
-                    n => warnings.push(format!("{label}/{n}: unexpected file, ignored")),
-                }
-            }
-            slots.push(slot);
-        }
-        drop(root);
-        drop(fs);
-        let parts::MetaFacts {
-            upgrade_tag,
-            warnings: meta_warnings,
-            ..
-        } = parts::read_meta_facts(&self.disk)?;
-        warnings.extend(meta_warnings);
-        let record = default_record.as_ref().and_then(|r| r.as_ref().ok());
-        let selection =
-            grub_select_with_record(env_error.is_none().then_some(&env), record, &menu());
-        warnings.extend(record::warnings(
-            &env,
-            env_error.as_ref(),
-            default_record.as_ref(),
-        ));
-        Ok(GrubStatus {
-            slots,
-            env,
-            env_error,
-            default_record,
-            upgrade_tag,
-            selection,
-            temp_files,
-            space,
-            warnings,
-        })
-    }
-
-    /// Mount the ESP read-write, run `f`, unmount and flush ([`parts::with_esp`]).
-    fn with_esp<R>(&mut self, f: impl FnOnce(&EspFs<'_, '_, D>) -> Result<R>) -> Result<R> {
-        parts::with_esp(&mut self.disk, self.source_date_epoch, f)
-    }
-
     /// META `Upgrade` set to `label` (`Some`) or deleted (`None`), flushed (both copies).
     fn set_tag(&mut self, label: Option<&str>) -> Result<()> {
         parts::set_upgrade_tag(&mut self.disk, label)
@@ -359,33 +168,7 @@ impl<D: Disk> Grub<D> {
 
     /// Rewrite `grub/grubenv` in place: the same 1024 bytes over the same clusters (flushed).
     fn write_env(&mut self, env: &GrubEnv) -> Result<()> {
-        self.write_block(GRUBENV_PATH, env)
-    }
-
-    /// An environment block rewritten in place: the same 1024 bytes over the same clusters.
-    fn write_block(&mut self, path: &str, env: &GrubEnv) -> Result<()> {
-        let bytes = env.to_bytes();
-        self.with_esp(|fs| {
-            let mut f = fs
-                .root_dir()
-                .open_file(path)
-                .map_err(fat_err("opening", path))?;
-            let len = f
-                .seek(io::SeekFrom::End(0))
-                .map_err(fat_err("sizing", path))?;
-            if len != bytes.len() as u64 {
-                let err = GrubEnvError::WrongLength { len: len as usize };
-                return Err(if path == GRUBENV_PATH {
-                    err.into()
-                } else {
-                    invalid(format!("{path}: {err}"))
-                });
-            }
-            f.seek(io::SeekFrom::Start(0))
-                .and_then(|_| f.write_all(&bytes))
-                .and_then(|()| f.flush())
-                .map_err(fat_err("rewriting", path))
-        })
+        write_block(&mut self.disk, self.source_date_epoch, GRUBENV_PATH, env)
     }
 
     /// What GRUB does at power-on, for tests and dry runs: select, consume a one-shot
@@ -398,141 +181,37 @@ impl<D: Disk> Grub<D> {
         }
         Ok(status.booted_slot())
     }
-
-    /// Upgrade the inactive slot to `payload` and make it GRUB's one-shot `next_entry`. See
-    /// [`Bootloader::upgrade`] for the order of the writes.
-    pub fn upgrade_slot(
-        &mut self,
-        payload: &SlotPayload,
-        version: &str,
-        running_entry: &str,
-    ) -> Result<UpgradeOutcome> {
-        if payload.kernel.is_empty() || payload.initramfs.is_empty() {
-            return Err(invalid("the kernel or the initramfs is empty"));
-        }
-        let cfg = slot_cmdline_cfg(version, &payload.cmdline)
-            .map_err(|err| BootloaderError::Invalid(err.to_string()))?;
-        let status = self.grub_status()?.writable()?;
-        let running = status
-            .slot(running_entry)
-            .ok_or_else(|| BootloaderError::EntryNotFound(running_entry.to_owned()))?;
-        let running_label = GRUB_SLOTS[running];
-        if !status.slots[running].complete() {
-            return Err(invalid(format!(
-                "the running slot {running_label} is incomplete"
-            )));
-        }
-        let target = 1 - running;
-        let target_label = GRUB_SLOTS[target];
-        let menu = menu();
-        let saved = status
-            .env
-            .get_nonempty("saved_entry")
-            .and_then(|s| grub_entry_index(&menu, s));
-        // The default GRUB falls back to, the record's when grubenv names no slot.
-        let fallback = status.selection.as_ref().and_then(|s| s.fallback);
-        if saved == Some(target) || fallback == Some(target) {
-            return Err(invalid(format!(
-                "slot {target_label} is GRUB's saved default (saved_entry) while {running_label} \
-                 runs: an upgrade is uncommitted; commit or revert it first"
-            )));
-        }
-        // The record must not name the slot about to be emptied: brought in line with
-        // grubenv's saved_entry first (it lags only after a cut commit).
-        let record_sync = status
-            .env_saved_slot()
-            .filter(|&s| status.default_record.is_some() && status.record_entry() != Some(s));
-        // Room: what is free, plus what the old slot and stale temp files give back, for three
-        // files and their directory entries.
-        let space = status.space;
-        let old = space.clusters_for(status.slots[target].kernel_len.unwrap_or(0))
-            + space.clusters_for(status.slots[target].initramfs_len.unwrap_or(0))
-            + 1;
-        let needed = space.clusters_for(payload.kernel.len() as u64)
-            + space.clusters_for(payload.initramfs.len() as u64)
-            + space.clusters_for(cfg.len() as u64)
-            + 3;
-        if space.free_clusters + old < needed {
-            return Err(BootloaderError::NoRoom {
-                needed: needed * space.cluster_size,
-                available: (space.free_clusters + old) * space.cluster_size,
-            });
-        }
-        let mut env = status.env.clone();
-        env.set("next_entry", target_label)?;
-        let temps: Vec<String> = status
-            .temp_files
-            .iter()
-            .filter(|t| t.starts_with(&format!("{target_label}/")))
-            .cloned()
-            .collect();
-
-        // Writes start here.
-        if let Some(slot) = record_sync {
-            self.write_record(slot)?;
-        }
-        match self.order {
-            GrubWriteOrder::SlotThenFlip => {
-                self.write_slot(target_label, payload, &cfg, &temps)?;
-                self.set_tag(Some(running_label))?;
-                self.write_env(&env)?;
-            }
-            GrubWriteOrder::FlipThenSlot => {
-                self.set_tag(Some(running_label))?;
-                self.write_env(&env)?;
-                self.write_slot(target_label, payload, &cfg, &temps)?;
-            }
-        }
-        Ok(UpgradeOutcome {
-            file_name: target_label.to_owned(),
-            fallback: running_label.to_owned(),
-            removed: Vec::new(),
-            cleared_vars: Vec::new(),
-        })
-    }
-
-    /// Empty the slot — `cmdline.cfg` first, so a half-rewritten slot is never complete — then
-    /// write kernel, initramfs and `cmdline.cfg` last, each under a temp name and renamed,
-    /// flushed.
-    fn write_slot(
-        &mut self,
-        label: &str,
-        payload: &SlotPayload,
-        cfg: &str,
-        temps: &[String],
-    ) -> Result<()> {
-        self.with_esp(|fs| {
-            let dir = fs
-                .root_dir()
-                .open_dir(label)
-                .map_err(fat_err("opening", label))?;
-            for name in [SLOT_CMDLINE, SLOT_KERNEL, SLOT_INITRAMFS] {
-                remove_if_present(&dir, name)
-                    .map_err(fat_err("removing", &format!("{label}/{name}")))?;
-            }
-            for t in temps {
-                let name = t.rsplit('/').next().unwrap_or(t);
-                remove_if_present(&dir, name).map_err(fat_err("removing", t))?;
-            }
-            Ok(())
-        })?;
-        for (name, bytes) in [
-            (SLOT_KERNEL, payload.kernel.as_slice()),
-            (SLOT_INITRAMFS, payload.initramfs.as_slice()),
-            (SLOT_CMDLINE, cfg.as_bytes()),
-        ] {
-            let path = format!("{label}/{name}");
-            self.with_esp(|fs| Ok(fat::write_file_atomically(fs, &path, bytes)?))?;
-        }
-        Ok(())
-    }
 }
 
-fn remove_if_present<T: ReadWriteSeek>(dir: &fatfs::Dir<'_, T>, name: &str) -> io::Result<()> {
-    match dir.remove(name) {
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        other => other,
-    }
+/// An environment block (grubenv, the second record) rewritten in place, flushed: the same
+/// 1024 bytes over the same clusters, as GRUB's `save_env` writes it. A block of another
+/// length is refused as GRUB's reader refuses it.
+pub(crate) fn write_block<D: Disk>(
+    disk: &mut D,
+    source_date_epoch: u64,
+    path: &str,
+    env: &GrubEnv,
+) -> Result<()> {
+    session::rewrite_in_place(disk, source_date_epoch, path, &env.to_bytes()).map_err(|e| match e {
+        EspError::WrongLength { len, .. } => {
+            let err = GrubEnvError::WrongLength { len: len as usize };
+            if path == GRUBENV_PATH {
+                err.into()
+            } else {
+                invalid(format!("{path}: {err}"))
+            }
+        }
+        EspError::File {
+            path,
+            action,
+            source,
+        } => BootloaderError::Fat {
+            action,
+            path,
+            source,
+        },
+        e => e.into(),
+    })
 }
 
 impl<D: Disk> Bootloader for Grub<D> {
@@ -588,7 +267,7 @@ impl<D: Disk> Bootloader for Grub<D> {
     }
 
     fn explain(&self) -> Result<crate::BootExplanation> {
-        Ok(crate::explain::grub(&self.grub_status()?))
+        Ok(explain::explain(&self.grub_status()?))
     }
 
     /// Refused before anything is read.

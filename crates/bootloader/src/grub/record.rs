@@ -70,7 +70,12 @@ impl<D: Disk> Grub<D> {
     /// `slot` (flushed). Its 1024 bytes span two sectors, and `saved_entry` sits in the first:
     /// a torn write leaves the old or the new slot (the crash matrix replays it).
     pub(super) fn write_record(&mut self, slot: &str) -> Result<()> {
-        self.write_block(GRUB_DEFAULT_ENV_PATH, &config::default_record(slot))
+        super::write_block(
+            &mut self.disk,
+            self.source_date_epoch,
+            GRUB_DEFAULT_ENV_PATH,
+            &config::default_record(slot),
+        )
     }
 
     /// The record rewritten to name `slot` if it is present and names something else (a disk

@@ -1,7 +1,9 @@
 //! The systemd-boot backend: Type #2 entries (UKIs in `EFI/Linux`) with boot counting,
 //! `loader.conf`'s `default <name>-*` glob, META `Upgrade`, and the EFI variables only where the
-//! selection model shows they are needed. A fresh image's ESP files: [`image_files`].
+//! selection model shows they are needed. A fresh image's ESP files: [`image_files`]. A Btrfs
+//! snapshot root's Type #1 entries: [`snapshots`].
 
+pub(crate) mod explain;
 mod image;
 mod kexec;
 mod once;
@@ -9,6 +11,7 @@ mod pin;
 mod plan;
 mod prune;
 mod rollback;
+pub mod snapshots;
 
 pub use image::{image_files, EnrollKeys};
 pub use kexec::{entry_from_cmdline, kexec_cmdline, uki_kexec_parts, KexecPlan, ENTRY_KERNEL_ARG};
@@ -23,11 +26,11 @@ use slate_bootspec::{
 };
 use slate_disk::{Disk, PartitionView};
 use slate_esp::fat::{self, temp_name};
-use slate_esp::{fat_space, FatSpace, ReadOnly, LOADER_CONF_PATH, UKI_DIR};
+use slate_esp::{fat_space, session, FatSpace, LOADER_CONF_PATH, UKI_DIR};
 use slate_meta::{tags, MetaStore};
 
 use crate::efivars::{loader_vars, EfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_ONESHOT};
-use crate::parts::{self, fat_err, invalid, EspFs, Result};
+use crate::parts::{self, fat_err, invalid, Result};
 use crate::{
     BootStatus, Bootloader, BootloaderError, CommitOutcome, EntryStatus, UpgradeOutcome,
     UpgradeRequest,
@@ -120,21 +123,13 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
         (self.disk, self.vars)
     }
 
-    fn esp_read_only(&self) -> Result<PartitionView<ReadOnly<'_, D>>> {
-        parts::esp_read_only(&self.disk)
-    }
-
     /// The content of `EFI/Linux/<file_name>`.
     pub fn read_entry(&self, file_name: &str) -> Result<Vec<u8>> {
-        parts::read_esp_file(
-            &self.disk,
-            self.source_date_epoch,
-            &format!("{UKI_DIR}/{file_name}"),
-        )
+        parts::read_esp_file(&self.disk, &format!("{UKI_DIR}/{file_name}"))
     }
 
     fn scan(&self) -> Result<Scan> {
-        let esp = self.esp_read_only()?;
+        let esp = session::read_only(&self.disk)?;
         let esp_len = esp.len();
         let space = fat_space(&esp).map_err(fat_err("counting free clusters of", "/"))?;
         let fs = fat::mount(esp, self.source_date_epoch)?;
@@ -203,11 +198,6 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
         select(entries, conf, &loader_vars(vars), self.style)
     }
 
-    /// Mount the ESP read-write, run `f`, unmount and flush ([`parts::with_esp`]).
-    fn with_esp<R>(&mut self, f: impl FnOnce(&EspFs<'_, '_, D>) -> Result<R>) -> Result<R> {
-        parts::with_esp(&mut self.disk, self.source_date_epoch, f)
-    }
-
     fn with_meta<R>(
         &mut self,
         f: impl FnOnce(&mut MetaStore<PartitionView<&mut D>>) -> Result<R>,
@@ -223,8 +213,10 @@ impl<D: Disk, V: EfiVars> SystemdBoot<D, V> {
     /// driver appends the entry of systemd-boot's boot-counting rename there at every boot of
     /// a new version, and the directory would grow by 96 bytes each time (`xtask soak`).
     fn rename_entry(&mut self, from: &str, to: &str) -> Result<()> {
-        self.with_esp(|fs| rename_in(fs, from, to))?;
-        parts::trim_esp_dir(&mut self.disk, UKI_DIR)?;
+        session::with_esp(&mut self.disk, self.source_date_epoch, |fs| {
+            rename_in(fs, from, to)
+        })?;
+        session::trim_dir(&mut self.disk, UKI_DIR)?;
         Ok(())
     }
 
@@ -293,11 +285,7 @@ impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
 
     fn explain(&self) -> Result<crate::BootExplanation> {
         let vars = loader_vars(&self.vars);
-        Ok(crate::explain::systemd_boot(
-            &self.status()?,
-            &vars,
-            self.style,
-        ))
+        Ok(explain::explain(&self.status()?, &vars, self.style))
     }
 
     /// The entry found by its name or ID in the directory listing, its length checked there,
@@ -343,7 +331,7 @@ impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
 
         // Writes start here.
         if !plan.prune.is_empty() {
-            self.with_esp(|fs| {
+            session::with_esp(&mut self.disk, self.source_date_epoch, |fs| -> Result<()> {
                 let dir = fs
                     .root_dir()
                     .open_dir(UKI_DIR)
@@ -354,7 +342,7 @@ impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
                 Ok(())
             })?;
         }
-        self.with_esp(|fs| {
+        session::with_esp(&mut self.disk, self.source_date_epoch, |fs| -> Result<()> {
             let dir = fs
                 .root_dir()
                 .open_dir(UKI_DIR)

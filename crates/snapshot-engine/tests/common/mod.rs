@@ -83,14 +83,14 @@ impl Env {
         make_esp(&env.esp);
         if grub {
             let mut disk = FileDisk::open(&env.esp).unwrap();
-            slate_snapshot::grub::lay_down(&mut disk, 1, &env.grub_entry(R0)).unwrap();
+            slate_bootloader::grub::snapshots::lay_down(&mut disk, 1, &env.grub_entry(R0)).unwrap();
         }
         env
     }
 
     /// The GRUB menu entry of a snapshot with the fixture's kernel and initramfs.
-    pub fn grub_entry(&self, snapshot: &str) -> slate_snapshot::grub_menu::MenuEntry {
-        slate_snapshot::grub_menu::MenuEntry::new(
+    pub fn grub_entry(&self, snapshot: &str) -> slate_bootloader::grub::snapshots::menu::MenuEntry {
+        slate_bootloader::grub::snapshots::menu::MenuEntry::new(
             &slate_snapshot::entry::EntrySpec {
                 snapshot: SnapshotName::parse(snapshot).unwrap(),
                 pool_uuid: self.uuid.clone(),
@@ -106,7 +106,7 @@ impl Env {
     /// What GRUB does at power-on: consume a one-shot next_entry; then mount what it starts.
     pub fn grub_reboot(&self) -> String {
         let mut disk = FileDisk::open(&self.esp).unwrap();
-        let started = slate_snapshot::grub::simulate_boot(&mut disk)
+        let started = slate_bootloader::grub::snapshots::simulate_boot(&mut disk)
             .unwrap()
             .unwrap();
         self.boot(started.as_str());
@@ -116,9 +116,7 @@ impl Env {
     /// `grub-editenv FILE list` of the ESP's `path` (copied out through slate's FAT reader).
     pub fn grub_editenv(&self, path: &str) -> Vec<String> {
         let disk = FileDisk::open_read_only(&self.esp).unwrap();
-        let bytes = slate_snapshot::esp::read_file(&disk, path)
-            .unwrap()
-            .unwrap();
+        let bytes = slate_esp::session::read_file(&disk, path).unwrap().unwrap();
         let copy = self.dir.path().join("grubenv.copy");
         fs::write(&copy, bytes).unwrap();
         let list = sh("grub-editenv", &[copy.to_str().unwrap(), "list"]);
@@ -128,7 +126,7 @@ impl Env {
     /// The ids of GRUB's generated menu, in menu order.
     pub fn grub_menu(&self) -> Vec<String> {
         let disk = FileDisk::open_read_only(&self.esp).unwrap();
-        slate_snapshot::grub::scan(&disk)
+        slate_bootloader::grub::snapshots::scan(&disk)
             .unwrap()
             .entries
             .iter()
@@ -193,14 +191,17 @@ impl Env {
 
     pub fn esp_files(&self, snapshot: &str) -> usize {
         let disk = FileDisk::open_read_only(&self.esp).unwrap();
-        slate_snapshot::esp::snapshot_files(&disk, &SnapshotName::parse(snapshot).unwrap())
-            .unwrap()
-            .len()
+        slate_bootloader::sdboot::snapshots::snapshot_files(
+            &disk,
+            &SnapshotName::parse(snapshot).unwrap(),
+        )
+        .unwrap()
+        .len()
     }
 
     pub fn entries(&self) -> Vec<String> {
         let disk = FileDisk::open_read_only(&self.esp).unwrap();
-        slate_snapshot::esp::scan(&disk)
+        slate_bootloader::sdboot::snapshots::scan(&disk)
             .unwrap()
             .entries
             .iter()
@@ -210,7 +211,7 @@ impl Env {
 
     pub fn next_boot(&self) -> Option<String> {
         let disk = FileDisk::open_read_only(&self.esp).unwrap();
-        slate_snapshot::esp::scan(&disk)
+        slate_bootloader::sdboot::snapshots::scan(&disk)
             .unwrap()
             .selected()
             .map(|e| e.name.file_name().to_owned())
@@ -219,7 +220,7 @@ impl Env {
     /// What systemd-boot does at boot: count the attempt on the entry it starts; then mount it.
     pub fn reboot(&self) -> String {
         let mut disk = FileDisk::open(&self.esp).unwrap();
-        let started = slate_snapshot::esp::simulate_boot_attempt(&mut disk)
+        let started = slate_bootloader::sdboot::snapshots::simulate_boot_attempt(&mut disk)
             .unwrap()
             .unwrap();
         self.boot(&started[..R0.len()]);

@@ -31,6 +31,8 @@ const PURE: &[&str] = &[
     "crates/profile/src",
     "crates/layout/src",
     "crates/esp/src",
+    // Both boot loaders, A/B and snapshot roots, over the Disk trait.
+    "crates/bootloader/src",
     "crates/machine-config/src",
     "crates/release/src",
     "crates/fleetlock/src",

@@ -1,30 +1,30 @@
-//! GRUB on a snapshot root (docs/formats.md §12.9): the ESP writes over the [`Disk`] trait.
-//! `grub/grub.cfg` is constant; the menu `grub/snapshots.cfg` gains an entry when a snapshot
-//! is registered and loses it when one is pruned (temp name, flush, rename, flush); the
-//! environment block `grub/grubenv` chooses: `next_entry` (a one-shot GRUB consumes before the
-//! entry starts) for a new snapshot's trial, `saved_entry` for the permanent default, which is
-//! also `fallback`. slate's second record `grub/slate-default.env` (as on an A/B GRUB disk,
+//! GRUB on a snapshot root (docs/formats.md §12.9): the Btrfs snapshot engine's ESP writes.
+//! `grub/grub.cfg` is constant; the menu `grub/snapshots.cfg` ([`menu`]) gains an entry when a
+//! snapshot is registered and loses it when one is pruned (temp name, flush, rename, flush);
+//! the environment block `grub/grubenv` chooses: `next_entry` (a one-shot GRUB consumes before
+//! the entry starts) for a new snapshot's trial, `saved_entry` for the permanent default, which
+//! is also `fallback`. slate's second record `grub/slate-default.env` (as on an A/B GRUB disk,
 //! §4.3) repeats `saved_entry` for a grubenv GRUB cannot load.
 //!
-//! Both environment blocks are rewritten in place, 1024 bytes over their own clusters (GRUB's
-//! `save_env` writes grubenv through the block list it found). What boots next is
+//! Both environment blocks are rewritten in place by the A/B backend's writer (GRUB's `save_env`
+//! writes grubenv through the block list it found). What boots next is
 //! `slate_bootspec::grub_select_with_record` over the menu and the blocks; each writer checks
-//! everything first, and the crash matrix (`tests/crash.rs`) replays each write order.
+//! everything first, and the crash matrix (`tests/snapshot_crash.rs`) replays each write order.
 
-use std::io::{Seek, SeekFrom, Write};
+pub mod menu;
 
 use slate_bootspec::{grub_select_with_record, BootState, GrubEnv, GrubMenuEntry, GrubSelection};
 use slate_disk::Disk;
-use slate_esp::fat::{self, write_file_atomically};
-use slate_esp::{GRUBENV_PATH, GRUB_CFG_PATH, GRUB_DEFAULT_ENV_PATH, GRUB_DIR};
+use slate_esp::fat::write_file_atomically;
+use slate_esp::{session, GRUBENV_PATH, GRUB_CFG_PATH, GRUB_DEFAULT_ENV_PATH, GRUB_DIR};
+use slate_snapshot::SnapshotName;
 
-use crate::esp::{ensure_dirs, esp_err, read_all, read_only, with_esp, FAT_EPOCH};
-use crate::grub_menu::{
+use super::config::default_record;
+use super::write_block;
+use crate::parts::{esp_err, Result, FAT_EPOCH};
+use menu::{
     grub_cfg, parse_menu, render_menu, MenuEntry, GRUB_CFG_MARKER, MENU_PATH, MENU_TEMP_PATH,
 };
-use crate::{SnapshotError, SnapshotName};
-
-type Result<T> = std::result::Result<T, SnapshotError>;
 
 /// What the engine records of a snapshot on a GRUB root, beside its manifest (GRUB has no
 /// "bad" mark of its own; docs/formats.md §12.9).
@@ -145,8 +145,8 @@ impl GrubScan {
 /// and starting with [`GRUB_CFG_MARKER`]. Absent: `false` (systemd-boot). Another `grub.cfg`
 /// (an A/B GRUB disk, a distribution's) is refused: the engine would not know its menu.
 pub fn is_grub_layout<D: Disk>(disk: &D) -> Result<bool> {
-    let fs = fat::mount(read_only(disk)?, FAT_EPOCH).map_err(esp_err)?;
-    match read_all(&fs, GRUB_CFG_PATH) {
+    let fs = session::mount_read_only(disk)?;
+    match session::read(&fs, GRUB_CFG_PATH).ok() {
         None => Ok(false),
         Some(cfg) if cfg.starts_with(GRUB_CFG_MARKER.as_bytes()) => Ok(true),
         Some(_) => Err(esp_err(format!(
@@ -160,14 +160,14 @@ pub fn is_grub_layout<D: Disk>(disk: &D) -> Result<bool> {
 /// second record. A menu not in slate's form is an error; an unreadable grubenv is recorded
 /// (GRUB then loads nothing from it) and refuses every write.
 pub fn scan<D: Disk>(disk: &D) -> Result<GrubScan> {
-    let fs = fat::mount(read_only(disk)?, FAT_EPOCH).map_err(esp_err)?;
+    let fs = session::mount_read_only(disk)?;
     // As grub.cfg: the menu unless its last line is missing, then the temp file.
     let read_menu = |path: &str| -> Option<Result<Vec<MenuEntry>>> {
-        let bytes = read_all(&fs, path)?;
+        let bytes = session::read(&fs, path).ok()?;
         Some(
             String::from_utf8(bytes)
                 .map_err(|_| esp_err(format!("{path}: not UTF-8")))
-                .and_then(|t| parse_menu(&t)),
+                .and_then(|t| parse_menu(&t).map_err(Into::into)),
         )
     };
     let entries = match read_menu(MENU_PATH) {
@@ -183,7 +183,10 @@ pub fn scan<D: Disk>(disk: &D) -> Result<GrubScan> {
         },
     };
     let mut warnings = Vec::new();
-    let (env, env_error) = match read_all(&fs, GRUBENV_PATH).map(|b| GrubEnv::parse(&b)) {
+    let (env, env_error) = match session::read(&fs, GRUBENV_PATH)
+        .ok()
+        .map(|b| GrubEnv::parse(&b))
+    {
         Some(Ok(env)) => (Some(env), None),
         Some(Err(e)) => (None, Some(e.to_string())),
         None => (None, Some("missing".to_owned())),
@@ -191,7 +194,7 @@ pub fn scan<D: Disk>(disk: &D) -> Result<GrubScan> {
     if let Some(e) = &env_error {
         warnings.push(format!("{GRUBENV_PATH}: {e}"));
     }
-    let record_bytes = read_all(&fs, GRUB_DEFAULT_ENV_PATH);
+    let record_bytes = session::read(&fs, GRUB_DEFAULT_ENV_PATH).ok();
     let record_present = record_bytes.is_some();
     let record = match record_bytes.map(|b| GrubEnv::parse(&b)) {
         Some(Ok(r)) => Some(r),
@@ -214,32 +217,9 @@ pub fn scan<D: Disk>(disk: &D) -> Result<GrubScan> {
     Ok(scan)
 }
 
-/// An environment block rewritten in place: the same 1024 bytes over the same clusters,
-/// flushed. Refused when the file is not 1024 bytes long.
-fn write_block<D: Disk>(disk: &mut D, path: &str, env: &GrubEnv) -> Result<()> {
-    let bytes = env.to_bytes();
-    with_esp(disk, |fs| {
-        let mut f = fs
-            .root_dir()
-            .open_file(path)
-            .map_err(|e| esp_err(format!("opening {path}: {e}")))?;
-        let len = f.seek(SeekFrom::End(0)).map_err(esp_err)?;
-        if len != bytes.len() as u64 {
-            return Err(esp_err(format!(
-                "{path} is {len} bytes, not {}: not rewritten",
-                bytes.len()
-            )));
-        }
-        f.seek(SeekFrom::Start(0))
-            .and_then(|_| f.write_all(&bytes))
-            .and_then(|()| f.flush())
-            .map_err(|e| esp_err(format!("rewriting {path}: {e}")))
-    })
-}
-
 fn write_menu<D: Disk>(disk: &mut D, entries: &[MenuEntry]) -> Result<()> {
     let text = render_menu(entries);
-    with_esp(disk, |fs| {
+    session::with_esp(disk, FAT_EPOCH, |fs| {
         write_file_atomically(fs, MENU_PATH, text.as_bytes()).map_err(esp_err)
     })
 }
@@ -252,26 +232,23 @@ fn sync_record<D: Disk>(disk: &mut D, scan: &GrubScan, snapshot: &SnapshotName) 
         .and_then(|r| r.get("saved_entry"))
         .is_some_and(|s| s == snapshot.as_str());
     if scan.record_present && !names {
-        write_block(disk, GRUB_DEFAULT_ENV_PATH, &default_record(snapshot)?)?;
+        write_block(
+            disk,
+            FAT_EPOCH,
+            GRUB_DEFAULT_ENV_PATH,
+            &default_record(snapshot.as_str()),
+        )?;
     }
     Ok(())
-}
-
-/// A fresh block holding only `saved_entry=<snapshot>`: the image's grubenv and the record.
-pub fn default_record(snapshot: &SnapshotName) -> Result<GrubEnv> {
-    let mut env = GrubEnv::new();
-    env.set("saved_entry", snapshot.as_str())
-        .map_err(|e| esp_err(e.to_string()))?;
-    Ok(env)
 }
 
 /// The GRUB files of a new image's ESP, after its GRUB EFI binary: `grub/grub.cfg`, the menu
 /// with `first`, grubenv and the record both `saved_entry=<first>`. The disk's ESP must be
 /// formatted; `grub/` is created.
 pub fn lay_down<D: Disk>(disk: &mut D, menu_timeout: u32, first: &MenuEntry) -> Result<()> {
-    let block = default_record(&first.snapshot)?.to_bytes();
-    ensure_dirs(disk, &[GRUB_DIR])?;
-    with_esp(disk, |fs| {
+    let block = default_record(first.snapshot.as_str()).to_bytes();
+    session::ensure_dirs(disk, FAT_EPOCH, &[GRUB_DIR])?;
+    session::with_esp(disk, FAT_EPOCH, |fs| -> Result<()> {
         for (path, bytes) in [
             (GRUB_CFG_PATH, grub_cfg(menu_timeout).into_bytes()),
             (
@@ -331,7 +308,7 @@ pub fn check_register<D: Disk>(disk: &D, entry: &MenuEntry) -> Result<()> {
 pub fn register<D: Disk>(disk: &mut D, entry: &MenuEntry) -> Result<()> {
     let (entries, env) = plan_register(&scan(disk)?, entry)?;
     write_menu(disk, &entries)?;
-    write_block(disk, GRUBENV_PATH, &env)
+    write_block(disk, FAT_EPOCH, GRUBENV_PATH, &env)
 }
 
 /// Step 8 on GRUB: grubenv `saved_entry=<snapshot>`, `next_entry` (unless it names another
@@ -357,7 +334,7 @@ pub fn commit<D: Disk>(disk: &mut D, snapshot: &SnapshotName) -> Result<Option<(
         .map(|e| e.snapshot.to_string())
         .unwrap_or_default();
     if &env != old {
-        write_block(disk, GRUBENV_PATH, &env)?;
+        write_block(disk, FAT_EPOCH, GRUBENV_PATH, &env)?;
     }
     sync_record(disk, &scan, snapshot)?;
     Ok((before != snapshot.as_str()).then(|| (before, snapshot.to_string())))
@@ -381,7 +358,7 @@ pub fn rollback<D: Disk>(disk: &mut D, to: &SnapshotName) -> Result<()> {
         )));
     }
     if Some(&env) != scan.env.as_ref() {
-        write_block(disk, GRUBENV_PATH, &env)?;
+        write_block(disk, FAT_EPOCH, GRUBENV_PATH, &env)?;
     }
     sync_record(disk, &scan, to)
 }
@@ -428,7 +405,7 @@ pub fn remove<D: Disk>(disk: &mut D, snapshot: &SnapshotName) -> Result<()> {
 pub fn simulate_boot<D: Disk>(disk: &mut D) -> Result<Option<SnapshotName>> {
     let scan = scan(disk)?;
     if let Some(after) = scan.selection.as_ref().and_then(|s| s.env_after.clone()) {
-        write_block(disk, GRUBENV_PATH, &after)?;
+        write_block(disk, FAT_EPOCH, GRUBENV_PATH, &after)?;
     }
     Ok(scan.selected().map(|e| e.snapshot.clone()))
 }

@@ -5,9 +5,14 @@
 //!
 //! The menu is parsed back only in the exact form [`render_menu`] writes (a parse is checked by
 //! rendering it again), so what slate reads is what GRUB runs; anything else is refused.
+//!
+//! `grub.cfg` chooses the entry with the same lines as an A/B disk's (`config::cfg_head`), so
+//! the one-shot, the saved default and the fallback mean the same on both layouts.
 
-use crate::entry::{root_options, EntrySpec};
-use crate::{SnapshotError, SnapshotName};
+use slate_snapshot::entry::{entry_text, root_options, EntrySpec};
+use slate_snapshot::{SnapshotError, SnapshotName};
+
+use crate::grub::config::cfg_head;
 
 /// The generated menu, sourced by `grub.cfg`.
 pub const MENU_PATH: &str = "grub/snapshots.cfg";
@@ -81,7 +86,7 @@ impl MenuEntry {
     /// a part cannot be written into GRUB's script unquoted.
     pub fn new(spec: &EntrySpec, kernel: &str, initrd: &str) -> Result<Self, SnapshotError> {
         // The Type #1 text's checks (UUID, title, options) first.
-        crate::entry::entry_text(spec)?;
+        entry_text(spec)?;
         check_path("kernel", kernel)?;
         check_path("initramfs", initrd)?;
         let mut options = root_options(&spec.pool_uuid, &spec.snapshot);
@@ -233,8 +238,19 @@ fn parse_entry(block: &str) -> Option<MenuEntry> {
 /// `next_entry` (consumed before the entry starts) or `saved_entry`; `fallback=saved_entry`;
 /// a finite `timeout`, so an unattended machine never waits at the menu.
 pub fn grub_cfg(timeout: u32) -> String {
-    format!(
-        "\
+    let menu = "\
+set slate_saved_known=
+set slate_menu_complete=
+if [ -f $prefix/snapshots.cfg ]; then
+  source $prefix/snapshots.cfg
+fi
+if [ \"${slate_menu_complete}\" != true ]; then
+  source $prefix/.snapshots.cfg.tmp
+fi
+";
+    cfg_head(
+        &format!(
+            "\
 {GRUB_CFG_MARKER}
 # Written once by the imager, never rewritten. The menu is grub/snapshots.cfg, one entry per
 # snapshot (--id <snapshot>); grubenv picks one: next_entry (a one-shot, consumed here before
@@ -244,36 +260,11 @@ pub fn grub_cfg(timeout: u32) -> String {
 # replaced by temp file and rename, and FAT has no atomic replace: from the old file's removal
 # to the rename only the (complete) temp file holds the whole menu, so it is read when the
 # menu's last line did not run.
-set timeout_style=menu
-set timeout={timeout}
-if [ -s $prefix/grubenv ]; then
-  set have_grubenv=true
-  load_env
-fi
-set slate_saved_known=
-set slate_menu_complete=
-if [ -f $prefix/snapshots.cfg ]; then
-  source $prefix/snapshots.cfg
-fi
-if [ \"${{slate_menu_complete}}\" != true ]; then
-  source $prefix/.snapshots.cfg.tmp
-fi
-if [ \"${{slate_saved_known}}\" != true ]; then
-  if [ -s $prefix/slate-default.env ]; then
-    load_env --file $prefix/slate-default.env saved_entry
-    set slate_default_from_record=true
-  fi
-fi
-if [ \"${{next_entry}}\" ] ; then
-  set default=\"${{next_entry}}\"
-  set next_entry=
-  save_env next_entry
-  set boot_once=true
-else
-  set default=\"${{saved_entry}}\"
-fi
-set fallback=\"${{saved_entry}}\"
 "
+        ),
+        timeout,
+        menu,
+        &["if [ \"${slate_saved_known}\" != true ]; then".to_owned()],
     )
 }
 

@@ -1,13 +1,15 @@
-//! The crash matrix of the snapshot engine's ESP writes: registration of a new snapshot's
-//! entry, its commit (bless), a rollback and a prune's removal, each replayed over a
-//! fault-injecting disk, power cut at every write and flush (unflushed writes dropped, kept,
+//! The crash matrix of a snapshot root's ESP writes (`sdboot::snapshots`, `grub::snapshots`):
+//! registration of a new snapshot's entry, its commit (bless), a rollback and a prune's removal,
+//! each replayed over a fault-injecting disk, power cut at every write and flush (unflushed writes dropped, kept,
 //! torn, scattered). In every state the selection model must start the old or the new root's
 //! entry, and that entry's kernel and initramfs on the ESP must be the snapshot's, byte for byte.
 
+use slate_bootloader::grub::snapshots::{self as grub, menu::MenuEntry};
+use slate_bootloader::sdboot::snapshots as sdboot;
 use slate_disk::{CrashPoint, Disk, MemDisk, RecordingDisk};
 use slate_esp::fat;
 use slate_snapshot::entry::{entry_text, EntrySpec};
-use slate_snapshot::{esp, grub, SnapshotName};
+use slate_snapshot::SnapshotName;
 
 const UUID: &str = "0f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0";
 
@@ -34,7 +36,7 @@ fn text(i: u32) -> String {
 
 fn register(disk: &mut impl Disk, i: u32) {
     let (k, r) = files(i);
-    esp::register(disk, &snap(i), &k, &r, &text(i), 3).unwrap();
+    sdboot::register(disk, &snap(i), &k, &r, &text(i), 3).unwrap();
 }
 
 /// A GPT disk with one 40 MiB ESP, FAT32, snapshot 1 registered, booted and blessed.
@@ -43,16 +45,16 @@ fn base() -> MemDisk {
     slate_testkit::esp::esp_only(&mut disk, "snapshot-crash", 0x5157_0001);
     register(&mut disk, 1);
     assert_eq!(
-        esp::simulate_boot_attempt(&mut disk).unwrap().as_deref(),
+        sdboot::simulate_boot_attempt(&mut disk).unwrap().as_deref(),
         Some("root-20260101-000000+2-1.conf")
     );
-    esp::bless(&mut disk, &snap(1)).unwrap();
+    sdboot::bless(&mut disk, &snap(1)).unwrap();
     disk
 }
 
 /// The snapshot whose entry boots, after checking its files are that snapshot's.
 fn check_boots(disk: &MemDisk) -> Result<u32, String> {
-    let scan = esp::scan(disk).map_err(|e| format!("scan: {e}"))?;
+    let scan = sdboot::scan(disk).map_err(|e| format!("scan: {e}"))?;
     let found = scan.selected().ok_or("nothing boots")?;
     let snapshot = found.snapshot.clone().ok_or("a non-snapshot entry boots")?;
     let i: u32 = snapshot.as_str()[12..13].parse().unwrap();
@@ -65,7 +67,8 @@ fn check_boots(disk: &MemDisk) -> Result<u32, String> {
         (conf.linux.clone().unwrap(), k),
         (conf.initrd[0].clone(), r),
     ] {
-        let got = esp::read_file(disk, path.trim_start_matches('/')).map_err(|e| e.to_string())?;
+        let got = slate_esp::session::read_file(disk, path.trim_start_matches('/'))
+            .map_err(|e| e.to_string())?;
         if got.as_deref() != Some(&want[..]) {
             return Err(format!("{snapshot}: {path} missing or not its own"));
         }
@@ -120,16 +123,16 @@ fn snapshot_esp_crash_matrix() {
 
     let mut upgraded = base.clone();
     register(&mut upgraded, 2);
-    esp::simulate_boot_attempt(&mut upgraded).unwrap();
+    sdboot::simulate_boot_attempt(&mut upgraded).unwrap();
     let mut rec = RecordingDisk::on(upgraded.clone());
-    esp::bless(&mut rec, &snap(2)).unwrap();
+    sdboot::bless(&mut rec, &snap(2)).unwrap();
     // Both entries are good after the bless: 2 sorts first and boots.
     total += matrix("commit", &rec, &[2]);
 
     let mut committed = upgraded.clone();
-    esp::bless(&mut committed, &snap(2)).unwrap();
+    sdboot::bless(&mut committed, &snap(2)).unwrap();
     let mut rec = RecordingDisk::on(committed.clone());
-    let (to, from) = esp::rollback(&mut rec, &snap(1), &snap(2), 3).unwrap();
+    let (to, from) = sdboot::rollback(&mut rec, &snap(1), &snap(2), 3).unwrap();
     assert_eq!(
         (to.as_str(), from.as_str()),
         ("root-20260101-000000+3.conf", "root-20260102-000000+0.conf")
@@ -138,7 +141,7 @@ fn snapshot_esp_crash_matrix() {
 
     // Pruning snapshot 1 while 2 boots: 2 boots in every state.
     let mut rec = RecordingDisk::on(committed.clone());
-    esp::remove(&mut rec, &snap(1)).unwrap();
+    sdboot::remove(&mut rec, &snap(1)).unwrap();
     total += matrix("prune", &rec, &[2]);
 
     // A third registration on a disk with two entries, then its three failed tries: the
@@ -146,7 +149,7 @@ fn snapshot_esp_crash_matrix() {
     let mut disk = committed;
     register(&mut disk, 3);
     for want in ["+2-1", "+1-2", "+0-3"] {
-        let booted = esp::simulate_boot_attempt(&mut disk).unwrap().unwrap();
+        let booted = sdboot::simulate_boot_attempt(&mut disk).unwrap().unwrap();
         assert_eq!(booted, format!("root-20260103-000000{want}.conf"));
     }
     assert_eq!(check_boots(&disk), Ok(2));
@@ -156,14 +159,14 @@ fn snapshot_esp_crash_matrix() {
 #[test]
 fn removing_the_entry_that_boots_next_is_refused() {
     let mut disk = base();
-    assert!(esp::remove(&mut disk, &snap(1)).is_err());
+    assert!(sdboot::remove(&mut disk, &snap(1)).is_err());
 }
 
 #[test]
 fn a_loader_conf_that_would_not_pick_the_new_entry_is_refused_before_writing() {
     let mut disk = base();
     {
-        let scan = esp::scan(&disk).unwrap();
+        let scan = sdboot::scan(&disk).unwrap();
         assert!(scan.loader_conf_present);
     }
     // Overwrite loader.conf with a default naming the old entry exactly.
@@ -184,14 +187,14 @@ fn a_loader_conf_that_would_not_pick_the_new_entry_is_refused_before_writing() {
     }
     let before = disk.to_bytes();
     let (k, r) = files(2);
-    let err = esp::register(&mut disk, &snap(2), &k, &r, &text(2), 3).unwrap_err();
+    let err = sdboot::register(&mut disk, &snap(2), &k, &r, &text(2), 3).unwrap_err();
     assert!(err.to_string().contains("would not start"), "{err}");
     assert!(disk.to_bytes() == before, "nothing written");
 }
 
 /// GRUB on a snapshot root (docs/formats.md §12.9): snapshot `i`'s menu entry.
-fn grub_entry(i: u32) -> slate_snapshot::grub_menu::MenuEntry {
-    slate_snapshot::grub_menu::MenuEntry::new(
+fn grub_entry(i: u32) -> MenuEntry {
+    MenuEntry::new(
         &EntrySpec {
             snapshot: snap(i),
             pool_uuid: UUID.into(),
@@ -220,7 +223,7 @@ fn grub_boots(disk: &MemDisk) -> Result<(u32, u32), String> {
     if scan.env.is_none() {
         return Err(format!("grubenv unreadable: {:?}", scan.env_error));
     }
-    let index = |e: &slate_snapshot::grub_menu::MenuEntry| -> Result<u32, String> {
+    let index = |e: &MenuEntry| -> Result<u32, String> {
         let i: u32 = e.snapshot.as_str()[12..13].parse().unwrap();
         if *e != grub_entry(i) {
             return Err(format!("{}: menu entry differs", e.snapshot));
@@ -309,8 +312,8 @@ fn snapshot_grub_crash_matrix() {
     assert_eq!(grub::simulate_boot(&mut disk).unwrap(), Some(snap(3)));
     assert_eq!(grub::simulate_boot(&mut disk).unwrap(), Some(snap(2)));
     let scan = grub::scan(&disk).unwrap();
+    use grub::Mark;
     use slate_bootspec::BootState::{Bad, Good};
-    use slate_snapshot::grub::Mark;
     assert_eq!(
         scan.state_of(&snap(3), Some(&snap(2)), Some(Mark::Trial)),
         Some(Bad)

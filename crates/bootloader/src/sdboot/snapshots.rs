@@ -1,67 +1,25 @@
-//! The snapshot engine's ESP writes, over the [`Disk`] trait (docs/formats.md §12.2): the one
-//! partition of type "EFI System" on the disk, its FAT32 file system through `slate-esp`
-//! (temp name, flush, rename, flush), and what boots next answered by `slate-bootspec`'s
-//! selection model. Each function checks everything before its first write, and each write
-//! order keeps an entry that boots (the crash matrix, `tests/crash.rs`).
-
-use std::io::Read;
+//! A snapshot root's systemd-boot entries (docs/formats.md §12.2), the ESP writes of the Btrfs
+//! snapshot engine: the kernel and initramfs copied to `slate/<snapshot>/` and a Type #1 entry
+//! `loader/entries/<snapshot>+<tries>.conf` whose text `slate_snapshot::entry` writes, over the
+//! ESP's one session (`slate_esp::session`: temp name, flush, rename, flush). What boots next
+//! is answered by `slate-bootspec`'s selection model, as for the UKIs of an A/B disk. Each
+//! function checks everything before its first write, and each write order keeps an entry that
+//! boots (the crash matrix, `tests/snapshot_crash.rs`).
 
 use slate_bootspec::{
     parse_loader_conf, select, BootState, EfiVars, Entry, EntryKind, EntryName, IdStyle,
     LoaderConf, Type1Entry,
 };
-use slate_disk::{Disk, PartitionView, SectorBuffer};
-use slate_esp::fat::{self, write_file_atomically};
-use slate_esp::{ReadOnly, LOADER_CONF_PATH, UKI_DIR};
-use slate_layout::{partitions, ESP_TYPE};
+use slate_disk::Disk;
+use slate_esp::fat::write_file_atomically;
+use slate_esp::{session, LOADER_CONF_PATH, UKI_DIR};
+use slate_snapshot::entry::{self, ENTRIES_DIR, ESP_SNAPSHOTS_DIR, LOADER_DEFAULT};
+use slate_snapshot::{SnapshotError, SnapshotName};
 
-use crate::entry::{self, ENTRIES_DIR, ESP_SNAPSHOTS_DIR, LOADER_DEFAULT};
-use crate::{SnapshotError, SnapshotName};
+use crate::parts::{esp_err, Result, FAT_EPOCH};
 
-/// FAT timestamps of everything written: a fixed instant (1980-01-01, FAT's first), as the
-/// boot loader backends do by default; nothing reads them.
-pub(crate) const FAT_EPOCH: u64 = 0;
 /// systemd-boot's ID style on Debian 12 (252), as slate's systemd-boot backend assumes.
 const STYLE: IdStyle = IdStyle::Sd252;
-
-type Result<T> = std::result::Result<T, SnapshotError>;
-
-pub(crate) fn esp_err(what: impl std::fmt::Display) -> SnapshotError {
-    SnapshotError::Esp(what.to_string())
-}
-
-/// The ESP: the one GPT partition of the EFI System type.
-fn esp_range<D: Disk>(disk: &D) -> Result<(u64, u64)> {
-    let all = partitions(ReadOnly(disk)).map_err(esp_err)?;
-    let mut esps = all.iter().filter(|p| p.type_guid == ESP_TYPE);
-    match (esps.next(), esps.next()) {
-        (Some(p), None) => Ok((p.start, p.len)),
-        (None, _) => Err(esp_err("the disk has no EFI System partition")),
-        (Some(_), Some(_)) => Err(esp_err("the disk has more than one EFI System partition")),
-    }
-}
-
-pub(crate) fn read_only<D: Disk>(disk: &D) -> Result<PartitionView<ReadOnly<'_, D>>> {
-    let (start, len) = esp_range(disk)?;
-    PartitionView::new(ReadOnly(disk), start, len).map_err(esp_err)
-}
-
-/// Mounts the ESP read-write over a [`SectorBuffer`] (a directory entry changes in one write),
-/// runs `f`, unmounts and flushes.
-pub(crate) fn with_esp<D: Disk, R>(
-    disk: &mut D,
-    f: impl FnOnce(
-        &fatfs::FileSystem<slate_disk::DiskIo<&mut SectorBuffer<PartitionView<&mut D>>>>,
-    ) -> Result<R>,
-) -> Result<R> {
-    let (start, len) = esp_range(disk)?;
-    let mut esp = SectorBuffer::new(PartitionView::new(disk, start, len).map_err(esp_err)?);
-    let fs = fat::mount(&mut esp, FAT_EPOCH).map_err(esp_err)?;
-    let out = f(&fs)?;
-    fat::unmount(fs).map_err(esp_err)?;
-    esp.flush().map_err(esp_err)?;
-    Ok(out)
-}
 
 /// One boot entry found on the ESP.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -114,16 +72,6 @@ impl EspScan {
     }
 }
 
-pub(crate) fn read_all<T: fatfs::ReadWriteSeek>(
-    fs: &fatfs::FileSystem<T>,
-    path: &str,
-) -> Option<Vec<u8>> {
-    let mut bytes = Vec::new();
-    let mut f = fs.root_dir().open_file(path).ok()?;
-    f.read_to_end(&mut bytes).ok()?;
-    Some(bytes)
-}
-
 fn list_dir<T: fatfs::ReadWriteSeek>(fs: &fatfs::FileSystem<T>, path: &str) -> Vec<(String, bool)> {
     let Ok(dir) = fs.root_dir().open_dir(path) else {
         return Vec::new();
@@ -138,7 +86,7 @@ fn list_dir<T: fatfs::ReadWriteSeek>(fs: &fatfs::FileSystem<T>, path: &str) -> V
 /// Reads the ESP's entries and loader.conf. Unreadable entries are skipped with a warning, as
 /// systemd-boot skips them.
 pub fn scan<D: Disk>(disk: &D) -> Result<EspScan> {
-    let fs = fat::mount(read_only(disk)?, FAT_EPOCH).map_err(esp_err)?;
+    let fs = session::mount_read_only(disk)?;
     let mut out = EspScan::default();
     for (dir, kind) in [
         (ENTRIES_DIR, EntryKind::Type1Conf),
@@ -157,8 +105,9 @@ pub fn scan<D: Disk>(disk: &D) -> Result<EspScan> {
                 }
             };
             let conf = if kind == EntryKind::Type1Conf {
-                let text =
-                    read_all(&fs, &format!("{dir}/{file}")).and_then(|b| String::from_utf8(b).ok());
+                let text = session::read(&fs, &format!("{dir}/{file}"))
+                    .ok()
+                    .and_then(|b| String::from_utf8(b).ok());
                 match text.as_deref().map(Type1Entry::parse) {
                     Some(Ok(c)) => Some(c),
                     other => {
@@ -182,7 +131,7 @@ pub fn scan<D: Disk>(disk: &D) -> Result<EspScan> {
             });
         }
     }
-    if let Some(bytes) = read_all(&fs, LOADER_CONF_PATH) {
+    if let Ok(bytes) = session::read(&fs, LOADER_CONF_PATH) {
         out.loader_conf_present = true;
         match String::from_utf8(bytes)
             .map_err(|e| e.to_string())
@@ -195,25 +144,19 @@ pub fn scan<D: Disk>(disk: &D) -> Result<EspScan> {
     Ok(out)
 }
 
-/// A file on the ESP (`/`-separated path), `None` when absent.
-pub fn read_file<D: Disk>(disk: &D, path: &str) -> Result<Option<Vec<u8>>> {
-    let fs = fat::mount(read_only(disk)?, FAT_EPOCH).map_err(esp_err)?;
-    Ok(read_all(&fs, path))
-}
-
 /// The files under `slate/<snapshot>/` (path, content): what the manifest records of the ESP.
 pub fn snapshot_files<D: Disk>(
     disk: &D,
     snapshot: &SnapshotName,
 ) -> Result<Vec<(String, Vec<u8>)>> {
-    let fs = fat::mount(read_only(disk)?, FAT_EPOCH).map_err(esp_err)?;
+    let fs = session::mount_read_only(disk)?;
     let dir = entry::esp_dir(snapshot);
     let mut out: Vec<(String, Vec<u8>)> = list_dir(&fs, &dir)
         .into_iter()
         .filter(|(n, d)| !d && !n.starts_with('.'))
         .filter_map(|(n, _)| {
             let path = format!("{dir}/{n}");
-            read_all(&fs, &path).map(|b| (path, b))
+            session::read(&fs, &path).ok().map(|b| (path, b))
         })
         .collect();
     out.sort();
@@ -243,8 +186,12 @@ pub fn register<D: Disk>(
     let before = scan(disk)?;
     check_selects(&before, snapshot, &name, parsed)?;
     let dir = entry::esp_dir(snapshot);
-    ensure_dirs(disk, &[ESP_SNAPSHOTS_DIR, &dir, "loader", ENTRIES_DIR])?;
-    with_esp(disk, |fs| {
+    session::ensure_dirs(
+        disk,
+        FAT_EPOCH,
+        &[ESP_SNAPSHOTS_DIR, &dir, "loader", ENTRIES_DIR],
+    )?;
+    session::with_esp(disk, FAT_EPOCH, |fs| -> Result<()> {
         write_file_atomically(fs, &entry::kernel_path(snapshot), kernel).map_err(esp_err)?;
         write_file_atomically(fs, &entry::initrd_path(snapshot), initrd).map_err(esp_err)?;
         if !before.loader_conf_present {
@@ -335,28 +282,8 @@ pub fn check_register<D: Disk>(disk: &D, snapshot: &SnapshotName) -> Result<()> 
     check_selects(&scan(disk)?, snapshot, &name, placeholder)
 }
 
-/// Creates the directories of `paths` that are missing (one mount each, see
-/// `slate_esp::fat::create_dirs`).
-pub(crate) fn ensure_dirs<D: Disk>(disk: &mut D, paths: &[&str]) -> Result<()> {
-    let missing: Vec<&str> = {
-        let fs = fat::mount(read_only(disk)?, FAT_EPOCH).map_err(esp_err)?;
-        paths
-            .iter()
-            .copied()
-            .filter(|p| fs.root_dir().open_dir(p).is_err())
-            .collect()
-    };
-    if missing.is_empty() {
-        return Ok(());
-    }
-    let (start, len) = esp_range(disk)?;
-    let mut esp = SectorBuffer::new(PartitionView::new(&mut *disk, start, len).map_err(esp_err)?);
-    fat::create_dirs(&mut esp, FAT_EPOCH, &missing).map_err(esp_err)?;
-    esp.flush().map_err(esp_err)
-}
-
 fn rename<D: Disk>(disk: &mut D, from: &EntryName, to: &EntryName) -> Result<()> {
-    with_esp(disk, |fs| {
+    session::with_esp(disk, FAT_EPOCH, |fs| -> Result<()> {
         let dir = fs.root_dir().open_dir(ENTRIES_DIR).map_err(esp_err)?;
         dir.rename(from.file_name(), &dir, to.file_name())
             .map_err(|e| {
@@ -463,14 +390,14 @@ pub fn remove<D: Disk>(disk: &mut D, snapshot: &SnapshotName) -> Result<()> {
     if let Some(file) = &entry {
         // Its own mount and flush: durable before the copies go, so a cut never leaves an
         // entry without its kernel.
-        with_esp(disk, |fs| {
+        session::with_esp(disk, FAT_EPOCH, |fs| -> Result<()> {
             fs.root_dir()
                 .remove(&format!("{ENTRIES_DIR}/{file}"))
                 .map_err(esp_err)
         })?;
     }
     let dir = entry::esp_dir(snapshot);
-    with_esp(disk, |fs| {
+    session::with_esp(disk, FAT_EPOCH, |fs| -> Result<()> {
         let root = fs.root_dir();
         for (name, _) in list_dir(fs, &dir) {
             root.remove(&format!("{dir}/{name}")).map_err(esp_err)?;
