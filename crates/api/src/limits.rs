@@ -12,10 +12,9 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use hyper::header::{HeaderValue, CONNECTION};
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 
 use crate::body::response;
 use crate::body::Body;
@@ -213,9 +212,7 @@ where
             .insert(CONNECTION, HeaderValue::from_static("close"));
         Ok::<_, Infallible>(r)
     });
-    let conn = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(REFUSE_TIMEOUT.min(limits.header_timeout))
+    let conn = slate_https::http1(REFUSE_TIMEOUT.min(limits.header_timeout))
         .max_buf_size(MAX_HEAD_BYTES)
         .keep_alive(false)
         .serve_connection(io, service);

@@ -1,6 +1,7 @@
-//! The HTTPS server shared by the node API and services: mutual TLS, handshake and header
-//! timeouts, the role from the client certificate, connections and their limits, and graceful
-//! shutdown. What is served over it is a `Site` (`http.rs`): the node routes here, a
+//! The HTTPS server shared by the node API and services: mutual TLS, the role from the client
+//! certificate, connections per client and the limits below, on the listener every slate
+//! server shares (`slate-https`: the accept loop, handshake and header timeouts, graceful
+//! shutdown). What is served over it is a `Site` (`http.rs`): the node routes here, a
 //! `JsonService` in `service.rs`.
 //!
 //! # What a client can make the server hold
@@ -32,19 +33,15 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use sha2::Digest as _;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use slate_https::{Accept, Bound, Connection, Drain, Handler, Refusal, StartError};
+use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio::task::JoinSet;
-use tokio_rustls::TlsAcceptor;
 
 use crate::backend::NodeBackend;
 use crate::certs::{self, CertError};
@@ -61,11 +58,10 @@ use crate::tls;
 /// The port the node API listens on by default (Talos' apid port).
 pub const DEFAULT_PORT: u16 = 50000;
 
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// The server's name: its thread's, and `<name>-worker` for its runtime's blocking threads.
+const THREAD: &str = "slate-api";
 /// At most one log line per this interval for each kind of refusal a flood repeats.
 const QUIET: Duration = Duration::from_secs(10);
-/// How long open connections get to finish after shutdown before they are cut.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// Where and with which certificates the server listens.
 #[derive(Clone)]
@@ -262,14 +258,14 @@ pub(crate) async fn serve_site(
     site: Arc<dyn Site>,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let listening = Listening::new(&config, site)?;
+    let (listening, accept) = Listening::new(&config, site)?;
     let listener = TcpListener::bind(config.listen)
         .await
         .map_err(|source| ServerError::Bind {
             addr: config.listen,
             source,
         })?;
-    run(listener, listening, shutdown).await;
+    slate_https::run(listener, accept, listening, shutdown).await;
     Ok(())
 }
 
@@ -280,9 +276,9 @@ pub fn serve_blocking(
     backend: Arc<dyn NodeBackend>,
     shutdown: Shutdown,
 ) -> Result<(), ServerError> {
-    let rt = runtime()?;
+    let rt = slate_https::runtime(THREAD).map_err(ServerError::Runtime)?;
     let result = rt.block_on(serve(config, backend, async move { shutdown.wait().await }));
-    rt.shutdown_timeout(Duration::from_millis(100));
+    slate_https::stop(rt);
     result
 }
 
@@ -301,28 +297,26 @@ pub(crate) fn spawn_site(
     config: ServerConfig,
     site: Arc<dyn Site>,
 ) -> Result<ServerHandle, ServerError> {
-    let listening = Listening::new(&config, site)?;
+    let (listening, accept) = Listening::new(&config, site)?;
     let bind_err = |source| ServerError::Bind {
         addr: config.listen,
         source,
     };
-    let listener = std::net::TcpListener::bind(config.listen).map_err(bind_err)?;
-    listener.set_nonblocking(true).map_err(bind_err)?;
-    let local_addr = listener.local_addr().map_err(bind_err)?;
-    let rt = runtime()?;
-    let listener = {
-        let _guard = rt.enter();
-        TcpListener::from_std(listener).map_err(bind_err)?
-    };
+    let bound = Bound::bind(config.listen).map_err(bind_err)?;
+    let local_addr = bound.local_addr();
     let shutdown = Shutdown::new();
     let signal = shutdown.clone();
-    let thread = std::thread::Builder::new()
-        .name("slate-api".into())
-        .spawn(move || {
-            rt.block_on(run(listener, listening, signal.wait()));
-            rt.shutdown_timeout(Duration::from_millis(100));
-        })
-        .map_err(ServerError::Runtime)?;
+    let thread = bound
+        .spawn(
+            THREAD,
+            accept,
+            listening,
+            async move { signal.wait().await },
+        )
+        .map_err(|e| match e {
+            StartError::Runtime(e) => ServerError::Runtime(e),
+            StartError::Listen(e) => bind_err(e),
+        })?;
     Ok(ServerHandle {
         local_addr,
         shutdown,
@@ -330,26 +324,15 @@ pub(crate) fn spawn_site(
     })
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, ServerError> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .thread_name("slate-api-worker")
-        .build()
-        .map_err(ServerError::Runtime)
-}
-
 /// What every connection of one server shares.
-#[derive(Clone)]
 struct Listening {
-    acceptor: TlsAcceptor,
     served: Arc<Served>,
     /// Maintenance mode: no client certificate, so connections are counted per address.
     per_peer: bool,
     /// Who the verified client certificates stand for (none in maintenance mode).
     trust: Option<Arc<tls::ClientTrust>>,
     per_client: Arc<PerClient>,
-    handshaking: Arc<AtomicUsize>,
-    quiet: Arc<Notes>,
+    quiet: Notes,
 }
 
 /// The refusals a flood repeats, each logged at most once per [`QUIET`].
@@ -362,7 +345,8 @@ struct Notes {
 }
 
 impl Listening {
-    fn new(config: &ServerConfig, site: Arc<dyn Site>) -> Result<Self, ServerError> {
+    /// The server's side of its connections, and how its listener accepts them.
+    fn new(config: &ServerConfig, site: Arc<dyn Site>) -> Result<(Arc<Self>, Accept), ServerError> {
         let trust = match config.maintenance_token {
             Some(_) => None,
             None => Some(Arc::new(tls::ClientTrust::new(
@@ -374,25 +358,28 @@ impl Listening {
         let logged = site.clone();
         let log = LogQueue::start(Arc::new(move |line: &str| logged.log_api(line)))
             .map_err(ServerError::Runtime)?;
-        Ok(Listening {
-            acceptor: TlsAcceptor::from(Arc::new(tls)),
+        let limits = &config.limits;
+        let accept = Accept::tls(Arc::new(tls), slate_https::DEFAULT_HANDSHAKE_TIMEOUT)
+            .with_limits(limits.max_connections, limits.max_handshakes())
+            .handshakes_outlive_shutdown();
+        let listening = Listening {
             served: Arc::new(Served {
                 site,
                 log,
-                limits: Arc::new(config.limits.clone()),
+                limits: Arc::new(limits.clone()),
             }),
             per_peer: trust.is_none(),
             trust,
             per_client: Arc::default(),
-            handshaking: Arc::default(),
-            quiet: Arc::new(Notes {
+            quiet: Notes {
                 full: Quiet::new(QUIET),
                 handshakes: Quiet::new(QUIET),
                 over_limit: Quiet::new(QUIET),
                 refused_tls: Quiet::new(QUIET),
                 bad_request: Quiet::new(QUIET),
-            }),
-        })
+            },
+        };
+        Ok((Arc::new(listening), accept))
     }
 
     fn log(&self, line: String) {
@@ -400,98 +387,32 @@ impl Listening {
     }
 }
 
-async fn run(listener: TcpListener, listening: Listening, shutdown: impl Future<Output = ()>) {
-    tokio::pin!(shutdown);
-    let (drain_tx, drain_rx) = watch::channel(false);
-    let mut conns = JoinSet::new();
-    let max = listening.served.limits.max_connections;
-    loop {
-        tokio::select! {
-            () = &mut shutdown => break,
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, peer)) if conns.len() >= max => {
-                    // Closed at once: a connection held open here would be one more.
-                    drop(tcp);
-                    if let Some(quiet) = listening.quiet.full.note() {
-                        listening.log(format!(
-                            "api: {peer}: refused a connection: the server holds {max} \
-                             connections{}",
-                            more(quiet)
-                        ));
-                    }
-                }
-                Ok((tcp, peer)) => {
-                    conns.spawn(connection(tcp, peer, listening.clone(), drain_rx.clone()));
-                }
-                Err(e) => {
-                    listening.log(format!("api: accept failed: {e}"));
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
+impl Handler for Listening {
+    fn serve(self: Arc<Self>, conn: Connection, drain: Drain) -> impl Future<Output = ()> + Send {
+        connection(self, conn, drain)
+    }
+
+    fn refused(&self, refusal: Refusal<'_>) {
+        let quiet = match refusal {
+            Refusal::Accept(_) => return self.log(format!("api: {refusal}")),
+            Refusal::Full { .. } => &self.quiet.full,
+            Refusal::Handshakes { .. } => &self.quiet.handshakes,
+            Refusal::Handshake { .. } | Refusal::HandshakeTimedOut { .. } => {
+                &self.quiet.refused_tls
+            }
+        };
+        if let Some(quiet) = quiet.note() {
+            self.log(format!("api: {refusal}{}", more(quiet)));
         }
     }
-    drop(listener);
-    drain_tx.send_replace(true);
-    let drained = async { while conns.join_next().await.is_some() {} };
-    let _ = tokio::time::timeout(SHUTDOWN_GRACE, drained).await;
-    conns.abort_all();
 }
 
-/// One of the connections in their TLS handshake, counted while it lives.
-struct Handshaking(Arc<AtomicUsize>);
-
-impl Drop for Handshaking {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-async fn connection(
-    tcp: TcpStream,
-    addr: SocketAddr,
-    listening: Listening,
-    mut drain: watch::Receiver<bool>,
-) {
+/// A connection past its handshake: its caller, its place among its client's connections (or
+/// a 429), then the site's requests.
+async fn connection(listening: Arc<Listening>, conn: Connection, mut drain: Drain) {
+    let Connection { stream, peer: addr } = conn;
     let limits = listening.served.limits.clone();
-    let handshaking = Handshaking(listening.handshaking.clone());
-    if handshaking.0.fetch_add(1, Ordering::Relaxed) >= limits.max_handshakes() {
-        if let Some(quiet) = listening.quiet.handshakes.note() {
-            listening.log(format!(
-                "api: {addr}: refused a connection: {} others are in their TLS handshake{}",
-                limits.max_handshakes(),
-                more(quiet)
-            ));
-        }
-        return;
-    }
-    let _ = tcp.set_nodelay(true);
-    let accept = listening.acceptor.accept(tcp).into_fallible();
-    let handshake = tokio::time::timeout(HANDSHAKE_TIMEOUT, accept);
-    let stream = match handshake.await {
-        Ok(Ok(stream)) => stream,
-        Ok(Err((e, tcp))) => {
-            if let Some(quiet) = listening.quiet.refused_tls.note() {
-                listening.log(format!(
-                    "api: {addr}: TLS handshake refused: {e}{}",
-                    more(quiet)
-                ));
-            }
-            linger(tcp).await;
-            return;
-        }
-        Err(_) => {
-            if let Some(quiet) = listening.quiet.refused_tls.note() {
-                listening.log(format!(
-                    "api: {addr}: TLS handshake timed out{}",
-                    more(quiet)
-                ));
-            }
-            return;
-        }
-    };
-    drop(handshaking);
-    let peer_certs = stream.get_ref().1.peer_certificates();
+    let peer_certs = stream.peer_certificates();
     let caller = listening
         .trust
         .as_ref()
@@ -519,23 +440,9 @@ async fn connection(
     };
     let served = listening.served.clone();
     let service = service_fn(move |req| handle(req, served.clone(), addr, caller.clone()));
-    let conn = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_timeout)
-        .max_buf_size(MAX_HEAD_BYTES)
-        .serve_connection(TokioIo::new(stream), service);
-    tokio::pin!(conn);
-    let drained = tokio::select! {
-        result = conn.as_mut() => Err(result),
-        _ = drain.wait_for(|d| *d) => Ok(()),
-    };
-    let result = match drained {
-        Err(result) => result,
-        Ok(()) => {
-            conn.as_mut().graceful_shutdown();
-            conn.await
-        }
-    };
+    let mut http = slate_https::http1(limits.header_timeout);
+    http.max_buf_size(MAX_HEAD_BYTES);
+    let result = slate_https::serve_http1(&http, stream, service, &mut drain).await;
     // A request hyper refused before it reached a route (a head over the limit: 431): the
     // client's text is not logged, only that it happened.
     match result {
@@ -550,22 +457,4 @@ async fn connection(
         }
         _ => {}
     }
-}
-
-/// After a refused handshake (the alert is already sent): close our side and read what the
-/// client had already sent, so that the kernel does not answer unread data with a reset that
-/// could destroy the alert before the client reads it.
-async fn linger(mut tcp: TcpStream) {
-    let _ = tcp.shutdown().await;
-    let drain = async {
-        let mut buf = [0u8; 4096];
-        let mut total = 0usize;
-        while let Ok(n @ 1..) = tcp.read(&mut buf).await {
-            total += n;
-            if total > 1 << 20 {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(Duration::from_secs(2), drain).await;
 }

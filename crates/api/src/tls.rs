@@ -1,24 +1,17 @@
-//! rustls configuration (ring provider) for both ends, PEM parsing, and the role carried by a
-//! verified client certificate.
+//! rustls configuration for both ends (the server's made by `slate-https`, as for every slate
+//! listener), PEM errors in the node API's words, and the role carried by a verified client
+//! certificate.
 
 use std::sync::Arc;
 
-use rustls::crypto::CryptoProvider;
 use rustls::server::danger::{ClientCertVerified, ClientCertVerifier};
-use rustls::server::WebPkiClientVerifier;
 use rustls::RootCertStore;
-use rustls_pki_types::pem::PemObject;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
 use sha2::Digest as _;
+use slate_https::tls::{provider, ALPN_HTTP1};
 
 use crate::certs::CertError;
 use crate::types::{Caller, Role};
-
-const ALPN_HTTP1: &[u8] = b"http/1.1";
-
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
-}
 
 fn invalid(what: &str, reason: impl std::fmt::Display) -> CertError {
     CertError::Invalid {
@@ -32,26 +25,16 @@ pub(crate) fn parse_certs(
     pem: &[u8],
     what: &str,
 ) -> Result<Vec<CertificateDer<'static>>, CertError> {
-    let certs = CertificateDer::pem_slice_iter(pem)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| invalid(what, e))?;
-    if certs.is_empty() {
-        return Err(invalid(what, "no CERTIFICATE block in the PEM data"));
-    }
-    Ok(certs)
+    slate_https::tls::parse_certs(pem).map_err(|e| invalid(what, e))
 }
 
 /// The private key of a PEM file (PKCS#8, SEC1 or PKCS#1).
 pub(crate) fn parse_key(pem: &[u8], what: &str) -> Result<PrivateKeyDer<'static>, CertError> {
-    PrivateKeyDer::from_pem_slice(pem).map_err(|e| invalid(what, e))
+    slate_https::tls::parse_key(pem).map_err(|e| invalid(what, e))
 }
 
 fn roots(ca_pem: &[u8]) -> Result<Arc<RootCertStore>, CertError> {
-    let mut roots = RootCertStore::empty();
-    for cert in parse_certs(ca_pem, "CA certificate")? {
-        roots.add(cert).map_err(|e| invalid("CA certificate", e))?;
-    }
-    Ok(Arc::new(roots))
+    slate_https::tls::roots(ca_pem).map_err(|e| invalid("CA certificate", e))
 }
 
 /// Who may call a server: client certificates that chain to the client CA (`O=os:<role>` is
@@ -69,9 +52,7 @@ pub(crate) struct ClientTrust {
 impl ClientTrust {
     pub(crate) fn new(client_ca_pem: &[u8], node_ca_pem: Option<&[u8]>) -> Result<Self, CertError> {
         let verifier = |pem: &[u8], what: &str| -> Result<Arc<dyn ClientCertVerifier>, CertError> {
-            WebPkiClientVerifier::builder_with_provider(roots(pem)?, provider())
-                .build()
-                .map_err(|e| invalid(what, e))
+            slate_https::tls::client_verifier(roots(pem)?).map_err(|e| invalid(what, e))
         };
         let clients = verifier(client_ca_pem, "client CA certificate")?;
         let nodes = node_ca_pem
@@ -178,22 +159,13 @@ pub(crate) fn server_config(
     cert_pem: &[u8],
     key_pem: &[u8],
 ) -> Result<rustls::ServerConfig, CertError> {
-    let provider = provider();
-    let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| invalid("TLS configuration", e))?;
-    let builder = match trust {
-        Some(trust) => builder.with_client_cert_verifier(trust),
-        None => builder.with_no_client_auth(),
-    };
-    let mut config = builder
-        .with_single_cert(
-            parse_certs(cert_pem, "server certificate")?,
-            parse_key(key_pem, "server key")?,
-        )
-        .map_err(|e| invalid("server certificate and key", e))?;
-    config.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
-    Ok(config)
+    let chain = parse_certs(cert_pem, "server certificate")?;
+    let key = parse_key(key_pem, "server key")?;
+    let clients = trust.map(|trust| trust as Arc<dyn ClientCertVerifier>);
+    slate_https::tls::server_config(clients, chain, key).map_err(|e| match e {
+        slate_https::tls::ConfigError::Protocols(e) => invalid("TLS configuration", e),
+        slate_https::tls::ConfigError::Pair(e) => invalid("server certificate and key", e),
+    })
 }
 
 /// The client side: the node's certificate must chain to `ca_pem`; `identity` is our

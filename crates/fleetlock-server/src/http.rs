@@ -1,9 +1,11 @@
-//! FleetLock over HTTP/1.1 (hyper on a current-thread tokio runtime, as the node API runs),
-//! plain or inside TLS ([`Tls`]: the listener then speaks TLS only, mutual with a client CA).
-//! The path and method are judged before the body is read; the body is read up to the cap;
-//! the store is called on tokio's blocking pool (a swap waits on `flock` and fsync).
+//! FleetLock over HTTP/1.1 (hyper on a current-thread tokio runtime, on the listener the node
+//! API runs on: `slate-https`), plain or inside TLS ([`Tls`]: the listener then speaks TLS
+//! only, mutual with a client CA). The path and method are judged before the body is read; the
+//! body is read up to the cap; the store is called on tokio's blocking pool (a swap waits on
+//! `flock` and fsync).
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -12,28 +14,23 @@ use std::time::Duration;
 
 use hyper::body::{Body as HttpBody, Bytes, Frame, Incoming, SizeHint};
 use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
-use hyper::rt::{Read, Write};
-use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::{TokioIo, TokioTimer};
 use slate_fleetlock::request::{MAX_BODY_LEN, PROTOCOL_HEADER};
 use slate_fleetlock::{route, Answer, ErrorKind, Refusal, RequestError, SemaphoreStore, Service};
-use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::{TcpListener, TcpStream};
+use slate_https::{Accept, Bound, Connection, Drain, Handler, StartError};
 use tokio::sync::watch;
-use tokio::task::JoinSet;
 
 use crate::tls::Tls;
 
+/// The server's name: its thread's, and `<name>-worker` for its runtime's blocking threads.
+const THREAD: &str = "slate-fleetlock";
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
 /// A body of at most 8 KiB that has not arrived in this time is not coming.
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
 /// How much of a refused request's body is read and dropped before the connection closes.
 const DISCARD_LIMIT: usize = 1 << 20;
 const DISCARD_TIME: Duration = Duration::from_secs(2);
-/// How long open connections get to finish after shutdown before they are cut.
-const SHUTDOWN_GRACE: Duration = Duration::from_secs(2);
 
 /// Where the server's one-line-per-request log goes.
 pub type Log = Arc<dyn Fn(&str) + Send + Sync>;
@@ -55,8 +52,7 @@ pub enum ServerError {
 /// A bound listening socket; nothing is served until [`Server::run`] or [`Server::spawn`].
 #[derive(Debug)]
 pub struct Server {
-    listener: std::net::TcpListener,
-    local_addr: SocketAddr,
+    bound: Bound,
     tls: Option<Tls>,
 }
 
@@ -83,15 +79,8 @@ impl ServerHandle {
 impl Server {
     /// Binds `addr` (port 0: any free port; see [`Server::local_addr`]).
     pub fn bind(addr: SocketAddr) -> Result<Self, ServerError> {
-        let bind_err = |source| ServerError::Bind { addr, source };
-        let listener = std::net::TcpListener::bind(addr).map_err(bind_err)?;
-        listener.set_nonblocking(true).map_err(bind_err)?;
-        let local_addr = listener.local_addr().map_err(bind_err)?;
-        Ok(Server {
-            listener,
-            local_addr,
-            tls: None,
-        })
+        let bound = Bound::bind(addr).map_err(|source| ServerError::Bind { addr, source })?;
+        Ok(Server { bound, tls: None })
     }
 
     /// Serves TLS only on this listener (a plain-HTTP request fails its handshake).
@@ -101,7 +90,7 @@ impl Server {
     }
 
     pub fn local_addr(&self) -> SocketAddr {
-        self.local_addr
+        self.bound.local_addr()
     }
 
     /// Serves on the calling thread, until the process ends.
@@ -110,11 +99,16 @@ impl Server {
         service: Arc<Service<S>>,
         log: Log,
     ) -> Result<(), ServerError> {
-        let rt = runtime()?;
-        let tls = self.tls.clone();
-        let listener = self.into_tokio(&rt)?;
+        let rt = slate_https::runtime(THREAD).map_err(ServerError::Runtime)?;
+        let addr = self.local_addr();
+        let accept = self.accept();
+        let listener = self
+            .bound
+            .listen(&rt)
+            .map_err(|source| ServerError::Bind { addr, source })?;
         let (_never, shutdown) = watch::channel(false);
-        rt.block_on(accept_loop(listener, tls, service, log, shutdown));
+        let lock = Arc::new(Lock { service, log });
+        rt.block_on(slate_https::run(listener, accept, lock, stopped(shutdown)));
         Ok(())
     }
 
@@ -124,18 +118,20 @@ impl Server {
         service: Arc<Service<S>>,
         log: Log,
     ) -> Result<ServerHandle, ServerError> {
-        let local_addr = self.local_addr;
-        let rt = runtime()?;
-        let tls = self.tls.clone();
-        let listener = self.into_tokio(&rt)?;
+        let local_addr = self.local_addr();
+        let accept = self.accept();
         let (shutdown, signal) = watch::channel(false);
-        let thread = std::thread::Builder::new()
-            .name("slate-fleetlock".into())
-            .spawn(move || {
-                rt.block_on(accept_loop(listener, tls, service, log, signal));
-                rt.shutdown_timeout(Duration::from_millis(100));
-            })
-            .map_err(ServerError::Runtime)?;
+        let lock = Arc::new(Lock { service, log });
+        let thread = self
+            .bound
+            .spawn(THREAD, accept, lock, stopped(signal))
+            .map_err(|e| match e {
+                StartError::Runtime(e) => ServerError::Runtime(e),
+                StartError::Listen(source) => ServerError::Bind {
+                    addr: local_addr,
+                    source,
+                },
+            })?;
         Ok(ServerHandle {
             local_addr,
             shutdown,
@@ -143,108 +139,29 @@ impl Server {
         })
     }
 
-    fn into_tokio(self, rt: &tokio::runtime::Runtime) -> Result<TcpListener, ServerError> {
-        let _guard = rt.enter();
-        TcpListener::from_std(self.listener).map_err(|source| ServerError::Bind {
-            addr: self.local_addr,
-            source,
-        })
+    fn accept(&self) -> Accept {
+        self.tls.as_ref().map_or_else(Accept::plain, Tls::accept)
     }
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, ServerError> {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .thread_name("slate-fleetlock-worker")
-        .build()
-        .map_err(ServerError::Runtime)
+/// Resolves when the flag is raised, or when its sender is gone.
+async fn stopped(mut shutdown: watch::Receiver<bool>) {
+    let _ = shutdown.wait_for(|s| *s).await;
 }
 
-async fn accept_loop<S: SemaphoreStore + 'static>(
-    listener: TcpListener,
-    tls: Option<Tls>,
+/// The lock server's side of the listener's connections.
+struct Lock<S: SemaphoreStore> {
     service: Arc<Service<S>>,
     log: Log,
-    mut shutdown: watch::Receiver<bool>,
-) {
-    let (drain_tx, drain_rx) = watch::channel(false);
-    let mut conns = JoinSet::new();
-    loop {
-        tokio::select! {
-            _ = shutdown.wait_for(|s| *s) => break,
-            accepted = listener.accept() => match accepted {
-                Ok((tcp, peer)) => {
-                    let conn = Conn {
-                        peer,
-                        client: None,
-                        service: service.clone(),
-                        log: log.clone(),
-                        drain: drain_rx.clone(),
-                    };
-                    conns.spawn(connection(tcp, tls.clone(), conn));
-                }
-                Err(e) => {
-                    log(&format!("fleetlock: accept failed: {e}"));
-                    // Out of file descriptors and the like: do not spin.
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-            },
-            Some(_) = conns.join_next(), if !conns.is_empty() => {}
-        }
+}
+
+impl<S: SemaphoreStore + 'static> Handler for Lock<S> {
+    fn serve(self: Arc<Self>, conn: Connection, drain: Drain) -> impl Future<Output = ()> + Send {
+        serve_http(conn, self.service.clone(), self.log.clone(), drain)
     }
-    drop(listener);
-    drain_tx.send_replace(true);
-    let drained = async { while conns.join_next().await.is_some() {} };
-    let _ = tokio::time::timeout(SHUTDOWN_GRACE, drained).await;
-    conns.abort_all();
-}
 
-/// What one connection's HTTP side needs.
-struct Conn<S: SemaphoreStore> {
-    peer: SocketAddr,
-    /// With mutual TLS: the client's certificate (DER), which must name every id the
-    /// connection takes or frees a slot for.
-    client: Option<Arc<Vec<u8>>>,
-    service: Arc<Service<S>>,
-    log: Log,
-    drain: watch::Receiver<bool>,
-}
-
-async fn connection<S: SemaphoreStore + 'static>(
-    tcp: TcpStream,
-    tls: Option<Tls>,
-    mut conn: Conn<S>,
-) {
-    let _ = tcp.set_nodelay(true);
-    let Some(tls) = tls else {
-        return serve_http(TokioIo::new(tcp), conn).await;
-    };
-    let handshake = tokio::time::timeout(
-        tls.handshake_timeout,
-        tls.acceptor.accept(tcp).into_fallible(),
-    );
-    let peer = conn.peer;
-    // A shutdown does not wait for handshakes in progress: they have no request to finish.
-    let stream = tokio::select! {
-        done = handshake => done,
-        _ = conn.drain.wait_for(|d| *d) => return,
-    };
-    match stream {
-        Ok(Ok(stream)) => {
-            conn.client = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(<[_]>::first)
-                .map(|der| Arc::new(der.as_ref().to_vec()));
-            serve_http(TokioIo::new(stream), conn).await
-        }
-        Ok(Err((e, tcp))) => {
-            (conn.log)(&format!("fleetlock: {peer}: TLS handshake refused: {e}"));
-            linger(tcp).await;
-        }
-        // Dropping the socket closes it (a FIN): a client this slow or silent gets no alert.
-        Err(_) => (conn.log)(&format!("fleetlock: {peer}: TLS handshake timed out")),
+    fn refused(&self, refusal: slate_https::Refusal<'_>) {
+        (self.log)(&format!("fleetlock: {refusal}"));
     }
 }
 
@@ -268,52 +185,26 @@ fn not_its_own(client: Option<&Vec<u8>>, body: &[u8]) -> Option<Refusal> {
     })
 }
 
-/// After a refused handshake (the alert is already sent): close our side and read what the
-/// client had already sent, so that the kernel does not answer unread data with a reset that
-/// could destroy the alert before the client reads it (the node API does the same).
-async fn linger(mut tcp: TcpStream) {
-    let _ = tcp.shutdown().await;
-    let drain = async {
-        let mut buf = [0u8; 4096];
-        let mut total = 0usize;
-        while let Ok(n @ 1..) = tcp.read(&mut buf).await {
-            total += n;
-            if total > DISCARD_LIMIT {
-                break;
-            }
-        }
-    };
-    let _ = tokio::time::timeout(DISCARD_TIME, drain).await;
-}
-
-/// HTTP/1.1 on a plain or TLS stream until the client closes, a timeout, or shutdown.
-async fn serve_http<S, I>(io: I, conn: Conn<S>)
-where
-    S: SemaphoreStore + 'static,
-    I: Read + Write + Unpin + Send + 'static,
-{
-    let Conn {
-        peer,
-        client,
-        service,
-        log,
-        mut drain,
-    } = conn;
+/// HTTP/1.1 on a plain or TLS stream until the client closes, a timeout, or shutdown. With
+/// mutual TLS, the client's certificate (DER) must name every id the connection takes or frees
+/// a slot for.
+async fn serve_http<S: SemaphoreStore + 'static>(
+    conn: Connection,
+    service: Arc<Service<S>>,
+    log: Log,
+    mut drain: Drain,
+) {
+    let Connection { stream, peer } = conn;
+    let client = stream
+        .peer_certificates()
+        .and_then(<[_]>::first)
+        .map(|der| Arc::new(der.as_ref().to_vec()));
     let svc = service_fn(move |req| {
         let (service, log, client) = (service.clone(), log.clone(), client.clone());
         async move { Ok::<_, Infallible>(handle(req, peer, client, service, log).await) }
     });
-    let conn = http1::Builder::new()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT)
-        .serve_connection(io, svc);
-    tokio::pin!(conn);
-    tokio::select! {
-        _ = conn.as_mut() => return,
-        _ = drain.wait_for(|d| *d) => {}
-    }
-    conn.as_mut().graceful_shutdown();
-    let _ = conn.await;
+    let http = slate_https::http1(HEADER_TIMEOUT);
+    let _ = slate_https::serve_http1(&http, stream, svc, &mut drain).await;
 }
 
 async fn handle<S: SemaphoreStore + 'static>(

@@ -1,7 +1,8 @@
 //! The FleetLock lock server's edge: HTTP ([`http`]), optionally inside TLS or mutual TLS
-//! ([`tls`]), the local file store ([`file_store`]) and the etcd store ([`etcd_store`]). What a
-//! request means is `slate-fleetlock`'s; this crate only moves bytes between sockets, files,
-//! etcd and that crate.
+//! ([`tls`]: the files read, naming them in errors), on the listener `slate-https` gives every
+//! slate server, the local file store ([`file_store`]) and the etcd store ([`etcd_store`]).
+//! What a request means is `slate-fleetlock`'s; this crate only moves bytes between sockets,
+//! files, etcd and that crate.
 
 #[cfg(feature = "etcd")]
 pub mod etcd_store;

@@ -1,31 +1,18 @@
-//! TLS on the lock server's listener, as the node API does it (`slate-api`'s `tls.rs`): rustls
-//! on ring, HTTP/1.1 by ALPN, and with a client CA a client certificate *required* and
-//! verified against it (none, or one from another CA, fails the handshake).
-//!
-//! This is a small copy of the api crate's PEM-to-`ServerConfig` code rather than a dependency
-//! on it: there it is crate-private and takes bytes, here every error must name the file it
-//! came from, and `slate-api` would bring rcgen, x509-parser and the sequencer into a crate
-//! that needs none of them. The versions and features are the api crate's, so no second
-//! rustls enters the build.
+//! TLS on the lock server's listener from files: the certificate chain, the key and, for
+//! mutual TLS, the client CA, each read here so that every error names its file. The
+//! configuration itself (rustls on ring, HTTP/1.1 by ALPN, a client certificate *required*
+//! and verified against the client CA) is `slate-https`'s, as for the node API.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::crypto::CryptoProvider;
-use rustls::server::WebPkiClientVerifier;
-use rustls::RootCertStore;
-use rustls_pki_types::pem::PemObject;
+use rustls::server::danger::ClientCertVerifier;
 use rustls_pki_types::{CertificateDer, PrivateKeyDer};
-use tokio_rustls::TlsAcceptor;
+use slate_https::tls::{ConfigError, PemError, RootsError};
+use slate_https::Accept;
 
-const ALPN_HTTP1: &[u8] = b"http/1.1";
-
-/// How long a client gets to complete the TLS handshake, unless
-/// [`Tls::with_handshake_timeout`] says otherwise. Without a bound, a client that connects and
-/// sends nothing would hold a task and a socket for as long as it likes (hyper's header
-/// timeout only starts once the handshake is done).
-pub const DEFAULT_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub use slate_https::DEFAULT_HANDSHAKE_TIMEOUT;
 
 /// A certificate, key or CA file that cannot be used. Every variant names the file(s).
 #[derive(Debug, thiserror::Error)]
@@ -55,14 +42,14 @@ pub enum TlsError {
 /// TLS for [`crate::Server`]: checked certificates and key, ready to accept connections.
 #[derive(Clone)]
 pub struct Tls {
-    pub(crate) acceptor: TlsAcceptor,
-    pub(crate) handshake_timeout: Duration,
+    config: Arc<rustls::ServerConfig>,
+    handshake_timeout: Duration,
     mutual: bool,
 }
 
 impl std::fmt::Debug for Tls {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        // The acceptor holds the private key: never shown.
+        // The configuration holds the private key: never shown.
         f.debug_struct("Tls")
             .field("mutual", &self.mutual)
             .field("handshake_timeout", &self.handshake_timeout)
@@ -78,32 +65,19 @@ impl Tls {
     pub fn from_files(cert: &Path, key: &Path, client_ca: Option<&Path>) -> Result<Tls, TlsError> {
         let chain = parse_certs(cert)?;
         let key_der = parse_key(key)?;
-        let client_roots = client_ca.map(roots).transpose()?;
-
-        let provider = provider();
-        let builder = rustls::ServerConfig::builder_with_provider(provider.clone())
-            .with_safe_default_protocol_versions()
-            .map_err(TlsError::Provider)?;
-        let mutual = client_roots.is_some();
-        let builder = match client_roots {
-            Some((path, roots)) => {
-                let verifier = WebPkiClientVerifier::builder_with_provider(roots, provider)
-                    .build()
-                    .map_err(|e| invalid(&path, e))?;
-                builder.with_client_cert_verifier(verifier)
-            }
-            None => builder.with_no_client_auth(),
-        };
-        let mut config = builder
-            .with_single_cert(chain, key_der)
-            .map_err(|e| TlsError::Pair {
-                cert: cert.to_owned(),
-                key: key.to_owned(),
-                reason: pair_reason(&e),
+        let verifier = client_ca.map(client_verifier).transpose()?;
+        let mutual = verifier.is_some();
+        let config =
+            slate_https::tls::server_config(verifier, chain, key_der).map_err(|e| match e {
+                ConfigError::Protocols(e) => TlsError::Provider(e),
+                ConfigError::Pair(e) => TlsError::Pair {
+                    cert: cert.to_owned(),
+                    key: key.to_owned(),
+                    reason: pair_reason(&e),
+                },
             })?;
-        config.alpn_protocols = vec![ALPN_HTTP1.to_vec()];
         Ok(Tls {
-            acceptor: TlsAcceptor::from(Arc::new(config)),
+            config: Arc::new(config),
             handshake_timeout: DEFAULT_HANDSHAKE_TIMEOUT,
             mutual,
         })
@@ -119,10 +93,11 @@ impl Tls {
     pub fn mutual(&self) -> bool {
         self.mutual
     }
-}
 
-fn provider() -> Arc<CryptoProvider> {
-    Arc::new(rustls::crypto::ring::default_provider())
+    /// How the listener accepts with this TLS.
+    pub(crate) fn accept(&self) -> Accept {
+        Accept::tls(self.config.clone(), self.handshake_timeout)
+    }
 }
 
 fn invalid(path: &Path, reason: impl std::fmt::Display) -> TlsError {
@@ -150,19 +125,20 @@ fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
     })
 }
 
+fn pem_invalid(path: &Path, err: PemError) -> TlsError {
+    match err {
+        PemError::Pem(e) => invalid(path, format!("not a PEM certificate file: {e}")),
+        e @ PemError::NoCertificate => invalid(path, e),
+    }
+}
+
 /// Every certificate of a PEM file (at least one).
 fn parse_certs(path: &Path) -> Result<Vec<CertificateDer<'static>>, TlsError> {
-    let certs = CertificateDer::pem_slice_iter(&read(path)?)
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| invalid(path, format!("not a PEM certificate file: {e}")))?;
-    if certs.is_empty() {
-        return Err(invalid(path, "no CERTIFICATE block in the PEM data"));
-    }
-    Ok(certs)
+    slate_https::tls::parse_certs(&read(path)?).map_err(|e| pem_invalid(path, e))
 }
 
 fn parse_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
-    PrivateKeyDer::from_pem_slice(&read(path)?).map_err(|e| {
+    slate_https::tls::parse_key(&read(path)?).map_err(|e| {
         invalid(
             path,
             format!("no usable private key (PEM: PKCS#8, SEC1 or PKCS#1): {e}"),
@@ -170,12 +146,11 @@ fn parse_key(path: &Path) -> Result<PrivateKeyDer<'static>, TlsError> {
     })
 }
 
-fn roots(path: &Path) -> Result<(PathBuf, Arc<RootCertStore>), TlsError> {
-    let mut roots = RootCertStore::empty();
-    for cert in parse_certs(path)? {
-        roots
-            .add(cert)
-            .map_err(|e| invalid(path, format!("not a usable CA certificate: {e}")))?;
-    }
-    Ok((path.to_owned(), Arc::new(roots)))
+/// rustls' verifier of client certificates that chain to the CA certificates of a PEM file.
+fn client_verifier(path: &Path) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let roots = slate_https::tls::roots(&read(path)?).map_err(|e| match e {
+        RootsError::Pem(e) => pem_invalid(path, e),
+        RootsError::Add(e) => invalid(path, format!("not a usable CA certificate: {e}")),
+    })?;
+    slate_https::tls::client_verifier(roots).map_err(|e| invalid(path, e))
 }
