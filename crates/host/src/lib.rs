@@ -27,6 +27,7 @@ mod mount;
 mod net;
 mod process;
 mod random_seed;
+mod reaper;
 mod signals;
 mod supervised;
 mod system;
@@ -74,8 +75,9 @@ pub use process::{
     CommandEnd, GuardedChild,
 };
 pub use random_seed::{consume_random_seed, save_random_seed, SeedOutcome, RANDOM_SEED_LEN};
+pub use reaper::ProcessExit;
 pub use signals::{disable_ctrl_alt_del, Signal, SignalReader};
-pub use supervised::{signal_process_group, spawn_supervised, ProcessExit, SupervisedChild};
+pub use supervised::{signal_process_group, spawn_supervised, SupervisedChild};
 pub use system::{
     ensure_console_stdio, exec, is_pid1, kernel_release, load_module, poweroff, reboot,
     unusable_here, ModuleLoad,

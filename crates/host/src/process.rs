@@ -9,7 +9,6 @@ use std::io::Read;
 use std::os::unix::process::CommandExt as _;
 use std::process::{Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc::{self, RecvTimeoutError};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use nix::errno::Errno;
@@ -17,9 +16,8 @@ use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+use crate::reaper::CHILDREN;
 use crate::{HostError, Result};
-
-pub(crate) static CHILDREN: Mutex<()> = Mutex::new(());
 
 /// A child spawned under the reaper's lock, which it holds until it is dropped: PID 1's reaper
 /// cannot take its exit status, however long it runs. Derefs to the [`Child`] to wait for.
@@ -229,7 +227,7 @@ pub fn reap_zombies() -> usize {
         match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
             Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) | Err(_) => return reaped,
             Ok(status) => {
-                crate::supervised::reaped(status);
+                crate::reaper::reaped(status);
                 reaped += 1;
             }
         }

@@ -3,61 +3,17 @@
 //! reaper keeps the exit status of a registered pid for its supervisor, and the supervisor
 //! asks for its own child first (`waitpid(pid)` under the lock), whichever comes first.
 
-use std::collections::HashMap;
 use std::os::fd::AsRawFd as _;
 use std::os::unix::process::CommandExt as _;
 use std::process::{ChildStderr, ChildStdout, Command, Stdio};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
+use nix::sys::wait::{waitpid, WaitPidFlag};
 use nix::unistd::Pid;
 
 use crate::cgroup::Cgroup;
-use crate::process::CHILDREN;
-use crate::{HostError, Result};
-
-/// How a supervised process ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ProcessExit {
-    Code(i32),
-    Signal(i32),
-}
-
-/// Registered pids, and the exit status the reaper took for each (until its supervisor reads
-/// it).
-static SUPERVISED: Mutex<Option<HashMap<i32, Option<ProcessExit>>>> = Mutex::new(None);
-
-fn registry<T>(f: impl FnOnce(&mut HashMap<i32, Option<ProcessExit>>) -> T) -> T {
-    let mut guard = SUPERVISED.lock().unwrap_or_else(|p| p.into_inner());
-    f(guard.get_or_insert_with(HashMap::new))
-}
-
-fn exit_of(status: WaitStatus) -> Option<ProcessExit> {
-    match status {
-        WaitStatus::Exited(_, code) => Some(ProcessExit::Code(code)),
-        WaitStatus::Signaled(_, signal, _) => Some(ProcessExit::Signal(signal as i32)),
-        _ => None,
-    }
-}
-
-/// Called by the reaper for each child it reaped: keeps a registered pid's status. Answers
-/// whether `pid` was registered.
-pub(crate) fn reaped(status: WaitStatus) -> bool {
-    let Some(pid) = status.pid() else {
-        return false;
-    };
-    let Some(exit) = exit_of(status) else {
-        return false;
-    };
-    registry(|map| match map.get_mut(&pid.as_raw()) {
-        Some(slot) => {
-            *slot = Some(exit);
-            true
-        }
-        None => false,
-    })
-}
+use crate::reaper::{exit_of, registry, CHILDREN};
+use crate::{HostError, ProcessExit, Result};
 
 /// A service's process: its pid, and its output pipes until they are taken.
 #[derive(Debug)]
