@@ -3,6 +3,9 @@
 
 use serde::{Deserialize, Serialize};
 
+mod services;
+pub use services::{NodeServiceStatus, ServiceAction, ServiceControlRequest, ServicesView};
+
 /// The platform mode the node runs in (`cloud`, `container`, `metal`, `metal-agent` on the
 /// wire), and how to reboot (`default`, `powercycle`, `kexec`): the sequencer's own types, one
 /// definition for machined and the API. `RebootMode::PowerOff` is not part of the wire format:
@@ -586,88 +589,4 @@ pub struct ApiError {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn modes_travel_by_their_command_line_names() {
-        for mode in Mode::ALL {
-            let json = serde_json::to_string(&mode).unwrap();
-            assert_eq!(json, format!("\"{}\"", mode.as_str()));
-            assert_eq!(serde_json::from_str::<Mode>(&json).unwrap(), mode);
-        }
-        assert!(serde_json::from_str::<Mode>(r#""metal_agent""#).is_err());
-    }
-
-    #[test]
-    fn reboot_modes_on_the_wire_are_default_powercycle_and_kexec_only() {
-        for (mode, name) in [
-            (RebootMode::Default, "default"),
-            (RebootMode::Powercycle, "powercycle"),
-            (RebootMode::Kexec, "kexec"),
-        ] {
-            assert_eq!(serde_json::to_string(&mode).unwrap(), format!("\"{name}\""));
-            assert_eq!(
-                serde_json::from_str::<RebootRequest>(&format!(r#"{{"mode":"{name}"}}"#))
-                    .unwrap()
-                    .mode,
-                mode
-            );
-        }
-        // A reboot request must not power the node off, nor does the node ever report it.
-        assert!(serde_json::from_str::<RebootRequest>(r#"{"mode":"poweroff"}"#).is_err());
-        assert!(serde_json::from_str::<RebootMode>(r#""PowerOff""#).is_err());
-        assert!(serde_json::to_string(&RebootMode::PowerOff).is_err());
-        assert_eq!(RebootRequest::default().mode, RebootMode::Default);
-    }
-}
-
-/// One of the node's services (`GET /v1/services`, `slate services`).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct NodeServiceStatus {
-    pub name: String,
-    /// `waiting` (for what it depends on), `running`, `backoff` (to restart), `stopping`,
-    /// `stopped`, `exited` (its policy does not restart it) or `failed` (it could not start).
-    pub state: String,
-    /// Its main process while it runs.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub pid: Option<u32>,
-    /// When it entered its state, seconds since the epoch.
-    pub since: u64,
-    /// How often it was started again after it ended.
-    pub restarts: u32,
-    /// Its readiness check passed (or it has none and runs).
-    pub ready: bool,
-    /// How its last run ended (`exit code 1`, `signal 9`), or why it could not start.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub last_exit: Option<String>,
-    /// Its cgroup's `memory.current`, bytes.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub memory_bytes: Option<u64>,
-    /// In `backoff`: milliseconds until the next start.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub restart_in_ms: Option<u64>,
-}
-
-/// `GET /v1/services`.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ServicesView {
-    pub services: Vec<NodeServiceStatus>,
-}
-
-/// What `POST /v1/services` does to a service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum ServiceAction {
-    Start,
-    Stop,
-    Restart,
-}
-
-/// `POST /v1/services` body (operator).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ServiceControlRequest {
-    pub name: String,
-    pub action: ServiceAction,
-}
+mod tests;
