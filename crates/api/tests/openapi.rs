@@ -344,6 +344,30 @@ fn schemas_match_the_types() {
         ..view.clone()
     };
     check_object(&spec, "ConfigView", &view, &view_min);
+    let service = slate_api::NodeServiceStatus {
+        name: "web".into(),
+        state: "backoff".into(),
+        pid: Some(312),
+        since: 1_796_425_139,
+        restarts: 3,
+        ready: false,
+        last_exit: Some("exit code 1".into()),
+        memory_bytes: Some(286_720),
+        restart_in_ms: Some(2000),
+    };
+    let service_min = slate_api::NodeServiceStatus {
+        pid: None,
+        last_exit: None,
+        memory_bytes: None,
+        restart_in_ms: None,
+        ..service.clone()
+    };
+    check_object(&spec, "NodeServiceStatus", &service, &service_min);
+    let control = slate_api::ServiceControlRequest {
+        name: "web".into(),
+        action: slate_api::ServiceAction::Restart,
+    };
+    check_object(&spec, "ServiceControlRequest", &control, &control);
 
     let enums = [
         (
@@ -373,8 +397,8 @@ fn schemas_match_the_types() {
     assert_eq!(codes, json_strings(ErrorCode::ALL));
     let operations = strings(&schema(&spec, "Accepted")["properties"]["operation"]["enum"]);
     // Every POST answers 202 Accepted, except the upload, which answers what it received, the
-    // configuration, the rollback, the pins and the snapshot upgrade, which answer what they
-    // did.
+    // configuration, the rollback, the pins, the snapshot upgrade and a service's control,
+    // which answer what they did.
     let mutating: BTreeSet<_> = ROUTES
         .iter()
         .filter(|r| {
@@ -385,6 +409,7 @@ fn schemas_match_the_types() {
                     "/v1/rollback",
                     "/v1/pins",
                     "/v1/snapshots/upgrade",
+                    "/v1/services",
                 ]
                 .contains(&r.path)
         })

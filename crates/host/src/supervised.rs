@@ -34,11 +34,30 @@ pub fn spawn_supervised(cmd: &mut Command, cgroup: Option<&Cgroup>) -> Result<Su
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     let procs_fd = procs.as_ref().map(|f| f.as_raw_fd());
-    // SAFETY: the closure runs in the forked child before exec and calls only write(2) and
-    // setsid(2), both async-signal-safe, on a descriptor opened before the fork (kept open by
-    // `procs` until spawn returns); it allocates nothing.
+    // SAFETY: the closure runs in the forked child before exec and calls only write(2),
+    // setsid(2), sigprocmask(2) and signal(2), all async-signal-safe, on a descriptor opened
+    // before the fork (kept open by `procs` until spawn returns); it allocates nothing.
     unsafe {
         cmd.pre_exec(move || {
+            // machined blocks the signals it reads from a signalfd, and a blocked or ignored
+            // signal survives exec: a service would never see its stop signal.
+            let mut empty: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut empty);
+            if libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut()) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            for signal in [
+                libc::SIGHUP,
+                libc::SIGINT,
+                libc::SIGQUIT,
+                libc::SIGPIPE,
+                libc::SIGTERM,
+                libc::SIGUSR1,
+                libc::SIGUSR2,
+                libc::SIGPWR,
+            ] {
+                libc::signal(signal, libc::SIG_DFL);
+            }
             if let Some(fd) = procs_fd {
                 if libc::write(fd, b"0".as_ptr().cast(), 1) != 1 {
                     return Err(std::io::Error::last_os_error());

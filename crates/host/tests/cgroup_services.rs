@@ -90,3 +90,30 @@ fn the_exit_status_survives_the_reaper() {
     let _ = cgroup.memory_current();
     cgroup.remove().unwrap();
 }
+
+/// machined blocks the signals it reads through a signalfd in every thread, and a child
+/// inherits the mask: the stop signal must reach the service all the same.
+#[test]
+fn the_stop_signal_reaches_a_service_started_by_a_thread_that_blocks_it() {
+    use nix::sys::signal::{pthread_sigmask, SigSet, SigmaskHow, Signal};
+    let Some(cgroup) = test_cgroup("mask") else {
+        return;
+    };
+    let inside = cgroup.clone();
+    let mut child = std::thread::spawn(move || {
+        let mut blocked = SigSet::empty();
+        for signal in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+            blocked.add(signal);
+        }
+        pthread_sigmask(SigmaskHow::SIG_BLOCK, Some(&blocked), None).unwrap();
+        spawn_supervised(Command::new("sleep").arg("300"), Some(&inside)).unwrap()
+    })
+    .join()
+    .unwrap();
+    cgroup.signal(15).unwrap();
+    assert_eq!(
+        child.wait_timeout(Duration::from_secs(10)),
+        Some(ProcessExit::Signal(15))
+    );
+    cgroup.remove().unwrap();
+}

@@ -25,17 +25,19 @@ fn get(port: u16, path: &str) -> Result<(String, String)> {
 }
 
 /// Waits (up to 60 s: the service starts last in Boot) until the web service answers with the
-/// os-release of `version`; returns its `VERSION_ID` line.
+/// os-release of `version` (the imager's `IMAGE_VERSION=`); returns what it saw.
 pub(crate) fn serves_version(port: u16, version: &str) -> Result<String> {
     let deadline = Instant::now() + Duration::from_secs(60);
-    let want = format!("VERSION_ID=\"{version}\"");
+    let want = format!("IMAGE_VERSION={version}");
     let mut last = String::from("no answer yet");
     while Instant::now() < deadline {
         match get(port, "/os-release") {
-            Ok((status, body)) if status.contains(" 200 ") && body.contains(&want) => {
+            Ok((status, body)) if status.contains(" 200 ") && body.lines().any(|l| l == want) => {
                 return Ok(format!("web service answers {want}"));
             }
-            Ok((status, body)) => last = format!("{status}: {}", body.trim()),
+            Ok((status, body)) => {
+                last = format!("{status}: {}", body.trim().replace('\n', " | "));
+            }
             Err(e) => last = e.to_string(),
         }
         std::thread::sleep(Duration::from_millis(500));
@@ -70,6 +72,8 @@ pub(crate) fn services_answer(node: &Node<'_>, web_port: u16) -> Result<String> 
     let logs = node.ok(&["logs", "--service", "web"])?;
     ensure!(
         logs.contains("service web: stopping (restart asked over the API)")
+            // Its own stop signal ended it, within its grace period: no kill was needed.
+            && logs.contains("service web: stopped (signal 15)")
             && logs.contains("service web: started, pid")
             && !logs.contains("stage Running"),
         "the web service's log, and only its: {logs}"

@@ -251,8 +251,9 @@ impl Supervisor {
         }
     }
 
-    /// Asks `service` to run and waits until its thread has taken the request.
-    fn start_one(&self, service: &Service) {
+    /// Asks `service` to run; with `wait`, waits (a while) until its program runs, or it could
+    /// not start, or it ended already.
+    fn start_one(&self, service: &Service, wait: Option<Duration>) {
         let mut status = service.status();
         status.wanted = true;
         if status.state.is_down() {
@@ -260,6 +261,17 @@ impl Supervisor {
             status.since = SystemTime::now();
         }
         service.changed.notify_all();
+        let Some(wait) = wait else {
+            return;
+        };
+        let deadline = Instant::now() + wait;
+        while matches!(status.state, State::Waiting | State::Stopping) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return;
+            }
+            status = service.wait(status, left.min(Duration::from_millis(100)));
+        }
     }
 }
 
@@ -274,10 +286,10 @@ impl Workload for Supervisor {
             .ok_or_else(|| format!("this node runs no service {name:?}"))?;
         match action {
             ServiceAction::Stop => self.stop(service, "asked over the API"),
-            ServiceAction::Start => self.start_one(service),
+            ServiceAction::Start => self.start_one(service, Some(CONTROL_SLACK)),
             ServiceAction::Restart => {
                 self.stop(service, "restart asked over the API");
-                self.start_one(service);
+                self.start_one(service, Some(CONTROL_SLACK));
             }
         }
         Ok(service.view())
@@ -295,7 +307,7 @@ impl Workload for Supervisor {
 
     fn start_all(&self) {
         for service in &self.services {
-            self.start_one(service);
+            self.start_one(service, None);
         }
     }
 }
