@@ -371,7 +371,7 @@ slate = "slate"
         assert!(err(format!(
             "{MINIMAL}[[health.checks]]\nfile = \"/a\"\ncommand = [\"/b\"]\n"
         ))
-        .contains("exactly one of `file`, `command` or `tcp`"));
+        .contains("exactly one of `file`, `command`, `tcp` or `service`"));
     }
 
     /// issue 18: sizes that wrapped around in the imager's arithmetic, a timeout that waits

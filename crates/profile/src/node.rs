@@ -40,7 +40,7 @@ pub struct Health {
     pub checks: Vec<HealthCheck>,
 }
 
-/// One health check (`[[health.checks]]` with exactly one of `file`, `command` or `tcp`).
+/// One health check (`[[health.checks]]` with exactly one of `file`, `command`, `tcp` or `service`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(try_from = "RawCheck", into = "RawCheck")]
 pub enum HealthCheck {
@@ -387,11 +387,25 @@ mode = "kexec"
         let err = |text: &str| NodeConfig::parse(text).unwrap_err().to_string();
         let e = err("[[health.checks]]\nfile = \"/a\"\ntcp = \"127.0.0.1:1\"\n");
         assert!(
-            e.contains("exactly one of `file`, `command` or `tcp`"),
+            e.contains("exactly one of `file`, `command`, `tcp` or `service`"),
             "{e}"
         );
         let e = err("[[health.checks]]\n");
         assert!(e.contains("exactly one of"), "{e}");
+        // A service check names a service the image declares.
+        let e = err("[[health.checks]]\nservice = \"web\"\n");
+        assert!(
+            e.contains("health.checks: `service web`: the image declares no service \"web\""),
+            "{e}"
+        );
+        let with_web = "[[services]]\nname = \"web\"\ncommand = [\"/bin/httpd\"]\n\
+                        [health]\n[[health.checks]]\nservice = \"web\"\n";
+        let config = NodeConfig::parse(with_web).unwrap();
+        assert_eq!(
+            config.health.as_ref().unwrap().checks,
+            [HealthCheck::Service("web".into())]
+        );
+        assert_eq!(NodeConfig::parse(&config.to_toml()).unwrap(), config);
         let e = err("[[health.checks]]\nfile = \"relative\"\n");
         assert!(e.contains("not an absolute path"), "{e}");
         let e = err("[[health.checks]]\ncommand = []\n");
