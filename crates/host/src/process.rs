@@ -381,4 +381,32 @@ mod tests {
         assert_eq!(resident_kib_of("VmRSS:\tlots kB\n"), None);
         assert!(resident_kib().unwrap() > 0);
     }
+
+    /// A service printing a megabyte without a newline costs the reader one 4 KiB piece at a
+    /// time, never the whole line.
+    #[test]
+    fn a_line_reader_hands_over_bounded_pieces() {
+        let mut child = Command::new("sh")
+            .args([
+                "-c",
+                "head -c 1048576 /dev/zero | tr '\\0' x; echo; echo last",
+            ])
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let reader = spawn_line_reader(child.stdout.take().unwrap(), move |line| {
+            tx.send(line.len()).is_ok()
+        });
+        reader.join().unwrap();
+        child.wait().unwrap();
+        let lengths: Vec<usize> = rx.try_iter().collect();
+        assert!(
+            lengths.iter().all(|&n| n <= MAX_LINE),
+            "{:?}",
+            lengths.iter().max()
+        );
+        assert_eq!(lengths.iter().sum::<usize>(), (1 << 20) + "last".len());
+        assert_eq!(lengths.last(), Some(&4));
+    }
 }
