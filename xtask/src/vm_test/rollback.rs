@@ -30,6 +30,8 @@ const V2: &str = "2.0.0";
 const HEALTH_FAILS: &str = "3.0.1";
 const INIT_FAILS: &str = "3.0.2";
 const HANGS: &str = "3.0.3";
+/// Its web service listens on another port than its readiness check asks: never ready.
+const WORKLOAD_FAILS: &str = "3.0.4";
 /// (a): the API answers, but a file that never appears is required; 5 s to pass.
 const MISSING: &str = "/nonexistent/ready";
 /// (c): one try, and a watchdog short enough to keep the test quick.
@@ -102,8 +104,8 @@ pub(super) fn build(
     Ok(())
 }
 
-/// The three broken bundles.
-fn build_broken_bundles(slate: &Path, work: &Path) -> Result<[PathBuf; 3]> {
+/// The four broken bundles.
+fn build_broken_bundles(slate: &Path, work: &Path) -> Result<[PathBuf; 4]> {
     let demo = repo_root().join("profiles/demo.toml");
     let health = variant_profile(
         work,
@@ -118,7 +120,27 @@ fn build_broken_bundles(slate: &Path, work: &Path) -> Result<[PathBuf; 3]> {
         "rollback-hang",
         &format!("[watchdog]\ntimeout_secs = {HANG_WATCHDOG_SECS}\n"),
     )?;
+    // The demo's web service moved to port 8081 while its readiness check still asks 8080,
+    // and the health checks require it within 20 s.
+    let workload = variant_profile(
+        work,
+        "rollback-workload",
+        "[health]\ntimeout_secs = 20\n[[health.checks]]\nservice = \"web\"\n\n\
+         [watchdog]\ntimeout_secs = 60\n",
+    )?;
+    let text = fs::read_to_string(&workload)?;
+    let moved = text.replace("\"-p\", \"8080\"", "\"-p\", \"8081\"");
+    ensure!(moved != text, "the demo's web service listens on 8080");
+    fs::write(&workload, moved)?;
     let out = |v: &str| work.join(format!("bundle-{v}"));
+    build(
+        slate,
+        &workload,
+        "installer",
+        WORKLOAD_FAILS,
+        &[],
+        &out(WORKLOAD_FAILS),
+    )?;
     build(
         slate,
         &health,
@@ -143,7 +165,12 @@ fn build_broken_bundles(slate: &Path, work: &Path) -> Result<[PathBuf; 3]> {
         &["slate.debug.hang-task=network"],
         &out(HANGS),
     )?;
-    Ok([out(HEALTH_FAILS), out(INIT_FAILS), out(HANGS)])
+    Ok([
+        out(HEALTH_FAILS),
+        out(INIT_FAILS),
+        out(HANGS),
+        out(WORKLOAD_FAILS),
+    ])
 }
 
 /// [`offline_upgrade`] giving the new entry `tries` boot-counting tries.
@@ -270,14 +297,14 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
     );
     ensure!(node.status()?["stage"] == "Running");
     println!(
-        "  v2 (image): {}; {}; still up {:.0?} after its commit; the 3 broken bundles built \
+        "  v2 (image): {}; {}; still up {:.0?} after its commit; the 4 broken bundles built \
          meanwhile in {built_in:.0?}",
         said(&armed),
         said(&fed),
         fed_since.elapsed()
     );
     power_off(&mut boot, &node)?;
-    let [health_bundle, init_bundle, hang_bundle] = bundles;
+    let [health_bundle, init_bundle, hang_bundle, workload_bundle] = bundles;
 
     // (a) A health check that cannot pass: machined records it, reverts, reboots.
     let variant = Instant::now();
@@ -435,11 +462,52 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
         bad.unwrap_or_default(),
         variant.elapsed()
     );
+    power_off(&mut boot, &node)?;
+
+    // (d) The workload never becomes ready: the version is not committed, machined reverts.
+    let variant = Instant::now();
+    let installed = offline_upgrade(slate, &image, &workload_bundle)?;
+    ensure!(
+        installed.contains("installed slate-3.0.4+3.efi (fallback slate-2.0.0.efi"),
+        "{installed}"
+    );
+    let mut boot = vm.start()?;
+    let fatal = boot.expect(
+        &["[slate] [machined] fatal:"],
+        BOOT_TIMEOUT,
+        "v3.0.4's web service never ready",
+    )?;
+    ensure!(
+        fatal.contains("health check `service web` failed: service web is not ready"),
+        "the fatal line names the service: {fatal}"
+    );
+    let reverted = boot.expect(
+        &["upgrade reverted: the next boot is"],
+        Duration::from_secs(30),
+        "the revert",
+    )?;
+    ensure!(reverted.contains("slate-2.0.0.efi"), "{reverted}");
+    boot.wait_exit(Duration::from_secs(90))?;
+    ensure_logged(&boot, "service web: started, pid")?;
+    let (mut boot, status) = back_on_v2(&mut vm, &node)?;
+    let (failed_version, reason) = last_failure(&status);
+    ensure!(
+        failed_version == WORKLOAD_FAILS && reason.contains("health check `service web` failed"),
+        "status names the version whose workload failed: {status}"
+    );
+    let web = super::workload::serves_version(vm.web_port, V2)?;
+    println!(
+        "  (d) web service never ready (port 8081, checked on 8080): {}; {}; back on {V2} in \
+         {:.0?}, {web}",
+        said(&fatal),
+        said(&reverted),
+        variant.elapsed()
+    );
     boot.kill();
     Ok(format!(
         "v2 fed past its watchdog; health-check failure reverted by machined, init failure and \
-         hang (watchdog reset) returned by boot counting; back on {V2} each time, unattended, \
-         in {:.0?}",
+         hang (watchdog reset) returned by boot counting, a workload never ready reverted by \
+         machined; back on {V2} each time, unattended, in {:.0?}",
         started.elapsed()
     ))
 }
