@@ -1,6 +1,7 @@
 //! VM scenarios run by the test command (`xtask vm-test`) and the demo (`xtask demo`): real
 //! boots of images the imager built, judged by what the guest printed and what its API answered.
 
+mod drain;
 mod fleet;
 mod flood;
 mod grub;
