@@ -458,7 +458,11 @@ fn a_drain_command_is_an_absolute_argv_with_a_bounded_timeout_and_applies_live()
     assert_eq!(change.changed, ["drain"]);
     assert!(!change.reboot_required);
     for (text, field, words) in [
-        ("[drain]\ncommand = []\n", "drain.command", "is empty"),
+        (
+            "[drain]\ncommand = []\n",
+            "drain.command",
+            "names no program",
+        ),
         (
             "[drain]\ncommand = [\"cordon\"]\n",
             "drain.command",

@@ -492,24 +492,8 @@ fn drain(drain: Option<&crate::Drain>) -> Result<(), ConfigError> {
     let Some(drain) = drain else {
         return Ok(());
     };
-    let Some(program) = drain.command.first() else {
-        return Err(ConfigError::invalid(
-            "drain.command",
-            "is empty: name the program to run",
-        ));
-    };
-    if !program.starts_with('/') {
-        return Err(ConfigError::invalid(
-            "drain.command",
-            format!("{program:?} is not an absolute path (no shell and no PATH search run it)"),
-        ));
-    }
-    if drain.command.iter().any(|arg| arg.contains('\0')) {
-        return Err(ConfigError::invalid(
-            "drain.command",
-            "an argument holds a NUL byte",
-        ));
-    }
+    slate_services::check_argv(&drain.command)
+        .map_err(|e| ConfigError::invalid("drain.command", e))?;
     if !(1..=crate::MAX_DRAIN_TIMEOUT_SECS).contains(&drain.timeout_secs) {
         return Err(ConfigError::invalid(
             "drain.timeout_secs",
