@@ -41,12 +41,20 @@ pub fn plan(inputs: &Inputs) -> Vec<String> {
         OutputKind::Cmdline | OutputKind::Kernel | OutputKind::Rootfs
     ) {
         steps.push(format!(
-            "initramfs: /init = {}, {} modules for {} ({}), rootfs.sqsh, {} extensions",
+            "initramfs: /init = {}, {} modules for {} ({}), rootfs.sqsh, {} extensions{}",
             inputs.slate.display(),
             inputs.module_paths.len(),
             inputs.kernel_release,
             inputs.module_paths.join(" "),
-            inputs.extensions.len()
+            inputs.extensions.len(),
+            inputs
+                .extensions
+                .iter()
+                .map(|e| format!(
+                    " ({} {}, {} bytes, signature verified)",
+                    e.manifest.name, e.manifest.version, e.manifest.size
+                ))
+                .collect::<String>()
         ));
     }
     if matches!(
