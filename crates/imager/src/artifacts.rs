@@ -202,6 +202,34 @@ pub fn assemble_root(inputs: &Inputs, tree: &Path) -> Result<(), ImagerError> {
 /// instead); the system extensions and their manifest follow as a second, gzip-compressed
 /// archive.
 pub fn build_initramfs(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Vec<u8>, ImagerError> {
+    let (main, extensions) = initramfs_parts(inputs, rootfs)?;
+    Ok(match extensions {
+        Some(ext) => concat_initrds(&[&main, &ext]),
+        None => main,
+    })
+}
+
+/// The initramfs as the boot loader loads it: the main archive zstd-compressed, then the
+/// extensions' gzip member as it is. The kernel unpacks compressed members one after another,
+/// but a member found *inside* a decompressed one is "junk within compressed archive": the
+/// extensions must not go into the zstd stream.
+pub fn build_boot_initramfs(
+    inputs: &Inputs,
+    rootfs: Option<&[u8]>,
+) -> Result<Vec<u8>, ImagerError> {
+    let (main, extensions) = initramfs_parts(inputs, rootfs)?;
+    let main = compress_initramfs(&main)?;
+    Ok(match extensions {
+        Some(ext) => concat_initrds(&[&main, &ext]),
+        None => main,
+    })
+}
+
+/// The main archive and, with extensions, their gzip-compressed archive.
+fn initramfs_parts(
+    inputs: &Inputs,
+    rootfs: Option<&[u8]>,
+) -> Result<(Vec<u8>, Option<Vec<u8>>), ImagerError> {
     let epoch = u32::try_from(inputs.source_date_epoch).unwrap_or(u32::MAX);
     let mut cpio = CpioWriter::with_mtime(epoch);
     for dir in [
@@ -259,7 +287,7 @@ pub fn build_initramfs(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Vec<u8>
     let main = cpio.finish();
 
     if inputs.extensions.is_empty() {
-        return Ok(main);
+        return Ok((main, None));
     }
     let mut ext = CpioWriter::with_mtime(epoch);
     ext.dir(image_contract::EXTENSIONS_PATH, 0o755)?;
@@ -284,7 +312,7 @@ pub fn build_initramfs(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Vec<u8>
         .and_then(|_| gz.flush())
         .map_err(io_err(Path::new("memory")))?;
     let compressed = gz.finish().map_err(io_err(Path::new("memory")))?;
-    Ok(concat_initrds(&[&main, &compressed]))
+    Ok((main, Some(compressed)))
 }
 
 /// The zstd level of the initramfs in a UKI or beside GRUB's kernel: the archive is mostly the

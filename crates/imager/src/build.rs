@@ -9,7 +9,8 @@ use slate_installer::{write_grub_image, write_image, GrubImagePlan, ImagePlan};
 use slate_layout::LayoutParams;
 
 use crate::artifacts::{
-    build_cmdline, build_initramfs, build_rootfs, build_uki, compress_initramfs, in_bytes, uki_name,
+    build_boot_initramfs, build_cmdline, build_initramfs, build_rootfs, build_uki, in_bytes,
+    uki_name,
 };
 use crate::output::PendingOutput;
 use crate::{ImagerError, Inputs, OutputKind, Progress};
@@ -273,7 +274,7 @@ fn grub_image(
     };
     let rootfs = build_rootfs(inputs, progress)?;
     progress(Progress::Step("packing the initramfs"));
-    let initramfs = compress_initramfs(&build_initramfs(inputs, Some(&rootfs))?)?;
+    let initramfs = build_boot_initramfs(inputs, Some(&rootfs))?;
     let plan = GrubImagePlan {
         image_id: inputs.image_id(),
         layout: layout_params(p)?,
@@ -299,7 +300,7 @@ fn grub_image(
 fn uki(inputs: &Inputs, progress: &mut dyn FnMut(Progress)) -> Result<Vec<u8>, ImagerError> {
     let rootfs = build_rootfs(inputs, progress)?;
     progress(Progress::Step("packing the initramfs"));
-    let initramfs = compress_initramfs(&build_initramfs(inputs, Some(&rootfs))?)?;
+    let initramfs = build_boot_initramfs(inputs, Some(&rootfs))?;
     progress(Progress::Step("assembling the UKI"));
     let uki = build_uki(inputs, &initramfs)?;
     match &inputs.secure_boot {

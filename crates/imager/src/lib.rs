@@ -15,8 +15,8 @@ mod output;
 mod secure_boot;
 
 pub use artifacts::{
-    assemble_root, build_cmdline, build_initramfs, build_rootfs, build_uki, compress_initramfs,
-    uki_name,
+    assemble_root, build_boot_initramfs, build_cmdline, build_initramfs, build_rootfs, build_uki,
+    compress_initramfs, uki_name,
 };
 pub use btrfs_image::{
     first_snapshot, fstab_text, pool_uuid, BtrfsImageError, POOL_FS_LABEL, POOL_MIN_MIB,
