@@ -91,10 +91,27 @@ pub fn containerd_ext(version: &str, web_port: u16, slate: &Path) -> Result<Path
     )?;
     fs::set_permissions(&wrapper, fs::Permissions::from_mode(0o755))?;
     symlink("../sbin/runc", tree.join("usr/bin/runc"))?;
+    // `ctr run --net-host` bind-mounts the node's /etc/hosts and /etc/resolv.conf into the
+    // container; the demo root has neither (runc: `stat /etc/hosts: no such file or
+    // directory`). In the extension's /etc they are the overlay's lowest layer: a node's own
+    // (DHCP's resolv.conf) still wins.
+    fs::create_dir_all(tree.join("etc"))?;
+    fs::write(
+        tree.join("etc/hosts"),
+        "127.0.0.1 localhost\n::1 localhost\n",
+    )?;
+    fs::write(tree.join("etc/resolv.conf"), "")?;
 
     let out = work.join("ext");
     run(Command::new(slate)
-        .args(["imager", "extension", "--name", "containerd", "--version", version])
+        .args([
+            "imager",
+            "extension",
+            "--name",
+            "containerd",
+            "--version",
+            version,
+        ])
         .arg("--tree")
         .arg(&tree)
         .arg("--key")

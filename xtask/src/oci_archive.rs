@@ -40,7 +40,12 @@ fn layer(busybox: &[u8]) -> Result<Vec<u8>> {
         h.set_cksum();
         tar.append(&h, std::io::empty())?;
     }
-    let mut h = header("bin/busybox", 0o755, busybox.len() as u64, tar::EntryType::Regular);
+    let mut h = header(
+        "bin/busybox",
+        0o755,
+        busybox.len() as u64,
+        tar::EntryType::Regular,
+    );
     h.set_cksum();
     tar.append(&h, busybox)?;
     for applet in ["httpd", "sh"] {
@@ -108,7 +113,11 @@ pub fn web_image_archive(busybox: &[u8]) -> Result<Vec<u8>> {
     blobs.sort_by_key(|b| digest(b));
     for blob in blobs {
         let hex = digest(blob).trim_start_matches("sha256:").to_owned();
-        add(&format!("blobs/sha256/{hex}"), blob, tar::EntryType::Regular)?;
+        add(
+            &format!("blobs/sha256/{hex}"),
+            blob,
+            tar::EntryType::Regular,
+        )?;
     }
     add("index.json", &index, tar::EntryType::Regular)?;
     add(
@@ -133,7 +142,10 @@ mod tests {
     #[test]
     fn the_archive_is_a_layout_whose_digests_hold() {
         let bytes = web_image_archive(b"\x7fELF pretend busybox").unwrap();
-        assert_eq!(bytes, web_image_archive(b"\x7fELF pretend busybox").unwrap());
+        assert_eq!(
+            bytes,
+            web_image_archive(b"\x7fELF pretend busybox").unwrap()
+        );
         let mut archive = tar::Archive::new(&bytes[..]);
         let mut files = std::collections::BTreeMap::new();
         for entry in archive.entries().unwrap() {
@@ -145,7 +157,10 @@ mod tests {
         }
         let index: serde_json::Value = serde_json::from_slice(&files["index.json"]).unwrap();
         let m = &index["manifests"][0];
-        assert_eq!(m["annotations"]["org.opencontainers.image.ref.name"], WEB_IMAGE_TAG);
+        assert_eq!(
+            m["annotations"]["org.opencontainers.image.ref.name"],
+            WEB_IMAGE_TAG
+        );
         let blob = |d: &serde_json::Value| {
             let d = d.as_str().unwrap();
             let data = &files[&format!("blobs/sha256/{}", &d[7..])];
