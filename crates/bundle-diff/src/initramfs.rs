@@ -134,7 +134,13 @@ pub fn decompress_initrd(initrd: &[u8]) -> Result<Cow<'_, [u8]>, InitramfsError>
     if out.len() as u64 > limit {
         return Err(InitramfsError::Expansion { limit });
     }
-    out.extend_from_slice(rest);
+    // The kernel skips zero bytes between compressed members (the imager pads each to four);
+    // the member is put at a four-byte boundary, where the archive reader looks for it.
+    let rest = &rest[rest.iter().take_while(|&&b| b == 0).count()..];
+    if !rest.is_empty() {
+        out.resize(out.len().next_multiple_of(4), 0);
+        out.extend_from_slice(rest);
+    }
     Ok(Cow::Owned(out))
 }
 
@@ -152,12 +158,17 @@ pub fn extension_versions(members: &[u8]) -> Result<BTreeMap<String, String>, In
         .saturating_add(INITRAMFS_ALLOWANCE)
         .min(MAX_INITRAMFS_BYTES);
     let mut archive = Vec::new();
-    flate2::read::MultiGzDecoder::new(members)
+    let mut member = flate2::bufread::GzDecoder::new(members);
+    (&mut member)
         .take(limit.saturating_add(1))
         .read_to_end(&mut archive)
         .map_err(|e| bad(format!("gzip: {e}")))?;
     if archive.len() as u64 > limit {
         return Err(InitramfsError::Expansion { limit });
+    }
+    // One member, then at most the zeros that pad it to four bytes.
+    if member.into_inner().iter().any(|&b| b != 0) {
+        return Err(bad("something follows its gzip member".into()));
     }
     let entries = parse_newc(&archive).map_err(|e| bad(e.to_string()))?;
     let manifest = entries
@@ -399,10 +410,14 @@ mod tests {
             "{}\ncontainerd.sqsh containerd 1.6.20-1 4096 {digest}\n",
             slate_profile::EXTENSIONS_MANIFEST_HEADER
         ));
-        let mut initrd = zstd::bulk::compress(&main, 3).unwrap();
-        initrd.extend_from_slice(&member);
+        // As the imager joins them: the frame padded with zeros to four bytes, then the member.
+        let frame = zstd::bulk::compress(&main, 3).unwrap();
+        let initrd = concat_initrds(&[&frame, &member]);
         let x = split_initramfs(&initrd).unwrap();
-        assert_eq!(x.compressed, Some(Blob::of(&member)));
+        // The member as it lies in the initrd, with the zeros that pad it.
+        let start = frame.len().next_multiple_of(4);
+        assert_eq!(&initrd[start..start + member.len()], member.as_slice());
+        assert_eq!(x.compressed, Some(Blob::of(&initrd[start..])));
         assert_eq!(
             x.extension_versions,
             BTreeMap::from([("containerd".to_owned(), "1.6.20-1".to_owned())])

@@ -23,8 +23,8 @@ pub use extensions::{
 };
 pub use image::{Image, KEEP_VERSIONS_RANGE, MAX_ESP_MIB, MAX_IMAGE_MIB};
 pub use node::{
-    Health, HealthCheck, NodeConfig, Reboot, RebootMethod, Watchdog, HEALTH_TIMEOUT_RANGE,
-    NODE_CONFIG_PATH, WATCHDOG_TIMEOUT_RANGE,
+    Health, HealthCheck, NodeConfig, Reboot, RebootMethod, Var, VarMode, Watchdog,
+    HEALTH_TIMEOUT_RANGE, NODE_CONFIG_PATH, WATCHDOG_TIMEOUT_RANGE,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -97,6 +97,9 @@ pub struct Profile {
     /// The services every node of the image runs (`[[services]]`, docs/node.md "Services").
     #[serde(default)]
     pub services: Vec<ServiceSpec>,
+    /// How /var lives (`[var] mode`; a machine configuration's wins).
+    #[serde(default)]
+    pub var: Option<Var>,
     /// The public keys this image trusts for updates.
     #[serde(default)]
     pub trust: Trust,
@@ -290,12 +293,14 @@ impl Profile {
         let any = self.health.is_some()
             || self.watchdog.is_some()
             || self.reboot.is_some()
-            || !self.services.is_empty();
+            || !self.services.is_empty()
+            || self.var.is_some();
         any.then(|| NodeConfig {
             health: self.health.clone(),
             watchdog: self.watchdog.clone(),
             reboot: self.reboot.clone(),
             services: self.services.clone(),
+            var: self.var.clone(),
         })
     }
 

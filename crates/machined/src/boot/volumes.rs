@@ -9,6 +9,10 @@ use slate_disk::{Disk, FileDisk, PartitionView};
 use slate_host::{BlockPartition, MsFlags};
 use slate_sequencer::{TaskContext, TaskError};
 
+use slate_api::VarStatus;
+use slate_profile::VarMode;
+
+use crate::base::paths::EPHEMERAL_MOUNT;
 use crate::base::task::failed;
 
 /// Disks are probed asynchronously after their driver loads: wait a while for a partition
@@ -43,16 +47,31 @@ pub fn mount_volume(
     target: &Path,
 ) -> Result<(), TaskError> {
     let part = wait_for_partition(ctx, label, disk)?;
-    if slate_host::is_blank(&part.device)? {
+    prepare(ctx, label, &part.device)?;
+    mount_ext4(ctx, label, &part.device, target)
+}
+
+/// Formats the volume when its head is blank, else checks it when its superblock asks;
+/// returns which (`formatted (blank)`, `checked`, `mounted`: nothing to do).
+fn prepare(ctx: &TaskContext<'_>, label: &str, device: &Path) -> Result<&'static str, TaskError> {
+    if slate_host::is_blank(device)? {
         ctx.log(&format!(
             "{label} ({}) is blank: formatting it (first boot)",
-            part.device.display()
+            device.display()
         ));
-        slate_host::format_ext(&part.device, label)?;
-    } else {
-        check_volume(ctx, label, &part.device)?;
+        slate_host::format_ext(device, label)?;
+        return Ok("formatted (blank)");
     }
-    let source = part.device.to_string_lossy().into_owned();
+    check_volume(ctx, label, device)
+}
+
+fn mount_ext4(
+    ctx: &TaskContext<'_>,
+    label: &str,
+    device: &Path,
+    target: &Path,
+) -> Result<(), TaskError> {
+    let source = device.to_string_lossy().into_owned();
     slate_host::mount(
         &source,
         target,
@@ -64,18 +83,54 @@ pub fn mount_volume(
     Ok(())
 }
 
+/// EPHEMERAL on /var as `mode` says (docs/node.md, "/var modes"): `persistent` as any volume
+/// (formatted when blank, checked when its superblock asks); `ephemeral` formatted afresh at
+/// every boot before it is mounted, so nothing of the last boot's contents is ever read.
+pub fn mount_var(
+    ctx: &TaskContext<'_>,
+    disk: Option<&Path>,
+    mode: VarMode,
+) -> Result<VarStatus, TaskError> {
+    let part = wait_for_partition(ctx, "EPHEMERAL", disk)?;
+    let prepared = match mode {
+        VarMode::Persistent => prepare(ctx, "EPHEMERAL", &part.device)?,
+        VarMode::Ephemeral => {
+            ctx.log(&format!(
+                "EPHEMERAL ({}): /var is ephemeral: formatting it afresh",
+                part.device.display()
+            ));
+            slate_host::format_ext(&part.device, "EPHEMERAL")?;
+            "formatted (ephemeral)"
+        }
+    };
+    mount_ext4(ctx, "EPHEMERAL", &part.device, Path::new(EPHEMERAL_MOUNT))?;
+    Ok(VarStatus {
+        mode: mode.name().to_owned(),
+        encrypted: false,
+        unlocked: None,
+        prepared: prepared.to_owned(),
+    })
+}
+
 /// `e2fsck -p` on the unmounted volume when its superblock says preen would do anything (a
 /// journal to replay, errors, a check due: [`slate_host::CheckDue`]), logged; a journal added
 /// to one made without. A volume that was unmounted cleanly is mounted unchecked, as e2fsck -p
 /// would conclude after reading the same superblock: starting e2fsck costs more than the rest
 /// of a boot's volume work (0.2-0.3 s each under TCG).
-fn check_volume(ctx: &TaskContext<'_>, label: &str, device: &Path) -> Result<(), TaskError> {
+fn check_volume(
+    ctx: &TaskContext<'_>,
+    label: &str,
+    device: &Path,
+) -> Result<&'static str, TaskError> {
     let started = Instant::now();
-    match slate_host::device_ext_check_due(device)? {
-        None => ctx.log(&format!(
-            "{label}: clean by its superblock (unmounted cleanly, no check due): e2fsck -p \
-             not needed"
-        )),
+    let done = match slate_host::device_ext_check_due(device)? {
+        None => {
+            ctx.log(&format!(
+                "{label}: clean by its superblock (unmounted cleanly, no check due): e2fsck -p \
+                 not needed"
+            ));
+            "mounted"
+        }
         Some(due) => {
             let outcome = slate_host::check_ext(device)
                 .map_err(|e| failed(format!("{label} ({}): {e}", device.display())))?;
@@ -84,8 +139,9 @@ fn check_volume(ctx: &TaskContext<'_>, label: &str, device: &Path) -> Result<(),
                 outcome.summary(),
                 started.elapsed().as_millis()
             ));
+            "checked"
         }
-    }
+    };
     if slate_host::device_ext_has_journal(device)? == Some(false) {
         ctx.log(&format!(
             "{label} ({}) has no journal (made by an older slate): adding one (tune2fs -j)",
@@ -93,7 +149,7 @@ fn check_volume(ctx: &TaskContext<'_>, label: &str, device: &Path) -> Result<(),
         ));
         slate_host::add_ext_journal(device)?;
     }
-    Ok(())
+    Ok(done)
 }
 
 /// Zero the first MiB of the partition labelled `label` (on `disk`, when known): the next
