@@ -133,6 +133,8 @@ impl Service {
 pub struct Supervisor {
     journal: Arc<Journal>,
     services: Vec<Arc<Service>>,
+    /// When they started, and whether all have been ready since ([`ready::note_ready`]).
+    all_ready: ready::AllReady,
 }
 
 /// The services to run: the image's, with the machine configuration's added (one of the same
@@ -206,7 +208,11 @@ impl Supervisor {
                 })
             })
             .collect();
-        let supervisor = Arc::new(Supervisor { journal, services });
+        let supervisor = Arc::new(Supervisor {
+            journal,
+            services,
+            all_ready: ready::AllReady::new(),
+        });
         for service in &supervisor.services {
             let (sup, me) = (supervisor.clone(), service.clone());
             std::thread::Builder::new()

@@ -4,6 +4,7 @@
 
 use std::os::unix::process::CommandExt as _;
 use std::process::Command;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use slate_host::{Cgroup, ProcessExit, SupervisedChild};
@@ -46,7 +47,7 @@ fn exit_of(exit: ProcessExit) -> Exit {
 }
 
 /// The service's life, for as long as machined runs.
-pub(super) fn run(sup: &Supervisor, me: &Service) {
+pub(super) fn run(sup: &Arc<Supervisor>, me: &Service) {
     let name = &me.spec.name;
     let backoff = Backoff::new(me.spec.restart_delay_ms, me.spec.restart_delay_max_ms);
     let mut failures = 0u32;
@@ -198,17 +199,18 @@ fn forward_output(sup: &Supervisor, me: &Service, child: &mut SupervisedChild) {
 /// Tries the readiness check beside the run (`pid`'s), marking the service ready when it
 /// passes; a check that never passes within `ready_timeout_secs` is logged, and the service
 /// keeps running not ready (a health check that needs it fails the boot's commit).
-fn watch_readiness(sup: &Supervisor, me: &Service, pid: i32) {
+fn watch_readiness(sup: &Arc<Supervisor>, me: &Service, pid: i32) {
     let Some(check) = me.spec.ready.clone() else {
         sup.journal
             .info(format_args!("service {}: ready (it runs)", me.spec.name));
+        ready::note_ready(sup);
         return;
     };
     let timeout = Duration::from_secs(u64::from(me.spec.ready_timeout_secs));
     let this_run = move |status: &super::Status| {
         status.state == State::Running && status.pid == u32::try_from(pid).ok()
     };
-    let journal = sup.journal.clone();
+    let sup = sup.clone();
     let service = sup
         .find(&me.spec.name)
         .cloned()
@@ -223,12 +225,14 @@ fn watch_readiness(sup: &Supervisor, me: &Service, pid: i32) {
         if ready {
             status.ready = true;
             service.changed.notify_all();
-            journal.info(format_args!(
+            sup.journal.info(format_args!(
                 "service {}: ready ({check})",
                 service.spec.name
             ));
+            drop(status);
+            ready::note_ready(&sup);
         } else {
-            journal.error(format_args!(
+            sup.journal.error(format_args!(
                 "service {}: not ready after {} s ({check})",
                 service.spec.name,
                 timeout.as_secs()
