@@ -6,7 +6,9 @@
 
 mod base_rootfs;
 mod bench;
+mod containerd_ext;
 mod kernel;
+mod oci_archive;
 mod registry;
 mod slate_static;
 mod soak;
@@ -49,6 +51,16 @@ enum Task {
         /// Delete a non-empty --out directory first.
         #[arg(long)]
         replace: bool,
+    },
+    /// Make the containerd system extension (Debian's containerd and runc, the web container's
+    /// OCI archive) under target/containerd/ext, signed with the demo key.
+    ContainerdExt {
+        /// The extension's version.
+        #[arg(long, default_value = "1.6.20-1")]
+        version: String,
+        /// The port the web container listens on.
+        #[arg(long, default_value_t = 8080)]
+        web_port: u16,
     },
     /// Build the slate binary statically linked (target/static/...) and check it is static.
     SlateStatic,
@@ -138,6 +150,10 @@ fn main() -> Result<()> {
             slate_bin,
             replace,
         } => base_rootfs::base_rootfs(&out, &version, slate_bin.as_deref(), replace),
+        Task::ContainerdExt { version, web_port } => {
+            let slate = slate_static::slate_static()?;
+            containerd_ext::containerd_ext(&version, web_port, &slate).map(drop)
+        }
         Task::SlateStatic => slate_static::slate_static().map(drop),
         Task::VmPrep => vm_test::prepare().map(drop),
         Task::VmTest { only } => vm_test::vm_test(&only),

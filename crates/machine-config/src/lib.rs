@@ -55,6 +55,31 @@ pub struct MachineConfig {
     /// checked on the node, against its image, before a document is written.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<slate_services::ServiceSpec>,
+    /// `[drain]`: what the node runs before it stops its services on every way down.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub drain: Option<Drain>,
+}
+
+/// `[drain]`: a command run first in every drain — before an upgrade is installed, a reboot,
+/// a rollback, a reset and a shutdown — e.g. what cordons the node and evicts its work from
+/// its cluster. A live upgrade is refused when it fails (nothing written, the services keep
+/// running); the other ways down log the failure and go on (docs/node.md, "Draining").
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Drain {
+    /// argv: an absolute program path and its arguments (no shell, no PATH search).
+    pub command: Vec<String>,
+    /// How long it may run before its process group is killed and it counts as failed
+    /// (1 to 3600; default 60).
+    #[serde(default = "default_drain_timeout")]
+    pub timeout_secs: u32,
+}
+
+/// The longest a drain command may be given.
+pub const MAX_DRAIN_TIMEOUT_SECS: u32 = 3600;
+
+fn default_drain_timeout() -> u32 {
+    60
 }
 
 /// `[reboot]`: how the node restarts when a reboot asks for its default way (an upgrade's
@@ -323,7 +348,8 @@ pub struct ConfigChange {
     /// The top-level sections that differ, in document order.
     pub changed: Vec<String>,
     /// Whether the running node must reboot for all of it to take effect (network, API
-    /// identity and listener, node name); the hostname, update settings and /etc files apply live.
+    /// identity and listener, node name); the hostname, update settings, /etc files, services
+    /// and the drain command apply live.
     pub reboot_required: bool,
 }
 
@@ -345,8 +371,10 @@ pub fn change(old: &MachineConfig, new: &MachineConfig) -> ConfigChange {
     note("etc", old.etc != new.etc, false);
     // Read when the node goes down, so it applies to the next reboot without one.
     note("reboot", old.reboot != new.reboot, false);
-    // Taken at the next boot (machined starts the set it finds then).
-    note("services", old.services != new.services, true);
+    // machined stops what was removed or changed and starts what is new (docs/node.md).
+    note("services", old.services != new.services, false);
+    // Read when the node drains, so it applies to the next drain without a reboot.
+    note("drain", old.drain != new.drain, false);
     ConfigChange {
         changed,
         reboot_required,

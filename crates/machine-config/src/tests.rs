@@ -423,13 +423,13 @@ fn the_reboot_mode_is_optional_and_checked_by_name() {
 }
 
 #[test]
-fn services_are_checked_one_by_one_here_and_take_a_reboot() {
+fn services_are_checked_one_by_one_here_and_apply_live() {
     let base = parse(V1).unwrap().config;
     let mut with = base.clone();
     with.services = vec![slate_services::ServiceSpec::new("web", &["/bin/httpd"])];
     let change = change(&base, &with);
     assert_eq!(change.changed, ["services"]);
-    assert!(change.reboot_required);
+    assert!(!change.reboot_required);
     let text = format!("{V1}\n[[services]]\nname = \"web\"\ncommand = [\"httpd\"]\n");
     let err = parse(&text).unwrap_err();
     assert_eq!(err.field(), Some("services"));
@@ -445,4 +445,54 @@ fn services_are_checked_one_by_one_here_and_take_a_reboot() {
         .unwrap_err()
         .to_string()
         .contains("declared twice"));
+}
+
+#[test]
+fn a_drain_command_is_an_absolute_argv_with_a_bounded_timeout_and_applies_live() {
+    let with = format!("{V1}\n[drain]\ncommand = [\"/usr/bin/cordon\", \"--evict\"]\n");
+    let parsed = parse(&with).unwrap().config;
+    let drain = parsed.drain.clone().unwrap();
+    assert_eq!(drain.command, ["/usr/bin/cordon", "--evict"]);
+    assert_eq!(drain.timeout_secs, 60, "the default timeout");
+    let change = change(&parse(V1).unwrap().config, &parsed);
+    assert_eq!(change.changed, ["drain"]);
+    assert!(!change.reboot_required);
+    for (text, field, words) in [
+        (
+            "[drain]\ncommand = []\n",
+            "drain.command",
+            "names no program",
+        ),
+        (
+            "[drain]\ncommand = [\"cordon\"]\n",
+            "drain.command",
+            "\"cordon\" is not an absolute path",
+        ),
+        (
+            "[drain]\ncommand = [\"/c\"]\ntimeout_secs = 0\n",
+            "drain.timeout_secs",
+            "0 is outside 1..=3600",
+        ),
+        (
+            "[drain]\ncommand = [\"/c\"]\ntimeout_secs = 3601\n",
+            "drain.timeout_secs",
+            "3601 is outside",
+        ),
+        (
+            "[drain]\ncommand = [\"/c\"]\ntimeout = 5\n",
+            "drain.timeout",
+            "unknown field",
+        ),
+        (
+            "[drain]\ntimeout_secs = 5\n",
+            "drain",
+            "missing field `command`",
+        ),
+    ] {
+        let err = parse(&format!("{V1}\n{text}")).unwrap_err();
+        assert!(
+            err.to_string().contains(field) && err.to_string().contains(words),
+            "{text}: {err}"
+        );
+    }
 }

@@ -76,5 +76,6 @@ pub fn migrate(old: ConfigV0) -> MachineConfig {
         etc: Etc::default(),
         reboot: Default::default(),
         services: Vec::new(),
+        drain: None,
     }
 }

@@ -44,7 +44,8 @@ pub(crate) fn validate(config: &MachineConfig) -> Result<(), ConfigError> {
     api(config)?;
     update(config)?;
     etc(config)?;
-    check_services(&config.services)
+    check_services(&config.services)?;
+    drain(config.drain.as_ref())
 }
 
 fn is_label(text: &str) -> bool {
@@ -481,6 +482,27 @@ fn check_services(services: &[slate_services::ServiceSpec]) -> Result<(), Config
                 slate_services::ServiceError::Duplicate(service.name.clone()).to_string(),
             ));
         }
+    }
+    Ok(())
+}
+
+/// `[drain]`: an argv with an absolute program, a timeout in range. Whether the program
+/// exists is the node's to check (its root), as for services.
+fn drain(drain: Option<&crate::Drain>) -> Result<(), ConfigError> {
+    let Some(drain) = drain else {
+        return Ok(());
+    };
+    slate_services::check_argv(&drain.command)
+        .map_err(|e| ConfigError::invalid("drain.command", e))?;
+    if !(1..=crate::MAX_DRAIN_TIMEOUT_SECS).contains(&drain.timeout_secs) {
+        return Err(ConfigError::invalid(
+            "drain.timeout_secs",
+            format!(
+                "{} is outside 1..={}",
+                drain.timeout_secs,
+                crate::MAX_DRAIN_TIMEOUT_SECS
+            ),
+        ));
     }
     Ok(())
 }

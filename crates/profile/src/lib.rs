@@ -7,6 +7,7 @@
 //! The optional `[health]` and `[watchdog]` sections are the node's runtime configuration
 //! ([`NodeConfig`]): the imager writes them into the image for machined to read.
 
+pub mod extensions;
 mod image;
 pub mod image_contract;
 mod node;
@@ -16,6 +17,10 @@ use std::path::PathBuf;
 use serde::Deserialize;
 pub use slate_services::ServiceSpec;
 
+pub use extensions::{
+    parse_extensions_manifest, render_extensions_manifest, ExtensionEntry,
+    EXTENSIONS_MANIFEST_HEADER,
+};
 pub use image::{Image, KEEP_VERSIONS_RANGE, MAX_ESP_MIB, MAX_IMAGE_MIB};
 pub use node::{
     Health, HealthCheck, NodeConfig, Reboot, RebootMethod, Watchdog, HEALTH_TIMEOUT_RANGE,
@@ -145,7 +150,9 @@ pub struct Kernel {
 pub struct Rootfs {
     /// A directory, or a tar archive (`.tar`), holding the base root filesystem.
     pub base: PathBuf,
-    /// Squashfs system extensions layered above the base, topmost first.
+    /// System extensions layered above the base, topmost first: each path names an
+    /// extension's signed manifest (`slate imager extension`, docs/formats.md §7.6), whose
+    /// squashfs image lies beside it.
     #[serde(default)]
     pub extensions: Vec<PathBuf>,
     #[serde(default = "default_zstd_level")]

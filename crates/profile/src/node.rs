@@ -89,34 +89,14 @@ impl TryFrom<RawCheck> for HealthCheck {
                 Ok(HealthCheck::File(file))
             }
             (None, Some(command), None, None) => {
-                if command.is_empty() || command[0].is_empty() {
-                    return Err(
-                        "health check `command`: names no program (give an argv list, \
-                                e.g. [\"/bin/sh\", \"-c\", \"...\"])"
-                            .into(),
-                    );
-                }
-                if command.iter().any(|a| a.contains('\0')) {
-                    return Err("health check `command`: an argument contains a NUL byte".into());
-                }
+                slate_services::check_argv(&command)
+                    .map_err(|e| format!("health check `command`: {e}"))?;
                 Ok(HealthCheck::Command(command))
             }
-            (None, None, Some(tcp), None) => {
-                let addr: SocketAddr = tcp.parse().map_err(|_| {
-                    format!(
-                        "health check `tcp`: {tcp:?} is not an IP address and port \
-                         (e.g. \"127.0.0.1:50000\"; names are not resolved at boot)"
-                    )
-                })?;
-                // Nothing accepts connections on port 0: the check could never pass, and every
-                // boot of the image would be rolled back.
-                if addr.port() == 0 {
-                    return Err(format!(
-                        "health check `tcp`: {tcp:?} has port 0, which no service listens on"
-                    ));
-                }
-                Ok(HealthCheck::Tcp(addr))
-            }
+            (None, None, Some(tcp), None) => Ok(HealthCheck::Tcp(
+                slate_services::check_socket_addr(&tcp)
+                    .map_err(|e| format!("health check `tcp`: {e}"))?,
+            )),
             _ => Err(
                 "a health check has exactly one of `file`, `command`, `tcp` or `service`".into(),
             ),

@@ -13,7 +13,7 @@ pub mod spec;
 
 pub use order::{start_order, Milestone};
 pub use restart::{Backoff, Exit, RestartPolicy};
-pub use spec::{Limits, ReadyCheck, ServiceSpec, StopSignal};
+pub use spec::{check_argv, check_socket_addr, Limits, ReadyCheck, ServiceSpec, StopSignal};
 
 /// Why a declaration or a set of them is refused. Each names the service and, for a field, the
 /// field as it is written in TOML.

@@ -238,21 +238,30 @@ impl fmt::Display for ReadyCheck {
     }
 }
 
-/// An IP address and a port, never a name (nothing resolves names at boot), never port 0.
+/// A readiness check's address, its reason prefixed with the field.
 fn socket_addr(text: &str, field: &str) -> Result<SocketAddr, String> {
+    check_socket_addr(text).map_err(|e| format!("ready.{field}: {e}"))
+}
+
+/// An address a check connects to: an IP address and a port, never a name (nothing resolves
+/// names at boot), never port 0 (nothing listens there: the check could never pass). Shared
+/// with the image's health checks.
+pub fn check_socket_addr(text: &str) -> Result<SocketAddr, String> {
     let addr: SocketAddr = text.parse().map_err(|_| {
-        format!("ready.{field}: {text:?} is not an IP address and port (e.g. \"127.0.0.1:8080\")")
+        format!(
+            "{text:?} is not an IP address and port (e.g. \"127.0.0.1:8080\"; names are not \
+             resolved at boot)"
+        )
     })?;
     if addr.port() == 0 {
-        return Err(format!(
-            "ready.{field}: {text:?} has port 0, which nothing listens on"
-        ));
+        return Err(format!("{text:?} has port 0, which nothing listens on"));
     }
     Ok(addr)
 }
 
-/// An argv: a program by absolute path, no NUL byte anywhere.
-fn check_argv(argv: &[String]) -> Result<(), String> {
+/// An argv machined runs without a shell: a program by absolute path, no NUL byte anywhere.
+/// Shared by services, readiness and health checks and the drain command.
+pub fn check_argv(argv: &[String]) -> Result<(), String> {
     let Some(program) = argv.first() else {
         return Err("names no program (an argv list, e.g. [\"/bin/busybox\", \"httpd\"])".into());
     };

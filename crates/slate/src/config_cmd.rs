@@ -221,6 +221,7 @@ pub fn gen_config(args: GenConfigArgs) -> Result<()> {
             }),
         },
         services: Vec::new(),
+        drain: None,
     };
     slate_machine_config::validate(&config)
         .and_then(|()| slate_machine_config::check_trust(&config))

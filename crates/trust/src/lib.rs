@@ -22,6 +22,7 @@
 //! let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;          // digest checked on read
 //! ```
 
+pub mod extension;
 pub mod keys;
 mod payload;
 mod policy;
@@ -29,6 +30,11 @@ mod verify;
 
 use std::path::{Path, PathBuf};
 
+pub use extension::{
+    sha256_digest, valid_extension_name, valid_extension_version, valid_sha256_digest,
+    ExtensionError, ExtensionManifest, SignedExtension, EXTENSION_MANIFEST_SUFFIX,
+    MAX_EXTENSION_MANIFEST_BYTES,
+};
 pub use keys::{
     generate_keypair, load_trusted_keys, read_private_key, read_public_key, KeyId, KeyPair,
     PrivateKey, PublicKey, MAX_KEY_FILE_BYTES, SHORT_KEY_ID_LEN,

@@ -489,6 +489,8 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
     ensure!(reverted.contains("slate-2.0.0.efi"), "{reverted}");
     boot.wait_exit(Duration::from_secs(90))?;
     ensure_logged(&boot, "service web: started, pid")?;
+    // The fatal path stops the services as a drain does, before its teardown kills the rest.
+    let (stopping, stopped) = super::workload::drained(&boot.serial(), "the boot failed")?;
     let (mut boot, status) = back_on_v2(&mut vm, &node)?;
     let (failed_version, reason) = last_failure(&status);
     ensure!(
@@ -497,8 +499,8 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
     );
     let web = super::workload::serves_version(vm.web_port, V2)?;
     println!(
-        "  (d) web service never ready (port 8081, checked on 8080): {}; {}; back on {V2} in \
-         {:.0?}, {web}",
+        "  (d) web service never ready (port 8081, checked on 8080): {}; {}; `{stopping}`, \
+         `{stopped}`; back on {V2} in {:.0?}, {web}",
         said(&fatal),
         said(&reverted),
         variant.elapsed()

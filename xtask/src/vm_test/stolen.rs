@@ -351,7 +351,11 @@ pub(super) fn stolen_node_and_migration(
     let deadline = Instant::now() + Duration::from_secs(10);
     let logged = loop {
         let serial = v.node1_boot.serial();
-        if serial.matches("TLS handshake refused").count() > refused_before {
+        // The whole line: the console may hand it over in pieces.
+        let complete = serial
+            .rfind("TLS handshake refused")
+            .is_some_and(|at| serial[at..].contains('\n'));
+        if complete && serial.matches("TLS handshake refused").count() > refused_before {
             break serial
                 .lines()
                 .rfind(|l| l.contains("TLS handshake refused"))

@@ -191,10 +191,22 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
         .args(["push", "--bundle"])
         .arg(&v2)
         .args(["--image", &reference]))?;
+    // Issue 38's live apply and drain command, then the upgrade that drains with it.
+    let base = fs::read_to_string(work.join("node1-renamed.toml"))?;
+    let drain_story =
+        drain::refused_then_cordoned(&node, &boot, work, &base, &reference, vm.web_port)?;
     let installed = online_upgrade_from(&node, &mut boot, &reference, "2.0.0")?;
     drop(registry);
-    // Drained before the installer wrote a byte: the web service was stopped by its signal.
-    let (drained, stopped) = workload::drained(&boot.serial(), "an upgrade is installed")?;
+    // Drained before the installer wrote a byte: the drain command cordoned the node, then
+    // the web service was stopped by its signal.
+    let serial = boot.serial();
+    let (drained, stopped) = workload::drained(&serial, "an upgrade is installed")?;
+    let cordoned = serial.find(drain::CORDONED_LINE);
+    ensure!(
+        cordoned.is_some_and(|at| Some(at) < serial.find(&drained)),
+        "`{}` on the console before `{drained}`",
+        drain::CORDONED_LINE
+    );
     ensure!(
         installed.contains("installed slate-2.0.0+3.efi (fallback slate-1.0.0.efi"),
         "upgrade to v2: {installed}"
@@ -337,9 +349,14 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
          20-check; boot explain mid-upgrade: next {} (fallback {}); v3 with a failing setup hook \
          reverted to v2 unattended ({reverted}); boot explain after the revert: next {} = what \
          booted; `{back}`; {once}; a bad entry refused for --entry; workload: v1 {web_v1}; \
-         {services}; drained for the upgrade (`{drained}`, `{stopped}`); v2 {web_v2}; after the \
+         {services}; {drain_story}; drained for the upgrade (`{}`, `{drained}`, `{stopped}`); \
+         v2 {web_v2}; after the \
          revert {web_reverted}",
-        identity.summary, mid["next_boot"], mid["upgrade_tag"], after["next_boot"]
+        identity.summary,
+        mid["next_boot"],
+        mid["upgrade_tag"],
+        after["next_boot"],
+        drain::CORDONED_LINE
     ))
 }
 

@@ -155,6 +155,7 @@ mod tests {
             etc: Etc::default(),
             reboot: Default::default(),
             services: Vec::new(),
+            drain: None,
         };
         let (node, _requests) = Node::for_tests("");
         let mut reporter = Credentials::default();

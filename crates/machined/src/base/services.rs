@@ -3,6 +3,7 @@
 //! (`boot::services`) implements [`Workload`] and is set on the node once it starts.
 
 use slate_api::{NodeServiceStatus, ServiceAction};
+use slate_services::ServiceSpec;
 
 pub trait Workload: Send + Sync + std::fmt::Debug {
     /// Every service, in start order.
@@ -18,4 +19,8 @@ pub trait Workload: Send + Sync + std::fmt::Debug {
     /// Starts again what [`Workload::stop_all`] stopped (an upgrade that failed after its
     /// drain leaves the node running as it was).
     fn start_all(&self);
+    /// Makes `services` (checked, in start order) the node's set while it runs: a service
+    /// removed or changed is stopped, a new or changed one started, the others left as they
+    /// are. Answers what changed, for the journal and the API.
+    fn replace(&self, services: Vec<ServiceSpec>) -> String;
 }

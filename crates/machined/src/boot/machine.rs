@@ -168,6 +168,16 @@ pub fn check(text: &str) -> Result<Parsed, BackendError> {
             "the machine configuration is refused: services: {e}"
         ))
     })?;
+    if let Some(drain) = &parsed.config.drain {
+        let program = Path::new(&drain.command[0]);
+        if !crate::boot::services::has_program(program) {
+            return Err(BackendError::InvalidArgument(format!(
+                "the machine configuration is refused: drain.command: this node holds no \
+                 executable {}",
+                program.display()
+            )));
+        }
+    }
     let key = slate_api::generate_key_pem().map_err(|e| BackendError::Failed(e.to_string()))?;
     let api = &parsed.config.api;
     slate_api::issue_serving_cert(
@@ -259,6 +269,22 @@ fn apply_live(node: &Node, old: &MachineConfig, new: &MachineConfig) -> Result<(
             written.join(" ")
         ));
     }
+    // Before the Boot sequence's `services` phase there is nothing to change: it starts the
+    // set of the configuration it reads then.
+    if old.services != new.services {
+        if let Some(running) = node.services.get() {
+            let image =
+                crate::boot::health::load_config(Path::new(crate::boot::health::NODE_CONFIG))
+                    .map_err(|e| format!("{e:#}"))?;
+            let services = crate::boot::services::merged(
+                &image.services,
+                &new.services,
+                &crate::boot::services::has_program,
+            )
+            .map_err(|e| format!("services: {e}"))?;
+            running.replace(services);
+        }
+    }
     Ok(())
 }
 
@@ -321,6 +347,14 @@ mod tests {
             "{err}"
         );
         assert!(check(OWN_CA).is_ok());
+        let drain = |program: &str| format!("{OWN_CA}\n[drain]\ncommand = [\"{program}\"]\n");
+        assert!(check(&drain("/bin/sh")).is_ok());
+        let err = check(&drain("/nonexistent/cordon")).unwrap_err();
+        assert!(
+            err.to_string()
+                .contains("drain.command: this node holds no executable /nonexistent/cordon"),
+            "{err}"
+        );
         assert!(!warnings(&slate_machine_config::parse(FIXTURE).unwrap().config).is_empty());
         assert!(warnings(&slate_machine_config::parse(OWN_CA).unwrap().config).is_empty());
     }

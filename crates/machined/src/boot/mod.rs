@@ -5,6 +5,7 @@
 //! checks. Imports `settle` and `base`, never the top (API backend, agent, handler).
 
 pub mod boot_config;
+pub mod drain;
 pub mod etc;
 pub mod facts;
 pub mod health;

@@ -14,6 +14,7 @@ use slate_sequencer::{
 use crate::base::node::Node;
 use crate::base::paths::{EPHEMERAL_MOUNT, STATE_MOUNT};
 use crate::base::task::{failed, task};
+use crate::boot::drain::DrainReason;
 use crate::boot::facts::Facts;
 use crate::boot::volumes::{mount_volume, wait_for_partition, wipe_head};
 
@@ -285,23 +286,22 @@ pub fn boot<'a>(
         .into_sequence(SequenceKind::Boot)
 }
 
-/// The drain phase every way down starts with: the node's services stopped.
-fn drain<'a>(
+/// The drain phase every way down starts with: the drain command, the node's services stopped.
+pub fn drain<'a>(
     node: &'a Node,
     builder: PhaseListBuilder<'a>,
-    why: &'static str,
+    reason: DrainReason,
 ) -> PhaseListBuilder<'a> {
     builder.append(
         "drain",
-        [task(node, "stopServices", move |ctx| {
-            crate::boot::services::drain(ctx, node, why);
-            Ok(())
+        [task(node, "drainNode", move |ctx| {
+            crate::boot::drain::task(ctx, node, &reason)
         })],
     )
 }
 
 pub fn reboot(node: &Node, mode: RebootMode) -> Sequence<'_> {
-    drain(node, PhaseListBuilder::new(), "the node reboots")
+    drain(node, PhaseListBuilder::new(), DrainReason::Reboot)
         .append(
             "reboot",
             [task(node, "reboot", move |_| {
@@ -314,7 +314,7 @@ pub fn reboot(node: &Node, mode: RebootMode) -> Sequence<'_> {
 
 /// Shutdown (SIGTERM, SIGPWR, the power button): the handler's teardown, then power off.
 pub fn shutdown(node: &Node) -> Sequence<'_> {
-    drain(node, PhaseListBuilder::new(), "the node shuts down")
+    drain(node, PhaseListBuilder::new(), DrainReason::Shutdown)
         .append(
             "shutdown",
             [task(node, "powerOff", move |_| {
@@ -328,7 +328,7 @@ pub fn shutdown(node: &Node) -> Sequence<'_> {
 /// Reset: forget the node's state. STATE and EPHEMERAL are unmounted and their heads zeroed
 /// (through the Disk trait), so the next boot formats them afresh; then reboot.
 pub fn reset(node: &Node) -> Sequence<'_> {
-    drain(node, PhaseListBuilder::new(), "the node is reset")
+    drain(node, PhaseListBuilder::new(), DrainReason::Reset)
         .append(
             "stage",
             [task(node, "announce", move |_| {

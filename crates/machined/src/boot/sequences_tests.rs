@@ -205,10 +205,7 @@ fn reboot_asks_for_the_requested_mode() {
         let sequence = reboot(&node, mode);
         assert_eq!(
             shape(&sequence),
-            [
-                phase("drain", &["stopServices"]),
-                phase("reboot", &["reboot"])
-            ]
+            [phase("drain", &["drainNode"]), phase("reboot", &["reboot"])]
         );
         assert!(matches!(run(sequence), Err(SequenceError::Reboot { mode: m }) if m == mode));
         assert_eq!(node.stage(), Stage::Rebooting);
@@ -223,7 +220,7 @@ fn shutdown_powers_off() {
     assert_eq!(
         shape(&sequence),
         [
-            phase("drain", &["stopServices"]),
+            phase("drain", &["drainNode"]),
             phase("shutdown", &["powerOff"])
         ]
     );
@@ -244,7 +241,7 @@ fn reset_unmounts_before_wiping_and_reboots_last() {
     assert_eq!(
         shape(&sequence),
         [
-            phase("drain", &["stopServices"]),
+            phase("drain", &["drainNode"]),
             phase("stage", &["announce"]),
             phase("unmountVolumes", &["unmount"]),
             phase("wipe", &["wipeState", "wipeEphemeral"]),

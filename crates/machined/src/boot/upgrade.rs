@@ -29,6 +29,7 @@ use slate_trust::PublicKey;
 
 use crate::base::node::{Node, UpgradePlan};
 use crate::base::task::{failed, task};
+use crate::boot::drain::DrainReason;
 use receive::invalid;
 
 pub const BUNDLES_DIR: &str = "/var/lib/slate/bundles";
@@ -347,7 +348,10 @@ pub fn staged_plan(staged: &Staged) -> Result<UpgradePlan, String> {
 /// `--stage`: record the upgrade in META, then reboot into the Install sequence that runs it.
 pub fn stage_sequence(node: &Node, plan: UpgradePlan) -> Sequence<'_> {
     let reboot = plan.reboot;
-    PhaseListBuilder::new()
+    let reason = DrainReason::StagedUpgrade {
+        to: plan.version.clone(),
+    };
+    crate::boot::sequences::drain(node, PhaseListBuilder::new(), reason)
         .append(
             "stage",
             [task(node, "stageUpgrade", move |ctx| {
@@ -372,7 +376,7 @@ pub fn stage_sequence(node: &Node, plan: UpgradePlan) -> Sequence<'_> {
 }
 
 pub fn sequence<'a>(node: &'a Node, plan: UpgradePlan) -> Sequence<'a> {
-    upgrade_phases(node, plan, PhaseListBuilder::new()).into_sequence(SequenceKind::Upgrade)
+    upgrade_phases(node, plan, PhaseListBuilder::new(), true).into_sequence(SequenceKind::Upgrade)
 }
 
 /// The staged upgrade at boot, inside the Install sequence: /var (where the bundle waits)
@@ -401,13 +405,15 @@ pub fn staged_phases<'a>(
             Ok(())
         })],
     );
-    upgrade_phases(node, plan, builder)
+    upgrade_phases(node, plan, builder, false)
 }
 
+/// The upgrade's phases; `live`: on a running node (drained before the install), not at boot.
 fn upgrade_phases<'a>(
     node: &'a Node,
     plan: UpgradePlan,
     builder: PhaseListBuilder<'a>,
+    live: bool,
 ) -> PhaseListBuilder<'a> {
     let installer = plan.bundle_dir.join("installer");
     let (dir, run_installer) = (plan.bundle_dir.clone(), installer.clone());
@@ -416,6 +422,10 @@ fn upgrade_phases<'a>(
     let plan_allow_downgrade = plan.allow_downgrade;
     let held = plan.bundle_id.clone();
     let replace_plan = plan.clone();
+    // At boot (a staged upgrade) nothing runs yet: the reboot that staged it drained the node.
+    let drain_reason = live.then(|| DrainReason::Upgrade {
+        to: plan.version.clone(),
+    });
     builder
         .append(
             "stage",
@@ -453,12 +463,13 @@ fn upgrade_phases<'a>(
             })],
         )
         // After the checks (a refused bundle leaves the services running), before anything is
-        // written: the node's workload is down before its next version is installed.
+        // written: the node's workload is down before its next version is installed, and a
+        // drain command that fails refuses the upgrade.
         .append(
             "drain",
-            [task(node, "stopServices", move |ctx| {
-                crate::boot::services::drain(ctx, node, "an upgrade is installed");
-                Ok(())
+            [task(node, "drainNode", move |ctx| match &drain_reason {
+                Some(reason) => crate::boot::drain::task(ctx, node, reason),
+                None => Ok(()),
             })],
         )
         .append(

@@ -5,11 +5,12 @@
 //! grace period, then a kill of the whole cgroup — when the node drains before a reboot, an
 //! upgrade, a reset or a shutdown.
 
+mod live;
 mod ready;
 mod runner;
 
 use std::path::Path;
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, Weak};
 use std::time::{Duration, Instant, SystemTime};
 
 use slate_api::{NodeServiceStatus, ServiceAction};
@@ -74,6 +75,9 @@ struct Status {
     wanted: bool,
     /// A stop is asked of the run in progress.
     stop_now: bool,
+    /// Gone from the node's set (a live apply removed or replaced it): its thread ends once
+    /// the service is down.
+    retired: bool,
 }
 
 /// One service: its declaration and where it is.
@@ -132,7 +136,11 @@ impl Service {
 #[derive(Debug)]
 pub struct Supervisor {
     journal: Arc<Journal>,
-    services: Vec<Arc<Service>>,
+    services: RwLock<Vec<Arc<Service>>>,
+    /// Where each service's cgroup is made (none: no cgroup2, no limits).
+    parent: Option<Cgroup>,
+    /// Itself, for the threads of services a live apply adds.
+    me: Weak<Supervisor>,
     /// When they started, and whether all have been ready since ([`ready::note_ready`]).
     all_ready: ready::AllReady,
 }
@@ -175,56 +183,90 @@ impl Supervisor {
     pub fn start(
         journal: Arc<Journal>,
         services: Vec<ServiceSpec>,
-        parent: Option<&Cgroup>,
+        parent: Option<Cgroup>,
     ) -> Arc<Supervisor> {
-        let services = services
-            .into_iter()
-            .map(|spec| {
-                let cgroup = parent.and_then(|p| match runner::service_cgroup(p, &spec) {
-                    Ok(cgroup) => Some(cgroup),
-                    Err(e) => {
-                        journal.error(format_args!(
-                            "service {}: no cgroup of its own ({e}); it runs without limits",
-                            spec.name
-                        ));
-                        None
-                    }
-                });
-                Arc::new(Service {
-                    spec,
-                    status: Mutex::new(Status {
-                        state: State::Waiting,
-                        since: SystemTime::now(),
-                        pid: None,
-                        restarts: 0,
-                        ready: false,
-                        last_exit: None,
-                        restart_at: None,
-                        wanted: true,
-                        stop_now: false,
-                    }),
-                    changed: Condvar::new(),
-                    cgroup,
-                })
-            })
-            .collect();
-        let supervisor = Arc::new(Supervisor {
+        let supervisor = Arc::new_cyclic(|me| Supervisor {
             journal,
-            services,
+            services: RwLock::new(Vec::new()),
+            parent,
+            me: me.clone(),
             all_ready: ready::AllReady::new(),
         });
-        for service in &supervisor.services {
-            let (sup, me) = (supervisor.clone(), service.clone());
-            std::thread::Builder::new()
-                .name(format!("svc-{}", service.spec.name))
-                .spawn(move || runner::run(&sup, &me))
-                .expect("spawning a service's thread");
+        let services: Vec<Arc<Service>> = services
+            .into_iter()
+            .map(|s| supervisor.service(s))
+            .collect();
+        *supervisor.services_mut() = services.clone();
+        for service in &services {
+            supervisor.run(service);
         }
         supervisor
     }
 
-    fn find(&self, name: &str) -> Option<&Arc<Service>> {
-        self.services.iter().find(|s| s.spec.name == name)
+    /// A service for `spec`, not started yet, with its cgroup made.
+    fn service(&self, spec: ServiceSpec) -> Arc<Service> {
+        let cgroup = self
+            .parent
+            .as_ref()
+            .and_then(|p| match runner::service_cgroup(p, &spec) {
+                Ok(cgroup) => Some(cgroup),
+                Err(e) => {
+                    self.journal.error(format_args!(
+                        "service {}: no cgroup of its own ({e}); it runs without limits",
+                        spec.name
+                    ));
+                    None
+                }
+            });
+        Arc::new(Service {
+            spec,
+            status: Mutex::new(Status {
+                state: State::Waiting,
+                since: SystemTime::now(),
+                pid: None,
+                restarts: 0,
+                ready: false,
+                last_exit: None,
+                restart_at: None,
+                wanted: true,
+                stop_now: false,
+                retired: false,
+            }),
+            changed: Condvar::new(),
+            cgroup,
+        })
+    }
+
+    /// The thread that runs `service` for as long as it is in the set.
+    fn run(&self, service: &Arc<Service>) {
+        let Some(sup) = self.me.upgrade() else {
+            return;
+        };
+        let me = service.clone();
+        std::thread::Builder::new()
+            .name(format!("svc-{}", service.spec.name))
+            .spawn(move || runner::run(&sup, &me))
+            .expect("spawning a service's thread");
+    }
+
+    fn services(&self) -> Vec<Arc<Service>> {
+        self.services
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    fn services_mut(&self) -> std::sync::RwLockWriteGuard<'_, Vec<Arc<Service>>> {
+        self.services.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn find(&self, name: &str) -> Option<Arc<Service>> {
+        self.services
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .find(|s| s.spec.name == name)
+            .cloned()
     }
 
     /// Asks `service` to stop and waits until it is down (up to its grace period and some).
@@ -283,7 +325,7 @@ impl Supervisor {
 
 impl Workload for Supervisor {
     fn list(&self) -> Vec<NodeServiceStatus> {
-        self.services.iter().map(|s| s.view()).collect()
+        self.services().iter().map(|s| s.view()).collect()
     }
 
     fn control(&self, name: &str, action: ServiceAction) -> Result<NodeServiceStatus, String> {
@@ -291,11 +333,11 @@ impl Workload for Supervisor {
             .find(name)
             .ok_or_else(|| format!("this node runs no service {name:?}"))?;
         match action {
-            ServiceAction::Stop => self.stop(service, "asked over the API"),
-            ServiceAction::Start => self.start_one(service, Some(CONTROL_SLACK)),
+            ServiceAction::Stop => self.stop(&service, "asked over the API"),
+            ServiceAction::Start => self.start_one(&service, Some(CONTROL_SLACK)),
             ServiceAction::Restart => {
-                self.stop(service, "restart asked over the API");
-                self.start_one(service, Some(CONTROL_SLACK));
+                self.stop(&service, "restart asked over the API");
+                self.start_one(&service, Some(CONTROL_SLACK));
             }
         }
         Ok(service.view())
@@ -306,15 +348,19 @@ impl Workload for Supervisor {
     }
 
     fn stop_all(&self, why: &str) {
-        for service in self.services.iter().rev() {
+        for service in self.services().iter().rev() {
             self.stop(service, why);
         }
     }
 
     fn start_all(&self) {
-        for service in &self.services {
+        for service in &self.services() {
             self.start_one(service, None);
         }
+    }
+
+    fn replace(&self, services: Vec<ServiceSpec>) -> String {
+        self.apply_live(services)
     }
 }
 
@@ -334,10 +380,6 @@ pub fn start_task(
         .unwrap_or_default();
     let services = merged(image, &machine, &has_program)
         .map_err(|e| failed(format!("the services cannot start: {e}")))?;
-    if services.is_empty() {
-        ctx.log("no services");
-        return Ok(());
-    }
     let parent = slate_host::mount_cgroup2()
         .map_err(|e| slate_sequencer::error_chain(&e))
         .and_then(|root| services_cgroup(&root));
@@ -350,9 +392,14 @@ pub fn start_task(
             None
         }
     };
-    let names: Vec<&str> = services.iter().map(|s| s.name.as_str()).collect();
-    ctx.log(&format!("starting services in order: {}", names.join(" ")));
-    let supervisor = Supervisor::start(node.journal.clone(), services, parent.as_ref());
+    if services.is_empty() {
+        // Started all the same: a live apply of the machine configuration may add some.
+        ctx.log("no services");
+    } else {
+        let names: Vec<&str> = services.iter().map(|s| s.name.as_str()).collect();
+        ctx.log(&format!("starting services in order: {}", names.join(" ")));
+    }
+    let supervisor = Supervisor::start(node.journal.clone(), services, parent);
     let _ = node.services.set(supervisor);
     Ok(())
 }

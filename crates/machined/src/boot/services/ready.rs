@@ -105,13 +105,17 @@ impl AllReady {
 /// supervisor — the moment a boot's workload is up (`xtask bench-services` reads it).
 pub(super) fn note_ready(sup: &Supervisor) {
     let all = &sup.all_ready;
-    if all.logged.load(Ordering::Acquire) || !sup.services.iter().all(|s| s.status().ready) {
+    if all.logged.load(Ordering::Acquire) {
+        return;
+    }
+    let services = sup.services();
+    if !services.iter().all(|s| s.status().ready) {
         return;
     }
     if !all.logged.swap(true, Ordering::AcqRel) {
         sup.journal.info(format_args!(
             "services: all {} ready {} ms after their start",
-            sup.services.len(),
+            services.len(),
             all.started.elapsed().as_millis()
         ));
     }

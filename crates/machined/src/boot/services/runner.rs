@@ -47,11 +47,14 @@ fn exit_of(exit: ProcessExit) -> Exit {
 }
 
 /// The service's life, for as long as machined runs.
-pub(super) fn run(sup: &Arc<Supervisor>, me: &Service) {
+pub(super) fn run(sup: &Supervisor, me: &Arc<Service>) {
     let name = &me.spec.name;
     let backoff = Backoff::new(me.spec.restart_delay_ms, me.spec.restart_delay_max_ms);
     let mut failures = 0u32;
     loop {
+        if me.status().retired {
+            return;
+        }
         if !wait_wanted(me) || !wait_dependencies(sup, me) {
             continue;
         }
@@ -133,7 +136,7 @@ pub(super) fn run(sup: &Arc<Supervisor>, me: &Service) {
 }
 
 /// Blocks until the service is wanted; false if it was found not wanted (its state is then
-/// `stopped` unless it ended by itself).
+/// `stopped` unless it ended by itself) and was retired meanwhile.
 fn wait_wanted(me: &Service) -> bool {
     let mut status = me.status();
     if !status.wanted {
@@ -141,6 +144,9 @@ fn wait_wanted(me: &Service) -> bool {
             me.set_state(&mut status, State::Stopped);
         }
         while !status.wanted {
+            if status.retired {
+                return false;
+            }
             status = me.wait(status, Duration::from_secs(3600));
         }
     }
@@ -199,7 +205,7 @@ fn forward_output(sup: &Supervisor, me: &Service, child: &mut SupervisedChild) {
 /// Tries the readiness check beside the run (`pid`'s), marking the service ready when it
 /// passes; a check that never passes within `ready_timeout_secs` is logged, and the service
 /// keeps running not ready (a health check that needs it fails the boot's commit).
-fn watch_readiness(sup: &Arc<Supervisor>, me: &Service, pid: i32) {
+fn watch_readiness(sup: &Supervisor, me: &Arc<Service>, pid: i32) {
     let Some(check) = me.spec.ready.clone() else {
         sup.journal
             .info(format_args!("service {}: ready (it runs)", me.spec.name));
@@ -210,11 +216,9 @@ fn watch_readiness(sup: &Arc<Supervisor>, me: &Service, pid: i32) {
     let this_run = move |status: &super::Status| {
         status.state == State::Running && status.pid == u32::try_from(pid).ok()
     };
-    let sup = sup.clone();
-    let service = sup
-        .find(&me.spec.name)
-        .cloned()
-        .expect("a service's own thread finds it");
+    let journal = sup.journal.clone();
+    let supervisor = sup.me.clone();
+    let service = me.clone();
     std::thread::spawn(move || {
         let gone = || !this_run(&service.status());
         let ready = ready::wait_ready(&check, timeout, READY_INTERVAL, &gone);
@@ -225,14 +229,16 @@ fn watch_readiness(sup: &Arc<Supervisor>, me: &Service, pid: i32) {
         if ready {
             status.ready = true;
             service.changed.notify_all();
-            sup.journal.info(format_args!(
+            journal.info(format_args!(
                 "service {}: ready ({check})",
                 service.spec.name
             ));
             drop(status);
-            ready::note_ready(&sup);
+            if let Some(sup) = supervisor.upgrade() {
+                ready::note_ready(&sup);
+            }
         } else {
-            sup.journal.error(format_args!(
+            journal.error(format_args!(
                 "service {}: not ready after {} s ({check})",
                 service.spec.name,
                 timeout.as_secs()

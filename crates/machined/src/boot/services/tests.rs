@@ -144,7 +144,7 @@ fn in_a_cgroup_a_stopped_service_leaves_no_process_behind() {
         "setsid sh -c 'trap \"\" TERM; while :; do sleep 0.05; done' & exec sleep 300",
     );
     let journal = journal();
-    let sup = Supervisor::start(journal.clone(), vec![forks], Some(&parent));
+    let sup = Supervisor::start(journal.clone(), vec![forks], Some(parent.clone()));
     let cgroup = Cgroup::create(&parent.path().join("forks")).unwrap();
     eventually("two processes in its cgroup", || {
         cgroup.pids().unwrap_or_default().len() >= 2
@@ -153,5 +153,96 @@ fn in_a_cgroup_a_stopped_service_leaves_no_process_behind() {
     assert_eq!(state(&sup, "forks").state, "stopped");
     assert_eq!(cgroup.pids().unwrap(), Vec::<i32>::new());
     cgroup.remove().unwrap();
+    parent.remove().unwrap();
+}
+
+#[test]
+fn a_live_apply_restarts_only_what_changed_and_stops_what_went() {
+    if !slate_testkit::require_root() {
+        return;
+    }
+    let mount = slate_host::cgroup2_mount_point();
+    if !slate_testkit::require(mount.is_some(), "a cgroup2 mount", "mount cgroup2") {
+        return;
+    }
+    let parent = mount
+        .unwrap()
+        .join(format!("slate-test-live-{}", std::process::id()));
+    let parent = Cgroup::create(&parent).unwrap();
+    let keep = sh("keep", "exec sleep 300");
+    let change = sh("change", "exec sleep 301");
+    let remove = sh("remove", "exec sleep 302");
+    let journal = journal();
+    let sup = Supervisor::start(
+        journal.clone(),
+        vec![keep.clone(), change, remove],
+        Some(parent.clone()),
+    );
+    eventually("all three run", || {
+        sup.list().iter().all(|s| s.state == "running")
+    });
+    let pid = |name: &str| state(&sup, name).pid.unwrap();
+    let (kept_pid, changed_pid, removed_pid) = (pid("keep"), pid("change"), pid("remove"));
+
+    let wanted = merged(
+        &[
+            keep,
+            sh("change", "exec sleep 303"),
+            sh("add", "exec sleep 304"),
+        ],
+        &[],
+        &has_program,
+    )
+    .unwrap();
+    let line = sup.replace(wanted);
+    assert_eq!(
+        line,
+        "services applied live: added add; changed change; removed remove"
+    );
+    let mut names: Vec<String> = sup.list().into_iter().map(|s| s.name).collect();
+    names.sort();
+    assert_eq!(names, ["add", "change", "keep"]);
+    eventually("the new set runs", || {
+        sup.list().iter().all(|s| s.state == "running")
+    });
+    assert_eq!(pid("keep"), kept_pid, "an unchanged service was restarted");
+    assert_ne!(pid("change"), changed_pid);
+    assert!(
+        !Path::new(&format!("/proc/{removed_pid}")).exists(),
+        "the removed service's process lives on"
+    );
+    // Its cgroup went with it (a changed service's is made afresh, with only its own limits:
+    // this host's cgroup2 has no controllers to show them, the VM's has).
+    assert!(!parent.path().join("remove").exists());
+    let cgroup = Cgroup::create(&parent.path().join("change")).unwrap();
+    assert_eq!(cgroup.pids().unwrap(), [pid("change") as i32]);
+    let log = lines(&journal);
+    assert!(
+        log.contains(&"service remove: stopping (the machine configuration removed it)".to_owned())
+            && log.contains(
+                &"service change: stopping (the machine configuration changed it)".to_owned()
+            ),
+        "{log:#?}"
+    );
+    // The same set again changes nothing.
+    let same = merged(
+        &[
+            sh("keep", "exec sleep 300"),
+            sh("change", "exec sleep 303"),
+            sh("add", "exec sleep 304"),
+        ],
+        &[],
+        &has_program,
+    )
+    .unwrap();
+    assert_eq!(sup.replace(same), "services unchanged");
+    assert_eq!(pid("keep"), kept_pid);
+    sup.stop_all("the test ends");
+    for name in ["add", "change", "keep"] {
+        Cgroup::create(&parent.path().join(name))
+            .unwrap()
+            .remove()
+            .unwrap();
+    }
     parent.remove().unwrap();
 }
