@@ -80,6 +80,10 @@ enum Task {
     BenchBoot,
     /// Benchmark: reboot to machined Running by kexec vs through the firmware (one VM).
     BenchReboot,
+    /// Benchmark: 50 services on the demo node (direct kernel boot): kernel start to all ready
+    /// vs the busybox baseline boot and slate's boot without services, machined's memory with
+    /// 50 and with none, and the drain against the services' grace periods.
+    BenchServices,
     /// Benchmark: slate pull of a 256 MiB blob from a local registry vs curl + sha256sum + cp.
     BenchPull,
     /// Benchmark: applying a 256 MiB upgrade payload vs cp + fsync of the same bytes.
@@ -128,8 +132,8 @@ enum Task {
     /// Every benchmark (or those named), each side measured 3 times; writes
     /// target/bench/summary-<commit>.json and target/bench/latest.json.
     Bench {
-        /// rootfs, apply, pull, boot, reboot, fleetlock, operator, snapshot (all when none is
-        /// named).
+        /// rootfs, apply, pull, boot, reboot, services, fleetlock, operator, snapshot (all when
+        /// none is named).
         only: Vec<String>,
         /// Simulated nodes for the operator benchmark.
         #[arg(long, default_value_t = bench::summary::OPERATOR_NODES)]
@@ -158,6 +162,7 @@ fn main() -> Result<()> {
         Task::BenchBoot => bench::boot::bench_boot().map(drop),
         Task::BenchPull => bench::pull::bench_pull().map(drop),
         Task::BenchReboot => bench::reboot::bench_reboot().map(drop),
+        Task::BenchServices => bench::services::bench_services().map(drop),
         Task::BenchApply => bench::apply::bench_apply().map(drop),
         Task::BenchFleetlock { quick } => bench::fleetlock::bench_fleetlock(quick).map(drop),
         Task::BenchOperator { nodes } => bench::operator::bench_operator(nodes).map(drop),

@@ -141,6 +141,8 @@ pub struct Supervisor {
     parent: Option<Cgroup>,
     /// Itself, for the threads of services a live apply adds.
     me: Weak<Supervisor>,
+    /// When they started, and whether all have been ready since ([`ready::note_ready`]).
+    all_ready: ready::AllReady,
 }
 
 /// The services to run: the image's, with the machine configuration's added (one of the same
@@ -188,6 +190,7 @@ impl Supervisor {
             services: RwLock::new(Vec::new()),
             parent,
             me: me.clone(),
+            all_ready: ready::AllReady::new(),
         });
         let services: Vec<Arc<Service>> = services
             .into_iter()
