@@ -4,9 +4,8 @@
 //! socket or a symbolic link in a layout is refused, never waited on.
 
 use std::collections::BTreeMap;
-use std::fs::{File, Metadata};
+use std::fs::File;
 use std::io::{self, Read};
-use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
@@ -57,28 +56,7 @@ impl VerifiedBlobs {
 /// No file is larger (`off_t` is signed): a descriptor declaring more names no blob.
 pub(crate) const MAX_FILE_BYTES: u64 = i64::MAX as u64;
 
-/// What kind of file `meta` describes, when it is not a regular file (for refusals: "it is a
-/// FIFO (named pipe), not a regular file"). The transport's layout reader applies it too.
-pub fn irregular_kind(meta: &Metadata) -> Option<&'static str> {
-    let kind = meta.file_type();
-    if kind.is_file() {
-        None
-    } else if kind.is_symlink() {
-        Some("a symbolic link")
-    } else if kind.is_dir() {
-        Some("a directory")
-    } else if kind.is_fifo() {
-        Some("a FIFO (named pipe)")
-    } else if kind.is_socket() {
-        Some("a socket")
-    } else if kind.is_block_device() {
-        Some("a block device")
-    } else if kind.is_char_device() {
-        Some("a character device")
-    } else {
-        Some("not a regular file")
-    }
-}
+pub use slate_files::irregular_kind;
 
 /// Open `path` for reading, only if it is a regular file: a FIFO would block the open until a
 /// writer came (`slate verify` hung on a FIFO `index.json`), a device could be read without
@@ -86,27 +64,17 @@ pub fn irregular_kind(meta: &Metadata) -> Option<&'static str> {
 /// opened, and what was opened is checked again. A refusal is an `Io` error of kind
 /// `InvalidInput` saying what the file is.
 pub(crate) fn open_regular(path: &Path) -> Result<File, BundleError> {
-    let refuse = |kind: &str| BundleError::Io {
+    slate_files::open_regular_no_link(path, "").map_err(|e| BundleError::Io {
         path: path.to_owned(),
-        source: io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("it is {kind}, not a regular file: refused"),
-        ),
-    };
-    let io = |source| BundleError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let meta = std::fs::symlink_metadata(path).map_err(io)?;
-    if let Some(kind) = irregular_kind(&meta) {
-        return Err(refuse(kind));
-    }
-    let file = File::open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    match irregular_kind(&meta) {
-        Some(kind) => Err(refuse(kind)),
-        None => Ok(file),
-    }
+        source: match e {
+            slate_files::FileError::NotAFile { kind, .. } => io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("it is {kind}, not a regular file: refused"),
+            ),
+            slate_files::FileError::Io { source, .. } => source,
+            other => other.into_io(),
+        },
+    })
 }
 
 /// `blobs/sha256/<hex>` under `dir`.

@@ -95,6 +95,9 @@ pub enum TrustError {
     NoValidSignature { errors: Vec<TrustError> },
     #[error(transparent)]
     Bundle(#[from] slate_bundle::BundleError),
+    /// A key file or directory that is not what it must be, or too large.
+    #[error(transparent)]
+    File(#[from] slate_files::FileError),
 }
 
 fn join(errors: &[TrustError]) -> String {
