@@ -9,7 +9,7 @@ use std::io::{self, Read};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::{BundleError, Digest, Hasher};
+use crate::{BundleError, ChunkDigests, ChunkMismatch, Digest, Hasher};
 
 /// Blobs known to match their digests, with their sizes: hashed in this process as they were
 /// received (machined's upload), or by an earlier read. A blob listed here is read with a size
@@ -245,13 +245,16 @@ pub(crate) fn declared_too_large(what: &str, size: u64) -> BundleError {
 }
 
 /// The blob `digest` of `size` bytes, read whole and verified (size first, then hash unless it
-/// was verified before); at most `limit` bytes.
+/// was verified before); at most `limit` bytes. A layer with signed chunk digests is judged by
+/// them, chunk by chunk, and not by its whole digest (formats.md §7.1): the one rule every
+/// reader applies, mapped or not, so `slate verify` and the installers agree (issue 44).
 pub(crate) fn read_blob(
     dir: &Path,
     what: &str,
     digest: &Digest,
     size: u64,
     limit: u64,
+    chunks: Option<&ChunkDigests>,
     verified: &Mutex<VerifiedBlobs>,
 ) -> Result<Vec<u8>, BundleError> {
     if size > limit {
@@ -261,6 +264,18 @@ pub(crate) fn read_blob(
         });
     }
     let mut reader = BlobReader::open(dir, what, digest, size, verified)?;
+    if let (Some(chunks), true) = (chunks, reader.hashes()) {
+        reader.hasher = None; // the stream's end then checks the size only
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
+        reader
+            .read_to_end(&mut bytes)
+            .map_err(|e| from_io(&blob_path(dir, digest), e))?;
+        chunks
+            .verify(&bytes)
+            .map_err(|m| chunk_mismatch(what, &m))?;
+        lock(verified).insert(digest.clone(), size);
+        return Ok(bytes);
+    }
     if reader.hashes() && size >= OVERLAP_MIN {
         return reader
             .read_hashing_alongside()
@@ -271,6 +286,15 @@ pub(crate) fn read_blob(
         .read_to_end(&mut bytes)
         .map_err(|e| from_io(&blob_path(dir, digest), e))?;
     Ok(bytes)
+}
+
+/// The refusal of a blob whose chunk `m` does not match its signed digest.
+pub(crate) fn chunk_mismatch(what: &str, m: &ChunkMismatch) -> BundleError {
+    BundleError::DigestMismatch {
+        what: format!("{what}, chunk {} (bytes {}..{})", m.index, m.start, m.end),
+        expected: m.expected.to_string(),
+        actual: m.actual.to_string(),
+    }
 }
 
 /// Blobs this large (a UKI) are hashed on a second thread while the next chunk is read: the
@@ -362,7 +386,16 @@ mod tests {
         let size = bytes.len() as u64;
         let verified = Mutex::new(VerifiedBlobs::new());
         let start = crate::hashed_on_this_thread();
-        let read = read_blob(dir.path(), "the UKI", &digest, size, u64::MAX, &verified).unwrap();
+        let read = read_blob(
+            dir.path(),
+            "the UKI",
+            &digest,
+            size,
+            u64::MAX,
+            None,
+            &verified,
+        )
+        .unwrap();
         assert!(read == bytes, "the bytes read back");
         assert_eq!(crate::hashed_on_this_thread() - start, size);
         assert!(lock(&verified).contains(&digest, size));
@@ -371,7 +404,8 @@ mod tests {
         flipped[OVERLAP_CHUNK + 7] ^= 1;
         std::fs::write(&path, &flipped).unwrap();
         let fresh = Mutex::new(VerifiedBlobs::new());
-        let err = read_blob(dir.path(), "the UKI", &digest, size, u64::MAX, &fresh).unwrap_err();
+        let err =
+            read_blob(dir.path(), "the UKI", &digest, size, u64::MAX, None, &fresh).unwrap_err();
         assert!(matches!(err, BundleError::DigestMismatch { .. }), "{err:?}");
         assert!(fresh.lock().unwrap().is_empty());
 

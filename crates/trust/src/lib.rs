@@ -37,7 +37,7 @@ pub use payload::{Critical, Identity, Image, Payload, COSIGN_SIGNATURE_TYPE};
 pub use policy::{check_update, NodeFacts, PolicyError, UpdateKind};
 pub use verify::{
     check_signature_present, decode_signature, sign, signature_for, signature_over, verify,
-    verify_blobs, verify_layer, Verified,
+    verify_blobs, verify_bundle, verify_layer, Verified,
 };
 
 /// The file name `key` has in a directory of trusted keys: `<full key id>.pub` (the directory
