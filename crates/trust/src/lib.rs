@@ -43,7 +43,7 @@ pub use payload::{Critical, Identity, Image, Payload, COSIGN_SIGNATURE_TYPE};
 pub use policy::{check_update, NodeFacts, PolicyError, UpdateKind};
 pub use verify::{
     check_signature_present, decode_signature, sign, signature_for, signature_over, verify,
-    verify_blobs, verify_layer, Verified,
+    verify_blobs, verify_bundle, verify_layer, Verified,
 };
 
 /// The file name `key` has in a directory of trusted keys: `<full key id>.pub` (the directory
@@ -101,6 +101,9 @@ pub enum TrustError {
     NoValidSignature { errors: Vec<TrustError> },
     #[error(transparent)]
     Bundle(#[from] slate_bundle::BundleError),
+    /// A key file or directory that is not what it must be, or too large.
+    #[error(transparent)]
+    File(#[from] slate_files::FileError),
 }
 
 fn join(errors: &[TrustError]) -> String {
