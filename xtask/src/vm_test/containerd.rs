@@ -129,25 +129,22 @@ fn only_the_extension_changed(slate: &Path, v1: &Path, v2: &Path) -> Result<Stri
 /// stopped, each by its own stop signal within its grace period (nothing killed).
 fn drained_in_order(boot: &Running) -> Result<String> {
     let serial = boot.serial();
-    let at = |needle: &str| {
-        serial
+    // Each after the one before it (the restart before the upgrade stopped web too).
+    let mut from = 0;
+    let mut next = |needle: &str| -> Result<usize> {
+        let at = serial[from..]
             .find(needle)
-            .with_context(|| format!("no {needle:?} on the console"))
+            .map(|i| from + i)
+            .with_context(|| format!("no {needle:?} on the console in the drain's order"))?;
+        from = at;
+        Ok(at)
     };
-    let cordoned = at(drain::CORDONED_LINE)?;
-    let web = at("service web: stopping (an upgrade is installed)")?;
-    let web_stopped = at("service web: stopped (")?;
-    let containerd = at("service containerd: stopping (an upgrade is installed)")?;
-    let containerd_stopped = at("service containerd: stopped (")?;
-    let installer = at("installer: installed")?;
-    ensure!(
-        cordoned < web
-            && web < web_stopped
-            && web_stopped < containerd
-            && containerd < containerd_stopped
-            && containerd_stopped < installer,
-        "the drain's order: cordon, web, containerd, then the installer"
-    );
+    let cordoned = next(drain::CORDONED_LINE)?;
+    next("service web: stopping (an upgrade is installed)")?;
+    let web_stopped = next("service web: stopped (")?;
+    next("service containerd: stopping (an upgrade is installed)")?;
+    let containerd_stopped = next("service containerd: stopped (")?;
+    next("installer: installed")?;
     ensure!(
         !serial.contains("still running"),
         "a service outlived its grace period"

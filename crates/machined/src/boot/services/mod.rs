@@ -348,8 +348,17 @@ impl Workload for Supervisor {
     }
 
     fn stop_all(&self, why: &str) {
-        for service in self.services().iter().rev() {
-            self.stop(service, why);
+        let services = self.services();
+        let specs: Vec<ServiceSpec> = services.iter().map(|s| s.spec.clone()).collect();
+        // Wave by wave, each wave's services at once: their grace periods overlap, and a
+        // service still stops only after everything that depends on it.
+        for wave in slate_services::stop_waves(&specs) {
+            std::thread::scope(|scope| {
+                for &i in &wave {
+                    let service = &services[i];
+                    scope.spawn(move || self.stop(service, why));
+                }
+            });
         }
     }
 
