@@ -42,7 +42,8 @@ impl FileStore {
     /// An existing store: what the admin commands do, so that a mistyped path is an error
     /// rather than an empty store.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        slate_files::check_dir(dir, "the store").map_err(|e| io_error("opening".into(), e))?;
+        slate_files::check_dir(dir, "the store")
+            .map_err(|e| io_error("opening the store".into(), e))?;
         let store = FileStore {
             dir: dir.to_path_buf(),
         };

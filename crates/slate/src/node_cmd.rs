@@ -138,6 +138,14 @@ pub fn status(target: &NodeTarget, output: OutputFormat, boot_times: bool) -> Re
             if let Some(sb) = &status.secure_boot {
                 println!("secureboot: {}", secure_boot_line(sb));
             }
+            if let Some(var) = &status.var {
+                let encrypted = match (&var.unlocked, var.encrypted) {
+                    (Some(how), true) => format!("encrypted, unlocked by {how}"),
+                    (None, true) => "encrypted".to_owned(),
+                    _ => "not encrypted".to_owned(),
+                };
+                println!("var:      {}, {encrypted} ({})", var.mode, var.prepared);
+            }
             if let Some(memory) = &status.memory {
                 println!(
                     "memory:   machined {} KiB resident, journal {} KiB",

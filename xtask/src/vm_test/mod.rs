@@ -18,6 +18,7 @@ mod snapshot_grub;
 mod staged;
 mod stolen;
 mod upgrade;
+mod var_modes;
 mod var_powercut;
 mod workload;
 

@@ -243,11 +243,15 @@ pub(super) fn var_survives_power_cut(
         "an ext4 error after the cut:\n{}",
         tail(&boot.serial(), 20)
     );
+    // Issue 40: the same node's /var, persistent and then ephemeral.
+    let base = std::fs::read_to_string(work.join(format!("{}.machine.toml", node.name)))?;
+    let (modes, mut boot) =
+        super::var_modes::persistent_then_ephemeral(&node, &mut vm, boot, work, &base)?;
     boot.kill();
     Ok(format!(
         "boot 1: STATE and EPHEMERAL mounted with their journals (ordered data mode); power cut \
          {:.1} MiB into upload #{cut_into} to /var (an upload takes {upload_time:.1?}); boot 2: \
-         `{fsck_line}` before the mount, no EXT4-fs error on the console or in dmesg, Running, and a new upload received",
+         `{fsck_line}` before the mount, no EXT4-fs error on the console or in dmesg, Running, and a new upload received; {modes}",
         cut_at as f64 / (1 << 20) as f64
     ))
 }

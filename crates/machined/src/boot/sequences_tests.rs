@@ -171,8 +171,9 @@ fn boot_mounts_volumes_reads_the_config_sets_up_etc_then_network_then_the_api() 
     assert_eq!(
         shape(&sequence),
         [
-            phase("volumes", &["mountState", "mountEphemeral"]),
+            phase("volumes", &["mountState"]),
             phase("config", &["machineConfig", "randomSeed"]),
+            phase("var", &["mountEphemeral"]),
             phase("etc", &["etcOverlay"]),
             phase("configure", &["applyConfig"]),
             phase("setup", &["setupHooks"]),
@@ -188,12 +189,13 @@ fn boot_mounts_volumes_reads_the_config_sets_up_etc_then_network_then_the_api() 
     let sequence = boot(&node, &facts, |_| Ok("127.0.0.1:50000".parse().unwrap()));
     let phases = shape(&sequence);
     assert_eq!(
-        phases[..4],
+        phases[..5],
         [
             phase("replace", &["wipeState", "wipeEphemeral"]),
-            phase("volumes", &["mountState", "mountEphemeral"]),
+            phase("volumes", &["mountState"]),
             phase("restore", &["restoreConfig"]),
             phase("config", &["machineConfig", "randomSeed"]),
+            phase("var", &["mountEphemeral"]),
         ]
     );
 }

@@ -142,22 +142,26 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         std::thread::spawn(move || {
+            // A client that gave up (its 1 s read timeout on a loaded machine) must not end
+            // the server: errors are ignored and the next connection served.
             for stream in listener.incoming() {
-                let mut stream = stream.unwrap();
+                let Ok(mut stream) = stream else { continue };
                 let mut request = [0u8; 256];
-                let n = stream.read(&mut request).unwrap();
+                let Ok(n) = stream.read(&mut request) else {
+                    continue;
+                };
                 let ok = String::from_utf8_lossy(&request[..n]).starts_with("GET /ready ");
                 let answer: &[u8] = if ok {
                     b"HTTP/1.0 200 OK\r\n\r\nready"
                 } else {
                     b"HTTP/1.0 503 Busy\r\n\r\n"
                 };
-                stream.write_all(answer).unwrap();
+                let _ = stream.write_all(answer);
             }
         });
         // Tried a few times, as the service's probe does: a loaded machine may take the read
         // past its 1 s timeout once.
-        assert!((0..5).any(|_| try_once(&ReadyCheck::Http {
+        assert!((0..10).any(|_| try_once(&ReadyCheck::Http {
             addr,
             path: "/ready".into()
         })));
