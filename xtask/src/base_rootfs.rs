@@ -385,7 +385,7 @@ fn install_e2fsprogs(out: &Path) -> Result<u64> {
                 dirs.iter()
                     .map(move |dir| (tree, Path::new(dir).join(name)))
             })
-            .find_map(|(tree, rel)| resolve_in(tree, &rel))
+            .find_map(|(tree, rel)| util::resolve_in(tree, &rel))
             .with_context(|| format!("no {name} in the unpacked {E2FSPROGS_PACKAGES:?}"))
     };
     let mut bytes = 0;
@@ -438,41 +438,11 @@ fn install_e2fsprogs(out: &Path) -> Result<u64> {
     Ok(bytes)
 }
 
-/// `rel` inside the unpacked tree `tree`, following symlinks inside it (an absolute link
-/// target is taken relative to `tree`, as it would be in the image); `None` if absent.
-fn resolve_in(tree: &Path, rel: &Path) -> Option<PathBuf> {
-    let mut path = tree.join(rel);
-    for _ in 0..8 {
-        let meta = fs::symlink_metadata(&path).ok()?;
-        if !meta.file_type().is_symlink() {
-            return meta.is_file().then_some(path);
-        }
-        let target = fs::read_link(&path).ok()?;
-        path = match target.strip_prefix("/") {
-            Ok(absolute) => tree.join(absolute),
-            Err(_) => path.parent()?.join(target),
-        };
-    }
-    None
-}
-
 /// [`E2FSPROGS_PACKAGES`] at apt's candidate versions, each unpacked once into
 /// `<repo>/.cache/e2fsprogs/<package>/` (re-unpacked when a candidate version changes).
 fn e2fsprogs_trees() -> Result<Vec<PathBuf>> {
-    let cache = util::repo_root().join(".cache/e2fsprogs");
-    let mut trees = Vec::new();
-    for package in E2FSPROGS_PACKAGES {
-        let version = util::candidate_version(package)?;
-        let tree = cache.join(package);
-        let stamp = cache.join(format!("{package}.STAMP"));
-        let stamp_text = format!("{package} {version}\n");
-        if !(fs::read_to_string(&stamp).is_ok_and(|s| s == stamp_text) && tree.is_dir()) {
-            println!("unpacking {package} {version}");
-            let deb = util::download_deb(package, &version, &cache.join("debs"))?;
-            util::unpack_deb(&deb, &tree)?;
-            util::write_atomic(&stamp, &stamp_text)?;
-        }
-        trees.push(tree);
-    }
-    Ok(trees)
+    util::unpacked_packages(
+        &util::repo_root().join(".cache/e2fsprogs"),
+        E2FSPROGS_PACKAGES,
+    )
 }

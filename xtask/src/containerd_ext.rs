@@ -41,7 +41,7 @@ pub fn containerd_ext(version: &str, web_port: u16, slate: &Path) -> Result<Path
     let find = |rel: &str| -> Result<PathBuf> {
         trees
             .iter()
-            .find_map(|t| resolve_in(t, Path::new(rel)))
+            .find_map(|t| util::resolve_in(t, Path::new(rel)))
             .with_context(|| format!("no {rel} in the unpacked {PACKAGES:?}"))
     };
     let work = repo_root().join("target/containerd");
@@ -160,41 +160,9 @@ fn check_libraries(tree: &Path) -> Result<()> {
     Ok(())
 }
 
-/// `rel` inside `tree`, following symlinks inside it.
-fn resolve_in(tree: &Path, rel: &Path) -> Option<PathBuf> {
-    let mut path = tree.join(rel);
-    for _ in 0..8 {
-        let meta = fs::symlink_metadata(&path).ok()?;
-        if !meta.file_type().is_symlink() {
-            return meta.is_file().then_some(path);
-        }
-        let target = fs::read_link(&path).ok()?;
-        path = match target.strip_prefix("/") {
-            Ok(absolute) => tree.join(absolute),
-            Err(_) => path.parent()?.join(target),
-        };
-    }
-    None
-}
-
 /// [`PACKAGES`] at apt's candidate versions, unpacked once each.
 fn unpacked() -> Result<Vec<PathBuf>> {
-    let cache = repo_root().join(".cache/containerd");
-    let mut trees = Vec::new();
-    for package in PACKAGES {
-        let version = util::candidate_version(package)?;
-        let tree = cache.join(package);
-        let stamp = cache.join(format!("{package}.STAMP"));
-        let stamp_text = format!("{package} {version}\n");
-        if !(fs::read_to_string(&stamp).is_ok_and(|s| s == stamp_text) && tree.is_dir()) {
-            println!("unpacking {package} {version}");
-            let deb = util::download_deb(package, &version, &cache.join("debs"))?;
-            util::unpack_deb(&deb, &tree)?;
-            util::write_atomic(&stamp, &stamp_text)?;
-        }
-        trees.push(tree);
-    }
-    Ok(trees)
+    util::unpacked_packages(&repo_root().join(".cache/containerd"), PACKAGES)
 }
 
 /// containerd without the CRI plugin or snapshotters the node has no use for; its state on

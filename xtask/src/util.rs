@@ -122,3 +122,41 @@ pub fn write_atomic(path: &Path, contents: &str) -> Result<()> {
     fs::write(&tmp, contents).with_context(|| format!("writing {}", tmp.display()))?;
     fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))
 }
+
+/// `packages` at apt's candidate versions, each unpacked once into `<cache>/<package>/`
+/// (again when its candidate version changes, as its `<package>.STAMP` says).
+pub fn unpacked_packages(cache: &Path, packages: &[&str]) -> Result<Vec<PathBuf>> {
+    let mut trees = Vec::new();
+    for package in packages {
+        let version = candidate_version(package)?;
+        let tree = cache.join(package);
+        let stamp = cache.join(format!("{package}.STAMP"));
+        let stamp_text = format!("{package} {version}\n");
+        if !(fs::read_to_string(&stamp).is_ok_and(|s| s == stamp_text) && tree.is_dir()) {
+            println!("unpacking {package} {version}");
+            let deb = download_deb(package, &version, &cache.join("debs"))?;
+            unpack_deb(&deb, &tree)?;
+            write_atomic(&stamp, &stamp_text)?;
+        }
+        trees.push(tree);
+    }
+    Ok(trees)
+}
+
+/// `rel` inside the unpacked tree `tree`, following symlinks inside it (an absolute link
+/// target is taken relative to `tree`, as it would be in the image); `None` if absent.
+pub fn resolve_in(tree: &Path, rel: &Path) -> Option<PathBuf> {
+    let mut path = tree.join(rel);
+    for _ in 0..8 {
+        let meta = fs::symlink_metadata(&path).ok()?;
+        if !meta.file_type().is_symlink() {
+            return meta.is_file().then_some(path);
+        }
+        let target = fs::read_link(&path).ok()?;
+        path = match target.strip_prefix("/") {
+            Ok(absolute) => tree.join(absolute),
+            Err(_) => path.parent()?.join(target),
+        };
+    }
+    None
+}
