@@ -125,19 +125,25 @@ fn a_stop_sends_the_signal_then_kills_past_the_grace_period() {
     sup.stop_all("the test ends");
 }
 
-#[test]
-fn in_a_cgroup_a_stopped_service_leaves_no_process_behind() {
+/// A cgroup of this test's own under the host's cgroup2 mount; `None` (a failure under CI)
+/// without root or cgroup2.
+fn test_cgroup(name: &str) -> Option<Cgroup> {
     if !slate_testkit::require_root() {
-        return;
+        return None;
     }
     let mount = slate_host::cgroup2_mount_point();
     if !slate_testkit::require(mount.is_some(), "a cgroup2 mount", "mount cgroup2") {
-        return;
+        return None;
     }
-    let parent = mount
-        .unwrap()
-        .join(format!("slate-test-supervisor-{}", std::process::id()));
-    let parent = Cgroup::create(&parent).unwrap();
+    let path = mount?.join(format!("{name}-{}", std::process::id()));
+    Some(Cgroup::create(&path).unwrap())
+}
+
+#[test]
+fn in_a_cgroup_a_stopped_service_leaves_no_process_behind() {
+    let Some(parent) = test_cgroup("slate-test-supervisor") else {
+        return;
+    };
     // The daemon leaves the service's session and ignores TERM: only the cgroup finds it.
     let forks = sh(
         "forks",
@@ -158,17 +164,9 @@ fn in_a_cgroup_a_stopped_service_leaves_no_process_behind() {
 
 #[test]
 fn a_live_apply_restarts_only_what_changed_and_stops_what_went() {
-    if !slate_testkit::require_root() {
+    let Some(parent) = test_cgroup("slate-test-live") else {
         return;
-    }
-    let mount = slate_host::cgroup2_mount_point();
-    if !slate_testkit::require(mount.is_some(), "a cgroup2 mount", "mount cgroup2") {
-        return;
-    }
-    let parent = mount
-        .unwrap()
-        .join(format!("slate-test-live-{}", std::process::id()));
-    let parent = Cgroup::create(&parent).unwrap();
+    };
     let keep = sh("keep", "exec sleep 300");
     let change = sh("change", "exec sleep 301");
     let remove = sh("remove", "exec sleep 302");
