@@ -135,6 +135,8 @@ pub fn assemble_root(inputs: &Inputs, tree: &Path) -> Result<(), ImagerError> {
             ),
         })?;
     }
+    crate::systemd_root::check_root(&inputs.profile, tree)?;
+    crate::systemd_root::add_units(&inputs.profile, tree)?;
     let etc = tree.join("etc");
     write_generated(
         &etc.join("os-release"),
@@ -245,6 +247,9 @@ pub fn build_initramfs(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Vec<u8>
         })
         .collect();
     cpio.file(image_contract::MODULES_LOAD_PATH, 0o644, load_order)?;
+    if let Some((path, marker)) = crate::systemd_root::initramfs_marker(&inputs.profile) {
+        cpio.file(path, 0o644, marker.as_bytes().to_vec())?;
+    }
     if let Some(rootfs) = rootfs {
         cpio.file(image_contract::ROOTFS_IMAGE_PATH, 0o644, rootfs.to_vec())?;
     }

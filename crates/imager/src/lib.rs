@@ -12,6 +12,7 @@ mod build;
 mod inputs;
 mod output;
 mod secure_boot;
+mod systemd_root;
 
 pub use artifacts::{
     assemble_root, build_cmdline, build_initramfs, build_rootfs, build_uki, compress_initramfs,
