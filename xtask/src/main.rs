@@ -6,6 +6,7 @@
 
 mod base_rootfs;
 mod bench;
+mod debian_rootfs;
 mod kernel;
 mod registry;
 mod slate_static;
@@ -44,6 +45,19 @@ enum Task {
         #[arg(long)]
         version: String,
         /// A slate binary to install as /usr/bin/slate.
+        #[arg(long)]
+        slate_bin: Option<PathBuf>,
+        /// Delete a non-empty --out directory first.
+        #[arg(long)]
+        replace: bool,
+    },
+    /// A Debian bookworm root with systemd as PID 1 and the static slate (mmdebstrap; root):
+    /// the base of profiles/debian.toml (issue 39).
+    DebianRootfs {
+        /// Directory to create (default target/debian/rootfs).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The slate binary to install as /usr/bin/slate (default: the static one).
         #[arg(long)]
         slate_bin: Option<PathBuf>,
         /// Delete a non-empty --out directory first.
@@ -135,6 +149,18 @@ fn main() -> Result<()> {
             replace,
         } => base_rootfs::base_rootfs(&out, &version, slate_bin.as_deref(), replace),
         Task::SlateStatic => slate_static::slate_static().map(drop),
+        Task::DebianRootfs {
+            out,
+            slate_bin,
+            replace,
+        } => {
+            let slate = match slate_bin {
+                Some(bin) => bin,
+                None => slate_static::slate_static()?,
+            };
+            let out = out.unwrap_or_else(debian_rootfs::default_out);
+            debian_rootfs::debian_rootfs(&out, &slate, replace)
+        }
         Task::VmPrep => vm_test::prepare().map(drop),
         Task::VmTest { only } => vm_test::vm_test(&only),
         Task::Demo => vm_test::demo(),
