@@ -123,14 +123,15 @@ fn finish(root: &Path, slate_bin: &Path) -> Result<()> {
          echo \"$SLATE_VERSION\" > /etc/slate-setup-stamp\n",
         0o755,
     )?;
-    // Empty: EPHEMERAL is mounted over it, and systemd-tmpfiles makes what systemd needs.
-    let var = root.join("var");
-    fs::remove_dir_all(&var).with_context(|| format!("emptying {}", var.display()))?;
-    fs::create_dir(&var)?;
-    fs::set_permissions(&var, fs::Permissions::from_mode(0o755))?;
-    for dir in ["system/state"] {
-        fs::create_dir_all(root.join(dir))?;
+    // Empty: EPHEMERAL is mounted over /var, and systemd-tmpfiles makes what systemd needs;
+    // /dev is devtmpfs (mmdebstrap leaves device nodes, which a squashfs root does not carry).
+    for dir in ["var", "dev"] {
+        let path = root.join(dir);
+        fs::remove_dir_all(&path).with_context(|| format!("emptying {}", path.display()))?;
+        fs::create_dir(&path)?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755))?;
     }
+    fs::create_dir_all(root.join("system/state"))?;
     Ok(())
 }
 

@@ -33,6 +33,7 @@ fn slates_units_verify_on_the_built_debian_root() {
     .unwrap();
     let inputs = Inputs::resolve(&profile, None, &[], OutputKind::Rootfs, 0).unwrap();
     let tree = dir.path().join("root");
+    std::fs::create_dir(&tree).unwrap();
     assemble_root(&inputs, &tree).unwrap();
     let unit = "slate-setup-hooks.service";
     let out = Command::new("systemd-analyze")
