@@ -6,8 +6,10 @@
 
 mod base_rootfs;
 mod bench;
+mod containerd_ext;
 mod debian_rootfs;
 mod kernel;
+mod oci_archive;
 mod registry;
 mod slate_static;
 mod soak;
@@ -51,6 +53,16 @@ enum Task {
         #[arg(long)]
         replace: bool,
     },
+    /// Make the containerd system extension (Debian's containerd and runc, the web container's
+    /// OCI archive) under target/containerd/ext, signed with the demo key.
+    ContainerdExt {
+        /// The extension's version.
+        #[arg(long, default_value = "1.6.20-1")]
+        version: String,
+        /// The port the web container listens on.
+        #[arg(long, default_value_t = 8080)]
+        web_port: u16,
+    },
     /// A Debian bookworm root with systemd as PID 1 and the static slate (mmdebstrap; root):
     /// the base of profiles/debian.toml (issue 39).
     DebianRootfs {
@@ -82,6 +94,10 @@ enum Task {
     BenchBoot,
     /// Benchmark: reboot to machined Running by kexec vs through the firmware (one VM).
     BenchReboot,
+    /// Benchmark: 50 services on the demo node (direct kernel boot): kernel start to all ready
+    /// vs the busybox baseline boot and slate's boot without services, machined's memory with
+    /// 50 and with none, and the drain against the services' grace periods.
+    BenchServices,
     /// Benchmark: slate pull of a 256 MiB blob from a local registry vs curl + sha256sum + cp.
     BenchPull,
     /// Benchmark: applying a 256 MiB upgrade payload vs cp + fsync of the same bytes.
@@ -130,8 +146,8 @@ enum Task {
     /// Every benchmark (or those named), each side measured 3 times; writes
     /// target/bench/summary-<commit>.json and target/bench/latest.json.
     Bench {
-        /// rootfs, apply, pull, boot, reboot, fleetlock, operator, snapshot (all when none is
-        /// named).
+        /// rootfs, apply, pull, boot, reboot, services, fleetlock, operator, snapshot (all when
+        /// none is named).
         only: Vec<String>,
         /// Simulated nodes for the operator benchmark.
         #[arg(long, default_value_t = bench::summary::OPERATOR_NODES)]
@@ -148,6 +164,10 @@ fn main() -> Result<()> {
             slate_bin,
             replace,
         } => base_rootfs::base_rootfs(&out, &version, slate_bin.as_deref(), replace),
+        Task::ContainerdExt { version, web_port } => {
+            let slate = slate_static::slate_static()?;
+            containerd_ext::containerd_ext(&version, web_port, &slate).map(drop)
+        }
         Task::SlateStatic => slate_static::slate_static().map(drop),
         Task::DebianRootfs {
             out,
@@ -168,6 +188,7 @@ fn main() -> Result<()> {
         Task::BenchBoot => bench::boot::bench_boot().map(drop),
         Task::BenchPull => bench::pull::bench_pull().map(drop),
         Task::BenchReboot => bench::reboot::bench_reboot().map(drop),
+        Task::BenchServices => bench::services::bench_services().map(drop),
         Task::BenchApply => bench::apply::bench_apply().map(drop),
         Task::BenchFleetlock { quick } => bench::fleetlock::bench_fleetlock(quick).map(drop),
         Task::BenchOperator { nodes } => bench::operator::bench_operator(nodes).map(drop),

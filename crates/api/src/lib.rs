@@ -90,6 +90,6 @@ pub use types::{
     Mode, NodeServiceStatus, PinRequest, PinResult, RebootMode, RebootRequest, Role,
     RollbackRecord, RollbackRequest, RollbackResult, SecureBootStatus, ServiceAction,
     ServiceControlRequest, ServicesView, SnapshotUpgradeRequest, Stage, Status, UpgradeRequest,
-    UploadedBundle, VersionInfo,
+    UploadedBundle, VarStatus, VersionInfo,
 };
 pub use upload::{upload_room, MAX_UPLOAD_BYTES};

@@ -4,7 +4,9 @@
 use serde::{Deserialize, Serialize};
 
 mod services;
+mod volumes;
 pub use services::{NodeServiceStatus, ServiceAction, ServiceControlRequest, ServicesView};
+pub use volumes::VarStatus;
 
 /// The platform mode the node runs in (`cloud`, `container`, `metal`, `metal-agent` on the
 /// wire), and how to reboot (`default`, `powercycle`, `kexec`): the sequencer's own types, one
@@ -212,6 +214,10 @@ pub struct Status {
     /// What machined holds in memory (absent where it cannot be read).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory: Option<MemoryUse>,
+    /// /var's mode and how this boot prepared it (absent before it is mounted, and on a
+    /// snapshot root).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub var: Option<VarStatus>,
     /// What is unsafe about the node as it runs, one sentence each: a machine configuration
     /// whose key could sign for other nodes (docs/trust.md, "Migrating from a shared CA").
     #[serde(default, skip_serializing_if = "Vec::is_empty")]

@@ -170,6 +170,12 @@ fn schemas_match_the_types() {
             rss_kib: 9_000,
             journal_bytes: 200_000,
         }),
+        var: Some(slate_api::VarStatus {
+            mode: "persistent".into(),
+            encrypted: false,
+            unlocked: Some("tpm2".into()),
+            prepared: "mounted".into(),
+        }),
         warnings: vec!["INSECURE machine configuration: …".into()],
     };
     let status_min = Status {
@@ -187,10 +193,17 @@ fn schemas_match_the_types() {
         secure_boot: None,
         boot_times: None,
         memory: None,
+        var: None,
         warnings: Vec::new(),
         ..status.clone()
     };
     check_object(&spec, "Status", &status, &status_min);
+    let var = status.var.clone().unwrap();
+    let var_min = slate_api::VarStatus {
+        unlocked: None,
+        ..var.clone()
+    };
+    check_object(&spec, "VarStatus", &var, &var_min);
     let memory = status.memory.unwrap();
     check_object(&spec, "MemoryUse", &memory, &memory);
     let times = status.boot_times.clone().unwrap();

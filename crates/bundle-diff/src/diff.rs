@@ -33,6 +33,9 @@ pub struct Summary {
     pub slate_binary: Blob,
     /// The compressed initramfs members after the main archive: the system extensions.
     pub extensions: Option<Blob>,
+    /// The system extensions by name, with their versions (absent from an older node's answer).
+    #[serde(default)]
+    pub extension_versions: BTreeMap<String, String>,
     /// The root filesystem, `rootfs.sqsh` in the initramfs.
     #[serde(with = "crate::wire")]
     pub rootfs: Listing,
@@ -131,6 +134,7 @@ pub struct BundleDiff {
     pub init: Change<FileInfo>,
     pub slate_binary: Change<Blob>,
     pub extensions: Change<Option<Blob>>,
+    pub extension_versions: Change<BTreeMap<String, String>>,
     pub rootfs: RootfsDiff,
 }
 
@@ -148,6 +152,7 @@ impl BundleDiff {
             || self.init.changed
             || self.slate_binary.changed
             || self.extensions.changed
+            || self.extension_versions.changed
             || !self.rootfs.is_empty()
     }
 }
@@ -166,6 +171,7 @@ pub fn diff(a: &Summary, b: &Summary) -> BundleDiff {
         init: Change::of(&a.init, &b.init),
         slate_binary: Change::of(&a.slate_binary, &b.slate_binary),
         extensions: Change::of(&a.extensions, &b.extensions),
+        extension_versions: Change::of(&a.extension_versions, &b.extension_versions),
         rootfs: diff_rootfs(&a.rootfs, &b.rootfs),
     }
 }

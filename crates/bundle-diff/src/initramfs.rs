@@ -1,9 +1,10 @@
 //! The initramfs of a slate UKI, taken apart (docs/formats.md §6.2): one newc archive — `init`
 //! (the slate binary), the module closure under `lib/modules/<release>/`,
-//! `etc/slate/modules.load`, `rootfs.sqsh` — followed, when the image has system extensions, by
-//! a compressed archive of `extensions/`; in a UKI the whole of it is one zstd stream. The zstd
-//! stream is decompressed (with a limit); the extensions' compressed members are not unpacked:
-//! `diff` compares their bytes as one blob.
+//! `etc/slate/modules.load`, `rootfs.sqsh` — in a UKI one zstd stream, followed, when the image
+//! has system extensions, by a gzip member holding `extensions/` (the kernel refuses a member
+//! inside a compressed one). The zstd stream is decompressed (with a limit); the extensions'
+//! member is compared as one blob, and its `extensions/manifest` read for the extensions' names
+//! and versions.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet};
@@ -79,6 +80,8 @@ pub struct Initramfs {
     pub rootfs: Vec<u8>,
     /// The compressed members after the uncompressed archive (system extensions), if any.
     pub compressed: Option<Blob>,
+    /// The system extensions by name, with their versions (from `extensions/manifest`).
+    pub extension_versions: BTreeMap<String, String>,
 }
 
 /// Why an initramfs could not be taken apart.
@@ -96,22 +99,33 @@ pub enum InitramfsError {
     Zstd(#[source] std::io::Error),
     #[error("decompressed, it is larger than {limit} bytes: refused as a decompression bomb")]
     Expansion { limit: u64 },
+    #[error("its system extensions' member cannot be read: {0}")]
+    Extensions(String),
 }
 
 /// The initrd as the kernel unpacks it: as it is when it starts with anything but a zstd
-/// frame, else the zstd stream (one or more frames, nothing after them) decompressed, at most
-/// [`MAX_INITRAMFS_EXPANSION`] times its size plus [`INITRAMFS_ALLOWANCE`], and at most
-/// [`MAX_INITRAMFS_BYTES`].
+/// frame, else its leading zstd frames decompressed — at most [`MAX_INITRAMFS_EXPANSION`]
+/// times their size plus [`INITRAMFS_ALLOWANCE`], and at most [`MAX_INITRAMFS_BYTES`] — with
+/// what follows them (the extensions' gzip member) after, as it is.
 pub fn decompress_initrd(initrd: &[u8]) -> Result<Cow<'_, [u8]>, InitramfsError> {
     if !initrd.starts_with(ZSTD_MAGIC) {
         return Ok(Cow::Borrowed(initrd));
     }
-    let limit = u64::try_from(initrd.len())
+    let mut frames = 0;
+    while initrd[frames..].starts_with(ZSTD_MAGIC) {
+        let size =
+            zstd::zstd_safe::find_frame_compressed_size(&initrd[frames..]).map_err(|code| {
+                InitramfsError::Zstd(std::io::Error::other(zstd::zstd_safe::get_error_name(code)))
+            })?;
+        frames += size;
+    }
+    let (compressed, rest) = initrd.split_at(frames);
+    let limit = u64::try_from(compressed.len())
         .unwrap_or(u64::MAX)
         .saturating_mul(MAX_INITRAMFS_EXPANSION)
         .saturating_add(INITRAMFS_ALLOWANCE)
         .min(MAX_INITRAMFS_BYTES);
-    let decoder = zstd::stream::read::Decoder::new(initrd).map_err(InitramfsError::Zstd)?;
+    let decoder = zstd::stream::read::Decoder::new(compressed).map_err(InitramfsError::Zstd)?;
     let mut out = Vec::new();
     decoder
         .take(limit.saturating_add(1))
@@ -120,7 +134,52 @@ pub fn decompress_initrd(initrd: &[u8]) -> Result<Cow<'_, [u8]>, InitramfsError>
     if out.len() as u64 > limit {
         return Err(InitramfsError::Expansion { limit });
     }
+    // The kernel skips zero bytes between compressed members (the imager pads each to four);
+    // the member is put at a four-byte boundary, where the archive reader looks for it.
+    let rest = &rest[rest.iter().take_while(|&&b| b == 0).count()..];
+    if !rest.is_empty() {
+        out.resize(out.len().next_multiple_of(4), 0);
+        out.extend_from_slice(rest);
+    }
     Ok(Cow::Owned(out))
+}
+
+/// The extensions' names and versions from the compressed members after the main archive: a
+/// gzip member (as the imager writes it; none of another kind) holding `extensions/manifest`,
+/// decompressed within the same bounds as the initramfs.
+pub fn extension_versions(members: &[u8]) -> Result<BTreeMap<String, String>, InitramfsError> {
+    let bad = |why: String| InitramfsError::Extensions(why);
+    if !members.starts_with(b"\x1f\x8b") {
+        return Err(bad("it is not a gzip member".into()));
+    }
+    let limit = u64::try_from(members.len())
+        .unwrap_or(u64::MAX)
+        .saturating_mul(MAX_INITRAMFS_EXPANSION)
+        .saturating_add(INITRAMFS_ALLOWANCE)
+        .min(MAX_INITRAMFS_BYTES);
+    let mut archive = Vec::new();
+    let mut member = flate2::bufread::GzDecoder::new(members);
+    (&mut member)
+        .take(limit.saturating_add(1))
+        .read_to_end(&mut archive)
+        .map_err(|e| bad(format!("gzip: {e}")))?;
+    if archive.len() as u64 > limit {
+        return Err(InitramfsError::Expansion { limit });
+    }
+    // One member, then at most the zeros that pad it to four bytes.
+    if member.into_inner().iter().any(|&b| b != 0) {
+        return Err(bad("something follows its gzip member".into()));
+    }
+    let entries = parse_newc(&archive).map_err(|e| bad(e.to_string()))?;
+    let manifest = entries
+        .iter()
+        .find(|e| normalize(&e.name) == slate_profile::image_contract::EXTENSIONS_MANIFEST_PATH)
+        .ok_or_else(|| bad("it holds no extensions/manifest".into()))?;
+    let text = std::str::from_utf8(&manifest.data)
+        .map_err(|_| bad("extensions/manifest is not UTF-8".into()))?;
+    let listed = slate_profile::parse_extensions_manifest(text)
+        .map_err(|e| bad(format!("extensions/manifest: {e}")))?;
+    Ok(listed.into_iter().map(|e| (e.name, e.version)).collect())
 }
 
 /// The entries of the uncompressed archives at the start of `initrd`, and the compressed
@@ -227,6 +286,11 @@ pub fn split_initramfs(initrd: &[u8]) -> Result<Initramfs, InitramfsError> {
         module_releases: module_releases.into_iter().collect(),
         rootfs,
         compressed: (!rest.is_empty()).then(|| Blob::of(rest)),
+        extension_versions: if rest.is_empty() {
+            BTreeMap::new()
+        } else {
+            extension_versions(rest)?
+        },
     })
 }
 
@@ -275,7 +339,8 @@ mod tests {
     #[test]
     fn a_compressed_member_after_the_archive_is_one_blob() {
         let main = archive(b"init", "6.1", &[]);
-        let gz = b"\x1f\x8b\x08\x00pretend gzip";
+        let member = extensions_member("");
+        let gz = member.as_slice();
         let joined = concat_initrds(&[&main, gz]);
         let x = split_initramfs(&joined).unwrap();
         assert_eq!(x.init.size, 4);
@@ -301,7 +366,7 @@ mod tests {
     #[test]
     fn a_zstd_initramfs_is_read_as_its_archive() {
         let main = archive(b"init", "6.1", &[("kernel/a.ko", b"a")]);
-        let joined = concat_initrds(&[&main, b"\x1f\x8b\x08\x00pretend gzip"]);
+        let joined = concat_initrds(&[&main, &extensions_member("")]);
         let plain = split_initramfs(&joined).unwrap();
         // As the imager compresses it: one frame at level 3.
         let compressed = zstd::bulk::compress(&joined, 3).unwrap();
@@ -318,10 +383,61 @@ mod tests {
         assert!(matches!(split_initramfs(cut), Err(InitramfsError::Zstd(_))));
         let mut trailing = compressed.clone();
         trailing.extend_from_slice(b"garbage");
+        // (here the garbage follows the extensions' member the stream ends with)
         assert!(matches!(
             split_initramfs(&trailing),
-            Err(InitramfsError::Zstd(_))
+            Err(InitramfsError::Extensions(_))
         ));
+    }
+
+    /// The gzip member of `extensions/manifest` with `text` (as the imager appends it).
+    fn extensions_member(text: &str) -> Vec<u8> {
+        use std::io::Write as _;
+        let mut w = CpioWriter::new();
+        w.dir("extensions", 0o755).unwrap();
+        w.file("extensions/manifest", 0o644, text.as_bytes().to_vec())
+            .unwrap();
+        let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+        gz.write_all(&w.finish()).unwrap();
+        gz.finish().unwrap()
+    }
+
+    #[test]
+    fn extensions_after_a_zstd_archive_are_named_with_their_versions() {
+        let main = archive(b"init", "6.1", &[]);
+        let digest = format!("sha256:{}", "ab".repeat(32));
+        let member = extensions_member(&format!(
+            "{}\ncontainerd.sqsh containerd 1.6.20-1 4096 {digest}\n",
+            slate_profile::EXTENSIONS_MANIFEST_HEADER
+        ));
+        // As the imager joins them: the frame padded with zeros to four bytes, then the member.
+        let frame = zstd::bulk::compress(&main, 3).unwrap();
+        let initrd = concat_initrds(&[&frame, &member]);
+        let x = split_initramfs(&initrd).unwrap();
+        // The member as it lies in the initrd, with the zeros that pad it.
+        let start = frame.len().next_multiple_of(4);
+        assert_eq!(&initrd[start..start + member.len()], member.as_slice());
+        assert_eq!(x.compressed, Some(Blob::of(&initrd[start..])));
+        assert_eq!(
+            x.extension_versions,
+            BTreeMap::from([("containerd".to_owned(), "1.6.20-1".to_owned())])
+        );
+        // A member without a manifest, or with a bad one, is named.
+        let empty = extensions_member("");
+        let mut bad = zstd::bulk::compress(&main, 3).unwrap();
+        bad.extend_from_slice(&extensions_member("containerd.sqsh containerd\n"));
+        let err = split_initramfs(&bad).unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "its system extensions' member cannot be read: extensions/manifest: line 1"
+            ),
+            "{err}"
+        );
+        assert!(extension_versions(&empty).unwrap().is_empty());
+        let err = extension_versions(b"\x28\xb5\x2f\xfd")
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a gzip member"), "{err}");
     }
 
     #[test]

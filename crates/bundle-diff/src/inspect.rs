@@ -39,6 +39,7 @@ pub struct UkiParts {
     pub modules: BTreeMap<String, Digest>,
     pub init: FileInfo,
     pub extensions: Option<Blob>,
+    pub extension_versions: BTreeMap<String, String>,
     pub rootfs: Listing,
 }
 
@@ -97,6 +98,7 @@ pub fn inspect_uki(uki: Vec<u8>) -> Result<UkiParts, PartError> {
         modules: initramfs.modules,
         init: initramfs.init,
         extensions: initramfs.compressed,
+        extension_versions: initramfs.extension_versions,
         rootfs,
     })
 }
@@ -190,6 +192,7 @@ fn summary(identity: Identity, parts: UkiParts, slate_binary: Blob) -> Summary {
         init: parts.init,
         slate_binary,
         extensions: parts.extensions,
+        extension_versions: parts.extension_versions,
         rootfs: parts.rootfs,
     }
 }

@@ -178,6 +178,19 @@ pub fn render_text(diff: &BundleDiff) -> String {
             optional_blob(&diff.extensions)
         );
     }
+    let (old, new) = (&diff.extension_versions.old, &diff.extension_versions.new);
+    for name in old
+        .keys()
+        .chain(new.keys().filter(|n| !old.contains_key(*n)))
+    {
+        let line = match (old.get(name), new.get(name)) {
+            (Some(a), Some(b)) if a != b => format!("{a} -> {b}"),
+            (Some(a), None) => format!("removed ({a})"),
+            (None, Some(b)) => format!("added ({b})"),
+            _ => continue,
+        };
+        let _ = writeln!(out, "extension {name}: {line}");
+    }
     let rootfs = &diff.rootfs;
     if !rootfs.is_empty() {
         out.push_str("root filesystem:\n");
@@ -244,6 +257,7 @@ mod tests {
             },
             slate_binary: Blob::of(b"slate"),
             extensions: None,
+            extension_versions: Default::default(),
             rootfs,
         }
     }
@@ -334,6 +348,7 @@ mod tests {
         b.init.size = 5;
         b.init.digest = Digest::of(b"init2");
         b.extensions = Some(Blob::of(b"\x1f\x8b"));
+        b.extension_versions = [("containerd".to_owned(), "1.6.20-1".to_owned())].into();
         let d = diff(&a, &b);
         assert!(d.differs());
         assert!(!d.kernel.changed && !d.slate_binary.changed);
@@ -347,6 +362,7 @@ mod tests {
              ~ kernel/fs/alpha.ko\n\
              init /init: 4 -> 5 bytes, {} -> {}\n\
              system extensions (compressed initramfs members): added (2 bytes)\n\
+             extension containerd: added (1.6.20-1)\n\
              root filesystem:\n\
              + /opt/new\\ndir (directory)\n\
              + /usr/bin/new-tool (1234 bytes)\n\

@@ -173,6 +173,7 @@ mod tests {
             },
             slate_binary: Blob::of(b"init"),
             extensions: Some(Blob::of(b"\x1f\x8b")),
+            extension_versions: [("containerd".to_owned(), "1.6.20-1".to_owned())].into(),
             rootfs,
         }
     }

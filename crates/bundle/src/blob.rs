@@ -4,13 +4,12 @@
 //! socket or a symbolic link in a layout is refused, never waited on.
 
 use std::collections::BTreeMap;
-use std::fs::{File, Metadata};
+use std::fs::File;
 use std::io::{self, Read};
-use std::os::unix::fs::FileTypeExt as _;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
-use crate::{BundleError, Digest, Hasher};
+use crate::{BundleError, ChunkDigests, ChunkMismatch, Digest, Hasher};
 
 /// Blobs known to match their digests, with their sizes: hashed in this process as they were
 /// received (machined's upload), or by an earlier read. A blob listed here is read with a size
@@ -57,28 +56,7 @@ impl VerifiedBlobs {
 /// No file is larger (`off_t` is signed): a descriptor declaring more names no blob.
 pub(crate) const MAX_FILE_BYTES: u64 = i64::MAX as u64;
 
-/// What kind of file `meta` describes, when it is not a regular file (for refusals: "it is a
-/// FIFO (named pipe), not a regular file"). The transport's layout reader applies it too.
-pub fn irregular_kind(meta: &Metadata) -> Option<&'static str> {
-    let kind = meta.file_type();
-    if kind.is_file() {
-        None
-    } else if kind.is_symlink() {
-        Some("a symbolic link")
-    } else if kind.is_dir() {
-        Some("a directory")
-    } else if kind.is_fifo() {
-        Some("a FIFO (named pipe)")
-    } else if kind.is_socket() {
-        Some("a socket")
-    } else if kind.is_block_device() {
-        Some("a block device")
-    } else if kind.is_char_device() {
-        Some("a character device")
-    } else {
-        Some("not a regular file")
-    }
-}
+pub use slate_files::irregular_kind;
 
 /// Open `path` for reading, only if it is a regular file: a FIFO would block the open until a
 /// writer came (`slate verify` hung on a FIFO `index.json`), a device could be read without
@@ -86,27 +64,17 @@ pub fn irregular_kind(meta: &Metadata) -> Option<&'static str> {
 /// opened, and what was opened is checked again. A refusal is an `Io` error of kind
 /// `InvalidInput` saying what the file is.
 pub(crate) fn open_regular(path: &Path) -> Result<File, BundleError> {
-    let refuse = |kind: &str| BundleError::Io {
+    slate_files::open_regular_no_link(path, "").map_err(|e| BundleError::Io {
         path: path.to_owned(),
-        source: io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("it is {kind}, not a regular file: refused"),
-        ),
-    };
-    let io = |source| BundleError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let meta = std::fs::symlink_metadata(path).map_err(io)?;
-    if let Some(kind) = irregular_kind(&meta) {
-        return Err(refuse(kind));
-    }
-    let file = File::open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    match irregular_kind(&meta) {
-        Some(kind) => Err(refuse(kind)),
-        None => Ok(file),
-    }
+        source: match e {
+            slate_files::FileError::NotAFile { kind, .. } => io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("it is {kind}, not a regular file: refused"),
+            ),
+            slate_files::FileError::Io { source, .. } => source,
+            other => other.into_io(),
+        },
+    })
 }
 
 /// `blobs/sha256/<hex>` under `dir`.
@@ -277,13 +245,16 @@ pub(crate) fn declared_too_large(what: &str, size: u64) -> BundleError {
 }
 
 /// The blob `digest` of `size` bytes, read whole and verified (size first, then hash unless it
-/// was verified before); at most `limit` bytes.
+/// was verified before); at most `limit` bytes. A layer with signed chunk digests is judged by
+/// them, chunk by chunk, and not by its whole digest (formats.md §7.1): the one rule every
+/// reader applies, mapped or not, so `slate verify` and the installers agree (issue 44).
 pub(crate) fn read_blob(
     dir: &Path,
     what: &str,
     digest: &Digest,
     size: u64,
     limit: u64,
+    chunks: Option<&ChunkDigests>,
     verified: &Mutex<VerifiedBlobs>,
 ) -> Result<Vec<u8>, BundleError> {
     if size > limit {
@@ -293,6 +264,18 @@ pub(crate) fn read_blob(
         });
     }
     let mut reader = BlobReader::open(dir, what, digest, size, verified)?;
+    if let (Some(chunks), true) = (chunks, reader.hashes()) {
+        reader.hasher = None; // the stream's end then checks the size only
+        let mut bytes = Vec::with_capacity(usize::try_from(size).unwrap_or(0).min(1 << 30));
+        reader
+            .read_to_end(&mut bytes)
+            .map_err(|e| from_io(&blob_path(dir, digest), e))?;
+        chunks
+            .verify(&bytes)
+            .map_err(|m| chunk_mismatch(what, &m))?;
+        lock(verified).insert(digest.clone(), size);
+        return Ok(bytes);
+    }
     if reader.hashes() && size >= OVERLAP_MIN {
         return reader
             .read_hashing_alongside()
@@ -303,6 +286,15 @@ pub(crate) fn read_blob(
         .read_to_end(&mut bytes)
         .map_err(|e| from_io(&blob_path(dir, digest), e))?;
     Ok(bytes)
+}
+
+/// The refusal of a blob whose chunk `m` does not match its signed digest.
+pub(crate) fn chunk_mismatch(what: &str, m: &ChunkMismatch) -> BundleError {
+    BundleError::DigestMismatch {
+        what: format!("{what}, chunk {} (bytes {}..{})", m.index, m.start, m.end),
+        expected: m.expected.to_string(),
+        actual: m.actual.to_string(),
+    }
 }
 
 /// Blobs this large (a UKI) are hashed on a second thread while the next chunk is read: the
@@ -394,7 +386,16 @@ mod tests {
         let size = bytes.len() as u64;
         let verified = Mutex::new(VerifiedBlobs::new());
         let start = crate::hashed_on_this_thread();
-        let read = read_blob(dir.path(), "the UKI", &digest, size, u64::MAX, &verified).unwrap();
+        let read = read_blob(
+            dir.path(),
+            "the UKI",
+            &digest,
+            size,
+            u64::MAX,
+            None,
+            &verified,
+        )
+        .unwrap();
         assert!(read == bytes, "the bytes read back");
         assert_eq!(crate::hashed_on_this_thread() - start, size);
         assert!(lock(&verified).contains(&digest, size));
@@ -403,7 +404,8 @@ mod tests {
         flipped[OVERLAP_CHUNK + 7] ^= 1;
         std::fs::write(&path, &flipped).unwrap();
         let fresh = Mutex::new(VerifiedBlobs::new());
-        let err = read_blob(dir.path(), "the UKI", &digest, size, u64::MAX, &fresh).unwrap_err();
+        let err =
+            read_blob(dir.path(), "the UKI", &digest, size, u64::MAX, None, &fresh).unwrap_err();
         assert!(matches!(err, BundleError::DigestMismatch { .. }), "{err:?}");
         assert!(fresh.lock().unwrap().is_empty());
 

@@ -76,7 +76,7 @@ pub(crate) fn map_blob(
     chunks: Option<&ChunkDigests>,
     verified: &Mutex<VerifiedBlobs>,
 ) -> Result<BlobBytes, BundleError> {
-    let read = || blob::read_blob(dir, what, digest, size, u64::MAX, verified);
+    let read = || blob::read_blob(dir, what, digest, size, u64::MAX, chunks, verified);
     if size < MAP_MIN {
         return read().map(BlobBytes::Owned);
     }
@@ -105,11 +105,7 @@ pub(crate) fn map_blob(
             // Signed chunk digests cover every byte: checked on all cores (`crate::chunks`).
             Some(chunks) => chunks
                 .verify(&map)
-                .map_err(|m| BundleError::DigestMismatch {
-                    what: format!("{what}, chunk {} (bytes {}..{})", m.index, m.start, m.end),
-                    expected: m.expected.to_string(),
-                    actual: m.actual.to_string(),
-                })?,
+                .map_err(|m| blob::chunk_mismatch(what, &m))?,
             None => {
                 let mut hasher = Hasher::new();
                 hasher.update(&map);

@@ -69,7 +69,15 @@ pub(crate) fn read_descriptor(
     verified: &Mutex<VerifiedBlobs>,
 ) -> Result<Vec<u8>, BundleError> {
     let digest = parse_digest(d.digest().as_ref())?;
-    blob::read_blob(dir, what, &digest, d.size(), MAX_DOCUMENT_BYTES, verified)
+    blob::read_blob(
+        dir,
+        what,
+        &digest,
+        d.size(),
+        MAX_DOCUMENT_BYTES,
+        None,
+        verified,
+    )
 }
 
 pub(crate) fn tag_of(d: &Descriptor) -> Option<&str> {
@@ -243,6 +251,7 @@ impl Bundle {
             &digest,
             chosen.size(),
             MAX_DOCUMENT_BYTES,
+            None,
             &verified,
         )?;
         let image = parse_image_manifest(&manifest_bytes)?;
@@ -317,6 +326,7 @@ impl Bundle {
             &digest,
             size,
             u64::MAX,
+            self.chunks.get(&digest),
             &self.verified,
         )
     }
@@ -339,6 +349,11 @@ impl Bundle {
     /// copying a large blob out without holding it.
     pub fn open_blob(&self, role: &str) -> Result<BlobReader<'_>, BundleError> {
         let (digest, size) = self.role_digest(role)?;
+        if self.chunks.contains_key(&digest) {
+            // Judged by its chunks first, as every reader judges it; the stream then checks
+            // only the size.
+            self.verify_blob(role)?;
+        }
         self.blob_reader(&format!("the {role} blob"), &digest, size)
     }
 
@@ -346,6 +361,11 @@ impl Bundle {
     /// verified before is only checked for size, and not read.
     pub fn verify_blob(&self, role: &str) -> Result<&BlobRef, BundleError> {
         let (digest, size) = self.role_digest(role)?;
+        if self.chunks.contains_key(&digest) {
+            // By its chunks, on every core, mapped or read as the installers read it.
+            self.map_blob(role)?;
+            return self.blob_ref(role);
+        }
         let mut reader = self.blob_reader(&format!("the {role} blob"), &digest, size)?;
         if !reader.hashes() {
             return self.blob_ref(role);

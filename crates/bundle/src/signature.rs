@@ -154,6 +154,7 @@ fn read_tagged(
                 &parse_digest(&layer.digest)?,
                 layer.size,
                 MAX_DOCUMENT_BYTES,
+                None,
                 verified,
             )?;
             Ok(SignatureLayer {

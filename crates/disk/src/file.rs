@@ -49,8 +49,12 @@ impl FileDisk {
         })
     }
 
+    /// Only a regular file or a block device is opened (`slate_files::open_disk`): a FIFO is
+    /// refused without waiting for a writer, `/dev/zero` or a directory before a byte is read,
+    /// each named in the error (issue 44).
     fn open_with(path: &Path, writable: bool) -> std::io::Result<Self> {
-        let mut file = OpenOptions::new().read(true).write(writable).open(path)?;
+        let mut file =
+            slate_files::open_disk(path, writable).map_err(slate_files::FileError::into_io)?;
         let len = file.seek(SeekFrom::End(0))?;
         Ok(Self {
             file,

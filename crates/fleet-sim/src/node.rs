@@ -403,6 +403,7 @@ impl NodeBackend for SimBackend {
             last_rollback: None,
             pinned: Vec::new(),
             secure_boot: None,
+            var: None,
             boot_times: None,
             memory: None,
             warnings: Vec::new(),

@@ -10,7 +10,7 @@
 //! overwrites. A swap that loses answers the record it read ([`Swap::LostTo`]).
 
 use std::fs::{File, OpenOptions};
-use std::io::{self, Read as _, Write as _};
+use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
 
 use nix::errno::Errno;
@@ -42,17 +42,26 @@ impl FileStore {
     /// An existing store: what the admin commands do, so that a mistyped path is an error
     /// rather than an empty store.
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
-        let meta = std::fs::metadata(dir)
-            .map_err(|e| io_error(format!("opening the store {}", dir.display()), e))?;
-        if !meta.is_dir() {
-            return Err(io_error(
-                format!("opening the store {}", dir.display()),
-                io::Error::new(io::ErrorKind::NotADirectory, "not a directory"),
-            ));
-        }
-        Ok(FileStore {
+        slate_files::check_dir(dir, "the store").map_err(|e| io_error("opening".into(), e))?;
+        let store = FileStore {
             dir: dir.to_path_buf(),
+        };
+        store.check_records()?;
+        Ok(store)
+    }
+
+    /// Every group's record must be a regular file: one that is a FIFO would block its first
+    /// read (a server then never listened, and said nothing), a device would be read without
+    /// end. Refused by name when the store is opened, before any record is read (issue 44).
+    fn check_records(&self) -> Result<(), StoreError> {
+        slate_files::files_in(&self.dir, "the group record", |path| {
+            path.file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_suffix(RECORD_SUFFIX))
+                .is_some_and(|g| GroupName::new(g).is_ok())
         })
+        .map(drop)
+        .map_err(|e| io_error(format!("opening the store {}", self.dir.display()), e))
     }
 
     pub fn dir(&self) -> &Path {
@@ -114,7 +123,10 @@ impl FileStore {
     }
 }
 
-fn io_error(what: String, e: io::Error) -> StoreError {
+fn io_error(
+    what: String,
+    e: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
+) -> StoreError {
     StoreError::backend(what, e)
 }
 
@@ -141,16 +153,23 @@ impl SemaphoreStore for FileStore {
 
     fn load(&self, group: &GroupName) -> Result<Option<(Version, Semaphore)>, StoreError> {
         let path = self.record_path(group);
-        let file = match File::open(&path) {
-            Ok(file) => file,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
-            Err(e) => return Err(io_error(format!("opening {}", path.display()), e)),
+        // A regular file of at most the record's cap (a record changed into a FIFO since the
+        // store was opened is refused, not waited on).
+        let bytes = match slate_files::read_file_bounded(
+            &path,
+            MAX_RECORD_LEN as u64,
+            "the group record",
+        ) {
+            Ok(bytes) => bytes,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e @ slate_files::FileError::TooLarge { .. }) => {
+                return Err(StoreError::Corrupt {
+                    group: group.to_string(),
+                    reason: e.to_string(),
+                })
+            }
+            Err(e) => return Err(io_error(format!("loading group {group}"), e)),
         };
-        let mut bytes = Vec::new();
-        // One byte over the cap is enough for the parser to refuse it.
-        file.take(MAX_RECORD_LEN as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| io_error(format!("reading {}", path.display()), e))?;
         let record = parse_record(&bytes).map_err(|e| StoreError::Corrupt {
             group: group.to_string(),
             reason: format!("{}: {e}", path.display()),
@@ -196,7 +215,7 @@ impl SemaphoreStore for FileStore {
         guard.unlock().map_err(|(_, errno)| {
             io_error(
                 format!("unlocking {}", self.dir.join(LOCK_FILE).display()),
-                errno.into(),
+                io::Error::from(errno),
             )
         })?;
         Ok(swap)

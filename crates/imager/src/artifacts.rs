@@ -13,6 +13,7 @@ use slate_profile::image_contract;
 use slate_rootfs::{build_squashfs_with_progress, SquashfsOptions};
 use slate_uki::{UkiBuilder, UKI_SBAT_LINE};
 
+use crate::extension::{extension_nodes, read_extension, Node};
 use crate::{ImagerError, Inputs, Progress};
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, ImagerError> {
@@ -143,13 +144,20 @@ pub fn assemble_root(inputs: &Inputs, tree: &Path) -> Result<(), ImagerError> {
         inputs.profile.os_release().as_bytes(),
     )?;
     if let Some(node) = inputs.profile.node_config() {
-        // Every service's program (and ready command) must be in the root being built.
-        slate_services::start_order(&node.services, &|program| program_in(tree, program)).map_err(
-            |e| ImagerError::BadInput {
-                what: "the profile's services",
-                reason: e.to_string(),
-            },
-        )?;
+        // Every service's program (and ready command) must be in the root being built, or in
+        // one of the system extensions layered over it.
+        let layers = inputs
+            .extensions
+            .iter()
+            .map(extension_nodes)
+            .collect::<Result<Vec<_>, _>>()?;
+        slate_services::start_order(&node.services, &|program| {
+            program_in_layers(tree, &layers, program)
+        })
+        .map_err(|e| ImagerError::BadInput {
+            what: "the profile's services",
+            reason: e.to_string(),
+        })?;
         write_generated(
             &tree.join(slate_profile::NODE_CONFIG_PATH),
             node.to_toml().as_bytes(),
@@ -196,6 +204,34 @@ pub fn assemble_root(inputs: &Inputs, tree: &Path) -> Result<(), ImagerError> {
 /// instead); the system extensions and their manifest follow as a second, gzip-compressed
 /// archive.
 pub fn build_initramfs(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Vec<u8>, ImagerError> {
+    let (main, extensions) = initramfs_parts(inputs, rootfs)?;
+    Ok(match extensions {
+        Some(ext) => concat_initrds(&[&main, &ext]),
+        None => main,
+    })
+}
+
+/// The initramfs as the boot loader loads it: the main archive zstd-compressed, then the
+/// extensions' gzip member as it is. The kernel unpacks compressed members one after another,
+/// but a member found *inside* a decompressed one is "junk within compressed archive": the
+/// extensions must not go into the zstd stream.
+pub fn build_boot_initramfs(
+    inputs: &Inputs,
+    rootfs: Option<&[u8]>,
+) -> Result<Vec<u8>, ImagerError> {
+    let (main, extensions) = initramfs_parts(inputs, rootfs)?;
+    let main = compress_initramfs(&main)?;
+    Ok(match extensions {
+        Some(ext) => concat_initrds(&[&main, &ext]),
+        None => main,
+    })
+}
+
+/// The main archive and, with extensions, their gzip-compressed archive.
+fn initramfs_parts(
+    inputs: &Inputs,
+    rootfs: Option<&[u8]>,
+) -> Result<(Vec<u8>, Option<Vec<u8>>), ImagerError> {
     let epoch = u32::try_from(inputs.source_date_epoch).unwrap_or(u32::MAX);
     let mut cpio = CpioWriter::with_mtime(epoch);
     for dir in [
@@ -256,34 +292,32 @@ pub fn build_initramfs(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Vec<u8>
     let main = cpio.finish();
 
     if inputs.extensions.is_empty() {
-        return Ok(main);
+        return Ok((main, None));
     }
     let mut ext = CpioWriter::with_mtime(epoch);
     ext.dir(image_contract::EXTENSIONS_PATH, 0o755)?;
-    let mut manifest = String::new();
-    for path in &inputs.extensions {
-        let name =
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .ok_or_else(|| ImagerError::BadInput {
-                    what: "rootfs.extensions",
-                    reason: format!("{} has no usable file name", path.display()),
-                })?;
+    let mut entries = Vec::new();
+    for extension in &inputs.extensions {
+        let entry = extension.entry();
         ext.file(
-            &format!("{}/{name}", image_contract::EXTENSIONS_PATH),
+            &format!("{}/{}", image_contract::EXTENSIONS_PATH, entry.file),
             0o644,
-            read("the system extension", path)?,
+            read_extension(extension)?,
         )?;
-        manifest.push_str(name);
-        manifest.push('\n');
+        entries.push(entry);
     }
-    ext.file(image_contract::EXTENSIONS_MANIFEST_PATH, 0o644, manifest)?;
+    // docs/formats.md §6.4: init checks each image against its line before layering it.
+    ext.file(
+        image_contract::EXTENSIONS_MANIFEST_PATH,
+        0o644,
+        slate_profile::render_extensions_manifest(&entries),
+    )?;
     let mut gz = GzEncoder::new(Vec::new(), Compression::best());
     gz.write_all(&ext.finish())
         .and_then(|_| gz.flush())
         .map_err(io_err(Path::new("memory")))?;
     let compressed = gz.finish().map_err(io_err(Path::new("memory")))?;
-    Ok(concat_initrds(&[&main, &compressed]))
+    Ok((main, Some(compressed)))
 }
 
 /// The zstd level of the initramfs in a UKI or beside GRUB's kernel: the archive is mostly the
@@ -343,26 +377,48 @@ pub(crate) fn in_bytes(size: Result<u64, slate_profile::ProfileError>) -> Result
 /// Whether the root at `tree` holds an executable file at `path` (as the node will see it:
 /// symbolic links followed inside `tree`, an absolute target meaning `tree`'s root).
 pub(crate) fn program_in(tree: &Path, path: &Path) -> bool {
+    program_in_layers(tree, &[], path)
+}
+
+/// [`program_in`] over the root with system extensions above it (topmost first): each path is
+/// what the topmost layer holding it has.
+pub(crate) fn program_in_layers(
+    tree: &Path,
+    layers: &[std::collections::BTreeMap<std::path::PathBuf, Node>],
+    path: &Path,
+) -> bool {
     use std::os::unix::fs::PermissionsExt as _;
-    let mut at = path.to_path_buf();
+    let lookup = |at: &Path| -> Option<Node> {
+        if let Some(node) = layers.iter().find_map(|l| l.get(at)) {
+            return Some(node.clone());
+        }
+        let inside = tree.join(at.strip_prefix("/").unwrap_or(at));
+        let meta = fs::symlink_metadata(&inside).ok()?;
+        Some(if meta.file_type().is_symlink() {
+            Node::Symlink(fs::read_link(&inside).ok()?)
+        } else if meta.is_file() {
+            Node::File {
+                executable: meta.permissions().mode() & 0o111 != 0,
+            }
+        } else {
+            Node::Other
+        })
+    };
+    let mut at = inside_root(path);
     // As many links as the kernel follows before ELOOP.
     for _ in 0..40 {
-        let inside = tree.join(at.strip_prefix("/").unwrap_or(&at));
-        let Ok(meta) = fs::symlink_metadata(&inside) else {
-            return false;
-        };
-        if !meta.file_type().is_symlink() {
-            return meta.is_file() && meta.permissions().mode() & 0o111 != 0;
+        match lookup(&at) {
+            None | Some(Node::Other) => return false,
+            Some(Node::File { executable }) => return executable,
+            Some(Node::Symlink(target)) => {
+                let joined = if target.is_absolute() {
+                    target
+                } else {
+                    at.parent().unwrap_or(Path::new("/")).join(target)
+                };
+                at = inside_root(&joined);
+            }
         }
-        let Ok(target) = fs::read_link(&inside) else {
-            return false;
-        };
-        let joined = if target.is_absolute() {
-            target
-        } else {
-            at.parent().unwrap_or(Path::new("/")).join(target)
-        };
-        at = inside_root(&joined);
     }
     false
 }

@@ -38,9 +38,7 @@ use slate_snapshot::entry::{self, carried_options, entry_text, EntrySpec, LOADER
 use slate_snapshot::{fstab, validate, SnapshotName};
 use slate_snapshot_engine::tree;
 
-use crate::artifacts::{
-    assemble_root, build_initramfs, compress_initramfs, in_bytes, write_generated,
-};
+use crate::artifacts::{assemble_root, build_boot_initramfs, in_bytes, write_generated};
 use crate::{ImagerError, Inputs, Progress};
 
 /// The smallest pool slate lays out, in MiB: mkfs.btrfs 6.2 refuses devices under 109 MiB
@@ -344,7 +342,7 @@ pub(crate) fn build(
         _ => read("systemd-boot", &inputs.systemd_boot)?,
     };
     progress(Progress::Step("packing the initramfs"));
-    let initrd = compress_initramfs(&build_initramfs(inputs, None)?)?;
+    let initrd = build_boot_initramfs(inputs, None)?;
 
     progress(Progress::Step("making the Btrfs pool"));
     let parent = dest.parent().unwrap_or(Path::new("."));

@@ -9,7 +9,8 @@ use slate_installer::{write_grub_image, write_image, GrubImagePlan, ImagePlan};
 use slate_layout::LayoutParams;
 
 use crate::artifacts::{
-    build_cmdline, build_initramfs, build_rootfs, build_uki, compress_initramfs, in_bytes, uki_name,
+    build_boot_initramfs, build_cmdline, build_initramfs, build_rootfs, build_uki, in_bytes,
+    uki_name,
 };
 use crate::output::PendingOutput;
 use crate::{ImagerError, Inputs, OutputKind, Progress};
@@ -41,12 +42,20 @@ pub fn plan(inputs: &Inputs) -> Vec<String> {
         OutputKind::Cmdline | OutputKind::Kernel | OutputKind::Rootfs
     ) {
         steps.push(format!(
-            "initramfs: /init = {}, {} modules for {} ({}), rootfs.sqsh, {} extensions",
+            "initramfs: /init = {}, {} modules for {} ({}), rootfs.sqsh, {} extensions{}",
             inputs.slate.display(),
             inputs.module_paths.len(),
             inputs.kernel_release,
             inputs.module_paths.join(" "),
-            inputs.extensions.len()
+            inputs.extensions.len(),
+            inputs
+                .extensions
+                .iter()
+                .map(|e| format!(
+                    " ({} {}, {} bytes, signature verified)",
+                    e.manifest.name, e.manifest.version, e.manifest.size
+                ))
+                .collect::<String>()
         ));
     }
     if matches!(
@@ -265,7 +274,7 @@ fn grub_image(
     };
     let rootfs = build_rootfs(inputs, progress)?;
     progress(Progress::Step("packing the initramfs"));
-    let initramfs = compress_initramfs(&build_initramfs(inputs, Some(&rootfs))?)?;
+    let initramfs = build_boot_initramfs(inputs, Some(&rootfs))?;
     let plan = GrubImagePlan {
         image_id: inputs.image_id(),
         layout: layout_params(p)?,
@@ -291,7 +300,7 @@ fn grub_image(
 fn uki(inputs: &Inputs, progress: &mut dyn FnMut(Progress)) -> Result<Vec<u8>, ImagerError> {
     let rootfs = build_rootfs(inputs, progress)?;
     progress(Progress::Step("packing the initramfs"));
-    let initramfs = compress_initramfs(&build_initramfs(inputs, Some(&rootfs))?)?;
+    let initramfs = build_boot_initramfs(inputs, Some(&rootfs))?;
     progress(Progress::Step("assembling the UKI"));
     let uki = build_uki(inputs, &initramfs)?;
     match &inputs.secure_boot {

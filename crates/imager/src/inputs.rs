@@ -106,7 +106,11 @@ pub struct Inputs {
     /// What each of `module_paths` needs loaded before it (its `modules.dep` line).
     pub module_dependencies: std::collections::BTreeMap<String, Vec<String>>,
     pub base_rootfs: PathBuf,
-    pub extensions: Vec<PathBuf>,
+    /// The profile's system extensions, topmost first: each manifest verified against
+    /// `trusted_keys` and its image checked (once the rootfs is needed).
+    pub extensions: Vec<crate::ExtensionInput>,
+    /// The manifests `rootfs.extensions` names, resolved against the profile's directory.
+    pub extension_manifests: Vec<PathBuf>,
     pub stub: PathBuf,
     pub systemd_boot: PathBuf,
     /// `bootloader = "grub"`: the GRUB EFI image.
@@ -200,7 +204,8 @@ impl Inputs {
             module_paths: Vec::new(),
             module_dependencies: Default::default(),
             base_rootfs: at(&profile.rootfs.base),
-            extensions: profile.rootfs.extensions.iter().map(|p| at(p)).collect(),
+            extensions: Vec::new(),
+            extension_manifests: profile.rootfs.extensions.iter().map(|p| at(p)).collect(),
             stub: at(&profile.boot.stub),
             systemd_boot: at(&profile.boot.systemd_boot),
             grub_efi: profile.boot.grub_efi.as_deref().map(at),
@@ -232,10 +237,11 @@ impl Inputs {
         }
         if kind.needs_rootfs() {
             must_exist("the base rootfs", &self.base_rootfs)?;
-            for ext in &self.extensions {
-                must_exist("the system extension", ext)?;
-            }
             self.trusted_keys = read_trusted_keys(base, &self.profile.trust.keys)?;
+            self.extensions = crate::extension::resolve_extensions(
+                &self.extension_manifests,
+                &self.trusted_keys,
+            )?;
         }
         if kind.needs_initramfs() {
             must_exist("the slate binary", &self.slate)?;

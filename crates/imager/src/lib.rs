@@ -9,19 +9,24 @@
 mod artifacts;
 mod btrfs_image;
 mod build;
+mod extension;
 mod inputs;
 mod output;
 mod secure_boot;
 mod systemd_root;
 
 pub use artifacts::{
-    assemble_root, build_cmdline, build_initramfs, build_rootfs, build_uki, compress_initramfs,
-    uki_name,
+    assemble_root, build_boot_initramfs, build_cmdline, build_initramfs, build_rootfs, build_uki,
+    compress_initramfs, uki_name,
 };
 pub use btrfs_image::{
     first_snapshot, fstab_text, pool_uuid, BtrfsImageError, POOL_FS_LABEL, POOL_MIN_MIB,
 };
 pub use build::{build, plan};
+pub use extension::{
+    extension_paths, make_extension, plan_extension, resolve_extensions, ExtensionInput,
+    ExtensionOutput, ExtensionRequest,
+};
 pub use inputs::{Inputs, OutputKind};
 pub use output::{write_output, PendingOutput};
 pub use secure_boot::{gen_secureboot_keys, KeygenError, SecureBootInputs, SECURE_BOOT_KEY_FILES};

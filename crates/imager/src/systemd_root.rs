@@ -1,6 +1,6 @@
 //! A systemd image (`[os] init = "systemd"`): the root must hold systemd, and slate adds its
 //! units and mount points; the initramfs carries the marker that tells slate's init to set up
-//! /var, STATE and /etc before it executes systemd (docs/formats.md §6.4).
+//! /var, STATE and /etc before it executes systemd (docs/formats.md §6.5).
 
 use std::fs;
 use std::os::unix::fs::{symlink, PermissionsExt as _};

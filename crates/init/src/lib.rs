@@ -17,6 +17,7 @@ use std::time::Duration;
 use anyhow::{bail, ensure, Context as _, Result};
 use slate_host::{self as host, KmsgLogger, ModuleLoad, MsFlags};
 use slate_profile::image_contract::{EXTENSIONS as EXTENSIONS_DIR, MODULES_LOAD, ROOTFS_IMAGE};
+use slate_profile::{parse_extensions_manifest, ExtensionEntry};
 
 mod modules;
 mod parse;
@@ -24,9 +25,7 @@ pub mod systemd;
 
 pub use modules::{load_in_order, parse_modules_load, Loaded, ModuleToLoad, MAX_LOADERS};
 pub use parse::{block_root, BlockRoot, RootSource};
-use parse::{
-    failure_action, init_program, module_name, parse_manifest, plan_layers, FailureAction, Layer,
-};
+use parse::{failure_action, init_program, module_name, plan_layers, FailureAction, Layer};
 
 const MODULES_DIR: &str = "/lib/modules";
 const MANIFEST: &str = "manifest";
@@ -144,10 +143,18 @@ fn mount_image_root(log: &KmsgLogger, new_root: &Path) -> Result<()> {
             "ignoring {EXTENSIONS_DIR}/{name}: not listed in {MANIFEST}"
         ));
     }
+    for ext in &extensions.ordered {
+        check_extension(Path::new(EXTENSIONS_DIR), ext)?;
+        log.info(format_args!(
+            "system extension {} {} ({}, {} bytes) matches its digest",
+            ext.name, ext.version, ext.file, ext.size
+        ));
+    }
+    let files: Vec<String> = extensions.ordered.iter().map(|e| e.file.clone()).collect();
     let layers = plan_layers(
         Path::new(ROOTFS_IMAGE),
         Path::new(EXTENSIONS_DIR),
-        &extensions.ordered,
+        &files,
         Path::new(LAYERS_DIR),
     );
     mount_root_stack(log, &layers, new_root).context("mounting the root filesystem")?;
@@ -293,11 +300,11 @@ fn module_release(dir: &Path) -> Result<String> {
     }
 }
 
-/// The extension images to layer, from `<dir>/manifest`.
+/// The extension images to layer, from `<dir>/manifest` (docs/formats.md §6.4).
 #[derive(Debug, Default, PartialEq, Eq)]
 struct Extensions {
-    /// File names in manifest order: the first is the topmost layer.
-    ordered: Vec<String>,
+    /// In manifest order: the first is the topmost layer.
+    ordered: Vec<ExtensionEntry>,
     /// `.sqsh` files present but not in the manifest.
     unlisted: Vec<String>,
 }
@@ -331,22 +338,67 @@ fn find_extensions(dir: &Path) -> Result<Extensions> {
         ),
         Err(err) => return Err(err).with_context(|| format!("reading {}", manifest.display())),
     };
-    let ordered =
-        parse_manifest(&text).with_context(|| format!("parsing {}", manifest.display()))?;
-    for name in &ordered {
-        let path = dir.join(name);
+    let ordered = parse_extensions_manifest(&text)
+        .map_err(anyhow::Error::msg)
+        .with_context(|| format!("parsing {}", manifest.display()))?;
+    for ext in &ordered {
+        let path = dir.join(&ext.file);
         ensure!(
             path.is_file(),
-            "{} lists {name}, but {} is not a file",
+            "{} lists {}, but {} is not a file",
             manifest.display(),
+            ext.file,
             path.display()
         );
     }
     let unlisted = present
         .into_iter()
-        .filter(|p| !ordered.contains(p))
+        .filter(|p| !ordered.iter().any(|e| &e.file == p))
         .collect();
     Ok(Extensions { ordered, unlisted })
+}
+
+/// An extension image must be exactly what the manifest (inside the signed UKI) says: another
+/// size or digest is corruption, and the boot stops here rather than run an unknown root.
+fn check_extension(dir: &Path, ext: &ExtensionEntry) -> Result<()> {
+    use sha2::{Digest as _, Sha256};
+    use std::io::Read as _;
+    let path = dir.join(&ext.file);
+    let mut file =
+        std::fs::File::open(&path).with_context(|| format!("opening {}", path.display()))?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut size = 0u64;
+    loop {
+        let n = file
+            .read(&mut buf)
+            .with_context(|| format!("reading {}", path.display()))?;
+        if n == 0 {
+            break;
+        }
+        size += n as u64;
+        hasher.update(&buf[..n]);
+    }
+    ensure!(
+        size == ext.size,
+        "system extension {} {}: {} is {size} bytes, the image's manifest says {}: the image is \
+         corrupt, refusing to layer it",
+        ext.name,
+        ext.version,
+        path.display(),
+        ext.size
+    );
+    let digest = format!("sha256:{:x}", hasher.finalize());
+    ensure!(
+        digest == ext.digest,
+        "system extension {} {}: {} has digest {digest}, the image's manifest says {}: the image \
+         is corrupt, refusing to layer it",
+        ext.name,
+        ext.version,
+        path.display(),
+        ext.digest
+    );
+    Ok(())
 }
 
 /// Mounts the layers read-only at `target`: a single layer directly, several as an overlay.
@@ -409,6 +461,16 @@ mod tests {
         assert!(err.contains("expected exactly one kernel release"), "{err}");
     }
 
+    /// A manifest line for `file` with `content` (its real size and digest).
+    fn line(file: &str, name: &str, content: &[u8]) -> String {
+        use sha2::{Digest as _, Sha256};
+        format!(
+            "{file} {name} 1.0 {} sha256:{:x}\n",
+            content.len(),
+            Sha256::digest(content)
+        )
+    }
+
     #[test]
     fn extensions_are_found_through_the_manifest() {
         let dir = tempfile::tempdir().unwrap();
@@ -421,13 +483,44 @@ mod tests {
         }
         let err = find_extensions(&ext).unwrap_err().to_string();
         assert!(err.contains("no manifest"), "{err}");
-        std::fs::write(ext.join(MANIFEST), "b.sqsh\na.sqsh\n").unwrap();
+        let manifest = format!(
+            "# header\n{}{}",
+            line("b.sqsh", "b", b""),
+            line("a.sqsh", "a", b"")
+        );
+        std::fs::write(ext.join(MANIFEST), manifest).unwrap();
         let found = find_extensions(&ext).unwrap();
-        assert_eq!(found.ordered, ["b.sqsh", "a.sqsh"]);
+        let files: Vec<&str> = found.ordered.iter().map(|e| e.file.as_str()).collect();
+        assert_eq!(files, ["b.sqsh", "a.sqsh"]);
         assert_eq!(found.unlisted, ["stray.sqsh"]);
-        std::fs::write(ext.join(MANIFEST), "missing.sqsh\n").unwrap();
+        std::fs::write(ext.join(MANIFEST), line("missing.sqsh", "m", b"")).unwrap();
         let err = find_extensions(&ext).unwrap_err().to_string();
         assert!(err.contains("lists missing.sqsh"), "{err}");
+        std::fs::write(ext.join(MANIFEST), "a.sqsh\n").unwrap();
+        let err = format!("{:#}", find_extensions(&ext).unwrap_err());
+        assert!(err.contains("line 1: 1 fields"), "{err}");
+    }
+
+    #[test]
+    fn an_extension_that_does_not_match_its_digest_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.sqsh"), b"squashfs").unwrap();
+        let entry = |text: String| parse_extensions_manifest(&text).unwrap().remove(0);
+        check_extension(dir.path(), &entry(line("a.sqsh", "a", b"squashfs"))).unwrap();
+        let err = check_extension(dir.path(), &entry(line("a.sqsh", "a", b"squashfz")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("system extension a 1.0") && err.contains("has digest"),
+            "{err}"
+        );
+        let err = check_extension(dir.path(), &entry(line("a.sqsh", "a", b"squash")))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("is 8 bytes, the image's manifest says 6"),
+            "{err}"
+        );
     }
 
     /// Whether this machine can run the privileged test (skipped, saying why, when not; failed
@@ -479,16 +572,20 @@ mod tests {
         let ext_dir = dir.path().join("extensions");
         squashfs(&ext_dir, "one.sqsh", &[("b", "one"), ("c", "one")]);
         squashfs(&ext_dir, "two.sqsh", &[("c", "two"), ("d", "two")]);
-        std::fs::write(ext_dir.join(MANIFEST), "one.sqsh\ntwo.sqsh\n").unwrap();
+        let entry_line = |file: &str| {
+            let bytes = std::fs::read(ext_dir.join(file)).unwrap();
+            line(file, file.trim_end_matches(".sqsh"), &bytes)
+        };
+        std::fs::write(
+            ext_dir.join(MANIFEST),
+            format!("{}{}", entry_line("one.sqsh"), entry_line("two.sqsh")),
+        )
+        .unwrap();
         let log = KmsgLogger::stderr("test");
 
         let extensions = find_extensions(&ext_dir).unwrap();
-        let layers = plan_layers(
-            &rootfs,
-            &ext_dir,
-            &extensions.ordered,
-            &dir.path().join("layers"),
-        );
+        let files: Vec<String> = extensions.ordered.iter().map(|e| e.file.clone()).collect();
+        let layers = plan_layers(&rootfs, &ext_dir, &files, &dir.path().join("layers"));
         let target = dir.path().join("newroot");
         std::fs::create_dir(&target).unwrap();
         let devices = mount_root_stack(&log, &layers, &target).unwrap();

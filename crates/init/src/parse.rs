@@ -1,5 +1,6 @@
 //! init's pure decisions, apart from its syscalls: what to do after a failure, which program
-//! to execute, the module list, the extensions manifest and the order of the root's layers.
+//! to execute, the module list and the order of the root's layers (the extensions manifest is
+//! `slate_profile::parse_extensions_manifest`).
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -7,7 +8,7 @@ use std::time::Duration;
 use anyhow::{ensure, Result};
 use slate_host as host;
 
-use crate::{DEFAULT_INIT, MANIFEST, REBOOT_DELAY};
+use crate::{DEFAULT_INIT, REBOOT_DELAY};
 
 /// What PID 1 does after a failed boot: exiting would panic the kernel, hiding the message.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,28 +42,6 @@ pub(crate) fn init_program(cmdline: &str) -> Result<&str> {
 pub(crate) fn module_name(path: &str) -> &str {
     let file = path.rsplit('/').next().unwrap_or(path);
     file.find(".ko").map_or(file, |end| &file[..end])
-}
-
-/// Extension file names, one per line, topmost first; blank lines and `#` comments skipped.
-pub(crate) fn parse_manifest(text: &str) -> Result<Vec<String>> {
-    let mut names: Vec<String> = Vec::new();
-    for (i, line) in text.lines().enumerate() {
-        let name = line.trim();
-        if name.is_empty() || name.starts_with('#') {
-            continue;
-        }
-        let line_no = i + 1;
-        ensure!(
-            !name.contains('/') && name != "." && name != ".." && name != MANIFEST,
-            "line {line_no}: {name:?} is not a file name in the extensions directory"
-        );
-        ensure!(
-            !names.iter().any(|n| n == name),
-            "line {line_no}: {name} is listed twice"
-        );
-        names.push(name.to_string());
-    }
-    Ok(names)
 }
 
 /// A root on a block device, named by the kernel's own parameters: `root=UUID=<uuid>`
@@ -238,15 +217,6 @@ mod tests {
             "virtio_blk"
         );
         assert_eq!(module_name("loop.ko"), "loop");
-    }
-
-    #[test]
-    fn manifest_names_are_plain_and_unique() {
-        let text = "# topmost first\nnet.sqsh\n\ndebug.sqsh\n";
-        assert_eq!(parse_manifest(text).unwrap(), ["net.sqsh", "debug.sqsh"]);
-        assert!(parse_manifest("a.sqsh\na.sqsh\n").is_err());
-        assert!(parse_manifest("../rootfs.sqsh\n").is_err());
-        assert!(parse_manifest("manifest\n").is_err());
     }
 
     #[test]

@@ -58,6 +58,9 @@ pub struct MachineConfig {
     /// `[drain]`: what the node runs before it stops its services on every way down.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<Drain>,
+    /// `[var] mode`: how /var lives on this node (the image's when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub var: Option<slate_profile::Var>,
 }
 
 /// `[drain]`: a command run first in every drain — before an upgrade is installed, a reboot,
@@ -375,6 +378,8 @@ pub fn change(old: &MachineConfig, new: &MachineConfig) -> ConfigChange {
     note("services", old.services != new.services, false);
     // Read when the node drains, so it applies to the next drain without a reboot.
     note("drain", old.drain != new.drain, false);
+    // /var is mounted once per boot.
+    note("var", old.var != new.var, true);
     ConfigChange {
         changed,
         reboot_required,

@@ -77,5 +77,6 @@ pub fn migrate(old: ConfigV0) -> MachineConfig {
         reboot: Default::default(),
         services: Vec::new(),
         drain: None,
+        var: None,
     }
 }

@@ -140,6 +140,7 @@ impl NodeBackend for Backend {
                 .unwrap_or_else(|p| p.into_inner())
                 .clone(),
             secure_boot: crate::boot::secure_boot::status(),
+            var: self.0.var.lock().unwrap_or_else(|p| p.into_inner()).clone(),
             boot_times: Some(self.0.journal.boot.times()),
             memory: slate_host::resident_kib().ok().map(|rss_kib| MemoryUse {
                 rss_kib,

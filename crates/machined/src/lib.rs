@@ -94,6 +94,7 @@ fn boot_and_serve(
     let facts = Facts {
         watchdog: watchdog.cloned(),
         image_services: config.services.clone(),
+        image_var: config.var.clone().unwrap_or_default().mode,
         ..Facts::default()
     };
     let api = Mutex::new(None);

@@ -87,21 +87,45 @@ pub fn mount_volume(
     log: &dyn Fn(&str),
     sleep: &dyn Fn(Duration) -> bool,
 ) -> Result<(), VolumeError> {
+    mount_volume_as(label, disk, target, false, log, sleep).map(drop)
+}
+
+/// [`mount_volume`]; with `afresh` (an ephemeral /var) the volume is formatted whatever it
+/// holds, before anything reads it. Answers what was done: `formatted (blank)`, `formatted
+/// (ephemeral)`, `checked` (e2fsck ran) or `mounted`.
+pub fn mount_volume_as(
+    label: &str,
+    disk: Option<&Path>,
+    target: &Path,
+    afresh: bool,
+    log: &dyn Fn(&str),
+    sleep: &dyn Fn(Duration) -> bool,
+) -> Result<&'static str, VolumeError> {
     let part = wait_for_partition(label, disk, sleep)?;
     let device = &part.device;
+    if afresh {
+        log(&format!(
+            "{label} ({}): ephemeral: formatting it afresh",
+            device.display()
+        ));
+        slate_host::format_ext(device, label)?;
+        mount_ext4(label, device, target, log)?;
+        return Ok("formatted (ephemeral)");
+    }
     let blank = slate_host::is_blank(device)?;
     let due = if blank {
         None
     } else {
         slate_host::device_ext_check_due(device)?
     };
-    match preparation(blank, due) {
+    let done = match preparation(blank, due) {
         Preparation::Format => {
             log(&format!(
                 "{label} ({}) is blank: formatting it (first boot)",
                 device.display()
             ));
             slate_host::format_ext(device, label)?;
+            "formatted (blank)"
         }
         Preparation::Clean => {
             log(&format!(
@@ -109,6 +133,7 @@ pub fn mount_volume(
                  not needed"
             ));
             add_journal_when_missing(label, device, log)?;
+            "mounted"
         }
         Preparation::Check(due) => {
             let started = Instant::now();
@@ -123,8 +148,19 @@ pub fn mount_volume(
                 started.elapsed().as_millis()
             ));
             add_journal_when_missing(label, device, log)?;
+            "checked"
         }
-    }
+    };
+    mount_ext4(label, device, target, log)?;
+    Ok(done)
+}
+
+fn mount_ext4(
+    label: &str,
+    device: &Path,
+    target: &Path,
+    log: &dyn Fn(&str),
+) -> Result<(), VolumeError> {
     let source = device.to_string_lossy().into_owned();
     slate_host::mount(
         &source,

@@ -32,7 +32,7 @@ image_paths! {
     ROOTFS_IMAGE_PATH, ROOTFS_IMAGE = "rootfs.sqsh";
     /// System extensions (squashfs images overlaid on the root), in a second initramfs archive.
     EXTENSIONS_PATH, EXTENSIONS = "extensions";
-    /// The extensions' order, one file name per line, lowest layer first.
+    /// The extensions, topmost first: file, name, version, size and digest per line (§6.4).
     EXTENSIONS_MANIFEST_PATH, EXTENSIONS_MANIFEST = "extensions/manifest";
 }
 

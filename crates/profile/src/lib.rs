@@ -7,6 +7,7 @@
 //! The optional `[health]` and `[watchdog]` sections are the node's runtime configuration
 //! ([`NodeConfig`]): the imager writes them into the image for machined to read.
 
+pub mod extensions;
 mod image;
 pub mod image_contract;
 mod node;
@@ -17,10 +18,14 @@ use std::path::PathBuf;
 use serde::Deserialize;
 pub use slate_services::ServiceSpec;
 
+pub use extensions::{
+    parse_extensions_manifest, render_extensions_manifest, ExtensionEntry,
+    EXTENSIONS_MANIFEST_HEADER,
+};
 pub use image::{Image, KEEP_VERSIONS_RANGE, MAX_ESP_MIB, MAX_IMAGE_MIB};
 pub use node::{
-    Health, HealthCheck, NodeConfig, Reboot, RebootMethod, Watchdog, HEALTH_TIMEOUT_RANGE,
-    NODE_CONFIG_PATH, WATCHDOG_TIMEOUT_RANGE,
+    Health, HealthCheck, NodeConfig, Reboot, RebootMethod, Var, VarMode, Watchdog,
+    HEALTH_TIMEOUT_RANGE, NODE_CONFIG_PATH, WATCHDOG_TIMEOUT_RANGE,
 };
 pub use os::{units, Os, OsInit, SYSTEMD};
 
@@ -98,6 +103,9 @@ pub struct Profile {
     /// The services every node of the image runs (`[[services]]`, docs/node.md "Services").
     #[serde(default)]
     pub services: Vec<ServiceSpec>,
+    /// How /var lives (`[var] mode`; a machine configuration's wins).
+    #[serde(default)]
+    pub var: Option<Var>,
     /// The public keys this image trusts for updates.
     #[serde(default)]
     pub trust: Trust,
@@ -151,7 +159,9 @@ pub struct Kernel {
 pub struct Rootfs {
     /// A directory, or a tar archive (`.tar`), holding the base root filesystem.
     pub base: PathBuf,
-    /// Squashfs system extensions layered above the base, topmost first.
+    /// System extensions layered above the base, topmost first: each path names an
+    /// extension's signed manifest (`slate imager extension`, docs/formats.md §7.6), whose
+    /// squashfs image lies beside it.
     #[serde(default)]
     pub extensions: Vec<PathBuf>,
     #[serde(default = "default_zstd_level")]
@@ -306,12 +316,14 @@ impl Profile {
         let any = self.health.is_some()
             || self.watchdog.is_some()
             || self.reboot.is_some()
-            || !self.services.is_empty();
+            || !self.services.is_empty()
+            || self.var.is_some();
         any.then(|| NodeConfig {
             health: self.health.clone(),
             watchdog: self.watchdog.clone(),
             reboot: self.reboot.clone(),
             services: self.services.clone(),
+            var: self.var.clone(),
         })
     }
 

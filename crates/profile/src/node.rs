@@ -185,6 +185,38 @@ pub struct NodeConfig {
     /// its own).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub services: Vec<slate_services::ServiceSpec>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub var: Option<Var>,
+}
+
+/// `[var]`: how /var (the EPHEMERAL partition) lives across boots (docs/node.md, "/var
+/// modes"). The machine configuration's `[var] mode` wins over the image's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct Var {
+    #[serde(default)]
+    pub mode: VarMode,
+}
+
+/// How /var lives.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VarMode {
+    /// Kept across reboots, upgrades and reverts (formatted only when blank).
+    #[default]
+    Persistent,
+    /// Formatted afresh at every boot before anything mounts it: nothing of the last boot's
+    /// contents is read.
+    Ephemeral,
+}
+
+impl VarMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            VarMode::Persistent => "persistent",
+            VarMode::Ephemeral => "ephemeral",
+        }
+    }
 }
 
 /// `[reboot]`: how the node restarts when a reboot asks for its default way (an upgrade's,

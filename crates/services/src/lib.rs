@@ -11,7 +11,7 @@ pub mod order;
 pub mod restart;
 pub mod spec;
 
-pub use order::{start_order, Milestone};
+pub use order::{start_order, stop_waves, Milestone};
 pub use restart::{Backoff, Exit, RestartPolicy};
 pub use spec::{check_argv, check_socket_addr, Limits, ReadyCheck, ServiceSpec, StopSignal};
 

@@ -57,6 +57,41 @@ pub fn service_dependencies(service: &ServiceSpec) -> impl Iterator<Item = &str>
         .filter(|d| Milestone::parse(d).is_none())
 }
 
+/// The stop order in waves (indices into `services`, a checked set): the first wave holds the
+/// services no other depends on, each next one those whose dependents are all in earlier waves.
+/// A wave's services stop together (their grace periods overlap); a service stops only once
+/// everything that depends on it is down. Within a wave, by name.
+pub fn stop_waves(services: &[ServiceSpec]) -> Vec<Vec<usize>> {
+    let mut wave_of: Vec<Option<usize>> = vec![None; services.len()];
+    let mut waves: Vec<Vec<usize>> = Vec::new();
+    while wave_of.iter().any(Option::is_none) {
+        let wave = waves.len();
+        let mut this: Vec<usize> = (0..services.len())
+            .filter(|&i| wave_of[i].is_none())
+            .filter(|&i| {
+                // Every service depending on i is in an earlier wave.
+                services.iter().enumerate().all(|(j, other)| {
+                    j == i
+                        || !service_dependencies(other).any(|d| d == services[i].name)
+                        || wave_of[j].is_some_and(|w| w < wave)
+                })
+            })
+            .collect();
+        if this.is_empty() {
+            // A circle (refused when the set was checked): what is left goes last, together.
+            this = (0..services.len())
+                .filter(|&i| wave_of[i].is_none())
+                .collect();
+        }
+        this.sort_by(|&a, &b| services[a].name.cmp(&services[b].name));
+        for &i in &this {
+            wave_of[i] = Some(wave);
+        }
+        waves.push(this);
+    }
+    waves
+}
+
 /// Checks every service and the set, and answers the start order (indices into `services`):
 /// a service comes after every service it depends on; among those free to start, by name. The
 /// stop order is its reverse.

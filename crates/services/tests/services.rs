@@ -186,6 +186,14 @@ depends_on = [\"web\", \"cache\"]
 ";
     assert_eq!(order(text).unwrap(), ["cache", "db", "web", "api"]);
     assert_eq!(order("services = []").unwrap(), Vec::<String>::new());
+    // Stopped in waves: api first (nothing depends on it), then web and cache together, then db.
+    let services = parse(text).unwrap();
+    let waves: Vec<Vec<&str>> = slate_services::stop_waves(&services)
+        .into_iter()
+        .map(|w| w.into_iter().map(|i| services[i].name.as_str()).collect())
+        .collect();
+    assert_eq!(waves, [vec!["api"], vec!["cache", "web"], vec!["db"]]);
+    assert!(slate_services::stop_waves(&[]).is_empty());
 }
 
 #[test]

@@ -48,8 +48,11 @@ impl NodeTarget {
             .context("no node given: pass --node HOST[:PORT] or set SLATE_NODE")?;
         let dir: &Path = &self.certs;
         let client = if self.no_certificate {
-            let ca = std::fs::read(dir.join(slate_api::CA_CERT))
-                .with_context(|| format!("reading {}", dir.join(slate_api::CA_CERT).display()))?;
+            let ca = read_bytes(
+                &dir.join(slate_api::CA_CERT),
+                MAX_SMALL_FILE_BYTES,
+                "the CA certificate",
+            )?;
             Client::without_certificate(node, &ca)
         } else {
             Client::from_dir(node, dir, self.role.into())
@@ -131,6 +134,40 @@ impl RegistryArgs {
             chunk_size: None,
         })
     }
+}
+
+/// The most bytes of a small file a user names (a certificate, a policy, a META value from a
+/// file): far above any real one, and a bound on what a FIFO or a device could make slate read.
+pub const MAX_SMALL_FILE_BYTES: u64 = 1 << 20;
+
+/// A text file the user named, read as [`slate_files::read_string_bounded`] does: a regular
+/// file of at most `max` bytes, anything else refused at once with its path and what it is
+/// (issue 44). `what` names it: "the machine configuration".
+pub fn read_text(path: &Path, max: u64, what: &str) -> Result<String> {
+    Ok(slate_files::read_string_bounded(path, max, what)?)
+}
+
+/// [`read_text`] for bytes.
+pub fn read_bytes(path: &Path, max: u64, what: &str) -> Result<Vec<u8>> {
+    Ok(slate_files::read_file_bounded(path, max, what)?)
+}
+
+/// A machine configuration file, at most `slate_machine_config::MAX_DOCUMENT_BYTES`: the bound
+/// holds while reading, not after (`config validate /dev/zero` once grew to gigabytes).
+pub fn read_config_text(path: &Path) -> Result<String> {
+    read_text(
+        path,
+        slate_machine_config::MAX_DOCUMENT_BYTES as u64,
+        "the machine configuration",
+    )
+}
+
+/// `--disk`: a disk image or a block device, checked before anything else is read (a FIFO
+/// would block the GPT reader for ever, `/dev/zero` or a directory be taken for a disk). The
+/// library opens it again the same way (`FileDisk`); this only makes the refusal come first.
+pub fn check_disk(path: &Path) -> Result<()> {
+    slate_files::open_disk(path, false)?;
+    Ok(())
 }
 
 /// `--tries`: a number within [`slate_bootspec::INSTALL_TRIES`], refused while the arguments

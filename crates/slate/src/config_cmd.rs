@@ -12,7 +12,7 @@ use slate_machine_config::{
     UpdateSettings, Window, CURRENT_VERSION,
 };
 
-use crate::args::{NodeTarget, OutputFormat};
+use crate::args::{read_config_text, read_text, NodeTarget, OutputFormat, MAX_SMALL_FILE_BYTES};
 
 /// `slate gen config`.
 #[derive(Debug, Args)]
@@ -146,9 +146,7 @@ pub fn gen_config(args: GenConfigArgs) -> Result<()> {
     let extra_client_cas = args
         .also_accept_client_cas
         .iter()
-        .map(|path| {
-            std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
-        })
+        .map(|path| read_text(path, MAX_SMALL_FILE_BYTES, "the client CA certificate"))
         .collect::<Result<Vec<_>>>()?;
     let trust = slate_api::NodeTrust::issue(&args.pki, &args.name, &names, &extra_client_cas)
         .with_context(|| {
@@ -222,6 +220,7 @@ pub fn gen_config(args: GenConfigArgs) -> Result<()> {
         },
         services: Vec::new(),
         drain: None,
+        var: None,
     };
     slate_machine_config::validate(&config)
         .and_then(|()| slate_machine_config::check_trust(&config))
@@ -326,8 +325,7 @@ pub fn apply_config(target: &NodeTarget, args: ApplyConfigArgs) -> Result<()> {
 
 /// The document, refused here with the node's own rules before anything is sent.
 fn read_document(path: &Path) -> Result<String> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = read_config_text(path)?;
     let parsed = slate_machine_config::parse_for_writing(&text)
         .with_context(|| format!("{} is not a valid machine configuration", path.display()))?;
     if let Some(version) = parsed.migrated_from {

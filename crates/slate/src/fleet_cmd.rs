@@ -18,7 +18,7 @@ use slate_operator::{
 use slate_rollout::{NodeReport, PlanRow, PolicySet};
 use slate_transport::{Options, Reference};
 
-use crate::args::{NodeTarget, OutputFormat};
+use crate::args::{read_text, NodeTarget, OutputFormat, MAX_SMALL_FILE_BYTES};
 
 #[derive(Debug, Subcommand)]
 pub enum OperatorCommand {
@@ -264,8 +264,7 @@ pub fn run_fleet(target: &NodeTarget, cmd: FleetCommand) -> Result<()> {
             print!("{}", p.text);
         }
         FleetCommand::Policy(PolicyCommand::Set { file, dry_run }) => {
-            let text = std::fs::read_to_string(&file)
-                .with_context(|| format!("reading {}", file.display()))?;
+            let text = read_text(&file, MAX_SMALL_FILE_BYTES, "the policy file")?;
             let set = PolicySet::parse(&text).with_context(|| format!("{}", file.display()))?;
             if dry_run {
                 println!(

@@ -1,4 +1,5 @@
-//! `slate imager build`: a profile in, an artifact out, with a progress display.
+//! `slate imager build`: a profile in, an artifact out, with a progress display;
+//! `slate imager extension`: a tree in, a signed system extension out.
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,6 +13,35 @@ use slate_imager::{Inputs, OutputKind, Progress};
 pub enum ImagerCommand {
     /// Build one artifact from a profile.
     Build(BuildArgs),
+    /// Make a system extension: a squashfs image of a tree and its manifest (name, version,
+    /// size, SHA-256), signed with a slate key (docs/formats.md §7.6). A profile names the
+    /// manifest in `rootfs.extensions`.
+    Extension(ExtensionArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct ExtensionArgs {
+    /// The extension's name: unique within an image (a-z 0-9 _ -).
+    #[arg(long)]
+    name: String,
+    /// The extension's own version (A-Z a-z 0-9 . ~ ^ _ + -).
+    #[arg(long)]
+    version: String,
+    /// The directory whose content is layered over the root.
+    #[arg(long)]
+    tree: PathBuf,
+    /// The private key that signs the manifest (PEM, as `slate keygen` writes).
+    #[arg(long)]
+    key: PathBuf,
+    /// The directory that receives `<name>-<version>.sqsh` and `<name>-<version>.ext`.
+    #[arg(long)]
+    output: PathBuf,
+    /// The squashfs image's zstd level.
+    #[arg(long, default_value_t = 15)]
+    zstd_level: u32,
+    /// Check the inputs and print the plan without writing.
+    #[arg(long)]
+    dry_run: bool,
 }
 
 #[derive(Debug, Args)]
@@ -50,7 +80,44 @@ fn source_date_epoch() -> Result<u64> {
 }
 
 pub fn run(cmd: ImagerCommand) -> Result<()> {
-    let ImagerCommand::Build(args) = cmd;
+    match cmd {
+        ImagerCommand::Build(args) => build(args),
+        ImagerCommand::Extension(args) => extension(args),
+    }
+}
+
+fn extension(args: ExtensionArgs) -> Result<()> {
+    let req = slate_imager::ExtensionRequest {
+        name: &args.name,
+        version: &args.version,
+        tree: &args.tree,
+        key: &args.key,
+        output: &args.output,
+        source_date_epoch: source_date_epoch()?,
+        zstd_level: args.zstd_level,
+    };
+    if args.dry_run {
+        println!("would make the extension {} {}:", args.name, args.version);
+        for step in slate_imager::plan_extension(&req)? {
+            println!("  - {step}");
+        }
+        return Ok(());
+    }
+    let out = slate_imager::make_extension(&req)
+        .with_context(|| format!("making the extension {} {}", args.name, args.version))?;
+    println!(
+        "made the extension {} {}: {} ({} bytes, {}), manifest {}",
+        out.manifest.name,
+        out.manifest.version,
+        out.image_path.display(),
+        out.manifest.size,
+        out.manifest.digest,
+        out.manifest_path.display()
+    );
+    Ok(())
+}
+
+fn build(args: BuildArgs) -> Result<()> {
     let kind = OutputKind::parse(&args.kind)?;
     let inputs = Inputs::resolve(
         &args.profile,

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use anyhow::{Context as _, Result};
 use clap::{Args, Subcommand};
 
-use crate::args::parse_tries;
+use crate::args::{check_disk, parse_tries, read_bytes, read_config_text, MAX_SMALL_FILE_BYTES};
 use slate_installer::{
     InstallEvent, InstallRequest, Provenance, Trust, UpgradeEvent, UpgradeRequest,
 };
@@ -68,8 +68,7 @@ pub enum InstallerCommand {
 }
 
 fn read_config(path: &Path) -> Result<String> {
-    use anyhow::Context as _;
-    std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))
+    read_config_text(path)
 }
 
 /// How the bundle is trusted: its signature checked against keys, or (explicitly) not at all.
@@ -135,6 +134,7 @@ pub fn run(cmd: InstallerCommand) -> Result<()> {
             secureboot_db,
             dry_run,
         } => {
+            check_disk(&disk)?;
             let request = InstallRequest {
                 bundle,
                 trust: trust.into(),
@@ -157,6 +157,7 @@ pub fn run(cmd: InstallerCommand) -> Result<()> {
             tries,
             dry_run,
         } => {
+            check_disk(&disk)?;
             let plan = slate_installer::rollback(&disk, tries, dry_run)?;
             println!(
                 "{} {}: {} (version {}) boots next on trial, {} {} to return to{}",
@@ -184,6 +185,7 @@ pub fn run(cmd: InstallerCommand) -> Result<()> {
             force,
             dry_run,
         } => {
+            check_disk(&disk)?;
             let text = read_config(&config)?;
             let report = slate_installer::seed_config(&disk, &text, force, dry_run)?;
             println!(
@@ -271,13 +273,13 @@ fn print_install_event(disk: &Path, dry_run: bool, event: InstallEvent<'_>) {
 
 /// `--secureboot-db PEM`: the certificates a target's firmware trusts.
 fn read_db(path: &Path) -> Result<slate_installer::TrustedCerts> {
-    let pem = std::fs::read(path)
-        .with_context(|| format!("reading --secureboot-db {}", path.display()))?;
+    let pem = read_bytes(path, MAX_SMALL_FILE_BYTES, "--secureboot-db")?;
     slate_installer::trusted_from_pem(&pem)
         .with_context(|| format!("--secureboot-db {}", path.display()))
 }
 
 fn upgrade(args: UpgradeArgs) -> Result<()> {
+    check_disk(&args.disk)?;
     let request = UpgradeRequest {
         bundle: args.bundle,
         trust: args.trust.into(),

@@ -11,7 +11,7 @@ use serde::Serialize;
 use slate_disk::{Disk, FileDisk};
 use slate_meta::{parse_tag, payload, tag_name, MetaStore};
 
-use crate::args::OutputFormat;
+use crate::args::{read_bytes, OutputFormat, MAX_SMALL_FILE_BYTES};
 
 #[derive(Debug, Subcommand)]
 pub enum MetaCommand {
@@ -261,8 +261,7 @@ pub fn run(cmd: MetaCommand) -> Result<()> {
             let tag = parse_tag_arg(&tag)?;
             let value = match (value, from_file) {
                 (Some(value), _) => value.into_bytes(),
-                (None, Some(path)) => std::fs::read(&path)
-                    .with_context(|| format!("reading the value from {}", path.display()))?,
+                (None, Some(path)) => read_bytes(&path, MAX_SMALL_FILE_BYTES, "the value file")?,
                 (None, None) => bail!("give a VALUE or --from-file"),
             };
             let mut store = open(&target, change(dry_run, &force))?;

@@ -440,11 +440,26 @@ fn list(args: ListArgs) -> Result<()> {
             for channel in channels {
                 let tag = match (current(channel), head_of(channel)) {
                     (None, _) => format!("tag {channel}: none"),
-                    (Some(d), Some(head)) if d != head.digest => format!(
-                        "tag {channel} → {}, behind the index's {}",
-                        name_of(&index, &d),
-                        head.version
-                    ),
+                    (Some(d), Some(head)) if d != head.digest => {
+                        // Where the tag stands against the index's head for the channel: a
+                        // tag moved by a promote that failed after it is ahead, not behind.
+                        let tagged = index.releases.iter().find(|r| r.digest == d);
+                        let place = match tagged {
+                            None => "not in the index; the index's newest is",
+                            Some(r)
+                                if slate_release::compare(&r.version, &head.version)
+                                    == std::cmp::Ordering::Greater =>
+                            {
+                                "ahead of the index's"
+                            }
+                            Some(_) => "behind the index's",
+                        };
+                        format!(
+                            "tag {channel} → {}, {place} {}",
+                            name_of(&index, &d),
+                            head.version
+                        )
+                    }
                     (Some(d), _) => format!("tag {channel} → {}", name_of(&index, &d)),
                 };
                 println!("\n{channel} ({tag})");

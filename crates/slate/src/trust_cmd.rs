@@ -168,10 +168,8 @@ struct VerifyReport {
 pub fn verify(args: VerifyArgs) -> Result<()> {
     let keys = trusted_keys(&args.trusted_keys)?;
     let bundle = open_bundle(&args.bundle, args.tag.as_deref())?;
-    let verified = slate_trust::verify(&bundle, &keys)
-        .with_context(|| format!("verifying the signature of {}", args.bundle.display()))?;
-    let blobs = slate_trust::verify_blobs(&bundle)
-        .with_context(|| format!("checking the blobs of {}", args.bundle.display()))?;
+    let (verified, blobs) = slate_trust::verify_bundle(&bundle, &keys)
+        .with_context(|| format!("verifying {}", args.bundle.display()))?;
     let m = bundle.manifest();
     let report = VerifyReport {
         name: m.name.clone(),

@@ -367,6 +367,7 @@ mod tests {
             last_rollback: None,
             pinned: Vec::new(),
             secure_boot: None,
+            var: None,
             boot_times: None,
             memory: None,
             warnings: Vec::new(),

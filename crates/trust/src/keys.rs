@@ -4,7 +4,7 @@
 //! SHA-256 of its SPKI DER (uncompressed point, as slate writes it).
 
 use std::fmt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use p256::ecdsa::signature::{Signer as _, Verifier as _};
 use p256::ecdsa::{DerSignature, Signature, SigningKey, VerifyingKey};
@@ -199,17 +199,11 @@ pub fn generate_keypair() -> KeyPair {
 /// never fall back to trusting nothing, or anything.
 ///
 pub fn load_trusted_keys(dir: &Path) -> Result<Vec<PublicKey>, TrustError> {
-    let io = |path: &Path| {
-        let path = path.to_owned();
-        move |source| TrustError::Io { path, source }
-    };
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(io(dir))?
-        .map(|entry| entry.map(|e| e.path()))
-        .collect::<Result<_, _>>()
-        .map_err(io(dir))?;
-    paths.retain(|p| p.extension().is_some_and(|e| e == "pub"));
-    paths.sort();
+    // Every `*.pub` must be a regular file (a FIFO would block the read): refused by name
+    // before any is read.
+    let paths = slate_files::files_in(dir, "the trusted key", |p| {
+        p.extension().is_some_and(|e| e == "pub")
+    })?;
     let mut keys = Vec::new();
     for path in paths {
         keys.push(read_public_key(&path)?);
@@ -240,24 +234,15 @@ pub fn read_private_key(path: &Path) -> Result<PrivateKey, TrustError> {
 pub const MAX_KEY_FILE_BYTES: u64 = 16 * 1024;
 
 fn read_key_file(path: &Path) -> Result<String, TrustError> {
-    use std::io::Read as _;
-    let io = |source| TrustError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let mut text = String::new();
-    std::fs::File::open(path)
-        .map_err(io)?
-        .take(MAX_KEY_FILE_BYTES + 1)
-        .read_to_string(&mut text)
-        .map_err(io)?;
-    if text.len() as u64 > MAX_KEY_FILE_BYTES {
-        return Err(TrustError::BadKey {
-            what: path.display().to_string(),
-            reason: format!("it is larger than {MAX_KEY_FILE_BYTES} bytes"),
-        });
-    }
-    Ok(text)
+    slate_files::read_string_bounded(path, MAX_KEY_FILE_BYTES, "the key file").map_err(
+        |e| match e {
+            slate_files::FileError::TooLarge { .. } => TrustError::BadKey {
+                what: path.display().to_string(),
+                reason: format!("it is larger than {MAX_KEY_FILE_BYTES} bytes"),
+            },
+            e => e.into(),
+        },
+    )
 }
 
 #[cfg(test)]

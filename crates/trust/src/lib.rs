@@ -22,6 +22,7 @@
 //! let uki = bundle.read_blob(slate_bundle::UKI_ROLE)?;          // digest checked on read
 //! ```
 
+pub mod extension;
 pub mod keys;
 mod payload;
 mod policy;
@@ -29,6 +30,11 @@ mod verify;
 
 use std::path::{Path, PathBuf};
 
+pub use extension::{
+    sha256_digest, valid_extension_name, valid_extension_version, valid_sha256_digest,
+    ExtensionError, ExtensionManifest, SignedExtension, EXTENSION_MANIFEST_SUFFIX,
+    MAX_EXTENSION_MANIFEST_BYTES,
+};
 pub use keys::{
     generate_keypair, load_trusted_keys, read_private_key, read_public_key, KeyId, KeyPair,
     PrivateKey, PublicKey, MAX_KEY_FILE_BYTES, SHORT_KEY_ID_LEN,
@@ -37,7 +43,7 @@ pub use payload::{Critical, Identity, Image, Payload, COSIGN_SIGNATURE_TYPE};
 pub use policy::{check_update, NodeFacts, PolicyError, UpdateKind};
 pub use verify::{
     check_signature_present, decode_signature, sign, signature_for, signature_over, verify,
-    verify_blobs, verify_layer, Verified,
+    verify_blobs, verify_bundle, verify_layer, Verified,
 };
 
 /// The file name `key` has in a directory of trusted keys: `<full key id>.pub` (the directory
@@ -95,6 +101,9 @@ pub enum TrustError {
     NoValidSignature { errors: Vec<TrustError> },
     #[error(transparent)]
     Bundle(#[from] slate_bundle::BundleError),
+    /// A key file or directory that is not what it must be, or too large.
+    #[error(transparent)]
+    File(#[from] slate_files::FileError),
 }
 
 fn join(errors: &[TrustError]) -> String {

@@ -176,6 +176,22 @@ pub fn decode_signature(text: &str) -> Result<Signature, TrustError> {
     })
 }
 
+/// The one verification of a bundle (issue 44): its signature by one of `trusted` over its
+/// manifest digest ([`verify`]), then every blob the bundle manifest names — a regular file,
+/// not a link; its size; its digest, or its signed chunk digests when the layer declares them
+/// (formats.md §7.1) — whether or not the caller will read it. `slate verify`, `slate installer
+/// install|upgrade` and so the node (which runs the bundle's own installer) all call this, so
+/// what one accepts the others accept and what one refuses the others refuse. Each blob is
+/// hashed once: the bundle remembers it, and the installers' later reads only check its size.
+pub fn verify_bundle(
+    bundle: &Bundle,
+    trusted: &[PublicKey],
+) -> Result<(Verified, Vec<(String, BlobRef)>), TrustError> {
+    let verified = verify(bundle, trusted)?;
+    let blobs = verify_blobs(bundle)?;
+    Ok((verified, blobs))
+}
+
 /// Check every blob the bundle manifest names against its size and digest, streaming (a blob
 /// the bundle verified before is only checked for size: see [`Bundle::open_with`]); returns
 /// them by role. Run after [`verify`]: the digests it checks against are the signed ones.

@@ -10,8 +10,8 @@
 
 use std::fs;
 use std::io::Write as _;
-use std::path::Path;
-use std::process::{Command, Stdio};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -21,11 +21,11 @@ use crate::bench::{Bench, Comparison, Sample, Side};
 use crate::util::{repo_root, run};
 use crate::vm_test::{build_image, prepare};
 
-const BASELINE_MARKER: &str = "BASELINE-ROOT-MOUNTED";
+pub(crate) const BASELINE_MARKER: &str = "BASELINE-ROOT-MOUNTED";
 const RUNNING: &str = "[slate] [machined] stage Running";
 
 /// The kernel timestamp (seconds) of the first console line containing `marker`.
-fn kernel_timestamp(serial: &str, marker: &str) -> Option<f64> {
+pub(crate) fn kernel_timestamp(serial: &str, marker: &str) -> Option<f64> {
     line_timestamp(serial.lines().find(|l| l.contains(marker))?)
 }
 
@@ -80,65 +80,113 @@ fn boot_direct(
     (marker, end): (&str, End),
     log: &Path,
 ) -> Result<f64> {
-    let _ = fs::remove_file(log);
-    let mut child = Command::new("qemu-system-x86_64")
-        .args([
-            "-accel", "tcg", "-m", "1024", "-smp", "1", "-display", "none", "-monitor", "stdio",
-        ])
-        .args(["-no-reboot", "-nic", "user,model=virtio-net-pci"])
-        // The watchdog a node has (the demo image arms it, as in the VM tests): without one,
-        // slate's boot would log that it could not arm it.
-        .args(["-device", "i6300esb"])
-        .arg("-serial")
-        .arg(format!("file:{}", log.display()))
-        .arg("-kernel")
-        .arg(kernel)
-        .arg("-initrd")
-        .arg(initrd)
-        .arg("-append")
-        .arg(cmdline)
-        .arg("-drive")
-        .arg(format!("file={},format=raw,if=virtio", disk.display()))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .spawn()
-        .context("starting QEMU")?;
-    let started = Instant::now();
-    let result = loop {
-        let serial = String::from_utf8_lossy(&fs::read(log).unwrap_or_default()).into_owned();
-        if let Some(ts) = kernel_timestamp(&serial, marker) {
-            break Ok(ts);
+    let mut boot = DirectBoot::start(kernel, initrd, disk, cmdline, log)?;
+    let at = boot.wait_for(marker, Duration::from_secs(240))?;
+    if end == End::PowerButton {
+        boot.power_off(Duration::from_secs(60))?;
+    }
+    Ok(at)
+}
+
+/// A QEMU direct kernel boot (no firmware, no boot loader): TCG, one vCPU, the disk on
+/// virtio, user networking, the watchdog a node has, the console in a file. QEMU is killed
+/// when this is dropped. (slate cannot commit such a boot: no firmware says which entry
+/// booted.)
+pub(crate) struct DirectBoot {
+    child: Child,
+    log: PathBuf,
+}
+
+impl DirectBoot {
+    pub(crate) fn start(
+        kernel: &Path,
+        initrd: &Path,
+        disk: &Path,
+        cmdline: &str,
+        log: &Path,
+    ) -> Result<DirectBoot> {
+        let _ = fs::remove_file(log);
+        let child = Command::new("qemu-system-x86_64")
+            .args([
+                "-accel", "tcg", "-m", "1024", "-smp", "1", "-display", "none", "-monitor", "stdio",
+            ])
+            .args(["-no-reboot", "-nic", "user,model=virtio-net-pci"])
+            // The watchdog a node has (the demo image arms it, as in the VM tests): without
+            // one, slate's boot would log that it could not arm it.
+            .args(["-device", "i6300esb"])
+            .arg("-serial")
+            .arg(format!("file:{}", log.display()))
+            .arg("-kernel")
+            .arg(kernel)
+            .arg("-initrd")
+            .arg(initrd)
+            .arg("-append")
+            .arg(cmdline)
+            .arg("-drive")
+            .arg(format!("file={},format=raw,if=virtio", disk.display()))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting QEMU")?;
+        Ok(DirectBoot {
+            child,
+            log: log.to_owned(),
+        })
+    }
+
+    /// Everything the guest printed so far.
+    pub(crate) fn serial(&self) -> String {
+        String::from_utf8_lossy(&fs::read(&self.log).unwrap_or_default()).into_owned()
+    }
+
+    /// The kernel timestamp of the first console line containing `marker`, waiting up to
+    /// `timeout` for it; fails with the console's tail if QEMU ends or time runs out first.
+    pub(crate) fn wait_for(&mut self, marker: &str, timeout: Duration) -> Result<f64> {
+        let started = Instant::now();
+        loop {
+            let serial = self.serial();
+            if let Some(ts) = kernel_timestamp(&serial, marker) {
+                return Ok(ts);
+            }
+            if self.child.try_wait()?.is_some() || started.elapsed() > timeout {
+                bail!(
+                    "{marker} not seen; console ended with:\n{}",
+                    crate::vm::tail(&serial, 30)
+                );
+            }
+            std::thread::sleep(Duration::from_millis(200));
         }
-        if child.try_wait()?.is_some() || started.elapsed() > Duration::from_secs(240) {
-            break Err(anyhow::anyhow!(
-                "{marker} not seen; console ended with:\n{}",
-                crate::vm::tail(&serial, 30)
-            ));
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    };
-    if result.is_ok() && end == End::PowerButton {
-        let pressed = child
+    }
+
+    /// The ACPI power button; QEMU must then exit by itself within `timeout` (the clean
+    /// shutdown a reboot is).
+    pub(crate) fn power_off(&mut self, timeout: Duration) -> Result<()> {
+        let pressed = self
+            .child
             .stdin
             .as_mut()
             .context("QEMU's monitor")?
             .write_all(b"system_powerdown\n");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while pressed.is_ok() && child.try_wait()?.is_none() && Instant::now() < deadline {
+        let deadline = Instant::now() + timeout;
+        while pressed.is_ok() && self.child.try_wait()?.is_none() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(200));
         }
-        if child.try_wait()?.is_none() {
-            let _ = child.kill();
+        if self.child.try_wait()?.is_none() {
             bail!(
-                "the guest did not power off within a minute of the power button; console \
+                "the guest did not power off within {timeout:?} of the power button; console \
                  ended with:\n{}",
-                crate::vm::tail(&fs::read_to_string(log).unwrap_or_default(), 30)
+                crate::vm::tail(&self.serial(), 30)
             );
         }
+        Ok(())
     }
-    let _ = child.kill();
-    let _ = child.wait();
-    result
+}
+
+impl Drop for DirectBoot {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// A busybox initramfs that does what slate's init does up to the mounted root: pseudo
@@ -182,36 +230,68 @@ fn baseline_initramfs(rootfs: &[u8], modules: &Path) -> Result<Vec<u8>> {
     Ok(cpio.finish())
 }
 
-pub fn bench_boot() -> Result<Vec<Comparison>> {
-    let prepared = prepare()?;
-    let work = repo_root().join("target/bench/boot");
-    let _ = fs::remove_dir_all(&work);
-    fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
-    let profile = repo_root().join("profiles/demo.toml");
+/// What a direct kernel boot of a profile needs ([`build_parts`]).
+pub(crate) struct Parts {
+    pub kernel: PathBuf,
+    /// slate's initramfs, which carries the root squashfs.
+    pub initrd: PathBuf,
+    pub rootfs: PathBuf,
+    pub cmdline: String,
+}
+
+/// The kernel, initramfs, root squashfs and command line of `profile` at 1.0.0, built into
+/// `dir` by the imager.
+pub(crate) fn build_parts(slate: &Path, profile: &Path, dir: &Path) -> Result<Parts> {
     let build = |kind: &str, out: &Path| {
-        run(Command::new(&prepared.slate)
+        run(Command::new(slate)
             .args(["imager", "build", "--profile"])
-            .arg(&profile)
+            .arg(profile)
             .args(["--version", "1.0.0", "--output", kind, "--out"])
             .arg(out))
     };
     let (kernel, initrd, rootfs, cmdline) = (
-        work.join("vmlinuz"),
-        work.join("initramfs"),
-        work.join("rootfs.sqsh"),
-        work.join("cmdline"),
+        dir.join("vmlinuz"),
+        dir.join("initramfs"),
+        dir.join("rootfs.sqsh"),
+        dir.join("cmdline"),
     );
     build("kernel", &kernel)?;
     build("initramfs", &initrd)?;
     build("rootfs", &rootfs)?;
     build("cmdline", &cmdline)?;
     let cmdline = fs::read_to_string(&cmdline)?.trim().to_string();
+    Ok(Parts {
+        kernel,
+        initrd,
+        rootfs,
+        cmdline,
+    })
+}
+
+/// The busybox baseline's initramfs for `rootfs`, written to `out`.
+pub(crate) fn write_baseline_initramfs(rootfs: &Path, out: &Path) -> Result<()> {
     let modules = fs::canonicalize(repo_root().join(".cache/kernel/modules"))?;
-    let baseline_initrd = work.join("baseline.cpio");
-    fs::write(
-        &baseline_initrd,
-        baseline_initramfs(&fs::read(&rootfs)?, &modules)?,
+    fs::write(out, baseline_initramfs(&fs::read(rootfs)?, &modules)?)
+        .with_context(|| format!("writing {}", out.display()))
+}
+
+pub fn bench_boot() -> Result<Vec<Comparison>> {
+    let prepared = prepare()?;
+    let work = repo_root().join("target/bench/boot");
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
+    let Parts {
+        kernel,
+        initrd,
+        rootfs,
+        cmdline,
+    } = build_parts(
+        &prepared.slate,
+        &repo_root().join("profiles/demo.toml"),
+        &work,
     )?;
+    let baseline_initrd = work.join("baseline.cpio");
+    write_baseline_initramfs(&rootfs, &baseline_initrd)?;
     let disk = work.join("disk.raw");
     build_image(&prepared.slate, "1.0.0", &[], &disk)?;
 

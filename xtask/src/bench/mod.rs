@@ -19,6 +19,7 @@ pub(crate) mod operator;
 pub(crate) mod pull;
 pub(crate) mod reboot;
 pub(crate) mod rootfs;
+pub(crate) mod services;
 pub(crate) mod snapshot;
 pub(crate) mod summary;
 

@@ -19,12 +19,13 @@ use crate::util::{output, repo_root, write_atomic};
 pub const OPERATOR_NODES: usize = 2_000;
 
 /// Every benchmark, by the name `xtask bench` takes, in the order it runs them.
-const ALL: [&str; 8] = [
+const ALL: [&str; 9] = [
     "rootfs",
     "apply",
     "pull",
     "boot",
     "reboot",
+    "services",
     "fleetlock",
     "operator",
     "snapshot",
@@ -37,6 +38,7 @@ fn run_one(name: &str, operator_nodes: usize) -> Result<Vec<Comparison>> {
         "pull" => crate::bench::pull::bench_pull(),
         "boot" => crate::bench::boot::bench_boot(),
         "reboot" => crate::bench::reboot::bench_reboot(),
+        "services" => crate::bench::services::bench_services(),
         // The 1,000-id series: the 10,000-id ones add minutes and say the same.
         "fleetlock" => crate::bench::fleetlock::bench_fleetlock(true),
         "operator" => crate::bench::operator::bench_operator(operator_nodes),

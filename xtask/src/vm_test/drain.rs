@@ -24,6 +24,11 @@ const CORDONED: &str = "echo \"cordoned $SLATE_NODE_NAME for $SLATE_DRAIN_REASON
 /// The line the upgrade to v2 must show on the console, before the web service stops.
 pub(super) const CORDONED_LINE: &str = "drain: cordoned node1 for upgrade to 2.0.0";
 
+/// The `[drain]` of a machine configuration whose command prints [`CORDONED_LINE`]'s kind.
+pub(super) fn cordoning_section() -> String {
+    drain_section(CORDONED)
+}
+
 fn drain_section(script: &str) -> String {
     format!("\n[drain]\ncommand = ['/bin/sh', '-c', '{script}']\ntimeout_secs = 20\n")
 }

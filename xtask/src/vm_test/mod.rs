@@ -1,6 +1,7 @@
 //! VM scenarios run by the test command (`xtask vm-test`) and the demo (`xtask demo`): real
 //! boots of images the imager built, judged by what the guest printed and what its API answered.
 
+mod containerd;
 mod drain;
 mod fleet;
 mod flood;
@@ -319,6 +320,8 @@ pub fn vm_test(only: &[String]) -> Result<()> {
             rollback::broken_upgrades_roll_back,
         ),
         ("grub_upgrade_and_revert", grub::grub_upgrade_and_revert),
+        // Four boots of a 48 MB UKI and two 50 MB uploads.
+        ("containerd_workload", containerd::containerd_workload),
         // About 6 boots: v1, v2 committed, v3 and its rollback, v4's panic and v2 again.
         ("btrfs_snapshot_grub", snapshot_grub::btrfs_snapshot_grub),
         ("upgrade_commit_and_revert", upgrade_commit_and_revert),

@@ -11,7 +11,7 @@ use anyhow::{bail, ensure, Context as _, Result};
 use super::Node;
 
 /// `GET path` of the guest's web service through host port `port`: the status line and body.
-fn get(port: u16, path: &str) -> Result<(String, String)> {
+pub(super) fn get(port: u16, path: &str) -> Result<(String, String)> {
     let mut stream = TcpStream::connect(("127.0.0.1", port))?;
     stream.set_read_timeout(Some(Duration::from_secs(5)))?;
     write!(stream, "GET {path} HTTP/1.0\r\nHost: node\r\n\r\n")?;
@@ -129,4 +129,29 @@ pub(crate) fn drained(serial: &str, why: &str) -> Result<(String, String)> {
             .to_owned()
     };
     Ok((plain(lines[at]), plain(stopped)))
+}
+
+/// Waits (up to `wait`) until `GET path` answers 200 with a body holding every one of `needles`
+/// (each at least as many times as it is listed); returns the body.
+pub(super) fn page_with(port: u16, path: &str, needles: &[&str], wait: Duration) -> Result<String> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let last = match get(port, path) {
+            Ok((status, body)) if status.contains(" 200 ") => {
+                let holds = needles
+                    .iter()
+                    .all(|n| body.matches(n).count() >= needles.iter().filter(|m| *m == n).count());
+                if holds {
+                    return Ok(body);
+                }
+                format!("{status}: {}", body.trim().replace('\n', " | "))
+            }
+            Ok((status, _)) => status,
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            bail!("{path} never held {needles:?}: {last}");
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
 }

@@ -90,6 +90,7 @@ pub fn status() -> Status {
         last_rollback: None,
         pinned: Vec::new(),
         secure_boot: None,
+        var: None,
         boot_times: None,
         memory: None,
         warnings: Vec::new(),

@@ -156,6 +156,7 @@ mod tests {
             reboot: Default::default(),
             services: Vec::new(),
             drain: None,
+            var: None,
         };
         let (node, _requests) = Node::for_tests("");
         let mut reporter = Credentials::default();

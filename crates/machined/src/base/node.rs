@@ -87,6 +87,8 @@ pub struct Node {
     pub last_rollback: Mutex<Option<RollbackRecord>>,
     /// META `PinnedVersions` as last read or written.
     pub pinned: Mutex<Vec<String>>,
+    /// /var as this boot set it up (once mounted).
+    pub var: Mutex<Option<slate_api::VarStatus>>,
     /// The kernel's boot ID, so that clients can tell one boot from the next.
     pub boot_id: Option<String>,
     /// Set once this boot is healthy and committed (`transaction::settle` at Running).
@@ -133,6 +135,7 @@ impl Node {
             last_failure: Mutex::new(None),
             last_rollback: Mutex::new(None),
             pinned: Mutex::new(Vec::new()),
+            var: Mutex::new(None),
             boot_id: std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
                 .ok()
                 .map(|id| id.trim().to_owned()),

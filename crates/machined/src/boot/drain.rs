@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use slate_machine_config::Drain;
-use slate_sequencer::{TaskContext, TaskError};
+use slate_sequencer::{PhaseListBuilder, TaskContext, TaskError};
 
 use crate::base::journal::Journal;
 use crate::base::node::Node;
@@ -193,6 +193,20 @@ fn keep_line(tail: &Mutex<VecDeque<String>>, line: &str) {
         end -= 1;
     }
     tail.push_back(line[..end].to_owned());
+}
+
+/// The drain phase every way down starts with: the drain command, the node's services stopped.
+pub fn drain<'a>(
+    node: &'a Node,
+    builder: PhaseListBuilder<'a>,
+    reason: DrainReason,
+) -> PhaseListBuilder<'a> {
+    builder.append(
+        "drain",
+        [crate::base::task::task(node, "drainNode", move |ctx| {
+            task(ctx, node, &reason)
+        })],
+    )
 }
 
 /// The drain task: the command (when the machine configuration has one), then every service

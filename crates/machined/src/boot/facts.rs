@@ -17,6 +17,8 @@ pub struct Facts {
     pub network_up: std::sync::atomic::AtomicBool,
     /// The image's services (its node configuration's `[[services]]`).
     pub image_services: Vec<slate_services::ServiceSpec>,
+    /// How the image says /var lives (its `[var] mode`; the machine configuration's wins).
+    pub image_var: slate_profile::VarMode,
     /// This boot is an upgrade by replacement's first: its data partitions start afresh.
     pub replace: Mutex<Option<slate_meta::replace::ReplaceOnBoot>>,
 }

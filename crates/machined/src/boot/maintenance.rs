@@ -45,6 +45,7 @@ impl NodeBackend for MaintenanceBackend {
             last_rollback: None,
             pinned: Vec::new(),
             secure_boot: None,
+            var: None,
             boot_times: None,
             memory: None,
             warnings: Vec::new(),

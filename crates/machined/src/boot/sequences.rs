@@ -14,9 +14,9 @@ use slate_sequencer::{
 use crate::base::node::Node;
 use crate::base::paths::{EPHEMERAL_MOUNT, STATE_MOUNT};
 use crate::base::task::{failed, task};
-use crate::boot::drain::DrainReason;
+use crate::boot::drain::{drain, DrainReason};
 use crate::boot::facts::Facts;
-use crate::boot::volumes::{mount_volume, wait_for_partition, wipe_head};
+use crate::boot::volumes::{mount_var, mount_volume, wait_for_partition, wipe_head};
 
 pub fn initialize<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
     PhaseListBuilder::new()
@@ -210,19 +210,9 @@ pub fn boot<'a>(
         .append_when(
             snapshot_root.is_none(),
             "volumes",
-            [
-                task(node, "mountState", move |ctx| {
-                    mount_volume(ctx, "STATE", disk.as_deref(), Path::new(STATE_MOUNT))
-                }),
-                task(node, "mountEphemeral", move |ctx| {
-                    mount_volume(
-                        ctx,
-                        "EPHEMERAL",
-                        disk2.as_deref(),
-                        Path::new(EPHEMERAL_MOUNT),
-                    )
-                }),
-            ],
+            [task(node, "mountState", move |ctx| {
+                mount_volume(ctx, "STATE", disk.as_deref(), Path::new(STATE_MOUNT))
+            })],
         )
         .append_when(
             replace.is_some(),
@@ -240,6 +230,21 @@ pub fn boot<'a>(
                     crate::boot::random_seed::random_seed_task(ctx, &node.journal)
                 }),
             ],
+        )
+        // After the machine configuration, whose `[var] mode` wins over the image's.
+        .append_when(
+            snapshot_root.is_none(),
+            "var",
+            [task(node, "mountEphemeral", move |ctx| {
+                let mode = node
+                    .machine
+                    .current()
+                    .and_then(|c| c.var)
+                    .map_or(facts.image_var, |v| v.mode);
+                let var = mount_var(ctx, disk2.as_deref(), mode)?;
+                *node.var.lock().unwrap_or_else(|p| p.into_inner()) = Some(var);
+                Ok(())
+            })],
         )
         // A snapshot root's /etc is its own, writable and snapshotted with it.
         .append_when(
@@ -284,20 +289,6 @@ pub fn boot<'a>(
             })],
         )
         .into_sequence(SequenceKind::Boot)
-}
-
-/// The drain phase every way down starts with: the drain command, the node's services stopped.
-pub fn drain<'a>(
-    node: &'a Node,
-    builder: PhaseListBuilder<'a>,
-    reason: DrainReason,
-) -> PhaseListBuilder<'a> {
-    builder.append(
-        "drain",
-        [task(node, "drainNode", move |ctx| {
-            crate::boot::drain::task(ctx, node, &reason)
-        })],
-    )
 }
 
 pub fn reboot(node: &Node, mode: RebootMode) -> Sequence<'_> {

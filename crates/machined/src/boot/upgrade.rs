@@ -351,7 +351,7 @@ pub fn stage_sequence(node: &Node, plan: UpgradePlan) -> Sequence<'_> {
     let reason = DrainReason::StagedUpgrade {
         to: plan.version.clone(),
     };
-    crate::boot::sequences::drain(node, PhaseListBuilder::new(), reason)
+    crate::boot::drain::drain(node, PhaseListBuilder::new(), reason)
         .append(
             "stage",
             [task(node, "stageUpgrade", move |ctx| {

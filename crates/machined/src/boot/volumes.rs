@@ -9,6 +9,10 @@ use slate_host::BlockPartition;
 use slate_node_fs::volumes::{self, VolumeError};
 use slate_sequencer::{TaskContext, TaskError};
 
+use slate_api::VarStatus;
+use slate_profile::VarMode;
+
+use crate::base::paths::EPHEMERAL_MOUNT;
 use crate::base::task::failed;
 
 /// Disks are probed asynchronously after their driver loads: wait a while for a partition
@@ -43,6 +47,31 @@ fn task_error(err: VolumeError) -> TaskError {
         VolumeError::Check { .. } => failed(err.to_string()),
         other => other.into(),
     }
+}
+
+/// EPHEMERAL on /var as `mode` says (docs/node.md, "/var modes"): `persistent` as any volume
+/// (formatted when blank, checked when its superblock asks); `ephemeral` formatted afresh at
+/// every boot before it is mounted, so nothing of the last boot's contents is ever read.
+pub fn mount_var(
+    ctx: &TaskContext<'_>,
+    disk: Option<&Path>,
+    mode: VarMode,
+) -> Result<VarStatus, TaskError> {
+    let prepared = volumes::mount_volume_as(
+        "EPHEMERAL",
+        disk,
+        Path::new(EPHEMERAL_MOUNT),
+        mode == VarMode::Ephemeral,
+        &|line| ctx.log(line),
+        &|d| ctx.sleep(d).is_ok(),
+    )
+    .map_err(task_error)?;
+    Ok(VarStatus {
+        mode: mode.name().to_owned(),
+        encrypted: false,
+        unlocked: None,
+        prepared: prepared.to_owned(),
+    })
 }
 
 /// Zero the first MiB of the partition labelled `label` (on `disk`, when known): the next

@@ -141,6 +141,8 @@ pub struct Supervisor {
     parent: Option<Cgroup>,
     /// Itself, for the threads of services a live apply adds.
     me: Weak<Supervisor>,
+    /// When they started, and whether all have been ready since ([`ready::note_ready`]).
+    all_ready: ready::AllReady,
 }
 
 /// The services to run: the image's, with the machine configuration's added (one of the same
@@ -188,6 +190,7 @@ impl Supervisor {
             services: RwLock::new(Vec::new()),
             parent,
             me: me.clone(),
+            all_ready: ready::AllReady::new(),
         });
         let services: Vec<Arc<Service>> = services
             .into_iter()
@@ -345,8 +348,17 @@ impl Workload for Supervisor {
     }
 
     fn stop_all(&self, why: &str) {
-        for service in self.services().iter().rev() {
-            self.stop(service, why);
+        let services = self.services();
+        let specs: Vec<ServiceSpec> = services.iter().map(|s| s.spec.clone()).collect();
+        // Wave by wave, each wave's services at once: their grace periods overlap, and a
+        // service still stops only after everything that depends on it.
+        for wave in slate_services::stop_waves(&specs) {
+            std::thread::scope(|scope| {
+                for &i in &wave {
+                    let service = &services[i];
+                    scope.spawn(move || self.stop(service, why));
+                }
+            });
         }
     }
 

@@ -5,9 +5,12 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use slate_services::ReadyCheck;
+
+use super::Supervisor;
 
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// A ready command that has not exited by then failed this try.
@@ -81,6 +84,43 @@ pub fn wait_ready(
     }
 }
 
+/// When a supervisor's services started, and whether all of them have been ready since.
+#[derive(Debug)]
+pub(super) struct AllReady {
+    started: Instant,
+    logged: AtomicBool,
+}
+
+impl AllReady {
+    pub(super) fn new() -> AllReady {
+        AllReady {
+            started: Instant::now(),
+            logged: AtomicBool::new(false),
+        }
+    }
+}
+
+/// A service of `sup` became ready (called with no service's status locked): when every
+/// service is ready now, logs `services: all N ready X ms after their start`, once per
+/// supervisor — the moment a boot's workload is up (`xtask bench-services` reads it).
+pub(super) fn note_ready(sup: &Supervisor) {
+    let all = &sup.all_ready;
+    if all.logged.load(Ordering::Acquire) {
+        return;
+    }
+    let services = sup.services();
+    if !services.iter().all(|s| s.status().ready) {
+        return;
+    }
+    if !all.logged.swap(true, Ordering::AcqRel) {
+        sup.journal.info(format_args!(
+            "services: all {} ready {} ms after their start",
+            services.len(),
+            all.started.elapsed().as_millis()
+        ));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::TcpListener;
@@ -102,7 +142,7 @@ mod tests {
         let listener = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         std::thread::spawn(move || {
-            for stream in listener.incoming().take(2) {
+            for stream in listener.incoming() {
                 let mut stream = stream.unwrap();
                 let mut request = [0u8; 256];
                 let n = stream.read(&mut request).unwrap();
@@ -115,10 +155,12 @@ mod tests {
                 stream.write_all(answer).unwrap();
             }
         });
-        assert!(try_once(&ReadyCheck::Http {
+        // Tried a few times, as the service's probe does: a loaded machine may take the read
+        // past its 1 s timeout once.
+        assert!((0..5).any(|_| try_once(&ReadyCheck::Http {
             addr,
             path: "/ready".into()
-        }));
+        })));
         assert!(!try_once(&ReadyCheck::Http {
             addr,
             path: "/other".into()
@@ -147,5 +189,46 @@ mod tests {
             &|| false
         ));
         assert!(started.elapsed() >= Duration::from_millis(200));
+    }
+
+    /// The line comes once, when the last service (here one with a file check) is ready.
+    #[test]
+    fn all_ready_is_logged_once_when_the_last_service_is_ready() {
+        use crate::base::services::Workload as _;
+        use slate_services::ServiceSpec;
+        use std::sync::Arc;
+
+        let dir = tempfile::tempdir().unwrap();
+        let flag = dir.path().join("ready");
+        let plain = ServiceSpec::new("plain", &["/bin/sh", "-c", "exec sleep 300"]);
+        let mut late = ServiceSpec::new("late", &["/bin/sh", "-c", "sleep 0.3; exec sleep 300"]);
+        late.ready = Some(ReadyCheck::File(flag.clone()));
+        let journal = Arc::new(crate::base::journal::Journal::new(
+            slate_host::KmsgLogger::stderr("test"),
+        ));
+        let sup = Supervisor::start(journal.clone(), vec![plain, late], None);
+        let all = |journal: &crate::base::journal::Journal| -> Vec<String> {
+            let (lines, _) = journal.read_from(0, None);
+            lines
+                .into_iter()
+                .filter(|l| l.starts_with("services: all"))
+                .collect()
+        };
+        std::thread::sleep(Duration::from_millis(600));
+        assert!(all(&journal).is_empty(), "late is not ready yet");
+        std::fs::write(&flag, "").unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while all(&journal).is_empty() {
+            assert!(Instant::now() < deadline, "never all ready");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sup.stop_all("the test ends");
+        let lines = all(&journal);
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(
+            lines[0].starts_with("services: all 2 ready ")
+                && lines[0].ends_with(" ms after their start"),
+            "{lines:?}"
+        );
     }
 }

@@ -209,6 +209,7 @@ fn watch_readiness(sup: &Supervisor, me: &Arc<Service>, pid: i32) {
     let Some(check) = me.spec.ready.clone() else {
         sup.journal
             .info(format_args!("service {}: ready (it runs)", me.spec.name));
+        ready::note_ready(sup);
         return;
     };
     let timeout = Duration::from_secs(u64::from(me.spec.ready_timeout_secs));
@@ -216,6 +217,7 @@ fn watch_readiness(sup: &Supervisor, me: &Arc<Service>, pid: i32) {
         status.state == State::Running && status.pid == u32::try_from(pid).ok()
     };
     let journal = sup.journal.clone();
+    let supervisor = sup.me.clone();
     let service = me.clone();
     std::thread::spawn(move || {
         let gone = || !this_run(&service.status());
@@ -231,6 +233,10 @@ fn watch_readiness(sup: &Supervisor, me: &Arc<Service>, pid: i32) {
                 "service {}: ready ({check})",
                 service.spec.name
             ));
+            drop(status);
+            if let Some(sup) = supervisor.upgrade() {
+                ready::note_ready(&sup);
+            }
         } else {
             journal.error(format_args!(
                 "service {}: not ready after {} s ({check})",

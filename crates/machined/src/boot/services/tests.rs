@@ -246,3 +246,39 @@ fn a_live_apply_restarts_only_what_changed_and_stops_what_went() {
     }
     parent.remove().unwrap();
 }
+
+#[test]
+fn a_drain_stops_independent_services_together_and_a_dependency_after_its_dependents() {
+    let stubborn = |name: &str| {
+        let mut s = sh(name, "trap '' TERM; while :; do sleep 0.05; done");
+        s.stop_grace_secs = 1;
+        s
+    };
+    let (a, b) = (stubborn("a"), stubborn("b"));
+    let mut base = sh("base", "trap 'exit 0' TERM; while :; do sleep 0.05; done");
+    base.depends_on = vec![];
+    let (mut a, mut b) = (a, b);
+    a.depends_on = vec!["base".into()];
+    b.depends_on = vec!["base".into()];
+    let journal = journal();
+    let order = merged(&[base, a, b], &[], &has_program).unwrap();
+    let sup = Supervisor::start(journal.clone(), order, None);
+    eventually("all run", || {
+        sup.list().iter().all(|s| s.state == "running")
+    });
+    let started = Instant::now();
+    sup.stop_all("the test drains");
+    let took = started.elapsed();
+    // Two stubborn services of 1 s grace each, stopped together: about 1 s, not 2.
+    assert!(
+        took >= Duration::from_secs(1) && took < Duration::from_millis(1900),
+        "{took:?}"
+    );
+    let log = lines(&journal);
+    let pos = |needle: &str| log.iter().position(|l| l.contains(needle)).unwrap();
+    assert!(
+        pos("service a: stopped (") < pos("service base: stopping")
+            && pos("service b: stopped (") < pos("service base: stopping"),
+        "base stops after both that depend on it: {log:#?}"
+    );
+}
