@@ -154,6 +154,11 @@ fn read_trusted_keys(
                     path,
                     source,
                 },
+                slate_trust::TrustError::File(e) if e.is_not_found() => ImagerError::MissingInput {
+                    what: "the trusted key",
+                    path: e.path().to_owned(),
+                    source: e.into_io(),
+                },
                 other => ImagerError::BadInput {
                     what: "trust.keys",
                     reason: other.to_string(),
