@@ -7,6 +7,7 @@
 mod base_rootfs;
 mod bench;
 mod containerd_ext;
+mod debian_rootfs;
 mod kernel;
 mod oci_archive;
 mod registry;
@@ -61,6 +62,19 @@ enum Task {
         /// The port the web container listens on.
         #[arg(long, default_value_t = 8080)]
         web_port: u16,
+    },
+    /// A Debian bookworm root with systemd as PID 1 and the static slate (mmdebstrap; root):
+    /// the base of profiles/debian.toml (issue 39).
+    DebianRootfs {
+        /// Directory to create (default target/debian/rootfs).
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// The slate binary to install as /usr/bin/slate (default: the static one).
+        #[arg(long)]
+        slate_bin: Option<PathBuf>,
+        /// Delete a non-empty --out directory first.
+        #[arg(long)]
+        replace: bool,
     },
     /// Build the slate binary statically linked (target/static/...) and check it is static.
     SlateStatic,
@@ -155,6 +169,18 @@ fn main() -> Result<()> {
             containerd_ext::containerd_ext(&version, web_port, &slate).map(drop)
         }
         Task::SlateStatic => slate_static::slate_static().map(drop),
+        Task::DebianRootfs {
+            out,
+            slate_bin,
+            replace,
+        } => {
+            let slate = match slate_bin {
+                Some(bin) => bin,
+                None => slate_static::slate_static()?,
+            };
+            let out = out.unwrap_or_else(debian_rootfs::default_out);
+            debian_rootfs::debian_rootfs(&out, &slate, replace)
+        }
         Task::VmPrep => vm_test::prepare().map(drop),
         Task::VmTest { only } => vm_test::vm_test(&only),
         Task::Demo => vm_test::demo(),

@@ -136,6 +136,8 @@ pub fn assemble_root(inputs: &Inputs, tree: &Path) -> Result<(), ImagerError> {
             ),
         })?;
     }
+    crate::systemd_root::check_root(&inputs.profile, tree)?;
+    crate::systemd_root::add_units(&inputs.profile, tree)?;
     let etc = tree.join("etc");
     write_generated(
         &etc.join("os-release"),
@@ -281,6 +283,9 @@ fn initramfs_parts(
         })
         .collect();
     cpio.file(image_contract::MODULES_LOAD_PATH, 0o644, load_order)?;
+    if let Some((path, marker)) = crate::systemd_root::initramfs_marker(&inputs.profile) {
+        cpio.file(path, 0o644, marker.as_bytes().to_vec())?;
+    }
     if let Some(rootfs) = rootfs {
         cpio.file(image_contract::ROOTFS_IMAGE_PATH, 0o644, rootfs.to_vec())?;
     }
@@ -371,7 +376,6 @@ pub(crate) fn in_bytes(size: Result<u64, slate_profile::ProfileError>) -> Result
 
 /// Whether the root at `tree` holds an executable file at `path` (as the node will see it:
 /// symbolic links followed inside `tree`, an absolute target meaning `tree`'s root).
-#[cfg(test)]
 pub(crate) fn program_in(tree: &Path, path: &Path) -> bool {
     program_in_layers(tree, &[], path)
 }

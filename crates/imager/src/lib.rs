@@ -13,6 +13,7 @@ mod extension;
 mod inputs;
 mod output;
 mod secure_boot;
+mod systemd_root;
 
 pub use artifacts::{
     assemble_root, build_boot_initramfs, build_cmdline, build_initramfs, build_rootfs, build_uki,

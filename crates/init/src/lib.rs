@@ -21,6 +21,7 @@ use slate_profile::{parse_extensions_manifest, ExtensionEntry};
 
 mod modules;
 mod parse;
+pub mod systemd;
 
 pub use modules::{load_in_order, parse_modules_load, Loaded, ModuleToLoad, MAX_LOADERS};
 pub use parse::{block_root, BlockRoot, RootSource};
@@ -77,6 +78,7 @@ fn boot(log: &KmsgLogger, init_args: Vec<OsString>) -> Result<Infallible> {
     log.info(format_args!("starting slate {}", env!("CARGO_PKG_VERSION")));
     let cmdline = host::kernel_cmdline()?;
     let init = init_program(&cmdline)?.to_string();
+    let root_init = systemd::root_init()?;
 
     let started = host::since_boot();
     load_modules(log)?;
@@ -125,6 +127,9 @@ fn boot(log: &KmsgLogger, init_args: Vec<OsString>) -> Result<Infallible> {
     }
     host::switch_root(new_root)?;
     host::record_milestone(milestones, "switched root");
+    if root_init == systemd::RootInit::Systemd {
+        systemd::prepare(log).context("setting up /var, STATE and /etc for systemd")?;
+    }
     log.info(format_args!("switched root; executing {init}"));
     let Err(err) = host::exec(Path::new(&init), &init_args);
     Err(err).with_context(|| format!("starting the real init (slate.init={init})"))

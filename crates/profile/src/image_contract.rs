@@ -24,6 +24,10 @@ image_paths! {
     /// The kernel modules init loads, in order, one path per line below
     /// `/lib/modules/<release>/`; in the initramfs.
     MODULES_LOAD_PATH, MODULES_LOAD = "etc/slate/modules.load";
+    /// What the root's init is, in the initramfs: absent on slate's own OS; `systemd` (one
+    /// line) on a systemd image, where init sets up /var, STATE and /etc before executing it
+    /// (docs/formats.md §6.4).
+    ROOT_INIT_PATH, ROOT_INIT = "etc/slate/root-init";
     /// The root file system image, in the initramfs.
     ROOTFS_IMAGE_PATH, ROOTFS_IMAGE = "rootfs.sqsh";
     /// System extensions (squashfs images overlaid on the root), in a second initramfs archive.
@@ -43,6 +47,7 @@ mod tests {
             (TRUSTED_KEYS_PATH, TRUSTED_KEYS),
             (SECURE_BOOT_DB_PATH, SECURE_BOOT_DB),
             (MODULES_LOAD_PATH, MODULES_LOAD),
+            (ROOT_INIT_PATH, ROOT_INIT),
             (ROOTFS_IMAGE_PATH, ROOTFS_IMAGE),
             (EXTENSIONS_PATH, EXTENSIONS),
             (EXTENSIONS_MANIFEST_PATH, EXTENSIONS_MANIFEST),

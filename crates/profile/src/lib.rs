@@ -11,6 +11,7 @@ pub mod extensions;
 mod image;
 pub mod image_contract;
 mod node;
+mod os;
 
 use std::path::PathBuf;
 
@@ -26,6 +27,7 @@ pub use node::{
     Health, HealthCheck, NodeConfig, Reboot, RebootMethod, Var, VarMode, Watchdog,
     HEALTH_TIMEOUT_RANGE, NODE_CONFIG_PATH, WATCHDOG_TIMEOUT_RANGE,
 };
+pub use os::{units, Os, OsInit, SYSTEMD};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
@@ -83,6 +85,10 @@ pub struct Profile {
     pub kernel: Kernel,
     pub rootfs: Rootfs,
     pub boot: Boot,
+    /// What the root's init is (`[os] init = "systemd"`: slate's init prepares /var and /etc
+    /// and executes systemd).
+    #[serde(default)]
+    pub os: Os,
     #[serde(default)]
     pub image: Image,
     /// Checks machined runs at stage Running before it commits the boot.
@@ -246,6 +252,23 @@ impl Profile {
                 "each argument is one non-empty word",
             ));
         }
+        if self.os.init == OsInit::Systemd {
+            let named = self
+                .kernel
+                .args
+                .iter()
+                .filter_map(|a| a.strip_prefix("slate.init="))
+                .find(|init| *init != SYSTEMD);
+            if let Some(init) = named {
+                return Err(ProfileError::Invalid {
+                    field: "kernel.args",
+                    reason: format!(
+                        "slate.init={init} contradicts [os] init = \"systemd\" (which \
+                         executes {SYSTEMD}; leave slate.init out)"
+                    ),
+                });
+            }
+        }
         if self.rootfs.zstd_level == 0 || self.rootfs.zstd_level > 22 {
             return Err(invalid("rootfs.zstd_level", "must be 1 to 22"));
         }
@@ -313,7 +336,16 @@ impl Profile {
 
     /// The kernel command line the image boots with.
     pub fn cmdline(&self) -> String {
-        self.kernel.args.join(" ")
+        let mut args = self.kernel.args.join(" ");
+        let named = self
+            .kernel
+            .args
+            .iter()
+            .any(|a| a.starts_with("slate.init="));
+        if self.os.init == OsInit::Systemd && !named {
+            args.push_str(&format!(" slate.init={SYSTEMD}"));
+        }
+        args.trim_start().to_owned()
     }
 
     /// os-release of this image (the UKI's `.osrel` and the root's `/etc/os-release`).

@@ -49,6 +49,10 @@ pub enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<OsString>,
     },
+    /// Run the setup hooks due after a reset of /etc (a systemd image's
+    /// slate-setup-hooks.service).
+    #[command(hide = true)]
+    SetupHooks,
     /// Install or upgrade slate on a disk (also the `installer` role).
     #[command(subcommand)]
     Installer(InstallerCommand),
@@ -252,6 +256,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Init { args } => slate_init::run(args),
         Command::Imager(cmd) => imager_cmd::run(cmd),
         Command::Machined => slate_machined::run(),
+        Command::SetupHooks => slate_init::systemd::setup_hooks(),
         Command::Installer(cmd) => installer_cmd::run(cmd),
         Command::Gen(GenCommand::Certs { out, sans, dry_run }) => {
             node_cmd::gen_certs(out, sans, dry_run)

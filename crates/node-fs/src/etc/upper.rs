@@ -7,9 +7,11 @@ use std::io::{self, Read as _};
 use std::os::unix::fs::{lchown, symlink, DirBuilderExt as _, MetadataExt as _, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
+use crate::hooks::hooks_due;
+
 use super::{
-    hooks_due, io_error, read_record, rename, replace_file, sync_dir, write_file, write_record,
-    EtcError, ETC, HOOKS_RECORD, MACHINE_ID, UPPER, UPPER_NEXT, UPPER_OLD, VERSION_RECORD, WORK,
+    io_error, read_record, rename, replace_file, sync_dir, write_file, write_record, EtcError, ETC,
+    HOOKS_RECORD, MACHINE_ID, UPPER, UPPER_NEXT, UPPER_OLD, VERSION_RECORD, WORK,
 };
 
 /// What became of the upper at this boot.
@@ -21,6 +23,10 @@ pub enum EtcChange {
     Unchanged,
     /// The upper belonged to `from` (an upgrade, or a revert): replaced by a fresh one.
     Reset { from: String },
+    /// The upper belongs to the booted version but its setup hooks never all succeeded on it
+    /// (a hook failed, timed out, or the boot stopped during the run): replaced by a fresh one,
+    /// so the hooks run again on the image's /etc and nothing a half run wrote stays.
+    Unfinished,
 }
 
 /// What [`prepare_upper`] did.
@@ -52,6 +58,10 @@ impl EtcPrepared {
             EtcChange::FirstBoot => format!("/etc first boot at {}", self.version),
             EtcChange::Unchanged => format!("/etc unchanged at {}", self.version),
             EtcChange::Reset { from } => format!("/etc reset from {from} to {}", self.version),
+            EtcChange::Unfinished => format!(
+                "/etc reset again at {} (its setup hooks did not all succeed)",
+                self.version
+            ),
         };
         let list = |paths: &[PathBuf]| -> Vec<String> {
             paths.iter().map(|p| p.display().to_string()).collect()
@@ -108,7 +118,8 @@ pub(super) fn prepare_upper_steps(
     let recovered = recover(dir)?;
     let recorded = read_record(&dir.join(VERSION_RECORD))?;
     let upper = dir.join(UPPER);
-    if recorded.as_deref() == Some(version) && upper.is_dir() && dir.join(WORK).is_dir() {
+    let current = recorded.as_deref() == Some(version) && upper.is_dir() && dir.join(WORK).is_dir();
+    if current && !hooks_due(dir, version)? {
         let (machine_id, generated) = match read_machine_id(&upper)? {
             Some(id) => (id, false),
             // Deleted at run time: a node keeps having one.
@@ -126,10 +137,11 @@ pub(super) fn prepare_upper_steps(
             kept: Vec::new(),
             missing: Vec::new(),
             recovered,
-            hooks_due: hooks_due(dir, version)?,
+            hooks_due: false,
         });
     }
     let change = match recorded {
+        _ if current => EtcChange::Unfinished,
         None => EtcChange::FirstBoot,
         Some(from) => EtcChange::Reset { from },
     };

@@ -1,0 +1,158 @@
+//! `[os]`: what the image's root is, as far as slate's boot cares. `init = "systemd"` says
+//! the root boots systemd as PID 1 (a Debian or other systemd image): slate's initramfs init
+//! then sets up /var, STATE and the /etc overlay itself before it executes systemd, and the
+//! imager adds slate's units (docs/node.md, "A systemd image").
+
+use serde::Deserialize;
+
+/// The program slate's init executes on a systemd image.
+pub const SYSTEMD: &str = "/usr/lib/systemd/systemd";
+
+/// `[os]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Os {
+    #[serde(default)]
+    pub init: OsInit,
+}
+
+/// What runs as PID 1 of the root.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OsInit {
+    /// Whatever `slate.init=` names (machined on slate's own OS): it sets up the volumes and
+    /// /etc itself.
+    #[default]
+    Slate,
+    /// systemd ([`SYSTEMD`]): slate's init sets up the volumes and /etc before executing it.
+    Systemd,
+}
+
+impl OsInit {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OsInit::Slate => "slate",
+            OsInit::Systemd => "systemd",
+        }
+    }
+}
+
+/// slate's units on a systemd image: each file's path in the root and its text. The imager
+/// writes them (and the links that enable them); `systemd-analyze verify` checks them on the
+/// built root. Item 5's machined service and item 4's commit unit belong beside them.
+pub mod units {
+    /// The directory of the image's own units.
+    pub const DIR: &str = "usr/lib/systemd/system";
+
+    /// The setup hooks after a reset of /etc: `slate setup-hooks`, once per version, before
+    /// the system is multi-user. A failure fails the unit: the console says so, the system is
+    /// `degraded`, and — required by `boot-complete.target` — the boot is not blessed once
+    /// boot assessment is in place.
+    pub const SETUP_HOOKS: &str = "slate-setup-hooks.service";
+    pub const SETUP_HOOKS_TEXT: &str = "\
+[Unit]
+Description=slate setup hooks (after a reset of /etc)
+# /var (the user's hooks) and STATE (the record of the version whose hooks ran) are mounted by
+# slate's initramfs init before systemd starts; the default dependencies order this after
+# local-fs.target and sysinit.target.
+RequiresMountsFor=/var /system/state
+Before=multi-user.target boot-complete.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/bin/slate setup-hooks
+StandardOutput=journal+console
+StandardError=journal+console
+# Each hook has its own timeout (60 s); this bounds the whole run.
+TimeoutStartSec=30min
+
+[Install]
+WantedBy=multi-user.target
+RequiredBy=boot-complete.target
+";
+
+    /// The links `[Install]` asks for, relative to [`DIR`]: (link, target).
+    pub const SETUP_HOOKS_LINKS: &[(&str, &str)] = &[
+        (
+            "multi-user.target.wants/slate-setup-hooks.service",
+            "../slate-setup-hooks.service",
+        ),
+        (
+            "boot-complete.target.requires/slate-setup-hooks.service",
+            "../slate-setup-hooks.service",
+        ),
+    ];
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::{OsInit, Profile, ProfileError};
+
+    const BASE: &str = r#"
+name = "debian"
+version = "1.0.0"
+arch = "amd64"
+platform = "qemu"
+[kernel]
+image = "vmlinuz"
+modules_dir = "modules"
+args = ["console=ttyS0"]
+[rootfs]
+base = "rootfs"
+[boot]
+stub = "stub.efi"
+systemd_boot = "sd.efi"
+slate = "slate"
+"#;
+
+    #[test]
+    fn the_root_init_defaults_to_slate_and_systemd_adds_its_path_to_the_command_line() {
+        let p = Profile::parse(BASE).unwrap();
+        assert_eq!(p.os.init, OsInit::Slate);
+        assert_eq!(p.cmdline(), "console=ttyS0");
+        let p = Profile::parse(&format!("{BASE}[os]\ninit = \"systemd\"\n")).unwrap();
+        assert_eq!(p.os.init, OsInit::Systemd);
+        assert_eq!(
+            p.cmdline(),
+            "console=ttyS0 slate.init=/usr/lib/systemd/systemd"
+        );
+        // Named explicitly, it is not added twice.
+        let text = BASE.replace(
+            r#"args = ["console=ttyS0"]"#,
+            r#"args = ["console=ttyS0", "slate.init=/usr/lib/systemd/systemd"]"#,
+        );
+        let p = Profile::parse(&format!("{text}[os]\ninit = \"systemd\"\n")).unwrap();
+        assert_eq!(
+            p.cmdline(),
+            "console=ttyS0 slate.init=/usr/lib/systemd/systemd"
+        );
+    }
+
+    #[test]
+    fn bad_os_tables_are_refused_naming_the_field() {
+        let err = |extra: &str, text: &str| {
+            Profile::parse(&format!("{text}{extra}"))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err("[os]\ninit = \"openrc\"\n", BASE);
+        assert!(e.contains("unknown variant `openrc`"), "{e}");
+        let e = err("[os]\ninits = \"systemd\"\n", BASE);
+        assert!(e.contains("unknown field `inits`"), "{e}");
+        let text = BASE.replace(
+            r#"args = ["console=ttyS0"]"#,
+            r#"args = ["console=ttyS0", "slate.init=/usr/bin/machined"]"#,
+        );
+        match Profile::parse(&format!("{text}[os]\ninit = \"systemd\"\n")).unwrap_err() {
+            ProfileError::Invalid { field, reason } => {
+                assert_eq!(field, "kernel.args");
+                assert!(
+                    reason.contains("slate.init=/usr/bin/machined contradicts"),
+                    "{reason}"
+                );
+            }
+            other => panic!("{other}"),
+        }
+    }
+}

@@ -1,0 +1,141 @@
+//! `xtask debian-rootfs`: a minimal Debian bookworm root with systemd as PID 1 for the
+//! systemd-image profile (`profiles/debian.toml`, issue 39): `mmdebstrap --variant=minbase`
+//! with systemd, systemd-sysv, udev, e2fsprogs (slate's init formats and checks STATE and
+//! EPHEMERAL with them), kmod, and iproute2 for systemd-networkd (DHCP on every en*/eth*
+//! link), the static slate at `/usr/bin/slate`, `/etc/machine-id` = `uninitialized` (an
+//! image's marker: slate's init puts the node's own ID into the /etc overlay) and an empty
+//! `/var` (EPHEMERAL is mounted over it; systemd-tmpfiles makes its directories).
+//!
+//! Reproducible as far as Debian allows: `SOURCE_DATE_EPOCH` is fixed (mmdebstrap then makes
+//! the same tree from the same packages), documentation, manual pages and locales are left
+//! out, and the exact package versions are written beside the tree (`<out>.packages`). What
+//! is not pinned: the packages themselves, which follow bookworm's point and security
+//! releases on deb.debian.org (snapshot.debian.org is not reachable from the build machines).
+
+use std::fs;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::util;
+
+const SUITE: &str = "bookworm";
+const MIRROR: &str = "http://deb.debian.org/debian";
+/// mmdebstrap's clock: file times, and what packages' postinst scripts see.
+const SOURCE_DATE_EPOCH: &str = "1704067200";
+const PACKAGES: &[&str] = &[
+    "systemd",
+    "systemd-sysv",
+    "udev",
+    "e2fsprogs",
+    "kmod",
+    "iproute2",
+];
+/// Left out of the image: nothing on a node reads them.
+const EXCLUDED: &[&str] = &[
+    "/usr/share/doc/*",
+    "/usr/share/man/*",
+    "/usr/share/info/*",
+    "/usr/share/locale/*",
+    "/usr/share/lintian/*",
+];
+/// DHCP on the first Ethernet link, by systemd-networkd.
+const NETWORK: &str = "[Match]\nName=en* eth*\n\n[Network]\nDHCP=ipv4\n";
+
+pub fn debian_rootfs(out: &Path, slate_bin: &Path, replace: bool) -> Result<()> {
+    if !replace && fs::read_dir(out).is_ok_and(|mut e| e.next().is_some()) {
+        bail!(
+            "{} exists and is not empty; remove it or pass --replace",
+            out.display()
+        );
+    }
+    let staging = out.with_file_name(format!(
+        ".{}.staging-{}",
+        out.file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or("debian-rootfs"),
+        std::process::id()
+    ));
+    util::remove_if_exists(&staging)?;
+    if let Some(parent) = staging.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    let started = std::time::Instant::now();
+    let mut cmd = Command::new("mmdebstrap");
+    cmd.env("SOURCE_DATE_EPOCH", SOURCE_DATE_EPOCH)
+        .args(["--variant=minbase", "--mode=root", "--format=directory"])
+        .arg(format!("--include={}", PACKAGES.join(",")));
+    for path in EXCLUDED {
+        cmd.arg(format!("--dpkgopt=path-exclude={path}"));
+    }
+    cmd.arg("--dpkgopt=path-include=/usr/share/locale/locale.alias")
+        // Enabled as presets would on a first boot: the image has no first boot of its own.
+        .arg("--customize-hook=chroot \"$1\" systemctl enable systemd-networkd.service")
+        .arg("--customize-hook=chroot \"$1\" dpkg-query -W -f '${Package} ${Version}\\n' > \"$1/.packages\"")
+        .arg(SUITE)
+        .arg(&staging)
+        .arg(MIRROR);
+    util::run(&mut cmd).context("mmdebstrap (apt-get install -y mmdebstrap; run as root)")?;
+    finish(&staging, slate_bin)?;
+    let packages = staging.join(".packages");
+    let listing = out.with_extension("packages");
+    fs::rename(&packages, &listing)
+        .with_context(|| format!("moving the package list to {}", listing.display()))?;
+    if replace {
+        util::remove_if_exists(out)?;
+    }
+    fs::rename(&staging, out).with_context(|| format!("renaming into {}", out.display()))?;
+    println!(
+        "debian-rootfs: {} ({} packages, listed in {}) in {:.0} s",
+        out.display(),
+        fs::read_to_string(&listing)?.lines().count(),
+        listing.display(),
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// What a slate image needs beyond Debian's packages.
+fn finish(root: &Path, slate_bin: &Path) -> Result<()> {
+    let write = |rel: &str, text: &str, mode: u32| -> Result<()> {
+        let path = root.join(rel);
+        if let Some(parent) = path.parent() {
+            fs::create_dir_all(parent)?;
+        }
+        util::remove_if_exists(&path)?;
+        fs::write(&path, text).with_context(|| format!("writing {}", path.display()))?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(mode))?;
+        Ok(())
+    };
+    write("etc/machine-id", "uninitialized\n", 0o444)?;
+    write("etc/systemd/network/20-dhcp.network", NETWORK, 0o644)?;
+    write("etc/hostname", "debian-slate\n", 0o644)?;
+    let slate = root.join("usr/bin/slate");
+    fs::copy(slate_bin, &slate)
+        .with_context(|| format!("copying {} into the root", slate_bin.display()))?;
+    fs::set_permissions(&slate, fs::Permissions::from_mode(0o755))?;
+    // The image's own setup hook: what a reset of /etc runs first.
+    write(
+        "usr/lib/slate/setup.d/10-stamp",
+        "#!/bin/sh\n# Written on every reset of /etc: the version whose hooks ran.\n\
+         echo \"$SLATE_VERSION\" > /etc/slate-setup-stamp\n",
+        0o755,
+    )?;
+    // Empty: EPHEMERAL is mounted over /var, and systemd-tmpfiles makes what systemd needs;
+    // /dev is devtmpfs (mmdebstrap leaves device nodes, which a squashfs root does not carry).
+    for dir in ["var", "dev"] {
+        let path = root.join(dir);
+        fs::remove_dir_all(&path).with_context(|| format!("emptying {}", path.display()))?;
+        fs::create_dir(&path)?;
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o755))?;
+    }
+    fs::create_dir_all(root.join("system/state"))?;
+    Ok(())
+}
+
+/// Where `xtask vm-prep` and the scenario keep the Debian root.
+pub fn default_out() -> PathBuf {
+    util::repo_root().join("target/debian/rootfs")
+}
