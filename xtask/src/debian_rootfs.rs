@@ -41,6 +41,12 @@ const EXCLUDED: &[&str] = &[
     "/usr/share/locale/*",
     "/usr/share/lintian/*",
 ];
+/// The image's own setup hook (`/usr/lib/slate/setup.d/10-stamp`): what a reset of /etc runs
+/// first. It leaves the stamp the health check looks for, and says which machine ID /etc has.
+const IMAGE_HOOK: &str =
+    "#!/bin/sh\n# Written on every reset of /etc: the version whose hooks ran.\n\
+    echo \"$SLATE_VERSION\" > /etc/slate-setup-stamp\n\
+    echo \"image hook: version $SLATE_VERSION machine-id $(cat /etc/machine-id)\"\n";
 /// DHCP on the first Ethernet link, by systemd-networkd.
 const NETWORK: &str = "[Match]\nName=en* eth*\n\n[Network]\nDHCP=ipv4\n";
 
@@ -117,12 +123,7 @@ fn finish(root: &Path, slate_bin: &Path) -> Result<()> {
         .with_context(|| format!("copying {} into the root", slate_bin.display()))?;
     fs::set_permissions(&slate, fs::Permissions::from_mode(0o755))?;
     // The image's own setup hook: what a reset of /etc runs first.
-    write(
-        "usr/lib/slate/setup.d/10-stamp",
-        "#!/bin/sh\n# Written on every reset of /etc: the version whose hooks ran.\n\
-         echo \"$SLATE_VERSION\" > /etc/slate-setup-stamp\n",
-        0o755,
-    )?;
+    write("usr/lib/slate/setup.d/10-stamp", IMAGE_HOOK, 0o755)?;
     // Empty: EPHEMERAL is mounted over /var, and systemd-tmpfiles makes what systemd needs;
     // /dev is devtmpfs (mmdebstrap leaves device nodes, which a squashfs root does not carry).
     for dir in ["var", "dev"] {
@@ -132,6 +133,37 @@ fn finish(root: &Path, slate_bin: &Path) -> Result<()> {
         fs::set_permissions(&path, fs::Permissions::from_mode(0o755))?;
     }
     fs::create_dir_all(root.join("system/state"))?;
+    Ok(())
+}
+
+/// What the root is made from: a root built from anything else is built again by [`ensure`].
+fn recipe() -> String {
+    format!(
+        "{SUITE} {MIRROR} {SOURCE_DATE_EPOCH} {} {} {NETWORK:?} {IMAGE_HOOK:?}\n",
+        PACKAGES.join(","),
+        EXCLUDED.join(",")
+    )
+}
+
+/// `xtask vm-prep`: the root at `out`, built when missing or made from another recipe, and
+/// `slate_bin` copied into it (the static slate changes far more often than Debian's packages).
+pub fn ensure(out: &Path, slate_bin: &Path) -> Result<()> {
+    let stamp = out.with_extension("recipe");
+    let current = fs::read_to_string(&stamp).ok();
+    if current.as_deref() != Some(recipe().as_str())
+        || !out.join("usr/lib/systemd/systemd").exists()
+    {
+        debian_rootfs(out, slate_bin, true)?;
+        fs::write(&stamp, recipe())?;
+        return Ok(());
+    }
+    let slate = out.join("usr/bin/slate");
+    if fs::read(&slate).ok() != Some(fs::read(slate_bin)?) {
+        util::remove_if_exists(&slate)?;
+        fs::copy(slate_bin, &slate)
+            .with_context(|| format!("copying {} into the root", slate_bin.display()))?;
+        fs::set_permissions(&slate, fs::Permissions::from_mode(0o755))?;
+    }
     Ok(())
 }
 

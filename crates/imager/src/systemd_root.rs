@@ -31,18 +31,17 @@ pub(crate) fn add_units(profile: &Profile, tree: &Path) -> Result<(), ImagerErro
         return Ok(());
     }
     let dir = tree.join(units::DIR);
-    write_generated(
-        &dir.join(units::SETUP_HOOKS),
-        units::SETUP_HOOKS_TEXT.as_bytes(),
-    )?;
-    for (link, target) in units::SETUP_HOOKS_LINKS {
-        let link = dir.join(link);
-        let parent = link.parent().unwrap_or(&dir);
-        make_dirs(parent)?;
-        if fs::symlink_metadata(&link).is_ok() {
-            fs::remove_file(&link).map_err(output_err(&link))?;
+    for unit in units::ALL {
+        write_generated(&dir.join(unit.name), unit.text.as_bytes())?;
+        for (link, target) in unit.links {
+            let link = dir.join(link);
+            let parent = link.parent().unwrap_or(&dir);
+            make_dirs(parent)?;
+            if fs::symlink_metadata(&link).is_ok() {
+                fs::remove_file(&link).map_err(output_err(&link))?;
+            }
+            symlink(target, &link).map_err(output_err(&link))?;
         }
-        symlink(target, &link).map_err(output_err(&link))?;
     }
     for mount_point in ["var", "system/state"] {
         make_dirs(&tree.join(mount_point))?;
@@ -108,16 +107,19 @@ mod tests {
         check_root(&profile("systemd"), tree.path()).unwrap();
 
         add_units(&profile("systemd"), tree.path()).unwrap();
-        let unit = tree.path().join(units::DIR).join(units::SETUP_HOOKS);
-        assert_eq!(fs::read_to_string(unit).unwrap(), units::SETUP_HOOKS_TEXT);
-        let link = tree
-            .path()
-            .join(units::DIR)
-            .join("multi-user.target.wants/slate-setup-hooks.service");
-        assert_eq!(
-            fs::read_link(link).unwrap(),
-            Path::new("../slate-setup-hooks.service")
-        );
+        for unit in units::ALL {
+            let path = tree.path().join(units::DIR).join(unit.name);
+            assert_eq!(fs::read_to_string(path).unwrap(), unit.text);
+            let link = tree
+                .path()
+                .join(units::DIR)
+                .join("multi-user.target.wants")
+                .join(unit.name);
+            assert_eq!(
+                fs::read_link(link).unwrap(),
+                Path::new("..").join(unit.name)
+            );
+        }
         assert!(tree.path().join("system/state").is_dir());
         assert_eq!(
             initramfs_marker(&profile("systemd")),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use slate_api::Stage;
 use slate_sequencer::{error_chain, RebootMode};
 
-use crate::base::node::Node;
+use crate::base::node::{Host, Node};
 use crate::settle::decision::Phase;
 use crate::settle::kexec::{self, Via};
 
@@ -141,6 +141,11 @@ pub fn reboot(node: &Node, mode: RebootMode) -> ! {
     if node.stage() != stage {
         node.set_stage(stage);
     }
+    if node.host == Host::Systemd {
+        let (how, line) = going_down(mode);
+        node.journal.info(format_args!("{line} through systemd"));
+        systemd_goes_down(node, how)
+    }
     let loading = start_kexec(node, mode);
     teardown(node);
     let prepared = loaded_kexec(node, loading);
@@ -188,16 +193,39 @@ pub fn fatal(node: &Node, error: &(dyn std::error::Error + 'static)) -> ! {
     if let Some(services) = node.services.get() {
         services.stop_all("the boot failed");
     }
-    teardown(node);
+    if node.host == Host::Pid1 {
+        teardown(node);
+    }
     if node.config.halt_on_fatal {
         halt_forever(node)
     }
     node.journal
         .info(format_args!("rebooting in {FATAL_REBOOT_DELAY:?}"));
     std::thread::sleep(FATAL_REBOOT_DELAY);
+    if node.host == Host::Systemd {
+        systemd_goes_down(node, GoDown::Restart)
+    }
     let Err(err) = slate_host::reboot();
     node.journal.error(format_args!("the reboot failed: {err}"));
     halt_forever(node)
+}
+
+/// Under systemd: systemd stops every unit (this one among them) and takes the machine down;
+/// a kexec is a plain reboot here.
+fn systemd_goes_down(node: &Node, how: GoDown) -> ! {
+    let verb = match how {
+        GoDown::PowerOff => "poweroff",
+        GoDown::Restart => "reboot",
+    };
+    match crate::boot::under_systemd::go_down(verb) {
+        Ok(()) => node.journal.info(format_args!(
+            "systemctl {verb} queued; systemd stops this service"
+        )),
+        Err(err) => node.journal.error(format_args!("the reboot failed: {err}")),
+    }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
 }
 
 // The rest of this module tears the machine down (kills every process, unmounts, reboots): it

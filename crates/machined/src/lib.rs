@@ -34,7 +34,7 @@ use slate_sequencer::{
 
 use backend::Backend;
 use base::journal::Journal;
-use base::node::{Node, Request};
+use base::node::{Host, Node, Request};
 use boot::facts::Facts;
 use boot::{health, machine, sequences, upgrade, watchdog};
 use settle::decision::{HealthOutcome, Phase};
@@ -42,19 +42,49 @@ use settle::{transaction, SettleError};
 
 pub fn run() -> Result<()> {
     if !slate_host::is_pid1() {
-        bail!("machined runs as PID 1 of a slate node only");
+        bail!(
+            "machined runs as PID 1 of a slate node, or as a systemd service with \
+             --under-systemd on a systemd image"
+        );
     }
-    // Before any thread starts: a thread that does not block them would drop them.
-    let signals = power_events::block_signals();
-    let _ = slate_host::disable_kmsg_ratelimit();
-    let journal = Arc::new(Journal::new(KmsgLogger::open("machined")));
+    start(Host::Pid1)
+}
+
+/// machined as an ordinary service of systemd on a systemd image (`slate-machined.service`):
+/// the node API, the update agent, health checks and the commit; init and systemd have set up
+/// the volumes, /etc, the network and the services, and systemd takes the machine down.
+pub fn run_under_systemd() -> Result<()> {
+    if slate_host::is_pid1() {
+        bail!("--under-systemd: machined is PID 1 here; run it as slate-machined.service");
+    }
+    if !Path::new("/run/systemd/system").is_dir() {
+        bail!("--under-systemd: systemd is not running here (no /run/systemd/system)");
+    }
+    start(Host::Systemd)
+}
+
+fn start(host: Host) -> Result<()> {
+    // Before any thread starts: a thread that does not block them would drop them. Under
+    // systemd, SIGTERM stops the service the default way (its stop job), not the machine.
+    let signals = (host == Host::Pid1).then(power_events::block_signals);
+    let journal = Arc::new(Journal::new(match host {
+        Host::Pid1 => {
+            let _ = slate_host::disable_kmsg_ratelimit();
+            KmsgLogger::open("machined")
+        }
+        // stdout is the journal (and the console, as the unit says).
+        Host::Systemd => KmsgLogger::stderr("machined"),
+    }));
     journal.boot.milestone("machined started");
     journal.info(format_args!("starting slate {}", env!("CARGO_PKG_VERSION")));
-    slate_host::spawn_reaper(Duration::from_secs(1));
+    if host == Host::Pid1 {
+        slate_host::spawn_reaper(Duration::from_secs(1));
+    }
     let cmdline = slate_host::kernel_cmdline().unwrap_or_default();
     let (node, requests) = Node::new(journal, &cmdline);
     let _ = slate_host::mount_efivarfs();
-    let node = node.with_booted_entry(
+    let node = node.with_boot_facts(
+        host,
         transaction::booted_entry_at_start(
             &cmdline,
             slate_host::read_loader_string("LoaderEntrySelected"),
@@ -66,7 +96,9 @@ pub fn run() -> Result<()> {
     std::panic::set_hook(Box::new(move |info| {
         panic_journal.error(format_args!("panic: {info}"));
     }));
-    power_events::start(&node, signals);
+    if let Some(signals) = signals {
+        power_events::start(&node, signals);
+    }
     // The image's health checks and watchdog. The watchdog is armed now and fed only once the
     // boot is committed, so a boot that hangs before its commit is reset by the hardware.
     let config = match health::load_config(Path::new(health::NODE_CONFIG)) {
@@ -117,9 +149,15 @@ fn boot_and_serve(
     match outcome {
         Ok(BootOutcome::Booted) => {
             node.set_stage(Stage::Running);
-            let health = match health::check(node, config) {
+            let assessed = match node.host {
+                Host::Pid1 => Ok(()),
+                Host::Systemd => boot::under_systemd::boot_complete(),
+            };
+            let health = match assessed
+                .and_then(|()| health::check(node, config).map_err(|failure| failure.to_string()))
+            {
                 Ok(()) => HealthOutcome::Passed,
-                Err(failure) => HealthOutcome::Failed(failure.to_string()),
+                Err(failure) => HealthOutcome::Failed(failure),
             };
             if let Err(err) = transaction::settle(node, Phase::Running { health }) {
                 return not_committed(err);

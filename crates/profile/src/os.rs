@@ -39,17 +39,29 @@ impl OsInit {
 
 /// slate's units on a systemd image: each file's path in the root and its text. The imager
 /// writes them (and the links that enable them); `systemd-analyze verify` checks them on the
-/// built root. Item 5's machined service and item 4's commit unit belong beside them.
+/// built root.
 pub mod units {
     /// The directory of the image's own units.
     pub const DIR: &str = "usr/lib/systemd/system";
 
+    /// One unit: its file name under [`DIR`], its text, and the links its `[Install]` section
+    /// asks for, relative to [`DIR`]: (link, target).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+    pub struct Unit {
+        pub name: &'static str,
+        pub text: &'static str,
+        pub links: &'static [(&'static str, &'static str)],
+    }
+
+    /// Every unit the imager adds, in the order systemd reaches them.
+    pub const ALL: &[Unit] = &[SETUP_HOOKS, MACHINED];
+
     /// The setup hooks after a reset of /etc: `slate setup-hooks`, once per version, before
     /// the system is multi-user. A failure fails the unit: the console says so, the system is
-    /// `degraded`, and — required by `boot-complete.target` — the boot is not blessed once
-    /// boot assessment is in place.
-    pub const SETUP_HOOKS: &str = "slate-setup-hooks.service";
-    pub const SETUP_HOOKS_TEXT: &str = "\
+    /// `degraded`, and — required by `boot-complete.target` — the boot is not blessed.
+    pub const SETUP_HOOKS: Unit = Unit {
+        name: "slate-setup-hooks.service",
+        text: "\
 [Unit]
 Description=slate setup hooks (after a reset of /etc)
 # /var (the user's hooks) and STATE (the record of the version whose hooks ran) are mounted by
@@ -70,19 +82,50 @@ TimeoutStartSec=30min
 [Install]
 WantedBy=multi-user.target
 RequiredBy=boot-complete.target
-";
+",
+        links: &[
+            (
+                "multi-user.target.wants/slate-setup-hooks.service",
+                "../slate-setup-hooks.service",
+            ),
+            (
+                "boot-complete.target.requires/slate-setup-hooks.service",
+                "../slate-setup-hooks.service",
+            ),
+        ],
+    };
 
-    /// The links `[Install]` asks for, relative to [`DIR`]: (link, target).
-    pub const SETUP_HOOKS_LINKS: &[(&str, &str)] = &[
-        (
-            "multi-user.target.wants/slate-setup-hooks.service",
-            "../slate-setup-hooks.service",
-        ),
-        (
-            "boot-complete.target.requires/slate-setup-hooks.service",
-            "../slate-setup-hooks.service",
-        ),
-    ];
+    /// machined as a service (`slate machined --under-systemd`): the node API, the update
+    /// agent, and the boot's assessment. Ordered after `boot-complete.target`, which it pulls
+    /// in: the units that target requires (the setup hooks, the image's health units) have
+    /// succeeded or failed by the time it starts, and it commits the boot — or takes the
+    /// fatal path back to the previous version — on that verdict and its own health checks.
+    pub const MACHINED: Unit = Unit {
+        name: "slate-machined.service",
+        text: "\
+[Unit]
+Description=slate node API, update agent and boot assessment
+RequiresMountsFor=/var /system/state
+Wants=boot-complete.target
+After=boot-complete.target network.target
+
+[Service]
+Type=simple
+ExecStart=/usr/bin/slate machined --under-systemd
+StandardOutput=journal+console
+StandardError=journal+console
+# Its way down is systemd's: an upgrade or a rollback asks for `systemctl reboot`.
+KillMode=mixed
+TimeoutStopSec=90s
+
+[Install]
+WantedBy=multi-user.target
+",
+        links: &[(
+            "multi-user.target.wants/slate-machined.service",
+            "../slate-machined.service",
+        )],
+    };
 }
 
 #[cfg(test)]

@@ -56,9 +56,15 @@ pub enum Command {
     /// Install or upgrade slate on a disk (also the `installer` role).
     #[command(subcommand)]
     Installer(InstallerCommand),
-    /// Run as machined, the node's real PID 1.
+    /// Run as machined, the node's real PID 1 (or, with --under-systemd, slate-machined.service
+    /// on a systemd image).
     #[command(hide = true)]
-    Machined,
+    Machined {
+        /// Run as a service of systemd: the node API, the update agent, health checks and the
+        /// commit; systemd owns the volumes, the network, the services and the way down.
+        #[arg(long)]
+        under_systemd: bool,
+    },
     /// The boot loader's view of a disk: `boot explain` shows which entry boots next and why.
     #[command(subcommand)]
     Boot(BootCommand),
@@ -255,7 +261,10 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Boot(cmd) => boot_cmd::run(&cli.target, cmd),
         Command::Init { args } => slate_init::run(args),
         Command::Imager(cmd) => imager_cmd::run(cmd),
-        Command::Machined => slate_machined::run(),
+        Command::Machined { under_systemd } => match under_systemd {
+            false => slate_machined::run(),
+            true => slate_machined::run_under_systemd(),
+        },
         Command::SetupHooks => slate_init::systemd::setup_hooks(),
         Command::Installer(cmd) => installer_cmd::run(cmd),
         Command::Gen(GenCommand::Certs { out, sans, dry_run }) => {

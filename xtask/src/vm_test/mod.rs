@@ -2,6 +2,7 @@
 //! boots of images the imager built, judged by what the guest printed and what its API answered.
 
 mod containerd;
+mod debian;
 mod drain;
 mod fleet;
 mod flood;
@@ -131,6 +132,8 @@ pub fn prepare() -> Result<Prepared> {
     }
     let rootfs = repo_root().join("target/demo/rootfs");
     base_rootfs::base_rootfs(&rootfs, "0", Some(&slate), true)?;
+    // The systemd image's root (mmdebstrap, about a minute; kept between runs).
+    crate::debian_rootfs::ensure(&crate::debian_rootfs::default_out(), &slate)?;
     Ok(Prepared { slate, pki })
 }
 
@@ -323,6 +326,8 @@ pub fn vm_test(only: &[String]) -> Result<()> {
         ("grub_upgrade_and_revert", grub::grub_upgrade_and_revert),
         // Four boots of a 48 MB UKI and two 50 MB uploads.
         ("containerd_workload", containerd::containerd_workload),
+        // Five boots of a 60 MB UKI with systemd as PID 1.
+        ("debian_boots_systemd", debian::debian_boots_systemd),
         // About 6 boots: v1, v2 committed, v3 and its rollback, v4's panic and v2 again.
         ("btrfs_snapshot_grub", snapshot_grub::btrfs_snapshot_grub),
         ("upgrade_commit_and_revert", upgrade_commit_and_revert),

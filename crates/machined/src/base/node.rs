@@ -68,9 +68,21 @@ impl BootConfig {
     }
 }
 
+/// What machined is on this node: the root's PID 1 (slate's own OS), or an ordinary service
+/// of systemd on a systemd image (`slate machined --under-systemd`, docs/node.md "A systemd
+/// image"), where init and systemd own the volumes, /etc, the network, the services and the
+/// way down.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Host {
+    #[default]
+    Pid1,
+    Systemd,
+}
+
 #[derive(Debug)]
 pub struct Node {
     pub journal: Arc<Journal>,
+    pub host: Host,
     pub lock: PriorityLock,
     pub mode: Mode,
     pub version: String,
@@ -122,6 +134,7 @@ impl Node {
         let (tx, rx) = mpsc::channel();
         let node = Arc::new(Self {
             journal,
+            host: Host::Pid1,
             lock: PriorityLock::new(),
             mode,
             version,
@@ -159,13 +172,15 @@ impl Node {
         self.journal.boot.milestone("committed");
     }
 
-    pub fn with_booted_entry(
+    pub fn with_boot_facts(
         self: Arc<Self>,
+        host: Host,
         entry: Option<String>,
         snapshot_root: Option<crate::base::snapshot_root::SnapshotRoot>,
     ) -> Arc<Self> {
         match Arc::try_unwrap(self) {
             Ok(mut node) => {
+                node.host = host;
                 node.booted_entry = entry;
                 node.snapshot_root = snapshot_root;
                 Arc::new(node)

@@ -17,11 +17,14 @@ pub fn machine_config(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Resu
         match crate::boot::machine::load(&crate::base::paths::state_dir()).map_err(failed)? {
             Some(parsed) => parsed,
             None => {
-                // The operator must be able to reach the node: DHCP first.
-                crate::boot::network::dhcp(ctx, node, None)?;
-                facts
-                    .network_up
-                    .store(true, std::sync::atomic::Ordering::SeqCst);
+                // The operator must be able to reach the node: DHCP first (under systemd,
+                // systemd-networkd's).
+                if node.host == crate::base::node::Host::Pid1 {
+                    crate::boot::network::dhcp(ctx, node, None)?;
+                    facts
+                        .network_up
+                        .store(true, std::sync::atomic::Ordering::SeqCst);
+                }
                 crate::boot::maintenance::wait_for_config(ctx, node, facts.watchdog.as_ref())?
             }
         };

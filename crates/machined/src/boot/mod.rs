@@ -18,6 +18,7 @@ pub mod secure_boot;
 pub mod sequences;
 pub mod services;
 pub mod snapshot_volumes;
+pub mod under_systemd;
 pub mod upgrade;
 pub mod volumes;
 pub mod watchdog;

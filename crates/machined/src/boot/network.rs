@@ -12,7 +12,7 @@ use crate::base::task::failed;
 use crate::boot::facts::Facts;
 
 /// The first non-loopback interface.
-fn first_interface() -> Result<String, TaskError> {
+pub(crate) fn first_interface() -> Result<String, TaskError> {
     std::fs::read_dir("/sys/class/net")
         .map_err(|e| failed(format!("listing network interfaces: {e}")))?
         .flatten()
@@ -23,7 +23,11 @@ fn first_interface() -> Result<String, TaskError> {
 }
 
 /// Record and log the IPv4 addresses `interface` has.
-fn record_addresses(ctx: &TaskContext<'_>, node: &Node, interface: &str) -> Result<(), TaskError> {
+pub(crate) fn record_addresses(
+    ctx: &TaskContext<'_>,
+    node: &Node,
+    interface: &str,
+) -> Result<(), TaskError> {
     let cidrs = slate_host::ipv4_addresses(interface)?;
     ctx.log(&format!(
         "{interface}: {}",

@@ -11,7 +11,7 @@ use slate_sequencer::{
     PhaseListBuilder, RebootMode, Sequence, SequenceKind, TaskContext, TaskError,
 };
 
-use crate::base::node::Node;
+use crate::base::node::{Host, Node};
 use crate::base::paths::{EPHEMERAL_MOUNT, STATE_MOUNT};
 use crate::base::task::{failed, task};
 use crate::boot::drain::{drain, DrainReason};
@@ -191,11 +191,26 @@ pub fn boot<'a>(
     let disk = facts.system_disk();
     let disk2 = disk.clone();
     let snapshot_root = node.snapshot_root.as_ref();
+    // Under systemd, slate's init mounted STATE, /var and /etc before systemd started, and
+    // systemd brings up the network, runs the setup hooks and the services.
+    let pid1 = node.host == Host::Pid1;
+    let image_root = snapshot_root.is_none() && pid1;
     let replace = facts
         .replace
         .lock()
         .unwrap_or_else(|p| p.into_inner())
-        .clone();
+        .clone()
+        .filter(|_| pid1);
+    let mut config_tasks = vec![task(node, "machineConfig", move |ctx| {
+        crate::boot::boot_config::machine_config(ctx, node, facts)
+    })];
+    // As soon as STATE is mounted: the API's TLS waits for the kernel's CRNG. (systemd keeps
+    // its own seed.)
+    if pid1 {
+        config_tasks.push(task(node, "randomSeed", move |ctx| {
+            crate::boot::random_seed::random_seed_task(ctx, &node.journal)
+        }));
+    }
     PhaseListBuilder::new()
         .append_when(
             replace.is_some(),
@@ -208,7 +223,7 @@ pub fn boot<'a>(
             crate::boot::snapshot_volumes::volume_tasks(node),
         )
         .append_when(
-            snapshot_root.is_none(),
+            image_root,
             "volumes",
             [task(node, "mountState", move |ctx| {
                 mount_volume(ctx, "STATE", disk.as_deref(), Path::new(STATE_MOUNT))
@@ -219,21 +234,10 @@ pub fn boot<'a>(
             "restore",
             crate::boot::replace::restore_tasks(node, replace.clone()),
         )
-        .append(
-            "config",
-            [
-                task(node, "machineConfig", move |ctx| {
-                    crate::boot::boot_config::machine_config(ctx, node, facts)
-                }),
-                // As soon as STATE is mounted: the API's TLS waits for the kernel's CRNG.
-                task(node, "randomSeed", move |ctx| {
-                    crate::boot::random_seed::random_seed_task(ctx, &node.journal)
-                }),
-            ],
-        )
+        .append("config", config_tasks)
         // After the machine configuration, whose `[var] mode` wins over the image's.
         .append_when(
-            snapshot_root.is_none(),
+            image_root,
             "var",
             [task(node, "mountEphemeral", move |ctx| {
                 let mode = node
@@ -246,9 +250,16 @@ pub fn boot<'a>(
                 Ok(())
             })],
         )
+        .append_when(
+            !pid1,
+            "var",
+            [task(node, "varByInit", move |ctx| {
+                crate::boot::under_systemd::var_by_init(ctx, node)
+            })],
+        )
         // A snapshot root's /etc is its own, writable and snapshotted with it.
         .append_when(
-            snapshot_root.is_none(),
+            image_root,
             "etc",
             [task(node, "etcOverlay", move |ctx| {
                 crate::boot::etc::overlay_task(ctx, node, &crate::boot::etc::etc_keep_list(node))
@@ -260,7 +271,8 @@ pub fn boot<'a>(
                 crate::boot::boot_config::configure(ctx, node)
             })],
         )
-        .append(
+        .append_when(
+            pid1,
             "setup",
             [task(node, "setupHooks", move |ctx| {
                 crate::boot::etc::setup_hooks_task(ctx, node)
@@ -269,7 +281,11 @@ pub fn boot<'a>(
         .append(
             "network",
             [task(node, "network", move |ctx| {
-                crate::boot::network::network(ctx, node, facts)
+                if pid1 {
+                    crate::boot::network::network(ctx, node, facts)
+                } else {
+                    crate::boot::under_systemd::addresses(ctx, node)
+                }
             })],
         )
         .append(
@@ -282,7 +298,8 @@ pub fn boot<'a>(
             })],
         )
         // Last: every milestone a service may wait for (network, /var, /etc) is reached.
-        .append(
+        .append_when(
+            pid1,
             "services",
             [task(node, "startServices", move |ctx| {
                 crate::boot::services::start_task(ctx, node, &facts.image_services)

@@ -136,7 +136,7 @@ fn a_snapshot_root_boots_without_meta_volumes_or_etc_overlay() {
         device: "/dev/vda2".into(),
         disk: "/dev/vda".into(),
     };
-    let node = node.with_booted_entry(None, Some(root));
+    let node = node.with_boot_facts(Host::Pid1, None, Some(root));
     let facts = installed();
     assert_eq!(
         shape(&initialize(&node, &facts)),

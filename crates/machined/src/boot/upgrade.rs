@@ -196,6 +196,9 @@ fn check_policy(
     target: &slate_bundle::BundleManifest,
     allow_downgrade: bool,
 ) -> Result<slate_trust::UpdateKind, String> {
+    if node.host == crate::base::node::Host::Systemd {
+        booted_through_slate(node.booted_entry.as_deref())?;
+    }
     let facts = slate_trust::NodeFacts {
         arch: slate_bundle::NATIVE_ARCH.into(),
         variant: node.variant.clone(),
@@ -203,6 +206,25 @@ fn check_policy(
         version_floor: version_floor()?,
     };
     slate_trust::check_update(target, &facts, allow_downgrade).map_err(|e| chain(&e))
+}
+
+/// On a systemd image, slate updates only a machine it booted: through UEFI (systemd-boot
+/// said which entry it started) from one of slate's UKIs. Anything else — a legacy BIOS boot,
+/// another loader, a kernel started by hand — would get an entry it never boots.
+pub fn booted_through_slate(entry: Option<&str>) -> Result<(), String> {
+    match entry {
+        Some(entry) if entry.starts_with("slate-") && entry.ends_with(".efi") => Ok(()),
+        Some(entry) => Err(format!(
+            "this machine booted {entry:?}, not one of slate's UKIs (slate-*.efi): slate \
+             updates only a machine that booted one of its own entries"
+        )),
+        None => Err(
+            "this machine did not boot through systemd-boot under UEFI (no \
+             LoaderEntrySelected): slate updates only a machine that booted one of its own \
+             UKIs"
+                .into(),
+        ),
+    }
 }
 
 /// `POST /v1/bundles`: unpack in a staging directory of its own, check (signature first, each

@@ -63,3 +63,17 @@ fn upgrade_tries_out_of_range_are_a_bad_request() {
     let err = staged_plan(&staged(3_000_000_000)).unwrap_err();
     assert!(err.contains("3000000000 boot-counting tries"), "{err}");
 }
+
+#[test]
+fn under_systemd_only_a_machine_booted_from_slates_uki_is_upgraded() {
+    use crate::boot::upgrade::booted_through_slate;
+    booted_through_slate(Some("slate-1.0.0+2-1.efi")).unwrap();
+    booted_through_slate(Some("slate-2.0.0.efi")).unwrap();
+    let err = booted_through_slate(Some("debian-12.conf")).unwrap_err();
+    assert!(
+        err.contains("\"debian-12.conf\", not one of slate's UKIs"),
+        "{err}"
+    );
+    let err = booted_through_slate(None).unwrap_err();
+    assert!(err.contains("no LoaderEntrySelected"), "{err}");
+}
