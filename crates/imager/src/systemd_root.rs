@@ -31,17 +31,25 @@ pub(crate) fn add_units(profile: &Profile, tree: &Path) -> Result<(), ImagerErro
         return Ok(());
     }
     let dir = tree.join(units::DIR);
+    let link = |link: &str, target: &str| -> Result<(), ImagerError> {
+        let link = dir.join(link);
+        let parent = link.parent().unwrap_or(&dir);
+        make_dirs(parent)?;
+        if fs::symlink_metadata(&link).is_ok() {
+            fs::remove_file(&link).map_err(output_err(&link))?;
+        }
+        symlink(target, &link).map_err(output_err(&link))
+    };
     for unit in units::ALL {
         write_generated(&dir.join(unit.name), unit.text.as_bytes())?;
-        for (link, target) in unit.links {
-            let link = dir.join(link);
-            let parent = link.parent().unwrap_or(&dir);
-            make_dirs(parent)?;
-            if fs::symlink_metadata(&link).is_ok() {
-                fs::remove_file(&link).map_err(output_err(&link))?;
-            }
-            symlink(target, &link).map_err(output_err(&link))?;
+        for (name, target) in unit.links {
+            link(name, target)?;
         }
+    }
+    let checks = profile.health.as_ref().map_or(0, |h| h.checks.len());
+    for index in 0..checks {
+        let (name, target) = units::check_link(index);
+        link(&name, target)?;
     }
     for mount_point in ["var", "system/state"] {
         make_dirs(&tree.join(mount_point))?;
@@ -83,7 +91,9 @@ mod tests {
         Profile::parse(&format!(
             "name = \"debian\"\nversion = \"1\"\narch = \"amd64\"\nplatform = \"qemu\"\n\
              [kernel]\nimage = \"k\"\nmodules_dir = \"m\"\n[rootfs]\nbase = \"r\"\n\
-             [boot]\nstub = \"s\"\nsystemd_boot = \"b\"\nslate = \"x\"\n[os]\ninit = \"{init}\"\n"
+             [boot]\nstub = \"s\"\nsystemd_boot = \"b\"\nslate = \"x\"\n[os]\ninit = \"{init}\"\n\
+             [health]\n[[health.checks]]\nfile = \"/etc/a\"\n\
+             [[health.checks]]\ncommand = [\"/bin/true\"]\n"
         ))
         .unwrap()
     }
@@ -110,6 +120,8 @@ mod tests {
         for unit in units::ALL {
             let path = tree.path().join(units::DIR).join(unit.name);
             assert_eq!(fs::read_to_string(path).unwrap(), unit.text);
+        }
+        for unit in [units::SETUP_HOOKS, units::MACHINED] {
             let link = tree
                 .path()
                 .join(units::DIR)
@@ -120,6 +132,19 @@ mod tests {
                 Path::new("..").join(unit.name)
             );
         }
+        // An instance of the check template per `[[health.checks]]`, required by
+        // boot-complete.target; no third.
+        let requires = tree
+            .path()
+            .join(units::DIR)
+            .join("boot-complete.target.requires");
+        for index in 0..2 {
+            assert_eq!(
+                fs::read_link(requires.join(format!("slate-check@{index}.service"))).unwrap(),
+                Path::new("../slate-check@.service")
+            );
+        }
+        assert!(!requires.join("slate-check@2.service").exists());
         assert!(tree.path().join("system/state").is_dir());
         assert_eq!(
             initramfs_marker(&profile("systemd")),

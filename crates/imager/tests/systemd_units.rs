@@ -30,7 +30,8 @@ fn slates_units_verify_on_the_built_debian_root() {
         format!(
             "name = \"debian\"\nversion = \"1.0.0\"\narch = \"amd64\"\nplatform = \"qemu\"\n\
              [os]\ninit = \"systemd\"\n[kernel]\nimage = \"k\"\nmodules_dir = \"m\"\n\
-             [rootfs]\nbase = \"{}\"\n[boot]\nstub = \"s\"\nsystemd_boot = \"b\"\nslate = \"x\"\n",
+             [rootfs]\nbase = \"{}\"\n[boot]\nstub = \"s\"\nsystemd_boot = \"b\"\nslate = \"x\"\n\
+             [health]\n[[health.checks]]\nfile = \"/etc/slate-setup-stamp\"\n",
             base.display()
         ),
     )
@@ -39,7 +40,14 @@ fn slates_units_verify_on_the_built_debian_root() {
     let tree = dir.path().join("root");
     std::fs::create_dir(&tree).unwrap();
     assemble_root(&inputs, &tree).unwrap();
-    let names: Vec<&str> = slate_profile::units::ALL.iter().map(|u| u.name).collect();
+    // The check template as the instance the imager linked for the one check.
+    let names: Vec<&str> = slate_profile::units::ALL
+        .iter()
+        .map(|u| match u.name {
+            "slate-check@.service" => "slate-check@0.service",
+            name => name,
+        })
+        .collect();
     let out = Command::new("systemd-analyze")
         .arg(format!("--root={}", tree.display()))
         .arg("verify")
@@ -52,21 +60,23 @@ fn slates_units_verify_on_the_built_debian_root() {
         out.status.success(),
         "systemd-analyze verify failed:\n{text}"
     );
+    // Anything it says about slate's units is a finding, even when the exit status is 0.
     for unit in &names {
-        // Anything it says about slate's units is a finding, even when the exit status is 0.
         assert!(!text.contains(unit), "{text}");
-        // Enabled: pulled in by multi-user.target.
-        let wants = tree
-            .join("usr/lib/systemd/system/multi-user.target.wants")
-            .join(unit);
+    }
+    let units = tree.join("usr/lib/systemd/system");
+    // Enabled: pulled in by multi-user.target.
+    for unit in ["slate-setup-hooks.service", "slate-machined.service"] {
+        let wants = units.join("multi-user.target.wants").join(unit);
         assert!(wants.exists(), "{}", wants.display());
     }
-    // The boot's assessment: the setup hooks are required by boot-complete.target and
-    // ordered before it; machined is ordered after it and pulls it in.
-    let required =
-        tree.join("usr/lib/systemd/system/boot-complete.target.requires/slate-setup-hooks.service");
-    assert!(required.exists(), "{}", required.display());
-    let target = std::fs::read_to_string(tree.join("usr/lib/systemd/system/boot-complete.target"))
+    // The boot's assessment: the setup hooks and the check are required by
+    // boot-complete.target and ordered before it; machined is ordered after it.
+    for unit in ["slate-setup-hooks.service", "slate-check@0.service"] {
+        let required = units.join("boot-complete.target.requires").join(unit);
+        assert!(required.exists(), "{}", required.display());
+    }
+    let target = std::fs::read_to_string(units.join("boot-complete.target"))
         .expect("the root's systemd ships boot-complete.target");
     assert!(target.contains("[Unit]"), "{target}");
 }

@@ -63,6 +63,11 @@ pub fn run_under_systemd() -> Result<()> {
     start(Host::Systemd)
 }
 
+/// `slate health-check N` (`slate-check@N.service` on a systemd image).
+pub fn health_check_unit(index: usize) -> Result<()> {
+    boot::under_systemd::health_check_unit(index)
+}
+
 fn start(host: Host) -> Result<()> {
     // Before any thread starts: a thread that does not block them would drop them. Under
     // systemd, SIGTERM stops the service the default way (its stop job), not the machine.
@@ -149,13 +154,12 @@ fn boot_and_serve(
     match outcome {
         Ok(BootOutcome::Booted) => {
             node.set_stage(Stage::Running);
+            // Under systemd the image's checks are units that boot-complete.target requires.
             let assessed = match node.host {
-                Host::Pid1 => Ok(()),
-                Host::Systemd => boot::under_systemd::boot_complete(),
+                Host::Pid1 => health::check(node, config).map_err(|f| f.to_string()),
+                Host::Systemd => boot::under_systemd::boot_complete(node),
             };
-            let health = match assessed
-                .and_then(|()| health::check(node, config).map_err(|failure| failure.to_string()))
-            {
+            let health = match assessed {
                 Ok(()) => HealthOutcome::Passed,
                 Err(failure) => HealthOutcome::Failed(failure),
             };

@@ -268,6 +268,7 @@ impl Profile {
                     ),
                 });
             }
+            os::validate_for_systemd(self.health.as_ref(), &self.services)?;
         }
         if self.rootfs.zstd_level == 0 || self.rootfs.zstd_level > 22 {
             return Err(invalid("rootfs.zstd_level", "must be 1 to 22"));

@@ -37,6 +37,56 @@ impl OsInit {
     }
 }
 
+/// What a systemd image cannot have: slate's `[[services]]` (systemd's units are the services
+/// there) and health checks that only machined can answer — `service` checks, and a `tcp`
+/// check of the node API's port, which slate-machined.service opens only after
+/// `boot-complete.target`, the target the checks are required by (it would never pass).
+pub(crate) fn validate_for_systemd(
+    health: Option<&crate::Health>,
+    services: &[crate::ServiceSpec],
+) -> Result<(), crate::ProfileError> {
+    let invalid =
+        |field: &'static str, reason: String| crate::ProfileError::Invalid { field, reason };
+    if let Some(service) = services.first() {
+        return Err(invalid(
+            "services",
+            format!(
+                "[[services]] {:?}: on a systemd image (os.init = \"systemd\") the services are \
+                 systemd units in the root; slate runs none",
+                service.name
+            ),
+        ));
+    }
+    for (i, check) in health.map_or(&[][..], |h| &h.checks[..]).iter().enumerate() {
+        match check {
+            crate::HealthCheck::Service(name) => {
+                return Err(invalid(
+                    "health.checks",
+                    format!(
+                        "check {i} (service {name:?}): slate runs no services on a systemd \
+                         image; check the unit instead, e.g. command = \
+                         [\"/usr/bin/systemctl\", \"is-active\", \"--quiet\", \"{name}\"]"
+                    ),
+                ))
+            }
+            crate::HealthCheck::Tcp(addr) if addr.ip().is_loopback() && addr.port() == API_PORT => {
+                return Err(invalid(
+                    "health.checks",
+                    format!(
+                        "check {i} (tcp {addr}): the node API opens only after \
+                         boot-complete.target, which the checks gate; it cannot be one of them"
+                    ),
+                ))
+            }
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// The node API's default port (machined's `slate.api.listen`).
+const API_PORT: u16 = 50000;
+
 /// slate's units on a systemd image: each file's path in the root and its text. The imager
 /// writes them (and the links that enable them); `systemd-analyze verify` checks them on the
 /// built root.
@@ -54,7 +104,41 @@ pub mod units {
     }
 
     /// Every unit the imager adds, in the order systemd reaches them.
-    pub const ALL: &[Unit] = &[SETUP_HOOKS, MACHINED];
+    pub const ALL: &[Unit] = &[SETUP_HOOKS, CHECK, MACHINED];
+
+    /// One of the image's `[[health.checks]]` (`slate health-check N`, N its index), as
+    /// systemd's boot assessment wants a health check: ordered before `boot-complete.target`
+    /// and required by it (the imager links an instance per check into
+    /// `boot-complete.target.requires/`, [`check_link`]). It retries within `[health]
+    /// timeout_secs`, as machined's checks do on slate's own OS; a failure fails the unit,
+    /// and with it the target.
+    pub const CHECK: Unit = Unit {
+        name: "slate-check@.service",
+        text: "\
+[Unit]
+Description=slate health check %i (the image's [[health.checks]])
+RequiresMountsFor=/var /system/state
+# What the checks may look at is there: /etc after the setup hooks, the network configured.
+After=slate-setup-hooks.service network.target
+Before=boot-complete.target
+
+[Service]
+Type=oneshot
+RemainAfterExit=yes
+ExecStart=/usr/bin/slate health-check %i
+StandardOutput=journal+console
+StandardError=journal+console
+",
+        links: &[],
+    };
+
+    /// The link that makes check `index` required by `boot-complete.target`: (link, target).
+    pub fn check_link(index: usize) -> (String, &'static str) {
+        (
+            format!("boot-complete.target.requires/slate-check@{index}.service"),
+            "../slate-check@.service",
+        )
+    }
 
     /// The setup hooks after a reset of /etc: `slate setup-hooks`, once per version, before
     /// the system is multi-user. A failure fails the unit: the console says so, the system is
@@ -170,6 +254,37 @@ slate = "slate"
             p.cmdline(),
             "console=ttyS0 slate.init=/usr/lib/systemd/systemd"
         );
+    }
+
+    #[test]
+    fn a_systemd_image_refuses_what_only_machined_could_answer() {
+        let systemd = format!("{BASE}[os]\ninit = \"systemd\"\n");
+        let err = |extra: &str| {
+            Profile::parse(&format!("{systemd}{extra}"))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err("[health]\n[[health.checks]]\nfile = \"/etc/a\"\n[[health.checks]]\nservice = \"web\"\n");
+        assert!(
+            e.starts_with("health.checks: check 1 (service \"web\")"),
+            "{e}"
+        );
+        assert!(e.contains("systemctl"), "{e}");
+        let e = err("[health]\n[[health.checks]]\ntcp = \"127.0.0.1:50000\"\n");
+        assert!(e.contains("check 0 (tcp 127.0.0.1:50000)"), "{e}");
+        assert!(e.contains("boot-complete.target"), "{e}");
+        let e = err("[[services]]\nname = \"web\"\ncommand = [\"/bin/httpd\"]\n");
+        assert!(e.starts_with("services: [[services]] \"web\""), "{e}");
+        // Another port, a file or a command: fine; and all of it on slate's own OS.
+        Profile::parse(&format!(
+            "{systemd}[health]\n[[health.checks]]\ntcp = \"127.0.0.1:8080\"\n\
+             [[health.checks]]\ncommand = [\"/bin/true\"]\n"
+        ))
+        .unwrap();
+        Profile::parse(&format!(
+            "{BASE}[health]\n[[health.checks]]\ntcp = \"127.0.0.1:50000\"\n"
+        ))
+        .unwrap();
     }
 
     #[test]

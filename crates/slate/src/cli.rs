@@ -56,6 +56,12 @@ pub enum Command {
     /// Install or upgrade slate on a disk (also the `installer` role).
     #[command(subcommand)]
     Installer(InstallerCommand),
+    /// Run the image's health check N (`slate-check@N.service` on a systemd image).
+    #[command(hide = true)]
+    HealthCheck {
+        /// The check's index in the image's `[[health.checks]]`.
+        index: usize,
+    },
     /// Run as machined, the node's real PID 1 (or, with --under-systemd, slate-machined.service
     /// on a systemd image).
     #[command(hide = true)]
@@ -261,6 +267,7 @@ pub fn run(cli: Cli) -> Result<()> {
         Command::Boot(cmd) => boot_cmd::run(&cli.target, cmd),
         Command::Init { args } => slate_init::run(args),
         Command::Imager(cmd) => imager_cmd::run(cmd),
+        Command::HealthCheck { index } => slate_machined::health_check_unit(index),
         Command::Machined { under_systemd } => match under_systemd {
             false => slate_machined::run(),
             true => slate_machined::run_under_systemd(),

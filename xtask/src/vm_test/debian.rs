@@ -120,7 +120,7 @@ fn deploy_user_hooks(image: &Path, work: &Path) -> Result<()> {
     })
 }
 
-/// systemd reached multi-user and slate-machined's health checks passed; with `commits`, the
+/// systemd reached multi-user and boot-complete.target (the check units passed); with `commits`, the
 /// boot was on trial and slate-machined committed that entry.
 fn booted(boot: &mut Running, commits: Option<&str>) -> Result<()> {
     boot.expect(&[MULTI_USER], BOOT_TIMEOUT, "systemd reaching multi-user")?;
@@ -130,8 +130,8 @@ fn booted(boot: &mut Running, commits: Option<&str>) -> Result<()> {
             "slate-machined committing the boot",
         ),
         None => (
-            "checks passed in".to_owned(),
-            "slate-machined's health checks",
+            "boot assessment: boot-complete.target reached".to_owned(),
+            "slate-machined's boot assessment",
         ),
     };
     boot.expect(&[&needle], Duration::from_secs(120), what)?;
@@ -297,6 +297,7 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
         Duration::from_secs(120),
         "v3's failed health check",
     )?;
+    let check = console_line(&boot, "`file /etc/never-written` failed")?;
     boot.wait_exit(Duration::from_secs(120))?;
     let mut boot = vm.start()?;
     booted(&mut boot, None)?;
@@ -306,7 +307,7 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
             && back["last_failure"]["version"] == "3.0.0"
             && back["last_failure"]["reason"]
                 .as_str()
-                .is_some_and(|r| r.contains("/etc/never-written")),
+                .is_some_and(|r| r.contains("failed units: slate-check@2.service")),
         "back on v2 with v3's failure: {back}"
     );
 
@@ -344,7 +345,7 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
     Ok(format!(
         "built in {:.0} s (UKI {:.1} MB); v1 multi-user and committed {:.0} s after power-on; \
          `{init_line}`; `{not_reset}`; v2 `{installer}`, ESP {on_trial:?} then {blessed:?}, `{user_hook}`, `{skipped}`; \
-         v3 `{fatal}` then v2 again; machine-id {v1_id} kept; v4 by counting: `{dropped}` \
+         v3 `{check}`, `{fatal}` then v2 again; machine-id {v1_id} kept; v4 by counting: `{dropped}` \
          {:.0} s after its first try",
         built.as_secs_f64(),
         uki as f64 / 1e6,

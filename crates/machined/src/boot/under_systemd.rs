@@ -54,16 +54,16 @@ pub fn addresses(ctx: &TaskContext<'_>, node: &Node) -> Result<(), TaskError> {
 /// systemd's boot assessment: the boot is good only if `boot-complete.target` was reached —
 /// every unit it requires (slate's setup hooks, the image's health units) succeeded.
 /// slate-machined.service is ordered after it, so its state is settled when this runs.
-pub fn boot_complete() -> Result<(), String> {
+pub fn boot_complete(node: &Node) -> Result<(), String> {
     let state = systemctl(&["is-active", "boot-complete.target"]);
     if state.trim() == "active" {
+        node.journal.info(
+            "boot assessment: boot-complete.target reached (every unit it requires succeeded)",
+        );
         return Ok(());
     }
     let failed = systemctl(&["list-units", "--failed", "--plain", "--no-legend"]);
-    let units: Vec<&str> = failed
-        .lines()
-        .filter_map(|l| l.split_whitespace().next())
-        .collect();
+    let units = failed_units(&failed);
     Err(format!(
         "boot-complete.target is {}: {}",
         if state.trim().is_empty() {
@@ -77,6 +77,15 @@ pub fn boot_complete() -> Result<(), String> {
             format!("failed units: {}", units.join(", "))
         }
     ))
+}
+
+/// The unit names of `systemctl list-units --failed --plain --no-legend` (a line may begin with
+/// a status bullet).
+fn failed_units(listing: &str) -> Vec<&str> {
+    listing
+        .lines()
+        .filter_map(|l| l.split_whitespace().find(|w| w.contains('.')))
+        .collect()
 }
 
 /// Ask systemd to take the machine down (`reboot`, `poweroff`): it stops every unit, this
@@ -103,4 +112,52 @@ fn systemctl(args: &[&str]) -> String {
         .output()
         .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
         .unwrap_or_default()
+}
+
+/// `slate health-check N`, run by `slate-check@N.service`: the image's check N (its
+/// `/etc/slate/node.toml`), retried within `[health] timeout_secs`, as machined runs them on
+/// slate's own OS. Lines go to stdout (the journal and the console); a failure is the error.
+pub fn health_check_unit(index: usize) -> anyhow::Result<()> {
+    use anyhow::Context as _;
+    let path = Path::new(crate::boot::health::NODE_CONFIG);
+    let config = crate::boot::health::load_config(path)?;
+    let health = config
+        .health
+        .with_context(|| format!("{} has no [health] section", path.display()))?;
+    let check = health.checks.get(index).with_context(|| {
+        format!(
+            "{} has {} health check(s); there is no check {index}",
+            path.display(),
+            health.checks.len()
+        )
+    })?;
+    let timeout = Duration::from_secs(u64::from(health.timeout_secs));
+    // No service is slate's here (the profile refuses service checks on a systemd image).
+    let passed = crate::boot::health::run_checks(
+        std::slice::from_ref(check),
+        timeout,
+        &|_| None,
+        &|line: &str| println!("health: {line}"),
+    )?;
+    println!(
+        "health: check {index} passed in {:.1}s",
+        passed.elapsed.as_secs_f64()
+    );
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::failed_units;
+
+    #[test]
+    fn failed_units_are_read_with_or_without_a_bullet() {
+        let listing = "\u{25cf} slate-check@2.service loaded failed failed slate health check 2\n\
+                       slate-setup-hooks.service loaded failed failed slate setup hooks\n\n";
+        assert_eq!(
+            failed_units(listing),
+            ["slate-check@2.service", "slate-setup-hooks.service"]
+        );
+        assert!(failed_units("").is_empty());
+    }
 }
