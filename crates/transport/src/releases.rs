@@ -314,7 +314,7 @@ fn load(registry: &Registry, place: &str) -> Result<Option<StoredIndex>, Transpo
         .map_err(|e| TransportError::Http {
             method: "GET".into(),
             url: format!("{}/blobs/{digest}", registry.describe()),
-            source: Box::new(e),
+            cause: Box::new(e),
         })?;
     if bytes.len() as u64 != size {
         return Err(TransportError::SizeMismatch {
