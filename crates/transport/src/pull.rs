@@ -231,15 +231,36 @@ pub(crate) fn pull(
     let source = any.as_source();
     let (fetch, name) = any.target(reference)?;
     let limit = client.max_image_bytes;
+    let existed = cache_dir.symlink_metadata().is_ok();
     // Held until the index names the image: pulls into one cache take turns.
-    let _lock = crate::cache::lock(cache_dir)?;
+    let lock = crate::cache::lock(cache_dir)?;
+    let pulled = pull_locked(source, cache_dir, &fetch, name, limit, progress);
+    if pulled.is_err() && !existed {
+        // A failed first pull leaves no empty layout behind to be mistaken for a cache (issue
+        // 44). Removed under the lock; a pull that was waiting for it goes on in a directory
+        // it makes again.
+        let _ = std::fs::remove_dir_all(cache_dir);
+    }
+    drop(lock);
+    pulled
+}
+
+fn pull_locked(
+    source: &dyn Source,
+    cache_dir: &Path,
+    fetch: &str,
+    name: String,
+    limit: u64,
+    progress: &mut dyn FnMut(Event<'_>),
+) -> Result<Pulled, TransportError> {
     let cache = Layout::create(cache_dir)?;
     let mut stats = Stats::default();
-    let image = copy_image(source, &cache, &fetch, &name, limit, &mut stats, progress)?
-        .ok_or_else(|| TransportError::NotFound {
+    let image = copy_image(source, &cache, fetch, &name, limit, &mut stats, progress)?.ok_or_else(
+        || TransportError::NotFound {
             what: format!("the image {name}"),
             location: source.describe(),
-        })?;
+        },
+    )?;
     let manifest_digest = image.digest().to_string();
     let signature = if is_signature_tag(&name) {
         None
