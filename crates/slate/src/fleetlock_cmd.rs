@@ -133,11 +133,19 @@ impl StoreArgs {
                  the host build"
             );
         }
-        Ok(Opened::File(if create {
+        let store = if create {
             FileStore::create(&self.store)?
         } else {
             FileStore::open(&self.store)?
-        }))
+        };
+        for stray in store.strays() {
+            eprintln!(
+                "warning: skipping {}: a directory, not a group record (move it out of the \
+                 store)",
+                stray.display()
+            );
+        }
+        Ok(Opened::File(store))
     }
 }
 
