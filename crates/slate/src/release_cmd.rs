@@ -135,6 +135,20 @@ fn created() -> Result<String> {
     Ok(humantime::format_rfc3339_seconds(time).to_string())
 }
 
+/// `--image`: a repository. A tag in it would be ignored and then shown beside the version's
+/// (`REPO:releases:2.0.0`), so it is refused, naming what goes where.
+fn repository(image: &str) -> Result<Reference> {
+    let reference = Reference::parse(image)?;
+    if let Some(tag) = reference.tag() {
+        bail!(
+            "--image {image}: name the repository only (HOST/REPOSITORY), without :{tag} — a \
+             bundle is pushed under its version, the index under `releases`, and the channel \
+             tags are slate's to move"
+        );
+    }
+    Ok(reference)
+}
+
 /// The tag the bundle of `version` is pushed under.
 fn version_tag(repository: &Reference, version: &str) -> Result<Reference> {
     slate_release::check_release_version(version)
@@ -302,7 +316,7 @@ fn apply<T>(
 }
 
 fn publish(args: PublishArgs) -> Result<()> {
-    let repository = Reference::parse(&args.image)?;
+    let repository = repository(&args.image)?;
     let bundle = Bundle::open(&args.bundle, None)
         .with_context(|| format!("reading the bundle {}", args.bundle.display()))?;
     let version = bundle.manifest().version.clone();
@@ -364,10 +378,10 @@ fn publish(args: PublishArgs) -> Result<()> {
             .with_context(|| format!("reading {}", args.bundle.display()))?;
         for image in &plan.images {
             println!(
-                "would push {} ({}) as {repository}:{}",
+                "would push {} ({}) as {}",
                 image.source_tag.as_deref().unwrap_or("(untagged)"),
                 image.manifest_digest,
-                image.destination
+                repository.with_tag(&image.destination)?
             );
         }
     } else {
@@ -395,7 +409,7 @@ fn publish(args: PublishArgs) -> Result<()> {
 }
 
 fn promote(args: PromoteArgs) -> Result<()> {
-    let repository = Reference::parse(&args.image)?;
+    let repository = repository(&args.image)?;
     let options = args.registry.options()?;
     let (version, channel) = (args.version.as_str(), args.channel);
     apply(
@@ -421,7 +435,7 @@ fn promote(args: PromoteArgs) -> Result<()> {
 }
 
 fn yank(args: YankArgs) -> Result<()> {
-    let repository = Reference::parse(&args.image)?;
+    let repository = repository(&args.image)?;
     let options = args.registry.options()?;
     let (version, reason) = (args.version.as_str(), args.reason.as_str());
     apply(

@@ -508,6 +508,25 @@ fn the_reader_refuses_reserved_versions_and_times_that_are_not_rfc_3339() {
         return;
     };
     let (v1, _) = fx.signed("1.0.0");
+    // A tag in --image is refused, not shown beside the version's (`REPO:releases:1.0.0`).
+    let tagged = format!("{}:releases", fx.repo);
+    let err = fails(&[
+        "release",
+        "publish",
+        "--bundle",
+        s(&v1),
+        "--image",
+        &tagged,
+        "--channel",
+        "stable",
+        "--dry-run",
+    ]);
+    assert!(
+        err.contains(&format!(
+            "--image {tagged}: name the repository only (HOST/REPOSITORY), without :releases"
+        )),
+        "{err}"
+    );
     fx.publish(&v1, "stable", &[]);
     let (_, good) = stored(&fx);
     let cases = [

@@ -6,13 +6,12 @@ use std::io::Write as _;
 use anyhow::{Context as _, Result};
 use slate_release::{Channel, Release, ReleaseIndex};
 use slate_transport::releases::{fetch_stored_index, plan_channel_tags};
-use slate_transport::Reference;
 
 use super::{name_of, ListArgs};
 use crate::args::OutputFormat;
 
 pub(super) fn list(args: ListArgs) -> Result<()> {
-    let repository = Reference::parse(&args.image)?;
+    let repository = super::repository(&args.image)?;
     let options = args.registry.options()?;
     let stored = fetch_stored_index(&repository, &options)
         .with_context(|| format!("reading the release index of {repository}"))?;
