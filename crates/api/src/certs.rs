@@ -45,11 +45,21 @@ pub fn client_key_file(role: Role) -> String {
     format!("{}.key", role.as_str())
 }
 
+/// A PEM file is a few KiB; a bigger one is not a certificate or key.
+pub(crate) const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// A certificate or key file: a regular file within [`MAX_PEM_BYTES`], a FIFO or a device
+/// refused by name rather than waited on (issue 44).
+pub(crate) fn read_pem(path: &Path) -> std::io::Result<Vec<u8>> {
+    slate_files::read_file_bounded(path, MAX_PEM_BYTES, "the certificate file")
+        .map_err(slate_files::FileError::into_io)
+}
+
 /// Reads `name` from a certificate directory; a directory of the older shared-CA shape (no
 /// `client-ca.crt`) is named as such.
 pub(crate) fn read_pki_file(dir: &Path, name: &str) -> Result<Vec<u8>, CertError> {
     let path = dir.join(name);
-    std::fs::read(&path).map_err(|source| {
+    read_pem(&path).map_err(|source| {
         if name == CLIENT_CA_CERT
             && source.kind() == std::io::ErrorKind::NotFound
             && dir.join(CA_CERT).exists()

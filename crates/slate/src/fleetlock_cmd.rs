@@ -138,6 +138,14 @@ impl StoreArgs {
         } else {
             FileStore::open(&self.store)?
         };
+        // A server would fail every lock of that group: it refuses to start instead.
+        if let (true, Some(stray)) = (create, store.strays().first()) {
+            anyhow::bail!(
+                "the group record {} is a directory, not a regular file: move it out of the \
+                 store before serving",
+                stray.display()
+            );
+        }
         for stray in store.strays() {
             eprintln!(
                 "warning: skipping {}: a directory, not a group record (move it out of the \
