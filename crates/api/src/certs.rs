@@ -66,7 +66,10 @@ pub(crate) fn read_pki_file(dir: &Path, name: &str) -> Result<Vec<u8>, CertError
         {
             CertError::SharedCa(dir.to_owned())
         } else {
-            CertError::Io { path, source }
+            CertError::Io {
+                path,
+                cause: source,
+            }
         }
     })
 }
@@ -80,10 +83,11 @@ const CLIENT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 /// Errors of certificate generation and of reading certificates and keys.
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
-    #[error("{path}: {source}")]
+    /// The cause is in the message and not a `source()`, so a chain printer says it once.
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("{0} already exists; refusing to overwrite certificates (remove the old set first)")]
     Exists(PathBuf),
@@ -121,7 +125,10 @@ pub struct GeneratedCerts {
 pub fn gen_certs(dir: &Path, service_names: &[String]) -> Result<GeneratedCerts, CertError> {
     let io = |path: &Path| {
         let path = path.to_owned();
-        move |source| CertError::Io { path, source }
+        move |source| CertError::Io {
+            path,
+            cause: source,
+        }
     };
     let mut names: Vec<String> = Vec::new();
     let mut seen = BTreeSet::new();
