@@ -480,6 +480,10 @@ fn a_refused_promote_or_yank_writes_nothing_and_list_flags_missing_manifests() {
 
     let text = fx.list_text();
     assert!(
+        text.contains("beta (tag beta → 1.0.0, behind the index's 2.0.0)"),
+        "{text}"
+    );
+    assert!(
         text.contains("MISSING: the registry holds no manifest for 2.0.0"),
         "{text}"
     );
@@ -564,4 +568,17 @@ fn the_reader_refuses_reserved_versions_and_times_that_are_not_rfc_3339() {
         ]);
         assert!(err.contains(expected), "{version} {created}: {err}");
     }
+    // A tag left on a release the index has since yanked (a yank whose tag move failed) is
+    // ahead of the index's head, and said so.
+    store(&fx, &good);
+    let (v2, _) = fx.signed("2.0.0");
+    fx.publish(&v2, "stable", &[]);
+    let (_, mut yanked) = stored(&fx);
+    yanked.releases[1].yanked = Some("bad".into());
+    store(&fx, &yanked);
+    let text = fx.list_text();
+    assert!(
+        text.contains("stable (tag stable → 2.0.0, ahead of the index's 1.0.0)"),
+        "{text}"
+    );
 }
