@@ -184,12 +184,13 @@ fn sync_tags(
 ) -> Result<()> {
     let moves = plan_channel_tags(repository, index, options)
         .with_context(|| format!("reading the channel tags of {repository}"))?;
-    for m in &moves {
-        println!("{}", tag_line(index, m, dry_run));
-    }
+    // Moved before "moved" is said: a move that fails leaves no line claiming it happened.
     if !dry_run {
         move_channel_tags(repository, &moves, options)
             .with_context(|| format!("moving the channel tags of {repository}"))?;
+    }
+    for m in &moves {
+        println!("{}", tag_line(index, m, dry_run));
     }
     Ok(())
 }
