@@ -124,9 +124,14 @@ pub fn base_rootfs(
                 .all(|c| c.is_ascii_alphanumeric() || "._+~-".contains(c)),
         "--version {version:?} must be non-empty ASCII letters, digits and ._+~-"
     );
+    // Absolute from here on: the root's own loader lists e2fsprogs' libraries, and a loader
+    // run by a relative path names itself relatively — outside the root, by the check below
+    // (`--out rootfs` failed with "mke2fs needs a library the root lacks", issue 44).
+    let out =
+        &std::path::absolute(out).with_context(|| format!("making {} absolute", out.display()))?;
     // Built beside `out` and swapped in whole: scenarios started from other shells (and their
     // image builds, which read `out`) never see a half-made root.
-    let final_out = out;
+    let final_out = out.as_path();
     if !replace && fs::read_dir(final_out).is_ok_and(|mut e| e.next().is_some()) {
         bail!(
             "{} exists and is not empty; remove it or pass --replace",

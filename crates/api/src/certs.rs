@@ -45,18 +45,31 @@ pub fn client_key_file(role: Role) -> String {
     format!("{}.key", role.as_str())
 }
 
+/// A PEM file is a few KiB; a bigger one is not a certificate or key.
+pub(crate) const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// A certificate or key file: a regular file within [`MAX_PEM_BYTES`], a FIFO or a device
+/// refused by name rather than waited on (issue 44).
+pub(crate) fn read_pem(path: &Path) -> std::io::Result<Vec<u8>> {
+    slate_files::read_file_bounded(path, MAX_PEM_BYTES, "the certificate file")
+        .map_err(slate_files::FileError::into_io)
+}
+
 /// Reads `name` from a certificate directory; a directory of the older shared-CA shape (no
 /// `client-ca.crt`) is named as such.
 pub(crate) fn read_pki_file(dir: &Path, name: &str) -> Result<Vec<u8>, CertError> {
     let path = dir.join(name);
-    std::fs::read(&path).map_err(|source| {
+    read_pem(&path).map_err(|source| {
         if name == CLIENT_CA_CERT
             && source.kind() == std::io::ErrorKind::NotFound
             && dir.join(CA_CERT).exists()
         {
             CertError::SharedCa(dir.to_owned())
         } else {
-            CertError::Io { path, source }
+            CertError::Io {
+                path,
+                cause: source,
+            }
         }
     })
 }
@@ -70,10 +83,11 @@ const CLIENT_VALIDITY: Duration = Duration::from_secs(365 * 24 * 60 * 60);
 /// Errors of certificate generation and of reading certificates and keys.
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
-    #[error("{path}: {source}")]
+    /// The cause is in the message and not a `source()`, so a chain printer says it once.
+    #[error("{path}: {cause}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        cause: std::io::Error,
     },
     #[error("{0} already exists; refusing to overwrite certificates (remove the old set first)")]
     Exists(PathBuf),
@@ -111,7 +125,10 @@ pub struct GeneratedCerts {
 pub fn gen_certs(dir: &Path, service_names: &[String]) -> Result<GeneratedCerts, CertError> {
     let io = |path: &Path| {
         let path = path.to_owned();
-        move |source| CertError::Io { path, source }
+        move |source| CertError::Io {
+            path,
+            cause: source,
+        }
     };
     let mut names: Vec<String> = Vec::new();
     let mut seen = BTreeSet::new();

@@ -124,7 +124,10 @@ impl Client {
     pub fn from_dir(addr: &str, dir: &Path, role: Role) -> Result<Self, ClientError> {
         let read = |name: &str| {
             let path = dir.join(name);
-            std::fs::read(&path).map_err(|source| CertError::Io { path, source })
+            certs::read_pem(&path).map_err(|source| CertError::Io {
+                path,
+                cause: source,
+            })
         };
         let ca = read(certs::CA_CERT)?;
         let cert = read(&certs::client_cert_file(role))?;

@@ -88,7 +88,7 @@ pub struct Initramfs {
 #[derive(Debug, thiserror::Error)]
 pub enum InitramfsError {
     #[error("not a newc archive slate can read: {0}")]
-    Cpio(#[source] CpioError),
+    Cpio(CpioError),
     #[error("it holds no /{0}")]
     Missing(&'static str),
     #[error("/{0} is not a regular file")]
@@ -96,7 +96,7 @@ pub enum InitramfsError {
     #[error("/{0} is in it twice")]
     Duplicate(String),
     #[error("its zstd compression cannot be read: {0}")]
-    Zstd(#[source] std::io::Error),
+    Zstd(std::io::Error),
     #[error("decompressed, it is larger than {limit} bytes: refused as a decompression bomb")]
     Expansion { limit: u64 },
     #[error("its system extensions' member cannot be read: {0}")]

@@ -87,7 +87,7 @@ pub type Listing = BTreeMap<Vec<u8>, Node>;
 #[derive(Debug, thiserror::Error)]
 pub enum RootfsError {
     #[error("not a squashfs image slate can read: {0}")]
-    Squashfs(#[source] BackhandError),
+    Squashfs(BackhandError),
     #[error(
         "its files declare {declared} bytes, more than {limit} ({MAX_EXPANSION} times the image \
          and {EXPANSION_ALLOWANCE} bytes): refused as a decompression bomb"

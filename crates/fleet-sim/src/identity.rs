@@ -38,7 +38,10 @@ impl Identities {
     pub fn from_dir(dir: &Path) -> Result<Self, CertError> {
         let read = |name: &str| {
             let path = dir.join(name);
-            std::fs::read_to_string(&path).map_err(|source| CertError::Io { path, source })
+            std::fs::read_to_string(&path).map_err(|source| CertError::Io {
+                path,
+                cause: source,
+            })
         };
         Ok(Identities {
             fleet_ca: read(slate_api::CA_CERT)?,

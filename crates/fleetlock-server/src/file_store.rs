@@ -29,6 +29,8 @@ const RECORD_SUFFIX: &str = ".json";
 #[derive(Debug, Clone)]
 pub struct FileStore {
     dir: PathBuf,
+    /// Directories named like a record (`<group>.json`), found when the store was opened.
+    strays: Vec<PathBuf>,
 }
 
 impl FileStore {
@@ -44,25 +46,40 @@ impl FileStore {
     pub fn open(dir: &Path) -> Result<Self, StoreError> {
         slate_files::check_dir(dir, "the store")
             .map_err(|e| io_error("opening the store".into(), e))?;
-        let store = FileStore {
+        let mut store = FileStore {
             dir: dir.to_path_buf(),
+            strays: Vec::new(),
         };
-        store.check_records()?;
+        store.strays = store.check_records()?;
         Ok(store)
     }
 
     /// Every group's record must be a regular file: one that is a FIFO would block its first
     /// read (a server then never listened, and said nothing), a device would be read without
     /// end. Refused by name when the store is opened, before any record is read (issue 44).
-    fn check_records(&self) -> Result<(), StoreError> {
+    /// A directory named like a record cannot block or grow a read: it is passed over (not a
+    /// group) and returned, so that the caller can say so, rather than making `status` of every
+    /// other group fail.
+    fn check_records(&self) -> Result<Vec<PathBuf>, StoreError> {
+        let strays = std::cell::RefCell::new(Vec::new());
         slate_files::files_in(&self.dir, "the group record", |path| {
-            path.file_name()
-                .and_then(|n| n.to_str())
-                .and_then(|n| n.strip_suffix(RECORD_SUFFIX))
-                .is_some_and(|g| GroupName::new(g).is_ok())
+            let record = is_record_name(path);
+            if record && path.is_dir() {
+                strays.borrow_mut().push(path.to_owned());
+                return false;
+            }
+            record
         })
-        .map(drop)
-        .map_err(|e| io_error(format!("opening the store {}", self.dir.display()), e))
+        .map_err(|e| io_error(format!("opening the store {}", self.dir.display()), e))?;
+        let mut strays = strays.into_inner();
+        strays.sort();
+        Ok(strays)
+    }
+
+    /// Directories in the store named like a group's record, passed over (see
+    /// [`FileStore::open`]): the caller warns about each.
+    pub fn strays(&self) -> &[PathBuf] {
+        &self.strays
     }
 
     pub fn dir(&self) -> &Path {
@@ -124,6 +141,14 @@ impl FileStore {
     }
 }
 
+/// `<valid group>.json`.
+fn is_record_name(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|n| n.to_str())
+        .and_then(|n| n.strip_suffix(RECORD_SUFFIX))
+        .is_some_and(|g| GroupName::new(g).is_ok())
+}
+
 fn io_error(
     what: String,
     e: impl Into<Box<dyn std::error::Error + Send + Sync + 'static>>,
@@ -139,7 +164,10 @@ impl SemaphoreStore for FileStore {
             let entry = entry.map_err(|e| io_error(what(), e))?;
             let name = entry.file_name();
             // Anything that is not `<valid group>.json` (the lock, temporaries, strays) is
-            // not a group.
+            // not a group, and neither is a directory of such a name.
+            if entry.path().is_dir() {
+                continue;
+            }
             let group = name
                 .to_str()
                 .and_then(|n| n.strip_suffix(RECORD_SUFFIX))

@@ -118,10 +118,17 @@ fn pair_reason(err: &rustls::Error) -> String {
     }
 }
 
+/// A PEM file is a few KiB; a bigger one is not a certificate or key.
+const MAX_PEM_BYTES: u64 = 1 << 20;
+
+/// `--tls-cert`, `--tls-key`, `--client-ca`: regular files within the bound, a FIFO or a
+/// device refused by name rather than waited on (issue 44).
 fn read(path: &Path) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|error| TlsError::Read {
-        path: path.to_owned(),
-        error,
+    slate_files::read_file_bounded(path, MAX_PEM_BYTES, "the TLS file").map_err(|e| {
+        TlsError::Read {
+            path: path.to_owned(),
+            error: e.into_io(),
+        }
     })
 }
 

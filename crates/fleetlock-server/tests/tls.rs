@@ -206,6 +206,13 @@ fn tls_lock_and_unlock_over_https_and_plain_http_is_refused() {
     assert!(!tls.mutual());
     let server = Running::start(tmp.path(), tls);
 
+    // A TCP probe (connect, close before a byte: a `tcp` health check of the port) offers no
+    // handshake, so none is refused and nothing is logged.
+    for _ in 0..3 {
+        drop(TcpStream::connect(server.addr()).unwrap());
+    }
+    std::thread::sleep(Duration::from_millis(200));
+
     // Plain HTTP on the TLS port: the server reads it as a broken TLS record and answers with
     // a TLS alert record (type 21, TLS 1.2 framing, 2 bytes: fatal, decode_error), then
     // closes; never an HTTP answer.
@@ -230,6 +237,12 @@ fn tls_lock_and_unlock_over_https_and_plain_http_is_refused() {
     );
     let refused = server.wait_for_log("TLS handshake refused", 1);
     assert!(refused[0].ends_with("InvalidContentType"), "{refused:?}");
+    std::thread::sleep(Duration::from_millis(100));
+    assert_eq!(
+        server.wait_for_log("TLS handshake", 1).len(),
+        1,
+        "the probes were logged"
+    );
     assert!(server.holders().is_empty(), "{:?}", server.holders());
 
     // A client that trusts the CA: lock, a second id finds the one slot taken, unlock, and

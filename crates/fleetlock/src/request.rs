@@ -91,14 +91,33 @@ pub enum IdentityError {
     IdTooLong { len: usize },
     #[error("client ID contains a control character")]
     IdControl,
+    #[error(
+        "client ID contains U+{code:04X}, a bidirectional or invisible formatting character \
+         (it would make the id print as another)"
+    )]
+    IdFormatting { code: u32 },
     #[error("client group is {len} bytes, at most {MAX_GROUP_LEN} are allowed")]
     GroupTooLong { len: usize },
     #[error("client group must match ^[a-zA-Z0-9.-]+$")]
     GroupChars,
 }
 
-/// A client id: non-empty, case-sensitive, at most [`MAX_ID_LEN`] bytes, no control characters
-/// (it ends up in logs, in `slate fleetlock status` and in the stored semaphore).
+/// Characters that change how the text around them is shown without being seen: the
+/// bidirectional embeddings, overrides, isolates and marks (a "Trojan Source" id prints as
+/// another one in `status` and in logs), zero-width spaces and joiners, the byte-order mark.
+fn is_formatting(c: char) -> bool {
+    matches!(
+        c,
+        '\u{061C}'
+            | '\u{200B}'..='\u{200F}'
+            | '\u{202A}'..='\u{202E}'
+            | '\u{2060}'..='\u{2069}'
+            | '\u{FEFF}'
+    )
+}
+
+/// A client id: non-empty, case-sensitive, at most [`MAX_ID_LEN`] bytes, no control or
+/// bidirectional/invisible formatting characters (it ends up in logs, in `slate fleetlock status` and in the stored semaphore).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct ClientId(String);
 
@@ -113,6 +132,9 @@ impl ClientId {
         }
         if id.chars().any(char::is_control) {
             return Err(IdentityError::IdControl);
+        }
+        if let Some(c) = id.chars().find(|&c| is_formatting(c)) {
+            return Err(IdentityError::IdFormatting { code: c as u32 });
         }
         Ok(ClientId(id))
     }
@@ -334,6 +356,23 @@ mod tests {
             }),
             (
                 r#"{"client_params":{"id":"a\nb","group":"default"}}"#,
+                |e| *e == RequestError::Identity(IdentityError::IdControl),
+            ),
+            // "Trojan Source": shown right to left, "node-a\u{202E}b-edon" reads as another id.
+            (
+                r#"{"client_params":{"id":"node-a\u202eb-edon","group":"default"}}"#,
+                |e| *e == RequestError::Identity(IdentityError::IdFormatting { code: 0x202E }),
+            ),
+            (
+                "{\"client_params\":{\"id\":\"a\u{2067}b\",\"group\":\"default\"}}",
+                |e| *e == RequestError::Identity(IdentityError::IdFormatting { code: 0x2067 }),
+            ),
+            (
+                r#"{"client_params":{"id":"a\u200bb","group":"default"}}"#,
+                |e| *e == RequestError::Identity(IdentityError::IdFormatting { code: 0x200B }),
+            ),
+            (
+                r#"{"client_params":{"id":"a\u0007","group":"default"}}"#,
                 |e| *e == RequestError::Identity(IdentityError::IdControl),
             ),
         ];

@@ -230,10 +230,17 @@ async fn connection<H: Handler>(
         return;
     }
     let _ = tcp.set_nodelay(true);
-    let handshake = tokio::time::timeout(
-        accept.handshake_timeout,
-        acceptor.accept(tcp).into_fallible(),
-    );
+    let handshake = tokio::time::timeout(accept.handshake_timeout, async {
+        // A connection closed before its first byte offered no handshake, so none was
+        // refused: it is a TCP probe — a node's own `tcp` health check of its API on every
+        // boot, a load balancer's check, a port scan — and is closed without a line (issue
+        // 44). Anything that sends a byte is judged, and logged, as before.
+        let mut first = [0u8; 1];
+        if matches!(tcp.peek(&mut first).await, Ok(0)) {
+            return None;
+        }
+        Some(acceptor.accept(tcp).into_fallible().await)
+    });
     let done = if accept.handshakes_outlive_shutdown {
         handshake.await
     } else {
@@ -244,8 +251,9 @@ async fn connection<H: Handler>(
         }
     };
     let stream = match done {
-        Ok(Ok(stream)) => stream,
-        Ok(Err((error, tcp))) => {
+        Ok(None) => return,
+        Ok(Some(Ok(stream))) => stream,
+        Ok(Some(Err((error, tcp)))) => {
             handler.refused(Refusal::Handshake {
                 peer,
                 error: &error,

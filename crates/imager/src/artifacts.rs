@@ -17,11 +17,7 @@ use crate::extension::{extension_nodes, read_extension, Node};
 use crate::{ImagerError, Inputs, Progress};
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, ImagerError> {
-    fs::read(path).map_err(|source| ImagerError::MissingInput {
-        what,
-        path: path.to_owned(),
-        source,
-    })
+    crate::read_input(what, path)
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ImagerError + '_ {
@@ -125,7 +121,10 @@ pub fn assemble_root(inputs: &Inputs, tree: &Path) -> Result<(), ImagerError> {
     if base.is_dir() {
         copy_tree(base, tree)?;
     } else {
-        let file = fs::File::open(base).map_err(io_err(base))?;
+        // A tar of the root: opened as a regular file (a FIFO would block the build), then
+        // streamed; its size is its own.
+        let file =
+            slate_files::open_regular(base, "the base rootfs").map_err(ImagerError::Input)?;
         let mut archive = tar::Archive::new(file);
         archive.set_preserve_permissions(true);
         archive.unpack(tree).map_err(|e| ImagerError::BadInput {

@@ -329,13 +329,7 @@ pub(crate) fn build(
             ),
         ));
     }
-    let read = |what: &'static str, path: &Path| {
-        fs::read(path).map_err(|source| ImagerError::MissingInput {
-            what,
-            path: path.to_owned(),
-            source,
-        })
-    };
+    let read = crate::read_input;
     let kernel = read("the kernel image", &inputs.kernel_image)?;
     let loader = match &inputs.grub_efi {
         Some(path) if is_grub(inputs) => read("the GRUB EFI image", path)?,

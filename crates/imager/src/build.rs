@@ -122,6 +122,30 @@ fn node_config_summary(p: &slate_profile::Profile) -> String {
     )
 }
 
+/// The binary inputs a profile names, each checked as a regular file (by its opened
+/// descriptor) before the output's temporary file exists: a FIFO, a device, a directory or a
+/// dangling link named as a kernel or a loader writes nothing at all (issue 44). A missing one
+/// is left to the read that needs it, which says so — not every kind reads every input.
+fn check_input_files(inputs: &Inputs) -> Result<(), ImagerError> {
+    let named = [
+        ("the kernel image", Some(&inputs.kernel_image)),
+        ("the EFI stub", Some(&inputs.stub)),
+        ("systemd-boot", Some(&inputs.systemd_boot)),
+        ("the GRUB EFI image", inputs.grub_efi.as_ref()),
+        ("the slate binary", Some(&inputs.slate)),
+        ("the init binary", inputs.init.as_ref()),
+    ];
+    for (what, path) in named {
+        let Some(path) = path else { continue };
+        match slate_files::open_regular(path, what) {
+            Ok(_) => {}
+            Err(e) if e.is_not_found() => {}
+            Err(e) => return Err(ImagerError::Input(e)),
+        }
+    }
+    Ok(())
+}
+
 /// Build `inputs.kind` into `out`.
 pub fn build(
     inputs: &Inputs,
@@ -133,6 +157,7 @@ pub fn build(
         slate_installer::require_root("building a btrfs-image")
             .map_err(crate::BtrfsImageError::from)?;
     }
+    check_input_files(inputs)?;
     let pending = match inputs.kind {
         OutputKind::Installer => PendingOutput::dir(out)?,
         _ => PendingOutput::file(out)?,
@@ -146,13 +171,7 @@ pub fn build(
     match inputs.kind {
         OutputKind::Cmdline => write(format!("{}\n", build_cmdline(inputs)).as_bytes())?,
         OutputKind::Kernel => {
-            let kernel = std::fs::read(&inputs.kernel_image).map_err(|source| {
-                ImagerError::MissingInput {
-                    what: "the kernel image",
-                    path: inputs.kernel_image.clone(),
-                    source,
-                }
-            })?;
+            let kernel = crate::read_input("the kernel image", &inputs.kernel_image)?;
             write(&kernel)?
         }
         OutputKind::Rootfs => write(&build_rootfs(inputs, progress)?)?,
@@ -191,23 +210,14 @@ pub fn build(
             let uki = uki(inputs, progress)?;
             progress(Progress::Step("laying out the installer bundle"));
             let p = &inputs.profile;
-            let slate =
-                std::fs::read(&inputs.slate).map_err(|source| ImagerError::MissingInput {
-                    what: "the slate binary",
-                    path: inputs.slate.clone(),
-                    source,
-                })?;
+            let slate = crate::read_input("the slate binary", &inputs.slate)?;
             let uki_file = uki_name(inputs, None)?;
             // The loader an install from this bundle lays down: GRUB for a GRUB profile.
             let (loader_role, loader_file, loader) = match &inputs.grub_efi {
                 Some(grub_efi) => (
                     slate_bundle::GRUB_ROLE,
                     "grubx64.efi",
-                    std::fs::read(grub_efi).map_err(|source| ImagerError::MissingInput {
-                        what: "the GRUB EFI image",
-                        path: grub_efi.clone(),
-                        source,
-                    })?,
+                    crate::read_input("the GRUB EFI image", grub_efi)?,
                 ),
                 None => (
                     slate_bundle::SYSTEMD_BOOT_ROLE,
@@ -265,13 +275,7 @@ fn grub_image(
 ) -> Result<(), ImagerError> {
     let p = &inputs.profile;
     let grub_efi = inputs.grub_efi.clone().unwrap_or_default();
-    let read = |what: &'static str, path: &Path| {
-        std::fs::read(path).map_err(|source| ImagerError::MissingInput {
-            what,
-            path: path.to_owned(),
-            source,
-        })
-    };
+    let read = crate::read_input;
     let rootfs = build_rootfs(inputs, progress)?;
     progress(Progress::Step("packing the initramfs"));
     let initramfs = build_boot_initramfs(inputs, Some(&rootfs))?;
@@ -314,12 +318,7 @@ fn uki(inputs: &Inputs, progress: &mut dyn FnMut(Progress)) -> Result<Vec<u8>, I
 
 /// systemd-boot as the image ships it: signed for a Secure Boot image.
 fn systemd_boot(inputs: &Inputs) -> Result<Vec<u8>, ImagerError> {
-    let bytes =
-        std::fs::read(&inputs.systemd_boot).map_err(|source| ImagerError::MissingInput {
-            what: "systemd-boot",
-            path: inputs.systemd_boot.clone(),
-            source,
-        })?;
+    let bytes = crate::read_input("systemd-boot", &inputs.systemd_boot)?;
     match &inputs.secure_boot {
         Some(sb) => sb.sign("systemd-boot", &bytes),
         None => Ok(bytes),

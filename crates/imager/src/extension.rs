@@ -52,7 +52,8 @@ fn bad(path: &Path, reason: impl std::fmt::Display) -> ImagerError {
 
 /// SHA-256 and length of a file, streamed.
 fn hash_file(path: &Path) -> Result<(String, u64), ImagerError> {
-    let mut file = fs::File::open(path).map_err(|e| bad(path, e))?;
+    let mut file =
+        slate_files::open_regular(path, "the extension image").map_err(|e| bad(path, e))?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut size = 0u64;
@@ -75,19 +76,22 @@ pub fn resolve_extensions(
 ) -> Result<Vec<ExtensionInput>, ImagerError> {
     let mut out: Vec<ExtensionInput> = Vec::new();
     for path in paths {
-        let meta = fs::metadata(path).map_err(|e| bad(path, e))?;
-        if meta.len() > MAX_EXTENSION_MANIFEST_BYTES as u64 {
-            return Err(bad(
+        let bytes = slate_files::read_file_bounded(
+            path,
+            MAX_EXTENSION_MANIFEST_BYTES as u64,
+            "the extension manifest",
+        )
+        .map_err(|e| match e {
+            slate_files::FileError::TooLarge { .. } => bad(
                 path,
                 format!(
-                    "{} bytes: not an extension manifest (those are at most \
-                     {MAX_EXTENSION_MANIFEST_BYTES}; the profile names the manifest \
-                     `slate imager extension` wrote, not the squashfs image)",
-                    meta.len()
+                    "more than {MAX_EXTENSION_MANIFEST_BYTES} bytes: not an extension manifest \
+                     (the profile names the manifest `slate imager extension` wrote, not the \
+                     squashfs image)"
                 ),
-            ));
-        }
-        let bytes = fs::read(path).map_err(|e| bad(path, e))?;
+            ),
+            e => bad(path, e),
+        })?;
         if bytes.starts_with(b"hsqs") {
             return Err(bad(
                 path,
@@ -144,7 +148,9 @@ pub fn resolve_extensions(
 /// Read an extension's image for the initramfs, checked again (it may have changed since the
 /// inputs were resolved).
 pub(crate) fn read_extension(ext: &ExtensionInput) -> Result<Vec<u8>, ImagerError> {
-    let bytes = fs::read(&ext.image).map_err(|e| bad(&ext.image, e))?;
+    let bytes =
+        slate_files::read_file_bounded(&ext.image, crate::MAX_INPUT_BYTES, "the extension image")
+            .map_err(|e| bad(&ext.image, e))?;
     ext.manifest
         .check_image(&bytes)
         .map_err(|e| bad(&ext.image, e))?;

@@ -8,6 +8,9 @@ use slate_profile::Profile;
 
 use crate::ImagerError;
 
+/// The most bytes of a profile (they are a few KiB); a bigger file is not one.
+pub const MAX_PROFILE_BYTES: u64 = 1 << 20;
+
 /// What to build.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum OutputKind {
@@ -129,13 +132,23 @@ pub struct Inputs {
 }
 
 fn must_exist(what: &'static str, path: &Path) -> Result<(), ImagerError> {
-    fs::metadata(path)
-        .map(|_| ())
-        .map_err(|source| ImagerError::MissingInput {
+    match fs::metadata(path) {
+        Ok(_) => Ok(()),
+        // A link to nothing is named as that, not as a file that is missing (issue 44).
+        Err(_) if path.symlink_metadata().is_ok() => {
+            Err(ImagerError::Input(slate_files::FileError::NotAFile {
+                what: what.to_owned(),
+                path: path.to_owned(),
+                kind: "a dangling symbolic link",
+                expected: "an existing file or directory",
+            }))
+        }
+        Err(source) => Err(ImagerError::MissingInput {
             what,
             path: path.to_owned(),
             source,
-        })
+        }),
+    }
 }
 
 /// The profile's trusted keys (relative to the profile's directory), each parsed as a P-256
@@ -181,10 +194,11 @@ impl Inputs {
         kind: OutputKind,
         source_date_epoch: u64,
     ) -> Result<Self, ImagerError> {
-        let text = fs::read_to_string(path).map_err(|source| ImagerError::ReadProfile {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = slate_files::read_string_bounded(path, MAX_PROFILE_BYTES, "the profile")
+            .map_err(|e| ImagerError::ReadProfile {
+                path: path.to_owned(),
+                source: e.into_io(),
+            })?;
         let profile_err = |source| ImagerError::Profile {
             path: path.to_owned(),
             source,
@@ -272,13 +286,7 @@ impl Inputs {
 
     fn resolve_modules(&mut self) -> Result<(), ImagerError> {
         let dep_path = self.modules_dir.join("modules.dep");
-        let read = |path: &Path| {
-            fs::read_to_string(path).map_err(|source| ImagerError::MissingInput {
-                what: "the kernel's module index",
-                path: path.to_owned(),
-                source,
-            })
-        };
+        let read = |path: &Path| crate::read_text_input("the kernel's module index", path);
         let mut deps = ModuleDeps::parse(&read(&dep_path)?)?;
         let builtin = self.modules_dir.join("modules.builtin");
         if builtin.exists() {

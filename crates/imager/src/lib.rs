@@ -32,9 +32,62 @@ pub use output::{write_output, PendingOutput};
 pub use secure_boot::{gen_secureboot_keys, KeygenError, SecureBootInputs, SECURE_BOOT_KEY_FILES};
 pub use slate_bundle::BundleManifest;
 
+/// The most bytes read of one binary input — a kernel, an EFI program, the slate binary, an
+/// extension image: far above any real one. Inputs are read through `slate_files`, so a FIFO
+/// or `/dev/zero` named as one is refused at once by what it is (issue 44).
+pub const MAX_INPUT_BYTES: u64 = 1 << 30;
+/// The most bytes of a text input: the profile, the kernel's module index, a key.
+pub const MAX_TEXT_INPUT_BYTES: u64 = 16 << 20;
+
+/// A file the profile names: a regular file of at most `max` bytes. A missing one is
+/// [`ImagerError::MissingInput`]; anything else that is not such a file is refused by name.
+pub(crate) fn read_input_bounded(
+    what: &'static str,
+    path: &std::path::Path,
+    max: u64,
+) -> Result<Vec<u8>, ImagerError> {
+    slate_files::read_file_bounded(path, max, what).map_err(|e| input_error(what, path, e))
+}
+
+/// [`read_input_bounded`] with [`MAX_INPUT_BYTES`].
+pub(crate) fn read_input(
+    what: &'static str,
+    path: &std::path::Path,
+) -> Result<Vec<u8>, ImagerError> {
+    read_input_bounded(what, path, MAX_INPUT_BYTES)
+}
+
+/// A text input ([`MAX_TEXT_INPUT_BYTES`], UTF-8).
+pub(crate) fn read_text_input(
+    what: &'static str,
+    path: &std::path::Path,
+) -> Result<String, ImagerError> {
+    slate_files::read_string_bounded(path, MAX_TEXT_INPUT_BYTES, what)
+        .map_err(|e| input_error(what, path, e))
+}
+
+fn input_error(
+    what: &'static str,
+    path: &std::path::Path,
+    e: slate_files::FileError,
+) -> ImagerError {
+    if e.is_not_found() {
+        ImagerError::MissingInput {
+            what,
+            path: path.to_owned(),
+            source: e.into_io(),
+        }
+    } else {
+        ImagerError::Input(e)
+    }
+}
+
 /// Errors of the imager, each naming the input or output concerned.
 #[derive(Debug, thiserror::Error)]
 pub enum ImagerError {
+    /// An input that is not a regular file within its bound (its message names it).
+    #[error(transparent)]
+    Input(slate_files::FileError),
     #[error("reading the profile {path}")]
     ReadProfile {
         path: std::path::PathBuf,

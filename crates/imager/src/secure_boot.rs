@@ -31,11 +31,7 @@ fn bad(reason: impl std::fmt::Display) -> ImagerError {
 }
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, ImagerError> {
-    std::fs::read(path).map_err(|source| ImagerError::MissingInput {
-        what,
-        path: path.to_owned(),
-        source,
-    })
+    crate::read_input(what, path)
 }
 
 impl SecureBootInputs {

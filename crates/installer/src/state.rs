@@ -30,6 +30,15 @@ pub enum StateError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "{} is not a slate disk (install an image on it first with `slate installer install`)",
+        disk.display()
+    )]
+    NoTable {
+        disk: PathBuf,
+        #[source]
+        source: LayoutError,
+    },
     #[error("finding the STATE partition on {}", disk.display())]
     NoState {
         disk: PathBuf,
@@ -208,10 +217,19 @@ pub fn seed_config(
         disk: disk.to_owned(),
         source: Box::new(source),
     };
-    let has_state = slate_layout::partitions(&mut file)
-        .is_ok_and(|all| all.iter().any(|p| p.label == STATE_LABEL));
+    // A disk with no readable table is no slate disk of either kind: say that, rather than
+    // what looking for a Btrfs pool on it found.
+    let parts = slate_layout::partitions(&mut file).map_err(|source| StateError::NoTable {
+        disk: disk.to_owned(),
+        source,
+    })?;
+    let has_state = parts.iter().any(|p| p.label == STATE_LABEL);
+    let pool = parts
+        .iter()
+        .find(|p| p.label == slate_layout::POOL_LABEL)
+        .map(|p| (p.start, p.len));
     if !has_state {
-        if let Some(window) = crate::pool::find_pool(disk).map_err(pool_err)? {
+        if let Some(window) = pool {
             drop(file);
             let done = crate::pool::configure_pool(disk, window, config_text, force, dry_run)
                 .map_err(pool_err)?;

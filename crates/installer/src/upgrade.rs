@@ -92,8 +92,13 @@ pub enum UpgradeModeError {
         #[source]
         source: BootloaderError,
     },
-    #[error("systemd-boot would boot nothing on this disk")]
-    NothingBoots,
+    // Either loader: a GRUB disk is not told about systemd-boot.
+    #[error(
+        "the boot loader on {} would boot nothing (no entry it selects): there is no running \
+         version to upgrade from; install one with `slate installer install`",
+        disk.display()
+    )]
+    NothingBoots { disk: PathBuf },
     #[error("no entry on {} is {entry:?}", disk.display())]
     NoSuchEntry { disk: PathBuf, entry: String },
     #[error("finding META on {}", disk.display())]
@@ -170,7 +175,9 @@ pub fn upgrade(
         Some(entry) => entry.clone(),
         None => status
             .selected_file()
-            .ok_or(UpgradeModeError::NothingBoots)?
+            .ok_or_else(|| UpgradeModeError::NothingBoots {
+                disk: disk.to_owned(),
+            })?
             .to_string(),
     };
     let running_version = status

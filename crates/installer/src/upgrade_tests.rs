@@ -305,3 +305,76 @@ fn a_uki_that_cannot_fit_is_refused_with_the_numbers_before_any_write() {
         "nothing pruned"
     );
 }
+
+/// Issue 44: a GRUB disk that boots nothing is told so in the words of either loader, not
+/// "systemd-boot would boot nothing".
+#[test]
+fn a_grub_disk_that_boots_nothing_is_not_told_about_systemd_boot() {
+    let dir = tempfile::tempdir().unwrap();
+    let disk = blank_disk(dir.path());
+    {
+        let mut file = FileDisk::open(&disk).unwrap();
+        let plan = crate::GrubImagePlan {
+            image_id: "grub-nothing".into(),
+            layout: slate_layout::LayoutParams {
+                esp_size: 40 * slate_layout::MIB,
+                state_size: 16 * slate_layout::MIB,
+                ..slate_layout::LayoutParams::default()
+            },
+            source_date_epoch: 0,
+            grub_efi: b"MZ pretend GRUB".to_vec(),
+            kernel: b"kernel".repeat(100),
+            initramfs: b"initramfs".repeat(100),
+            cmdline: "console=ttyS0".into(),
+            version: "1.0.0".into(),
+            menu_timeout: 1,
+        };
+        crate::write_grub_image(&mut file, &plan, &mut |_| {}).unwrap();
+        // Every kernel and initramfs gone, the loader, its menu and environment kept: nothing
+        // left to select.
+        let esp = slate_layout::open_partition(&mut file, slate_layout::EFI_LABEL).unwrap();
+        let fs = slate_esp::fat::mount(esp, 0).unwrap();
+        let root = fs.root_dir();
+        let (mut dirs, mut files) = (vec![String::new()], Vec::new());
+        while let Some(path) = dirs.pop() {
+            let here = if path.is_empty() {
+                fs.root_dir()
+            } else {
+                root.open_dir(&path).unwrap()
+            };
+            for entry in here.iter().map(Result::unwrap) {
+                let name = entry.file_name();
+                if name == "." || name == ".." {
+                    continue;
+                }
+                let full = format!("{path}{name}");
+                if entry.is_dir() {
+                    dirs.push(format!("{full}/"));
+                } else if !full.starts_with("grub/") && !full.starts_with("EFI/") {
+                    files.push(full);
+                }
+            }
+        }
+        assert!(!files.is_empty());
+        for file in files {
+            root.remove(&file).unwrap();
+        }
+        drop(root);
+        slate_esp::fat::unmount(fs).unwrap();
+    }
+    let before = hash(&disk);
+    let err = upgrade(
+        &disk,
+        &request(bundle(dir.path(), "2.0.0", NATIVE_ARCH)),
+        &mut |_| {},
+    )
+    .unwrap_err();
+    let text = err.to_string();
+    assert!(
+        matches!(err, UpgradeModeError::NothingBoots { .. }),
+        "{err:?}"
+    );
+    assert!(text.contains("would boot nothing"), "{text}");
+    assert!(!text.contains("systemd-boot"), "{text}");
+    assert_eq!(hash(&disk), before, "something was written");
+}

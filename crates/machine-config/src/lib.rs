@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 
 pub use trust::{check_trust, trust_findings};
 pub use update::{
-    describe_minute_of_week, minute_of_week, minutes_until_open, Strategy, UpdateSettings, Weekday,
-    Window,
+    describe_minute_of_week, duration, minute_of_week, minutes_until_open, Strategy,
+    UpdateSettings, Weekday, Window,
 };
 pub use validate::{is_hostname, parse_cidr};
 

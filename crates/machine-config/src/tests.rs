@@ -496,3 +496,33 @@ fn a_drain_command_is_an_absolute_argv_with_a_bounded_timeout_and_applies_live()
         );
     }
 }
+
+#[test]
+fn a_file_listed_twice_and_a_unit_given_twice_are_refused_by_field() {
+    let twice = edited(
+        "mode = 0o644",
+        "mode = 0o644\n\n[[etc.files]]\npath = \"motd\"\ncontent = \"other\\n\"",
+    );
+    let err = refused(&twice);
+    assert_eq!(err.field(), Some("etc.files[1].path"), "{err}");
+    assert!(
+        err.to_string()
+            .contains("\"motd\" is etc.files[0].path already"),
+        "{err}"
+    );
+    for (bad, why) in [
+        ("1h1h1h", "the unit \"h\" comes twice"),
+        ("30m1h", "comes after the smaller \"m\""),
+        ("1hour 2 hours", "the unit \"hours\" comes twice"),
+    ] {
+        let err = refused(&edited(
+            "poll_interval = \"15m\"",
+            &format!("poll_interval = \"{bad}\""),
+        ));
+        assert_eq!(err.field(), Some("update.poll_interval"), "{bad}: {err}");
+        assert!(err.to_string().contains(why), "{bad}: {err}");
+    }
+    for good in ["1h30m", "1h 30m 10s", "2days", "90m"] {
+        assert!(duration(good).is_ok(), "{good}");
+    }
+}

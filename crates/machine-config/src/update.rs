@@ -281,10 +281,62 @@ fn parse_clock(text: &str) -> Option<u32> {
 
 /// A duration as `"90m"`, `"1h30m"`, `"45s"`.
 pub(crate) fn parse_duration(text: &str, field: &str) -> Result<Duration, ConfigError> {
-    humantime::parse_duration(text).map_err(|e| {
+    duration(text).map_err(|reason| {
         ConfigError::invalid(
             field,
-            format!("{text:?} is not a duration like \"90m\" or \"1h30m\": {e}"),
+            format!("{text:?} is not a duration like \"90m\" or \"1h30m\": {reason}"),
         )
+    })
+}
+
+/// humantime's durations, each unit at most once and largest first: humantime sums `1h1h1h`
+/// to three hours, which is a typo far more often than a meaning (issue 44). Shared with the
+/// rollout policies.
+pub fn duration(text: &str) -> Result<Duration, String> {
+    let parsed = humantime::parse_duration(text).map_err(|e| e.to_string())?;
+    let mut last: Option<(u8, &str)> = None;
+    let mut rest = text.trim();
+    while !rest.is_empty() {
+        let digits = rest
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(rest.len());
+        let after = rest[digits..].trim_start();
+        let unit_len = after
+            .find(|c: char| !c.is_ascii_alphabetic())
+            .unwrap_or(after.len());
+        let unit = &after[..unit_len];
+        let Some(rank) = unit_rank(unit) else {
+            break; // humantime took it; nothing to say about order
+        };
+        if let Some((previous, name)) = last {
+            if rank == previous {
+                return Err(format!("the unit {unit:?} comes twice (after {name:?})"));
+            }
+            if rank > previous {
+                return Err(format!(
+                    "the unit {unit:?} comes after the smaller {name:?} (largest first)"
+                ));
+            }
+        }
+        last = Some((rank, unit));
+        rest = after[unit_len..].trim_start();
+    }
+    Ok(parsed)
+}
+
+/// The size order of humantime's unit names (larger unit, larger rank).
+fn unit_rank(unit: &str) -> Option<u8> {
+    Some(match unit {
+        "nsec" | "ns" => 0,
+        "usec" | "us" => 1,
+        "msec" | "ms" => 2,
+        "seconds" | "second" | "sec" | "s" => 3,
+        "minutes" | "minute" | "min" | "m" => 4,
+        "hours" | "hour" | "hr" | "h" => 5,
+        "days" | "day" | "d" => 6,
+        "weeks" | "week" | "w" => 7,
+        "months" | "month" | "M" => 8,
+        "years" | "year" | "y" => 9,
+        _ => return None,
     })
 }

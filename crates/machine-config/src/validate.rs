@@ -391,6 +391,19 @@ fn etc(config: &MachineConfig) -> Result<(), ConfigError> {
     }
     for (i, file) in config.etc.files.iter().enumerate() {
         etc_path(&file.path, &format!("etc.files[{i}].path"))?;
+        // Two entries for one file: which content wins would be an accident of order.
+        if let Some(j) = config.etc.files[..i]
+            .iter()
+            .position(|f| f.path == file.path)
+        {
+            return Err(ConfigError::invalid(
+                format!("etc.files[{i}].path"),
+                format!(
+                    "{:?} is etc.files[{j}].path already: one entry per file",
+                    file.path
+                ),
+            ));
+        }
         if file.content.len() > MAX_ETC_FILE_BYTES {
             return Err(ConfigError::invalid(
                 format!("etc.files[{i}].content"),

@@ -371,12 +371,12 @@ mod tests {
     #[test]
     fn a_boot_that_cannot_be_committed_fails_in_phase_commit() {
         let err = not_committed(SettleError::Failed(
-            "systemd-boot would boot nothing on this disk".into(),
+            "the boot loader would boot nothing on this disk".into(),
         ));
         assert_eq!(
             error_chain(&err),
             "boot sequence: phase commit: task commitUpgrade failed: \
-             systemd-boot would boot nothing on this disk"
+             the boot loader would boot nothing on this disk"
         );
     }
 

@@ -9,6 +9,7 @@
 //! - [`drive`]: upgrade orders through the node API.
 //! - [`probe`]: the policies' HTTP probes of soaking nodes.
 //! - [`service`]: the operator API.
+//! - [`tally`]: routine heartbeats as one line per interval, news as a line each.
 
 pub mod drive;
 pub mod etcd;
@@ -16,6 +17,7 @@ pub mod leader;
 pub mod probe;
 pub mod service;
 pub mod state;
+pub mod tally;
 
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
@@ -77,6 +79,7 @@ pub fn run(op: Operator, stop: &AtomicBool) -> Result<(), String> {
         repository: op.leader.repository.clone(),
         stale_after: op.leader.stale_after,
         log: op.log.clone(),
+        heartbeats: Default::default(),
     };
     let server = slate_api::spawn_service(config, Arc::new(service))
         .map_err(|e| format!("cannot serve the operator API on {}: {e}", op.listen))?;

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -120,6 +120,8 @@ pub struct OperatorService {
     pub repository: String,
     pub stale_after: Duration,
     pub log: Log,
+    /// Routine heartbeats, counted rather than logged one by one.
+    pub heartbeats: crate::tally::HeartbeatTally,
 }
 
 fn failed(e: impl std::fmt::Display) -> BackendError {
@@ -179,7 +181,9 @@ impl JsonService for OperatorService {
     }
 
     fn log_api(&self, message: &str) {
-        (self.log)(message);
+        if !crate::tally::is_routine(message) {
+            (self.log)(message);
+        }
     }
 }
 
@@ -207,12 +211,21 @@ impl OperatorService {
                 report.id
             )));
         }
+        let tally = |written: bool| {
+            if !by_hand {
+                let summary = self.heartbeats.record(&report.id, written, Instant::now());
+                if let Some(line) = summary {
+                    (self.log)(&line);
+                }
+            }
+        };
         for _ in 0..5 {
             let now = now_unix();
             let stored = state::node(&self.state, &report.id).map_err(failed)?;
             if let Some(s) = &stored {
                 let recent = s.value.last_seen + STALE_REPORT_GRACE.as_secs() > now;
                 if !by_hand && recent && s.value.report.sent_at_ms > report.sent_at_ms {
+                    tally(false);
                     return Ok(json!({ "written": false, "stale": true }));
                 }
                 let unchanged = same_but_time(&s.value.report, &report);
@@ -220,16 +233,24 @@ impl OperatorService {
                     && unchanged
                     && s.value.last_seen + HEARTBEAT_WRITE_EVERY.as_secs() > now
                 {
+                    tally(false);
                     return Ok(json!({ "written": false }));
                 }
             }
+            let news = crate::tally::news(stored.as_ref().map(|s| &s.value.report), &report);
             let record = NodeRecord {
                 report: report.clone(),
                 last_seen: now,
             };
             let expect = stored.map_or(Expect::Absent, |s| Expect::ModRevision(s.revision));
             match state::put_node_if(&self.state, &record, expect).map_err(failed)? {
-                Outcome::Committed { .. } => return Ok(json!({ "written": true })),
+                Outcome::Committed { .. } => {
+                    tally(true);
+                    if let Some(line) = news {
+                        (self.log)(&line);
+                    }
+                    return Ok(json!({ "written": true }));
+                }
                 Outcome::Conflict | Outcome::Deposed => continue,
             }
         }

@@ -31,10 +31,18 @@ pub use os::{units, Os, OsInit, SYSTEMD};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ProfileError {
+    /// The parser's message (with its snippet) is in this one and not a `source()`, so a
+    /// chain printer shows the snippet once (issue 44).
     #[error("the profile is not valid TOML for a slate profile: {0}")]
-    Syntax(#[from] toml::de::Error),
+    Syntax(toml::de::Error),
     #[error("{field}: {reason}")]
     Invalid { field: &'static str, reason: String },
+}
+
+impl From<toml::de::Error> for ProfileError {
+    fn from(e: toml::de::Error) -> Self {
+        ProfileError::Syntax(e)
+    }
 }
 
 /// The platforms an image can target.

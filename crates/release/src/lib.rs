@@ -25,6 +25,18 @@ pub const INDEX_SCHEMA: u32 = 1;
 pub const MAX_INDEX_BYTES: usize = 4 << 20;
 /// The media type of the index blob in the registry.
 pub const INDEX_MEDIA_TYPE: &str = "application/vnd.slate.release-index.v1+json";
+/// The tag of the release index in its repository.
+pub const RELEASE_INDEX_TAG: &str = "releases";
+/// Tags slate itself uses in a release repository: the index and the channel tags. A version is
+/// pushed under its own name as a tag, so it may not take one of these (nor a signature tag,
+/// `sha256-<hex>.sig`).
+pub const RESERVED_TAGS: [&str; 4] = [RELEASE_INDEX_TAG, "alpha", "beta", "stable"];
+
+/// A cosign signature tag, `sha256-<hex>.sig` (`slate_bundle::is_signature_tag`'s rule; this
+/// crate is pure and does not depend on the bundle reader for one line).
+fn is_signature_tag(tag: &str) -> bool {
+    tag.starts_with("sha256-") && tag.ends_with(".sig")
+}
 
 /// Version order (UAPI, as systemd-boot sorts entries).
 pub fn compare(a: &str, b: &str) -> Ordering {
@@ -136,6 +148,17 @@ pub enum ReleaseError {
     UnknownChannel(String),
     #[error("{version:?} is not a release version (A-Z a-z 0-9 . + ~ - _, at most 64)")]
     BadVersion { version: String },
+    #[error(
+        "version {version:?} is a tag slate uses itself ({}, sha256-….sig); a release may not \
+         take its name",
+        RESERVED_TAGS.join(", ")
+    )]
+    ReservedVersion { version: String },
+    #[error(
+        "release {version}: created {created:?} is not an RFC 3339 time in UTC \
+         (e.g. 2026-12-01T00:00:00Z)"
+    )]
+    BadCreated { version: String, created: String },
     #[error("{digest:?} is not a sha256 digest (sha256: and 64 lower-case hex digits)")]
     BadDigest { digest: String },
     #[error("version {0} is listed twice")]
@@ -186,6 +209,27 @@ fn check_version(version: &str) -> Result<(), ReleaseError> {
     }
 }
 
+/// A version as the name of a release: a version, and not one of slate's own tags.
+pub fn check_release_version(version: &str) -> Result<(), ReleaseError> {
+    check_version(version)?;
+    if RESERVED_TAGS.contains(&version) || is_signature_tag(version) {
+        return Err(ReleaseError::ReservedVersion {
+            version: version.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+fn check_created(release: &Release) -> Result<(), ReleaseError> {
+    // humantime's RFC 3339 reader takes UTC only (`Z`), which is what the index promises.
+    humantime::parse_rfc3339(&release.created)
+        .map(|_| ())
+        .map_err(|_| ReleaseError::BadCreated {
+            version: release.version.clone(),
+            created: release.created.clone(),
+        })
+}
+
 fn check_digest(digest: &str) -> Result<(), ReleaseError> {
     let hex = digest.strip_prefix("sha256:").unwrap_or("");
     if hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
@@ -198,8 +242,9 @@ fn check_digest(digest: &str) -> Result<(), ReleaseError> {
 }
 
 fn check_release(release: &Release) -> Result<(), ReleaseError> {
-    check_version(&release.version)?;
+    check_release_version(&release.version)?;
     check_digest(&release.digest)?;
+    check_created(release)?;
     if let Some(min) = &release.min_from {
         check_version(min)?;
         if compare(min, &release.version) != Ordering::Less {
@@ -213,7 +258,8 @@ fn check_release(release: &Release) -> Result<(), ReleaseError> {
 }
 
 impl ReleaseIndex {
-    /// Parse and check an index: schema, every version and digest, no version twice. The
+    /// Parse and check an index: schema, every version (none named like a tag slate reserves),
+    /// digest and `created` (RFC 3339, UTC), no version twice. The
     /// releases come back in version order whatever order the document had.
     pub fn parse(bytes: &[u8]) -> Result<ReleaseIndex, ReleaseError> {
         if bytes.len() > MAX_INDEX_BYTES {

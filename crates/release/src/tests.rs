@@ -98,7 +98,7 @@ fn malformed_indexes_are_refused_with_a_reason() {
     );
     let one = |fields: &str| {
         format!(
-            r#"{{"schema":1,"releases":[{{"version":"1.0.0","digest":"{}","created":"x","channel":"stable"{fields}}}]}}"#,
+            r#"{{"schema":1,"releases":[{{"version":"1.0.0","digest":"{}","created":"2026-12-01T00:00:00Z","channel":"stable"{fields}}}]}}"#,
             digest(1)
         )
     };
@@ -125,7 +125,7 @@ fn malformed_indexes_are_refused_with_a_reason() {
     let twice = format!(
         r#"{{"schema":1,"releases":[{r},{r}]}}"#,
         r = format!(
-            r#"{{"version":"1.0","digest":"{}","created":"x","channel":"beta"}}"#,
+            r#"{{"version":"1.0","digest":"{}","created":"2026-12-01T00:00:00Z","channel":"beta"}}"#,
             digest(1)
         )
     );
@@ -295,4 +295,66 @@ fn versions_compare_as_uapi_does() {
     assert_eq!(compare("2.0.0~rc1", "2.0.0"), Ordering::Less);
     assert_eq!(Channel::parse("beta"), Ok(Channel::Beta));
     assert!(Channel::parse("nightly").is_err());
+}
+
+fn document(version: &str, created: &str) -> String {
+    format!(
+        r#"{{"schema":1,"releases":[{{"version":"{version}","digest":"{}","created":"{created}","channel":"stable"}}]}}"#,
+        digest(1)
+    )
+}
+
+#[test]
+fn a_version_named_like_one_of_slates_tags_is_refused() {
+    for reserved in ["releases", "alpha", "beta", "stable", "sha256-0a.sig"] {
+        assert_eq!(
+            ReleaseIndex::parse(document(reserved, "2026-12-01T00:00:00Z").as_bytes()),
+            Err(ReleaseError::ReservedVersion {
+                version: reserved.into()
+            }),
+            "{reserved}"
+        );
+        let mut idx = ReleaseIndex::default();
+        let mut r = release("1.0.0", Channel::Stable, None);
+        r.version = reserved.into();
+        assert!(idx.publish(r).is_err(), "{reserved}");
+        assert_eq!(idx, ReleaseIndex::default());
+    }
+    // Near misses are versions like any other.
+    for fine in ["releases2", "stable-1", "sha256-0a.sig1"] {
+        assert!(
+            ReleaseIndex::parse(document(fine, "2026-12-01T00:00:00Z").as_bytes()).is_ok(),
+            "{fine}"
+        );
+    }
+}
+
+#[test]
+fn created_must_be_rfc_3339_in_utc() {
+    for bad in [
+        "yesterday",
+        "",
+        "2026-12-01",
+        "2026-13-01T00:00:00Z",
+        "2026-12-01 00:00:00",
+        "1796083200",
+        "2026-12-01T00:00:00+01:00",
+    ] {
+        let err = ReleaseIndex::parse(document("1.0.0", bad).as_bytes()).unwrap_err();
+        assert_eq!(
+            err,
+            ReleaseError::BadCreated {
+                version: "1.0.0".into(),
+                created: bad.into()
+            },
+            "{bad}"
+        );
+        assert!(err.to_string().contains("is not an RFC 3339 time"), "{err}");
+    }
+    for good in ["2026-12-01T00:00:00Z", "2026-12-01T00:00:00.5Z"] {
+        assert!(
+            ReleaseIndex::parse(document("1.0.0", good).as_bytes()).is_ok(),
+            "{good}"
+        );
+    }
 }

@@ -344,7 +344,7 @@ fn check(spec: &PolicySpec) -> Result<Policy, PolicyError> {
 }
 
 fn duration(text: &str) -> Result<Duration, String> {
-    humantime::parse_duration(text)
+    slate_machine_config::duration(text)
         .map_err(|e| format!("{text:?} is not a duration like \"10m\" or \"1h30m\": {e}"))
 }
 

@@ -52,6 +52,9 @@ fn every_bad_field_is_refused_naming_policy_and_field() {
         ("probe = \"https://{host}/healthz\"", "probe"),
         ("probe = \"http:///healthz\"", "probe"),
         ("upgrade_timeout = \"soon\"", "upgrade_timeout"),
+        // A unit twice is a typo, not a sum (issue 44).
+        ("upgrade_timeout = \"1h1h1h\"", "upgrade_timeout"),
+        ("waves = [{ percent = 100, soak = \"10m30m\" }]", "waves"),
         (
             "waves = [{ percent = 10 }, { percent = 5 }, { percent = 100 }]",
             "waves",

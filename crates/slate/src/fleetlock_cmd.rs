@@ -133,11 +133,27 @@ impl StoreArgs {
                  the host build"
             );
         }
-        Ok(Opened::File(if create {
+        let store = if create {
             FileStore::create(&self.store)?
         } else {
             FileStore::open(&self.store)?
-        }))
+        };
+        // A server would fail every lock of that group: it refuses to start instead.
+        if let (true, Some(stray)) = (create, store.strays().first()) {
+            anyhow::bail!(
+                "the group record {} is a directory, not a regular file: move it out of the \
+                 store before serving",
+                stray.display()
+            );
+        }
+        for stray in store.strays() {
+            eprintln!(
+                "warning: skipping {}: a directory, not a group record (move it out of the \
+                 store)",
+                stray.display()
+            );
+        }
+        Ok(Opened::File(store))
     }
 }
 

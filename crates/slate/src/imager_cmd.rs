@@ -117,6 +117,26 @@ fn extension(args: ExtensionArgs) -> Result<()> {
     Ok(())
 }
 
+/// The bytes of `path`: a file's length, or for a directory (an installer bundle, a layout)
+/// the sum of the regular files in it — not the directory entry's own 4096.
+fn bytes_in(path: &std::path::Path) -> u64 {
+    let Ok(meta) = std::fs::symlink_metadata(path) else {
+        return 0;
+    };
+    if meta.is_file() {
+        return meta.len();
+    }
+    if !meta.is_dir() {
+        return 0; // a link is not followed: its target is counted where it lies, if inside
+    }
+    std::fs::read_dir(path)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|entry| bytes_in(&entry.path()))
+        .sum()
+}
+
 fn build(args: BuildArgs) -> Result<()> {
     let kind = OutputKind::parse(&args.kind)?;
     let inputs = Inputs::resolve(
@@ -158,7 +178,7 @@ fn build(args: BuildArgs) -> Result<()> {
     })
     .with_context(|| format!("building {} into {}", kind.name(), args.out.display()))?;
     bar.finish_and_clear();
-    let size = std::fs::metadata(&out).map(|m| m.len()).unwrap_or(0);
+    let size = bytes_in(&out);
     println!(
         "built {} {} {}: {} ({size} bytes)",
         inputs.profile.name,
@@ -167,4 +187,21 @@ fn build(args: BuildArgs) -> Result<()> {
         out.display()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::bytes_in;
+
+    #[test]
+    fn a_directory_counts_the_files_in_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let bundle = dir.path().join("bundle");
+        std::fs::create_dir_all(bundle.join("blobs/sha256")).unwrap();
+        std::fs::write(bundle.join("index.json"), [0u8; 100]).unwrap();
+        std::fs::write(bundle.join("blobs/sha256/a"), vec![0u8; 70_000]).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", bundle.join("link")).unwrap();
+        assert_eq!(bytes_in(&bundle), 70_100);
+        assert_eq!(bytes_in(&bundle.join("index.json")), 100);
+    }
 }

@@ -128,8 +128,11 @@ pub fn status(target: &NodeTarget, output: OutputFormat, boot_times: bool) -> Re
             }
             if let Some(rollback) = &status.last_rollback {
                 println!(
-                    "rollback: {} -> {} at {} (unix): {}",
-                    rollback.from, rollback.to, rollback.time, rollback.reason
+                    "rollback: {} -> {} at {}: {}",
+                    rollback.from,
+                    rollback.to,
+                    rfc3339(rollback.time),
+                    rollback.reason
                 );
             }
             if !status.pinned.is_empty() {
@@ -159,6 +162,12 @@ pub fn status(target: &NodeTarget, output: OutputFormat, boot_times: bool) -> Re
             Ok(())
         }
     }
+}
+
+/// Unix seconds (the node's clock) as RFC 3339 in UTC, as every other time slate prints.
+fn rfc3339(unix: u64) -> String {
+    let time = std::time::UNIX_EPOCH + std::time::Duration::from_secs(unix);
+    humantime::format_rfc3339_seconds(time).to_string()
 }
 
 /// `updates:  fleet-lock on stable from REG/REPO; waiting for 2.0.0 (newest 2.0.0): lock …`
@@ -401,5 +410,16 @@ mod service_log_tests {
         ] {
             assert!(!of_service(line, "web"), "{line}");
         }
+    }
+}
+
+#[cfg(test)]
+mod time_tests {
+    use super::rfc3339;
+
+    #[test]
+    fn times_are_rfc_3339_in_utc() {
+        assert_eq!(rfc3339(1796083200), "2026-12-01T00:00:00Z");
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00Z");
     }
 }

@@ -5,21 +5,20 @@
 //! A bundle's image manifest is pushed as it is (its signature covers its digest); what a
 //! release adds — version, created, channel, official, min_from, yanked — lives in the index.
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use anyhow::{bail, Context as _, Result};
 use clap::{Args, Subcommand};
-use slate_bundle::{is_signature_tag, Bundle};
+use slate_bundle::Bundle;
 use slate_release::{Channel, Published, Release, ReleaseError, ReleaseIndex};
-use slate_transport::releases::{
-    fetch_stored_index, move_channel_tags, plan_channel_tags, resolve_tag, TagMove, RESERVED_TAGS,
-};
+use slate_transport::releases::{move_channel_tags, plan_channel_tags, resolve_tag, TagMove};
 use slate_transport::{fetch_release_index, update_release_index, Options, Reference};
 
 use crate::args::{OutputFormat, RegistryArgs};
 use crate::progress::TransferBars;
+
+mod list;
 
 #[derive(Debug, Subcommand)]
 pub enum ReleaseCommand {
@@ -117,7 +116,7 @@ pub fn run(cmd: ReleaseCommand) -> Result<()> {
         ReleaseCommand::Publish(args) => publish(args),
         ReleaseCommand::Promote(args) => promote(args),
         ReleaseCommand::Yank(args) => yank(args),
-        ReleaseCommand::List(args) => list(args),
+        ReleaseCommand::List(args) => list::list(args),
     }
 }
 
@@ -136,15 +135,24 @@ fn created() -> Result<String> {
     Ok(humantime::format_rfc3339_seconds(time).to_string())
 }
 
-/// The tag the bundle of `version` is pushed under.
-fn version_tag(repository: &Reference, version: &str) -> Result<Reference> {
-    if RESERVED_TAGS.contains(&version) || is_signature_tag(version) {
+/// `--image`: a repository. A tag in it would be ignored and then shown beside the version's
+/// (`REPO:releases:2.0.0`), so it is refused, naming what goes where.
+fn repository(image: &str) -> Result<Reference> {
+    let reference = Reference::parse(image)?;
+    if let Some(tag) = reference.tag() {
         bail!(
-            "version {version:?} is a tag slate uses itself ({}, sha256-….sig); choose another \
-             version",
-            RESERVED_TAGS.join(", ")
+            "--image {image}: name the repository only (HOST/REPOSITORY), without :{tag} — a \
+             bundle is pushed under its version, the index under `releases`, and the channel \
+             tags are slate's to move"
         );
     }
+    Ok(reference)
+}
+
+/// The tag the bundle of `version` is pushed under.
+fn version_tag(repository: &Reference, version: &str) -> Result<Reference> {
+    slate_release::check_release_version(version)
+        .context("the bundle is pushed under its version; choose another version")?;
     repository.with_tag(version).with_context(|| {
         format!("the bundle is pushed under its version, and {version:?} is not a registry tag")
     })
@@ -176,12 +184,13 @@ fn sync_tags(
 ) -> Result<()> {
     let moves = plan_channel_tags(repository, index, options)
         .with_context(|| format!("reading the channel tags of {repository}"))?;
-    for m in &moves {
-        println!("{}", tag_line(index, m, dry_run));
-    }
+    // Moved before "moved" is said: a move that fails leaves no line claiming it happened.
     if !dry_run {
         move_channel_tags(repository, &moves, options)
             .with_context(|| format!("moving the channel tags of {repository}"))?;
+    }
+    for m in &moves {
+        println!("{}", tag_line(index, m, dry_run));
     }
     Ok(())
 }
@@ -206,21 +215,85 @@ fn tag_line(index: &ReleaseIndex, m: &TagMove, dry_run: bool) -> String {
     }
 }
 
+/// The versions among `releases` whose manifest `repository` does not hold (by digest).
+fn missing_manifests(
+    repository: &Reference,
+    releases: &[Release],
+    options: &Options,
+) -> Result<Vec<String>> {
+    let mut missing = Vec::new();
+    for r in releases {
+        let held = resolve_tag(repository, &r.digest, options).with_context(|| {
+            format!("looking for the manifest of {} in {repository}", r.version)
+        })?;
+        if held.is_none() {
+            missing.push(r.version.clone());
+        }
+    }
+    Ok(missing)
+}
+
+/// Everything that can be checked before the first write: `change` made on the index as it is
+/// now (a refusal ends here), and the manifest of every release the change would point at —
+/// `subject` (the version published or promoted) and each release a channel tag would move
+/// to — held by the registry, except `pushing`, the bundle this command pushes itself before
+/// the index. A promote of a version whose bundle is gone would otherwise rewrite the index
+/// and then fail moving its tag. Returns the planned index and the change's outcome.
+fn preflight<T>(
+    repository: &Reference,
+    options: &Options,
+    change: &mut impl FnMut(&mut ReleaseIndex) -> Result<T, ReleaseError>,
+    subject: Option<&str>,
+    pushing: Option<&str>,
+) -> Result<(ReleaseIndex, T)> {
+    let mut planned = fetch_release_index(repository, options)
+        .with_context(|| format!("reading the release index of {repository}"))?
+        .unwrap_or_default();
+    let outcome = change(&mut planned)?;
+    let moves = plan_channel_tags(repository, &planned, options)
+        .with_context(|| format!("reading the channel tags of {repository}"))?;
+    let mut needed: Vec<Release> = subject
+        .and_then(|v| planned.get(v))
+        .into_iter()
+        .chain(
+            moves
+                .iter()
+                .filter(|m| m.is_needed())
+                .filter_map(|m| m.target.as_ref()),
+        )
+        .filter(|r| Some(r.digest.as_str()) != pushing)
+        .cloned()
+        .collect();
+    needed.dedup_by(|a, b| a.digest == b.digest);
+    let missing = missing_manifests(repository, &needed, options)?;
+    if let Some(version) = missing.first() {
+        let digest = &needed
+            .iter()
+            .find(|r| &r.version == version)
+            .expect("listed")
+            .digest;
+        bail!(
+            "{repository} holds no manifest {digest} for release {version}: the index would \
+             name a bundle nodes cannot pull (push the bundle of {version} again, or yank it); \
+             nothing was written"
+        );
+    }
+    Ok((planned, outcome))
+}
+
 /// Make `change` on the repository's index (re-read and retried when another publisher got in
 /// between) and move the channel tags after it; with `dry_run`, on a copy, writing nothing.
-/// `say` words the outcome (`true`: as what would happen).
+/// Either way [`preflight`] first. `say` words the outcome (`true`: as what would happen).
 fn apply<T>(
     repository: &Reference,
     options: &Options,
     dry_run: bool,
+    (subject, pushing): (Option<&str>, Option<&str>),
     mut change: impl FnMut(&mut ReleaseIndex) -> Result<T, ReleaseError>,
     say: impl Fn(&T, bool) -> String,
 ) -> Result<()> {
+    let (planned, outcome) = preflight(repository, options, &mut change, subject, pushing)?;
     let index = if dry_run {
-        let mut planned = fetch_release_index(repository, options)
-            .with_context(|| format!("reading the release index of {repository}"))?
-            .unwrap_or_default();
-        let outcome = change(&mut planned)?;
         println!("{}", say(&outcome, true));
         planned
     } else {
@@ -244,7 +317,7 @@ fn apply<T>(
 }
 
 fn publish(args: PublishArgs) -> Result<()> {
-    let repository = Reference::parse(&args.image)?;
+    let repository = repository(&args.image)?;
     let bundle = Bundle::open(&args.bundle, None)
         .with_context(|| format!("reading the bundle {}", args.bundle.display()))?;
     let version = bundle.manifest().version.clone();
@@ -273,11 +346,15 @@ fn publish(args: PublishArgs) -> Result<()> {
     };
     let options = args.registry.options()?;
 
-    // Refusals (a demotion, a yanked version, another bundle under this version) before the
-    // first byte is pushed.
-    let mut current = fetch_release_index(&repository, &options)
-        .with_context(|| format!("reading the release index of {repository}"))?
-        .unwrap_or_default();
+    // Refusals (a demotion, a yanked version, another bundle under this version, a channel tag
+    // that would name a bundle the registry lacks) before the first byte is pushed.
+    let (current, _) = preflight(
+        &repository,
+        &options,
+        &mut |index: &mut ReleaseIndex| index.publish(release.clone()),
+        Some(&version),
+        Some(&digest),
+    )?;
     if let Some(existing) = current.get(&version) {
         if (&existing.min_from, existing.official) != (&release.min_from, release.official) {
             eprintln!(
@@ -288,7 +365,6 @@ fn publish(args: PublishArgs) -> Result<()> {
             );
         }
     }
-    current.publish(release.clone())?;
     let version_digest = resolve_tag(&repository, &version, &options)
         .with_context(|| format!("reading {tagged}"))?;
     if let Some(other) = version_digest.filter(|d| *d != digest) {
@@ -303,10 +379,10 @@ fn publish(args: PublishArgs) -> Result<()> {
             .with_context(|| format!("reading {}", args.bundle.display()))?;
         for image in &plan.images {
             println!(
-                "would push {} ({}) as {repository}:{}",
+                "would push {} ({}) as {}",
                 image.source_tag.as_deref().unwrap_or("(untagged)"),
                 image.manifest_digest,
-                image.destination
+                repository.with_tag(&image.destination)?
             );
         }
     } else {
@@ -324,6 +400,7 @@ fn publish(args: PublishArgs) -> Result<()> {
         &repository,
         &options,
         args.dry_run,
+        (Some(&version), Some(&digest)),
         |index| index.publish(release.clone()),
         |outcome, dry| {
             let verb = if dry { "would publish" } else { "published" };
@@ -333,13 +410,14 @@ fn publish(args: PublishArgs) -> Result<()> {
 }
 
 fn promote(args: PromoteArgs) -> Result<()> {
-    let repository = Reference::parse(&args.image)?;
+    let repository = repository(&args.image)?;
     let options = args.registry.options()?;
     let (version, channel) = (args.version.as_str(), args.channel);
     apply(
         &repository,
         &options,
         args.dry_run,
+        (Some(version), None),
         |index| {
             let existing = index
                 .get(version)
@@ -358,13 +436,14 @@ fn promote(args: PromoteArgs) -> Result<()> {
 }
 
 fn yank(args: YankArgs) -> Result<()> {
-    let repository = Reference::parse(&args.image)?;
+    let repository = repository(&args.image)?;
     let options = args.registry.options()?;
     let (version, reason) = (args.version.as_str(), args.reason.as_str());
     apply(
         &repository,
         &options,
         args.dry_run,
+        (None, None),
         // The reason the index keeps: the first one, when it was yanked before.
         |index| {
             index
@@ -382,200 +461,9 @@ fn yank(args: YankArgs) -> Result<()> {
     )
 }
 
-fn list(args: ListArgs) -> Result<()> {
-    let repository = Reference::parse(&args.image)?;
-    let options = args.registry.options()?;
-    let stored = fetch_stored_index(&repository, &options)
-        .with_context(|| format!("reading the release index of {repository}"))?;
-    let (index, index_digest) = match stored {
-        Some(s) => (s.index, Some(s.digest)),
-        None => (ReleaseIndex::default(), None),
-    };
-    let moves = plan_channel_tags(&repository, &index, &options)
-        .with_context(|| format!("reading the channel tags of {repository}"))?;
-    let channels: Vec<Channel> = match args.channel {
-        Some(channel) => vec![channel],
-        None => vec![Channel::Stable, Channel::Beta, Channel::Alpha], // most conservative first
-    };
-    // A channel's tag as it is, and the release it should name (the newest not yanked).
-    let tag_of = |c: Channel| moves.iter().find(|m| m.channel == c);
-    let current = |c: Channel| tag_of(c).and_then(|m| m.current.clone());
-    let head_of = |c: Channel| tag_of(c).and_then(|m| m.target.as_ref());
-    let place = repository
-        .registry()
-        .zip(repository.repository())
-        .map(|(h, r)| format!("{h}/{r}"))
-        .unwrap_or_else(|| repository.to_string());
-    match args.output {
-        OutputFormat::Json => {
-            let views: serde_json::Map<String, serde_json::Value> = channels
-                .iter()
-                .map(|&c| {
-                    let view = serde_json::json!({
-                        "versions": index.visible(c).map(|r| r.version.as_str()).collect::<Vec<_>>(),
-                        "newest": head_of(c).map(|r| r.version.as_str()),
-                        "tag": current(c),
-                    });
-                    (c.as_str().to_owned(), view)
-                })
-                .collect();
-            let value = serde_json::json!({
-                "repository": place,
-                "index_digest": index_digest,
-                "index": index,
-                "channels": views,
-            });
-            let mut out = std::io::stdout().lock();
-            serde_json::to_writer_pretty(&mut out, &value)?;
-            writeln!(out)?;
-        }
-        OutputFormat::Text => {
-            match &index_digest {
-                Some(digest) => println!(
-                    "{place}: {} releases (index {digest})",
-                    index.releases.len()
-                ),
-                None => println!("{place}: no release index (nothing published yet)"),
-            }
-            for channel in channels {
-                let tag = match (current(channel), head_of(channel)) {
-                    (None, _) => format!("tag {channel}: none"),
-                    (Some(d), Some(head)) if d != head.digest => {
-                        // Where the tag stands against the index's head for the channel: a
-                        // tag moved by a promote that failed after it is ahead, not behind.
-                        let tagged = index.releases.iter().find(|r| r.digest == d);
-                        let place = match tagged {
-                            None => "not in the index; the index's newest is",
-                            Some(r)
-                                if slate_release::compare(&r.version, &head.version)
-                                    == std::cmp::Ordering::Greater =>
-                            {
-                                "ahead of the index's"
-                            }
-                            Some(_) => "behind the index's",
-                        };
-                        format!(
-                            "tag {channel} → {}, {place} {}",
-                            name_of(&index, &d),
-                            head.version
-                        )
-                    }
-                    (Some(d), _) => format!("tag {channel} → {}", name_of(&index, &d)),
-                };
-                println!("\n{channel} ({tag})");
-                let shown: Vec<&Release> = index.visible(channel).collect();
-                if shown.is_empty() {
-                    println!("  (no releases)");
-                }
-                for line in graph(&shown, channel) {
-                    println!("{line}");
-                }
-            }
-        }
-    }
-    Ok(())
-}
-
-/// The upgrade graph of one channel, oldest first: each release that is not yanked reached from
-/// the one before it, its barrier explained; yanked ones marked; details indented below.
-fn graph(releases: &[&Release], channel: Channel) -> Vec<String> {
-    let mut lines = Vec::new();
-    let mut previous: Option<&str> = None;
-    for (i, r) in releases.iter().enumerate() {
-        let head = if let Some(reason) = &r.yanked {
-            format!("  {} YANKED: {reason}", r.version)
-        } else {
-            let mut line = match previous {
-                Some(p) => format!("  {p} → {}", r.version),
-                None => format!("  {}", r.version),
-            };
-            if let Some(note) = barrier(&releases[..i], r, channel) {
-                line.push_str(&format!(" ({note})"));
-            }
-            previous = Some(&r.version);
-            line
-        };
-        lines.push(head);
-        lines.push(format!(
-            "      {}  created {}  {}",
-            r.digest,
-            r.created,
-            if r.official { "official" } else { "unofficial" }
-        ));
-    }
-    lines
-}
-
-/// What `r`'s `min_from` means for nodes on older versions of this channel.
-fn barrier(older: &[&Release], r: &Release, channel: Channel) -> Option<String> {
-    let min = r.min_from.as_deref()?;
-    let stops: Vec<&str> = older
-        .iter()
-        .filter(|v| !v.is_yanked() && slate_release::compare(&v.version, min).is_ge())
-        .map(|v| v.version.as_str())
-        .collect();
-    Some(if stops.first() == Some(&min) {
-        format!("min-from {min}: older versions must stop at {min} first")
-    } else if let Some(first) = stops.first() {
-        format!("min-from {min}: older versions must stop at {first} (≥ {min}) first")
-    } else {
-        format!(
-            "min-from {min}: channel {channel} offers nothing from {min} up to it, so older \
-             versions hold"
-        )
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn release(version: &str, min_from: Option<&str>, yanked: Option<&str>) -> Release {
-        Release {
-            version: version.into(),
-            digest: format!("sha256:{}", "a".repeat(64)),
-            created: "2026-12-01T00:00:00Z".into(),
-            channel: Channel::Stable,
-            official: true,
-            min_from: min_from.map(str::to_owned),
-            yanked: yanked.map(str::to_owned),
-        }
-    }
-
-    #[test]
-    fn the_graph_shows_edges_barriers_and_yanks() {
-        let rs = [
-            release("1.0.0", None, None),
-            release("1.5.0", None, None),
-            release("2.0.0", Some("1.5.0"), None),
-            release("2.0.1", None, Some("eats disks")),
-            release("3.0.0", Some("2.0.1"), None),
-        ];
-        let refs: Vec<&Release> = rs.iter().collect();
-        let lines = graph(&refs, Channel::Stable);
-        let heads: Vec<&str> = lines.iter().step_by(2).map(String::as_str).collect();
-        assert_eq!(
-            heads,
-            [
-                "  1.0.0",
-                "  1.0.0 → 1.5.0",
-                "  1.5.0 → 2.0.0 (min-from 1.5.0: older versions must stop at 1.5.0 first)",
-                "  2.0.1 YANKED: eats disks",
-                "  2.0.0 → 3.0.0 (min-from 2.0.1: channel stable offers nothing from 2.0.1 up \
-                 to it, so older versions hold)",
-            ]
-        );
-        assert!(lines[1].contains("created 2026-12-01T00:00:00Z  official"));
-        let skip = [
-            release("1.0.0", None, None),
-            release("2.0.0", Some("0.9"), None),
-        ];
-        let refs: Vec<&Release> = skip.iter().collect();
-        assert_eq!(
-            graph(&refs, Channel::Beta)[2],
-            "  1.0.0 → 2.0.0 (min-from 0.9: older versions must stop at 1.0.0 (≥ 0.9) first)"
-        );
-    }
 
     #[test]
     fn versions_that_are_slates_own_tags_are_refused() {

@@ -674,3 +674,35 @@ fn fifty_clients_race_for_two_slots() {
 fn two_servers_share_one_store() {
     race(2, 50);
 }
+
+#[test]
+fn a_stray_directory_is_skipped_by_name_and_disguised_ids_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let server = Server::start(&store, &["default=1"], &dir.path().join("log"));
+    assert_ok(&lock(server.addr, "node-a", "default"));
+    // The id reads "node-a" followed by a reversed tail: refused, never stored or printed.
+    let disguised = lock(server.addr, "node-b\u{202E}a-edon", "default");
+    assert_eq!(disguised.status, 400, "{disguised:?}");
+    assert!(disguised.kind_value().1.contains("U+202E"), "{disguised:?}");
+    std::fs::create_dir(store.join("old.json")).unwrap();
+    std::fs::create_dir(store.join("backup")).unwrap();
+    let out = slate(&["fleetlock", "status", "--store", s(&store)]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(
+        stdout,
+        "GROUP       HELD  HOLDERS\ndefault      1/1  node-a\n"
+    );
+    assert!(
+        stderr.contains(&format!(
+            "warning: skipping {}: a directory, not a group record",
+            store.join("old.json").display()
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("backup"), "{stderr}");
+}

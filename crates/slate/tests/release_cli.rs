@@ -399,3 +399,186 @@ fn unsigned_bundles_are_refused_and_dry_runs_write_nothing() {
         "the refused bundle was pushed: {err}"
     );
 }
+
+/// The index of `fx`'s repository as stored: its manifest digest, and the index.
+fn stored(fx: &Fixture) -> (String, slate_release::ReleaseIndex) {
+    let repo = slate_transport::Reference::parse(&fx.repo).unwrap();
+    let s = slate_transport::releases::fetch_stored_index(&repo, &Default::default())
+        .unwrap()
+        .unwrap();
+    (s.digest, s.index)
+}
+
+/// Write `index` as it is (no check: the reader is what is tested).
+fn store(fx: &Fixture, index: &slate_release::ReleaseIndex) {
+    let repo = slate_transport::Reference::parse(&fx.repo).unwrap();
+    slate_transport::store_release_index(&repo, index, &Default::default()).unwrap();
+}
+
+#[test]
+fn a_refused_promote_or_yank_writes_nothing_and_list_flags_missing_manifests() {
+    let Some(fx) = Fixture::start() else {
+        return;
+    };
+    let (v1, d1) = fx.signed("1.0.0");
+    fx.publish(&v1, "stable", &[]);
+    // 2.0.0 in the index, its bundle never pushed (or deleted since).
+    let (_, mut index) = stored(&fx);
+    let lost = format!("sha256:{}", "e".repeat(64));
+    index
+        .publish(slate_release::Release {
+            version: "2.0.0".into(),
+            digest: lost.clone(),
+            created: "2026-12-02T00:00:00Z".into(),
+            channel: slate_release::Channel::Beta,
+            official: true,
+            min_from: None,
+            yanked: None,
+        })
+        .unwrap();
+    store(&fx, &index);
+    let (before, _) = stored(&fx);
+
+    for dry in [false, true] {
+        let mut args = vec![
+            "release",
+            "promote",
+            "2.0.0",
+            "--image",
+            &fx.repo,
+            "--channel",
+            "stable",
+        ];
+        if dry {
+            args.push("--dry-run");
+        }
+        let out = slate(&args);
+        let (stdout, stderr) = (s_(&out.stdout), s_(&out.stderr));
+        assert!(!out.status.success(), "{stdout}");
+        assert!(
+            stderr.contains(&format!("holds no manifest {lost} for release 2.0.0")),
+            "{stderr}"
+        );
+        assert!(stderr.contains("nothing was written"), "{stderr}");
+        assert!(!stdout.contains("moved tag"), "{stdout}");
+        assert_eq!(
+            stored(&fx).0,
+            before,
+            "the refused promote rewrote the index"
+        );
+        assert_eq!(fx.pulled("stable"), d1);
+    }
+    // A yank whose fallback is the lost bundle: refused the same way, before writing.
+    let err = fails(&[
+        "release", "yank", "1.0.0", "--image", &fx.repo, "--reason", "bad",
+    ]);
+    assert!(
+        err.contains(&format!("holds no manifest {lost} for release 2.0.0")),
+        "{err}"
+    );
+    assert_eq!(stored(&fx).0, before, "the refused yank rewrote the index");
+
+    let text = fx.list_text();
+    assert!(
+        text.contains("beta (tag beta → 1.0.0, behind the index's 2.0.0)"),
+        "{text}"
+    );
+    assert!(
+        text.contains("MISSING: the registry holds no manifest for 2.0.0"),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "{lost}  created 2026-12-02T00:00:00Z  official  MANIFEST MISSING"
+        )),
+        "{text}"
+    );
+    assert!(
+        !text.contains(&format!(
+            "{d1}  created 2026-12-01T00:00:00Z  official  MANIFEST"
+        )),
+        "{text}"
+    );
+    assert_eq!(fx.list()["missing_manifests"], serde_json::json!(["2.0.0"]));
+}
+
+fn s_(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[test]
+fn the_reader_refuses_reserved_versions_and_times_that_are_not_rfc_3339() {
+    let Some(fx) = Fixture::start() else {
+        return;
+    };
+    let (v1, _) = fx.signed("1.0.0");
+    // A tag in --image is refused, not shown beside the version's (`REPO:releases:1.0.0`).
+    let tagged = format!("{}:releases", fx.repo);
+    let err = fails(&[
+        "release",
+        "publish",
+        "--bundle",
+        s(&v1),
+        "--image",
+        &tagged,
+        "--channel",
+        "stable",
+        "--dry-run",
+    ]);
+    assert!(
+        err.contains(&format!(
+            "--image {tagged}: name the repository only (HOST/REPOSITORY), without :releases"
+        )),
+        "{err}"
+    );
+    fx.publish(&v1, "stable", &[]);
+    let (_, good) = stored(&fx);
+    let cases = [
+        (
+            "releases",
+            "2026-12-01T00:00:00Z",
+            "\"releases\" is a tag slate uses itself",
+        ),
+        (
+            "stable",
+            "2026-12-01T00:00:00Z",
+            "\"stable\" is a tag slate uses itself",
+        ),
+        (
+            "1.0.0",
+            "yesterday",
+            "created \"yesterday\" is not an RFC 3339 time",
+        ),
+    ];
+    for (version, created, expected) in cases {
+        let mut bad = good.clone();
+        bad.releases[0].version = version.into();
+        bad.releases[0].created = created.into();
+        store(&fx, &bad);
+        let err = fails(&["release", "list", "--image", &fx.repo]);
+        assert!(err.contains(expected), "{version} {created}: {err}");
+        let err = fails(&[
+            "release",
+            "promote",
+            "1.0.0",
+            "--image",
+            &fx.repo,
+            "--channel",
+            "stable",
+        ]);
+        assert!(err.contains(expected), "{version} {created}: {err}");
+    }
+    // A tag left on a release the index has since yanked (a yank whose tag move failed) is
+    // ahead of the index's head, and said so.
+    store(&fx, &good);
+    let (v2, _) = fx.signed("2.0.0");
+    fx.publish(&v2, "stable", &[]);
+    let (_, mut yanked) = stored(&fx);
+    yanked.releases[1].yanked = Some("bad".into());
+    store(&fx, &yanked);
+    let text = fx.list_text();
+    assert!(
+        text.contains("stable (tag stable → 2.0.0, ahead of the index's 1.0.0)"),
+        "{text}"
+    );
+}

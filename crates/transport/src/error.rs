@@ -16,20 +16,21 @@ pub enum TransportError {
     },
     /// The request did not get an HTTP answer: connection refused or cut, TLS, timeout, or bytes
     /// that are not HTTP.
-    #[error("{method} {url}: {source}")]
+    ///
+    /// The cause is in the message and not a `source()`: a chain printer (`{:#}`, anyhow's
+    /// `error: a: b`) would otherwise print it twice (issue 44).
+    #[error("{method} {url}: {cause}")]
     Http {
         method: String,
         url: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
     /// Bytes came back, but not an HTTP answer.
-    #[error("{method} {url}: the answer is not HTTP ({source})")]
+    #[error("{method} {url}: the answer is not HTTP ({cause})")]
     NotHttp {
         method: String,
         url: String,
-        #[source]
-        source: Box<dyn std::error::Error + Send + Sync>,
+        cause: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The registry answered with a status the protocol does not allow here.
     #[error("{method} {url}: the registry answered {status}{detail}")]

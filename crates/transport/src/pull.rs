@@ -231,15 +231,52 @@ pub(crate) fn pull(
     let source = any.as_source();
     let (fetch, name) = any.target(reference)?;
     let limit = client.max_image_bytes;
+    let existed = cache_dir.symlink_metadata().is_ok();
     // Held until the index names the image: pulls into one cache take turns.
-    let _lock = crate::cache::lock(cache_dir)?;
+    let lock = crate::cache::lock(cache_dir)?;
+    let pulled = pull_locked(source, cache_dir, &fetch, name, limit, progress);
+    if pulled.is_err() && !existed && holds_no_data(cache_dir) {
+        // A failed first pull leaves no empty layout behind to be mistaken for a cache (issue
+        // 44); one that got part of a blob keeps it, to resume. Removed under the lock; a pull
+        // that was waiting for it goes on in a directory it makes again.
+        let _ = std::fs::remove_dir_all(cache_dir);
+    }
+    drop(lock);
+    pulled
+}
+
+/// No file under `dir`'s `blobs/` and `incoming/`: a layout with nothing in it yet.
+fn holds_no_data(dir: &Path) -> bool {
+    fn any_file(dir: &Path, depth: u32) -> bool {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            return false;
+        };
+        entries.flatten().any(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => depth == 0 || any_file(&e.path(), depth - 1),
+            _ => true,
+        })
+    }
+    // blobs/sha256/<hex>: two levels; incoming/<name>: one. A deeper tree is no layout of
+    // slate's, and counts as data.
+    !any_file(&dir.join("blobs"), 2) && !any_file(&dir.join(crate::layout::INCOMING), 1)
+}
+
+fn pull_locked(
+    source: &dyn Source,
+    cache_dir: &Path,
+    fetch: &str,
+    name: String,
+    limit: u64,
+    progress: &mut dyn FnMut(Event<'_>),
+) -> Result<Pulled, TransportError> {
     let cache = Layout::create(cache_dir)?;
     let mut stats = Stats::default();
-    let image = copy_image(source, &cache, &fetch, &name, limit, &mut stats, progress)?
-        .ok_or_else(|| TransportError::NotFound {
+    let image = copy_image(source, &cache, fetch, &name, limit, &mut stats, progress)?.ok_or_else(
+        || TransportError::NotFound {
             what: format!("the image {name}"),
             location: source.describe(),
-        })?;
+        },
+    )?;
     let manifest_digest = image.digest().to_string();
     let signature = if is_signature_tag(&name) {
         None

@@ -185,13 +185,13 @@ impl Registry {
             return TransportError::NotHttp {
                 method: method.to_owned(),
                 url: url.to_owned(),
-                source: Box::new(source),
+                cause: Box::new(source),
             };
         }
         TransportError::Http {
             method: method.to_owned(),
             url: url.to_owned(),
-            source: Box::new(source),
+            cause: Box::new(source),
         }
     }
 

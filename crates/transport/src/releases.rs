@@ -28,13 +28,12 @@ use std::time::Duration;
 use serde::Deserialize;
 use slate_bundle::Digest;
 use slate_release::{Channel, Release, ReleaseIndex, INDEX_MEDIA_TYPE, MAX_INDEX_BYTES};
+pub use slate_release::{RELEASE_INDEX_TAG, RESERVED_TAGS};
 
 use crate::reference::{check_tag, Location, ReferenceError};
 use crate::registry::{Manifest, Registry, DEFAULT_CHUNK, OCI_MANIFEST};
 use crate::{Client, Options, Reference, TransportError};
 
-/// The tag of the release index in a repository.
-pub const RELEASE_INDEX_TAG: &str = "releases";
 /// The OCI empty descriptor's media type: the config of an artifact that has none.
 pub const EMPTY_CONFIG_MEDIA_TYPE: &str = "application/vnd.oci.empty.v1+json";
 /// `{}`, the empty config's bytes, and their digest.
@@ -49,9 +48,6 @@ pub const MAX_UPDATE_ATTEMPTS: u32 = 5;
 /// pre-write check came just before this write, and whose write lands within this time, is seen
 /// (and this change made again on top of it).
 pub const SETTLE: Duration = Duration::from_millis(250);
-
-/// Tags slate itself uses in a release repository; a version may not take one of these names.
-pub const RESERVED_TAGS: [&str; 4] = [RELEASE_INDEX_TAG, "alpha", "beta", "stable"];
 
 /// An index as read, with the digest of the manifest it came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -318,7 +314,7 @@ fn load(registry: &Registry, place: &str) -> Result<Option<StoredIndex>, Transpo
         .map_err(|e| TransportError::Http {
             method: "GET".into(),
             url: format!("{}/blobs/{digest}", registry.describe()),
-            source: Box::new(e),
+            cause: Box::new(e),
         })?;
     if bytes.len() as u64 != size {
         return Err(TransportError::SizeMismatch {

@@ -148,7 +148,7 @@ pub enum Refusal {
     #[error("the firmware did not say which entry booted (LoaderEntrySelected)")]
     BootedEntryUnknown,
     /// The loader's model boots no entry at all.
-    #[error("systemd-boot would boot nothing on this disk")]
+    #[error("the boot loader would boot nothing on this disk")]
     NothingBootable,
 }
 

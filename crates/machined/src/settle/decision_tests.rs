@@ -326,7 +326,7 @@ fn refusals_read_as_machined_has_always_reported_them() {
     );
     assert_eq!(
         Refusal::NothingBootable.to_string(),
-        "systemd-boot would boot nothing on this disk"
+        "the boot loader would boot nothing on this disk"
     );
     assert_eq!(
         Refusal::Loader("opening /dev/vda: gone".into()).to_string(),
