@@ -13,7 +13,8 @@ use slate_profile::image_contract;
 use slate_rootfs::{build_squashfs_with_progress, SquashfsOptions};
 use slate_uki::{UkiBuilder, UKI_SBAT_LINE};
 
-use crate::extension::{extension_nodes, read_extension, Node};
+use crate::extension::{extension_nodes, read_extension};
+use crate::root_tree::{program_in_layers, write_generated};
 use crate::{ImagerError, Inputs, Progress};
 
 fn read(what: &'static str, path: &Path) -> Result<Vec<u8>, ImagerError> {
@@ -57,33 +58,6 @@ fn copy_tree(from: &Path, to: &Path) -> Result<(), ImagerError> {
         }
     }
     Ok(())
-}
-
-/// Write a file the imager generates into the root tree, replacing what the base had there.
-/// Modes are explicit (files 0644, directories created here 0755) so the build host's umask
-/// cannot reach the image.
-pub(crate) fn write_generated(path: &Path, contents: &[u8]) -> Result<(), ImagerError> {
-    let write_err = |path: &Path| {
-        let path = path.to_owned();
-        move |source| ImagerError::Output { path, source }
-    };
-    if let Some(parent) = path.parent() {
-        let mut missing = Vec::new();
-        let mut dir = Some(parent);
-        while let Some(d) = dir.filter(|d| !d.exists()) {
-            missing.push(d.to_owned());
-            dir = d.parent();
-        }
-        for d in missing.iter().rev() {
-            fs::create_dir(d).map_err(write_err(d))?;
-            fs::set_permissions(d, fs::Permissions::from_mode(0o755)).map_err(write_err(d))?;
-        }
-    }
-    if fs::symlink_metadata(path).is_ok() {
-        fs::remove_file(path).map_err(write_err(path))?;
-    }
-    fs::write(path, contents).map_err(write_err(path))?;
-    fs::set_permissions(path, fs::Permissions::from_mode(0o644)).map_err(write_err(path))
 }
 
 /// The root filesystem as squashfs: the tree [`assemble_root`] makes, compressed.
@@ -371,72 +345,6 @@ pub(crate) fn in_bytes(size: Result<u64, slate_profile::ProfileError>) -> Result
         what: "profile",
         reason: e.to_string(),
     })
-}
-
-/// Whether the root at `tree` holds an executable file at `path` (as the node will see it:
-/// symbolic links followed inside `tree`, an absolute target meaning `tree`'s root).
-pub(crate) fn program_in(tree: &Path, path: &Path) -> bool {
-    program_in_layers(tree, &[], path)
-}
-
-/// [`program_in`] over the root with system extensions above it (topmost first): each path is
-/// what the topmost layer holding it has.
-pub(crate) fn program_in_layers(
-    tree: &Path,
-    layers: &[std::collections::BTreeMap<std::path::PathBuf, Node>],
-    path: &Path,
-) -> bool {
-    use std::os::unix::fs::PermissionsExt as _;
-    let lookup = |at: &Path| -> Option<Node> {
-        if let Some(node) = layers.iter().find_map(|l| l.get(at)) {
-            return Some(node.clone());
-        }
-        let inside = tree.join(at.strip_prefix("/").unwrap_or(at));
-        let meta = fs::symlink_metadata(&inside).ok()?;
-        Some(if meta.file_type().is_symlink() {
-            Node::Symlink(fs::read_link(&inside).ok()?)
-        } else if meta.is_file() {
-            Node::File {
-                executable: meta.permissions().mode() & 0o111 != 0,
-            }
-        } else {
-            Node::Other
-        })
-    };
-    let mut at = inside_root(path);
-    // As many links as the kernel follows before ELOOP.
-    for _ in 0..40 {
-        match lookup(&at) {
-            None | Some(Node::Other) => return false,
-            Some(Node::File { executable }) => return executable,
-            Some(Node::Symlink(target)) => {
-                let joined = if target.is_absolute() {
-                    target
-                } else {
-                    at.parent().unwrap_or(Path::new("/")).join(target)
-                };
-                at = inside_root(&joined);
-            }
-        }
-    }
-    false
-}
-
-/// `path` with `.` and `..` taken lexically, never above `/`: a link cannot lead outside the
-/// root being built.
-fn inside_root(path: &Path) -> std::path::PathBuf {
-    use std::path::Component;
-    let mut out = std::path::PathBuf::from("/");
-    for part in path.components() {
-        match part {
-            Component::Normal(name) => out.push(name),
-            Component::ParentDir => {
-                out.pop();
-            }
-            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
-        }
-    }
-    out
 }
 
 #[cfg(test)]

@@ -38,7 +38,8 @@ use slate_snapshot::entry::{self, carried_options, entry_text, EntrySpec, LOADER
 use slate_snapshot::{fstab, validate, SnapshotName};
 use slate_snapshot_engine::tree;
 
-use crate::artifacts::{assemble_root, build_boot_initramfs, in_bytes, write_generated};
+use crate::artifacts::{assemble_root, build_boot_initramfs, in_bytes};
+use crate::root_tree::write_generated;
 use crate::{ImagerError, Inputs, Progress};
 
 /// The smallest pool slate lays out, in MiB: mkfs.btrfs 6.2 refuses devices under 109 MiB

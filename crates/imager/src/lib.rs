@@ -12,6 +12,7 @@ mod build;
 mod extension;
 mod inputs;
 mod output;
+mod root_tree;
 mod secure_boot;
 mod systemd_root;
 

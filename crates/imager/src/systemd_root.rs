@@ -8,7 +8,7 @@ use std::path::Path;
 
 use slate_profile::{image_contract, units, OsInit, Profile, SYSTEMD};
 
-use crate::artifacts::{program_in, write_generated};
+use crate::root_tree::{program_in, write_generated};
 use crate::ImagerError;
 
 /// Refuse `[os] init = "systemd"` for a root without systemd, naming the field and the path.

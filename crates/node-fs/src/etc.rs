@@ -1,6 +1,6 @@
 //! `/etc` across versions: a writable overlay over the image's `/etc`, reset when the booted
 //! version is not the one its upper layer belongs to, and the setup hooks run once per such
-//! reset (`crate::hooks`). The layout on STATE and the crash-safety order are in
+//! reset (the `hooks` module). The layout on STATE and the crash-safety order are in
 //! `docs/node.md` ("/etc across versions").
 //!
 //! The core ([`prepare_upper`] in `upper.rs`, `run_setup_hooks` in `hooks.rs`) works on any
@@ -102,6 +102,11 @@ pub fn mount_overlay(etc: &Path, state_etc_dir: &Path) -> Result<(), EtcError> {
 }
 
 /// A one-line record's value, `None` when there is none.
+/// Whether the setup hooks have yet to succeed for `version` on the current upper.
+pub fn hooks_due(state_etc_dir: &Path, version: &str) -> Result<bool, EtcError> {
+    Ok(read_record(&state_etc_dir.join(HOOKS_RECORD))?.as_deref() != Some(version))
+}
+
 pub(crate) fn read_record(path: &Path) -> Result<Option<String>, EtcError> {
     match fs::read_to_string(path) {
         Ok(text) => Ok(Some(text.strip_suffix('\n').unwrap_or(&text).to_owned())),

@@ -5,7 +5,8 @@
 //! boots); a boot that did not reset /etc runs none. v2 installed online resets /etc (the
 //! machine ID kept), runs the image's and the user's executable hooks and skips the
 //! non-executable file; a v3 whose health check fails is reverted to v2 unattended, and a v4
-//! whose init cannot execute systemd falls back to v2 by systemd-boot's boot counting.
+//! staged (`--stage`) whose init cannot execute systemd falls back to v2 by systemd-boot's
+//! boot counting.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
@@ -311,14 +312,11 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
         "back on v2 with v3's failure: {back}"
     );
 
-    // v4: init cannot execute systemd, so nothing runs to revert: boot counting spends its
-    // three tries and systemd-boot falls back to v2, which drops the upgrade's marker.
-    let answer = node.ok(&[
-        "upgrade",
-        "--image",
-        &format!("oci-layout:{}", bundles[3].display()),
-    ])?;
-    super::upgrade_went_through(&mut boot, &answer, "4.0.0")?;
+    // v4, staged (`--stage`: recorded in META, installed by slate-machined at the next boot
+    // before its Boot sequence): init cannot execute systemd, so nothing runs to revert: boot
+    // counting spends its three tries and systemd-boot falls back to v2, which drops the
+    // upgrade's marker.
+    super::staged::stage(&node, &mut boot, &mut vm, &bundles[3], "4.0.0")?;
     let counting = Instant::now();
     for attempt in 1..=3 {
         let mut boot = vm.start()?;

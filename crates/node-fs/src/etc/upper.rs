@@ -7,7 +7,7 @@ use std::io::{self, Read as _};
 use std::os::unix::fs::{lchown, symlink, DirBuilderExt as _, MetadataExt as _, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
-use crate::hooks::hooks_due;
+use crate::etc::hooks_due;
 
 use super::{
     io_error, read_record, rename, replace_file, sync_dir, write_file, write_record, EtcError, ETC,
