@@ -120,6 +120,8 @@ pub struct OperatorService {
     pub repository: String,
     pub stale_after: Duration,
     pub log: Log,
+    /// This replica's counters; `/metrics` adds the fleet read from etcd.
+    pub metrics: Arc<crate::metrics::OperatorMetrics>,
 }
 
 fn failed(e: impl std::fmt::Display) -> BackendError {
@@ -180,6 +182,10 @@ impl JsonService for OperatorService {
 
     fn log_api(&self, message: &str) {
         (self.log)(message);
+    }
+
+    fn metrics(&self) -> Option<String> {
+        Some(self.metrics.scrape(&self.state))
     }
 }
 
@@ -372,6 +378,7 @@ impl OperatorService {
             ));
             match self.state.commit(&commit).map_err(failed)? {
                 Outcome::Committed { .. } => {
+                    self.metrics.events_written(events.len());
                     for e in &events {
                         (self.log)(&crate::leader::describe(e));
                     }

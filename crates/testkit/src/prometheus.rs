@@ -205,3 +205,60 @@ fn encode(text: &str) -> String {
         })
         .collect()
 }
+
+/// `GET path` over mutual TLS with `openssl s_client` (the tests' way to read an endpoint's
+/// text as Prometheus would, with its certificate): the status and the body.
+pub fn https_get(
+    addr: &str,
+    ca: &Path,
+    cert: &Path,
+    key: &Path,
+    path: &str,
+) -> Result<(u16, String), String> {
+    let mut child = Command::new("openssl")
+        .args([
+            "s_client",
+            "-quiet",
+            "-verify_return_error",
+            "-connect",
+            addr,
+        ])
+        .arg("-CAfile")
+        .arg(ca)
+        .arg("-cert")
+        .arg(cert)
+        .arg("-key")
+        .arg(key)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run openssl: {e}"))?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    let mut stdin = child.stdin.take().expect("piped");
+    stdin
+        .write_all(request.as_bytes())
+        .map_err(|e| e.to_string())?;
+    // Kept open until the answer is read: s_client may stop at its input's end.
+    let out = {
+        let out = child.wait_with_output().map_err(|e| e.to_string());
+        drop(stdin);
+        out?
+    };
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let status = text
+        .strip_prefix("HTTP/1.1 ")
+        .and_then(|t| t.get(..3))
+        .and_then(|s| s.parse().ok())
+        .ok_or_else(|| {
+            format!(
+                "no HTTP answer from {addr}: {text}{}",
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })?;
+    let body = text
+        .split_once("\r\n\r\n")
+        .map_or("", |(_, b)| b)
+        .to_owned();
+    Ok((status, body))
+}
