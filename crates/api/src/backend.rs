@@ -199,9 +199,10 @@ pub trait NodeBackend: Send + Sync {
 /// Counters count since machined started (they reset with each boot).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeMetrics {
-    /// Upgrades that ended, by outcome (`installed`, `failed`, `committed`, `reverted`).
+    /// Upgrades that ended, by outcome (machined: `installed`, `failed`, `staged`,
+    /// `stage_failed`).
     pub upgrades: Vec<(&'static str, u64)>,
-    /// Rollbacks, by outcome (`done`, `failed`).
+    /// Rollbacks asked through the API, by outcome (`done`, `failed`).
     pub rollbacks: Vec<(&'static str, u64)>,
     /// The last upgrade's phases and how long each took, in seconds (this boot's).
     pub last_upgrade_phases: Vec<(String, f64)>,

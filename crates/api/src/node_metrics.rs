@@ -76,8 +76,8 @@ pub fn node_metrics(status: &Status, counted: &NodeMetrics) -> String {
     }
     let upgrades = s.counter_vec(
         "slate_node_upgrades_total",
-        "Upgrades since machined started, by outcome: installed (the new version is set to \
-         boot), failed (before it was), committed and reverted (at the new version's boot).",
+        "Upgrade sequences since machined started, by outcome: installed (the new version \
+         is set to boot on trial), failed, staged (for the next boot), stage_failed.",
         &["outcome"],
     );
     for (outcome, n) in &counted.upgrades {
@@ -85,8 +85,9 @@ pub fn node_metrics(status: &Status, counted: &NodeMetrics) -> String {
     }
     let rollbacks = s.counter_vec(
         "slate_node_rollbacks_total",
-        "Rollbacks since machined started, by outcome: automatic (a failed boot reverted), \
-         done (asked for), failed.",
+        "Rollbacks asked through the API since machined started, by outcome: done (the \
+         older version set to boot), failed. A revert at boot shows as \
+         slate_node_last_rollback_timestamp_seconds.",
         &["outcome"],
     );
     for (outcome, n) in &counted.rollbacks {

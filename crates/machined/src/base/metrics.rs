@@ -1,6 +1,7 @@
 //! What machined counts for the node API's `/metrics`, since it started (so: this boot's):
 //! sequences by outcome, the last upgrade's phases as the sequencer timed them, the health
-//! checks' last results, the watchdog, API rollbacks. The API derives the rest from the status.
+//! checks' last results, the watchdog, API rollbacks, bytes pulled and found cached, the update
+//! agent's next window. The API derives the rest from the status.
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -24,6 +25,9 @@ struct Inner {
     health: Vec<(String, bool)>,
     watchdog: Option<Duration>,
     rollbacks: BTreeMap<&'static str, u64>,
+    downloaded: u64,
+    reused: u64,
+    next_window: Option<u64>,
 }
 
 impl Counters {
@@ -69,6 +73,18 @@ impl Counters {
         self.inner().health = results;
     }
 
+    /// A pull: bytes fetched from the registry and found in the cache.
+    pub fn pulled(&self, fetched: u64, cached: u64) {
+        let mut inner = self.inner();
+        inner.downloaded += fetched;
+        inner.reused += cached;
+    }
+
+    /// When the update agent's window opens (Unix seconds), while it waits for it.
+    pub fn next_window(&self, at: Option<u64>) {
+        self.inner().next_window = at;
+    }
+
     pub fn watchdog(&self, timeout: Duration) {
         self.inner().watchdog = Some(timeout);
     }
@@ -104,7 +120,9 @@ impl Counters {
             health_checks: inner.health.clone(),
             watchdog: inner.watchdog.map(|t| t.as_secs_f64()),
             journal_lines_dropped,
-            ..slate_api::NodeMetrics::default()
+            bytes_downloaded: inner.downloaded,
+            bytes_reused: inner.reused,
+            next_window: inner.next_window,
         }
     }
 }
