@@ -20,7 +20,7 @@ use crate::limits::Limits;
 use crate::logq::{for_log, LogQueue, MAX_LOGGED_FIELD};
 use crate::metrics::ApiMetrics;
 use crate::pace::{BodyError, Paced};
-use crate::routes::{lookup, Match, TableRoute};
+use crate::routes::{lookup, route_of, Endpoint, Match, TableRoute};
 use crate::types::{ApiError, Caller, ErrorCode, Role};
 
 /// How much of a refused body is read out, after the answer is sent: enough that a client
@@ -87,7 +87,7 @@ pub(crate) async fn handle(
         served.site.route_label(req.uri().path())
     };
     let response = if route == slate_metrics::PATH {
-        let scrape = crate::metrics::scrape(req, served.clone(), caller);
+        let scrape = scrape(req, served.clone(), caller);
         LIMITS.scope(served.limits.clone(), scrape).await
     } else {
         let answer = served.site.clone().respond(req, caller);
@@ -323,4 +323,46 @@ pub(crate) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body
         ),
     };
     response(status, "application/json", Body::full(body))
+}
+
+/// `GET /metrics`, answered here for every site, before its routes (the node's table lists it
+/// too, for `openapi.yaml` and its role): admitted like any reader route (405/403 alike), no
+/// query; then the site's text and the server's counters (`metrics.rs`). The site's part runs on the blocking pool (a node
+/// reads its state, the operator etcd).
+pub(crate) async fn scrape(
+    req: Request<Incoming>,
+    served: Arc<Served>,
+    caller: Option<Caller>,
+) -> Response<Body> {
+    let role = caller.as_ref().map(|c| c.role);
+    let method = req.method().as_str().to_owned();
+    let table = [*route_of(Endpoint::Metrics)];
+    if let Err(refused) = admit(&table, &method, slate_metrics::PATH, |_| Ok(role)) {
+        drain(req.into_body(), 1 << 16);
+        return refused.reject.into_response();
+    }
+    if let Err(e) = slate_metrics::check_scrape(&method, req.uri().query()) {
+        return Reject::invalid(e.to_string()).into_response();
+    }
+    let site = served.site.clone();
+    let text = match blocking(move || Ok(site.metrics())).await {
+        Ok(Some(text)) => text,
+        Ok(None) => {
+            return Reject::new(
+                StatusCode::NOT_FOUND,
+                ErrorCode::NotFound,
+                "this server keeps no metrics",
+            )
+            .into_response()
+        }
+        Err(e) => return backend_error(e),
+    };
+    let mut families = served.metrics.registry.gather();
+    families.retain(|f| !f.get_metric().is_empty());
+    let own = slate_metrics::encode(families);
+    response(
+        StatusCode::OK,
+        slate_metrics::CONTENT_TYPE,
+        Body::full(format!("{text}{own}").into_bytes()),
+    )
 }

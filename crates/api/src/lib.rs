@@ -78,7 +78,6 @@ pub use identity::{
     serving_names,
 };
 pub use logq::{LOG_QUEUE, MAX_LOGGED_FIELD, MAX_LOG_LINE};
-pub use metrics::METRICS;
 pub use node_ca::{issue_node_ca, permitted_names, NodeTrust};
 pub use node_metrics::node_metrics;
 pub use routes::{route_of, Endpoint, Route, MAINTENANCE_ENDPOINTS, ROUTES};

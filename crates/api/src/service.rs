@@ -156,7 +156,7 @@ fn check_routes(routes: &[ServiceRoute]) -> Result<(), String> {
                 r.path
             ));
         }
-        if r.path == crate::metrics::METRICS.path {
+        if r.path == slate_metrics::PATH {
             return Err(format!(
                 "route {i}: {} is every server's own (GET, role reader)",
                 r.path
