@@ -357,9 +357,7 @@ pub(crate) async fn scrape(
         }
         Err(e) => return backend_error(e),
     };
-    let mut families = served.metrics.registry.gather();
-    families.retain(|f| !f.get_metric().is_empty());
-    let own = slate_metrics::encode(families);
+    let own = slate_metrics::encode(served.metrics.registry.gather());
     response(
         StatusCode::OK,
         slate_metrics::CONTENT_TYPE,

@@ -178,11 +178,13 @@ impl Scrape {
 }
 
 /// The text exposition of `families`, sorted by name (a family the text format repeats would
-/// be refused by Prometheus).
+/// be refused by Prometheus). A family without metrics is left out: the encoder refuses one
+/// (and would stop there), and Prometheus has nothing to read in it.
 pub fn encode(mut families: Vec<MetricFamily>) -> String {
+    families.retain(|f| !f.get_metric().is_empty());
     families.sort_by(|a, b| a.name().cmp(b.name()));
     let mut out = Vec::new();
-    // Writing into a Vec fails only on a family without metrics, which `gather` leaves out.
+    // Writing into a Vec cannot fail, and every family left has metrics.
     let _ = TextEncoder::new().encode(&families, &mut out);
     String::from_utf8(out).unwrap_or_default()
 }
@@ -238,6 +240,18 @@ mod tests {
         );
         assert!(text.contains("slate_a{group=\"web\"} 2\n"), "{text}");
         assert!(text.contains("slate_b_total{result=\"ok\"} 3\n"), "{text}");
+    }
+
+    #[test]
+    fn a_family_without_metrics_does_not_stop_the_others() {
+        let kept = Registry::new();
+        counter_vec(&kept, "slate_never_total", "Never counted.", &["why"]);
+        counter(&kept, "slate_z_total", "Counted.").inc();
+        let mut families = kept.gather();
+        families.push(MetricFamily::default());
+        let text = encode(families);
+        assert!(text.contains("slate_z_total 1\n"), "{text}");
+        assert!(!text.contains("slate_never_total"), "{text}");
     }
 
     #[test]
