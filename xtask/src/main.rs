@@ -111,10 +111,14 @@ enum Task {
     },
     /// Benchmark: the rollout operator over simulated nodes (3-member etcd): the rollout's
     /// wall time vs the policy's theoretical minimum, the leader's decision latency per tick,
-    /// etcd writes per node upgrade. Each of the runs starts its own cluster and fleet.
+    /// etcd writes per node upgrade. Each of the runs starts its own cluster and fleet. First,
+    /// the cost of a scrape: `GET /metrics` vs `GET /v1/fleet/status` over the same fleet.
     BenchOperator {
         #[arg(long, default_value_t = 10_000)]
         nodes: usize,
+        /// The scrape's cost only (no rollout).
+        #[arg(long)]
+        scrape_only: bool,
     },
     /// Benchmark: `slate snapshot upgrade --command CMD` vs CMD chrooted on a copy of the root
     /// (a loop-mounted Btrfs pool; root), and the bytes a snapshot adds for a one-file change.
@@ -191,7 +195,9 @@ fn main() -> Result<()> {
         Task::BenchServices => bench::services::bench_services().map(drop),
         Task::BenchApply => bench::apply::bench_apply().map(drop),
         Task::BenchFleetlock { quick } => bench::fleetlock::bench_fleetlock(quick).map(drop),
-        Task::BenchOperator { nodes } => bench::operator::bench_operator(nodes).map(drop),
+        Task::BenchOperator { nodes, scrape_only } => {
+            bench::operator::bench_operator(nodes, scrape_only).map(drop)
+        }
         Task::BenchSnapshot { slate } => {
             bench::snapshot::bench_snapshot(slate.as_deref()).map(drop)
         }

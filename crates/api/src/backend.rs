@@ -187,4 +187,34 @@ pub trait NodeBackend: Send + Sync {
     fn log_api(&self, message: &str) {
         let _ = message;
     }
+
+    /// What the node counts beyond its [`NodeBackend::status`], for `GET /metrics` (the API
+    /// derives the rest from the status). The default counts nothing.
+    fn metrics(&self) -> NodeMetrics {
+        NodeMetrics::default()
+    }
+}
+
+/// A node's counters and measurements that its status does not carry, for `GET /metrics`.
+/// Counters count since machined started (they reset with each boot).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct NodeMetrics {
+    /// Upgrades that ended, by outcome (machined: `installed`, `failed`, `staged`,
+    /// `stage_failed`).
+    pub upgrades: Vec<(&'static str, u64)>,
+    /// Rollbacks asked through the API, by outcome (`done`, `failed`).
+    pub rollbacks: Vec<(&'static str, u64)>,
+    /// The last upgrade's phases and how long each took, in seconds (this boot's).
+    pub last_upgrade_phases: Vec<(String, f64)>,
+    /// Bytes of bundles downloaded (pulled) and reused from the cache.
+    pub bytes_downloaded: u64,
+    pub bytes_reused: u64,
+    /// Each health check by name, and whether it last passed.
+    pub health_checks: Vec<(String, bool)>,
+    /// Whether a hardware watchdog is fed, and its timeout in seconds.
+    pub watchdog: Option<f64>,
+    /// The next maintenance window's opening (Unix seconds), when the agent waits for one.
+    pub next_window: Option<u64>,
+    /// Journal lines dropped from the kept tail (the oldest, beyond its bound).
+    pub journal_lines_dropped: u64,
 }

@@ -431,6 +431,33 @@ impl Client {
         })
     }
 
+    /// `GET path` of a route answered in text (`/metrics`): the body, which must be UTF-8;
+    /// error answers as for [`Client::call`].
+    pub fn get_text(&self, path: &str) -> Result<String, ClientError> {
+        let timeout = self.request_timeout;
+        self.rt.block_on(async {
+            let call = async {
+                let (mut resp, conn) = self.send("GET", path, Body::full(Vec::new()), None).await?;
+                let data = collect(resp.body_mut(), MAX_RESPONSE).await;
+                close(conn).await;
+                match data {
+                    Ok(data) => String::from_utf8(data)
+                        .map_err(|_| self.protocol("the answer is not UTF-8".into())),
+                    Err(CollectError::TooLarge) => Err(self.protocol("answer too large".into())),
+                    Err(CollectError::Body(e)) => Err(self.broken(&e)),
+                }
+            };
+            tokio::time::timeout(timeout, call)
+                .await
+                .unwrap_or_else(|_| {
+                    Err(ClientError::Timeout {
+                        addr: self.addr(),
+                        timeout,
+                    })
+                })
+        })
+    }
+
     fn lines(
         &self,
         endpoint: Endpoint,

@@ -72,6 +72,20 @@ impl Site for NodeSite {
     fn log_api(&self, message: &str) {
         self.backend.log_api(message);
     }
+
+    fn metrics(&self) -> Option<String> {
+        Some(crate::node_metrics::node_metrics(
+            &self.backend.status(),
+            &self.backend.metrics(),
+        ))
+    }
+
+    fn route_label(&self, path: &str) -> &'static str {
+        ROUTES
+            .iter()
+            .find(|r| r.path == path)
+            .map_or(crate::metrics::OTHER_ROUTE, |r| r.path)
+    }
 }
 
 impl NodeSite {
@@ -190,6 +204,13 @@ async fn dispatch(
             }
         }
         Endpoint::Services => reply(call(node, |b| b.services()).await),
+        // Answered by `metrics::scrape` before any site; never routed here.
+        Endpoint::Metrics => Reject::new(
+            StatusCode::NOT_FOUND,
+            ErrorCode::NotFound,
+            "no endpoint /metrics",
+        )
+        .into_response(),
         Endpoint::ControlService => {
             match read_json::<ServiceControlRequest>(req, false, MAX_REQUEST_BODY).await {
                 Ok(body) => reply(call(node, move |b| b.control_service(body)).await),

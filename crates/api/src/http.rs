@@ -18,8 +18,9 @@ use crate::backend::BackendError;
 use crate::body::{response, Body};
 use crate::limits::Limits;
 use crate::logq::{for_log, LogQueue, MAX_LOGGED_FIELD};
+use crate::metrics::ApiMetrics;
 use crate::pace::{BodyError, Paced};
-use crate::routes::{lookup, Match, TableRoute};
+use crate::routes::{lookup, route_of, Endpoint, Match, TableRoute};
 use crate::types::{ApiError, Caller, ErrorCode, Role};
 
 /// How much of a refused body is read out, after the answer is sent: enough that a client
@@ -36,6 +37,11 @@ pub(crate) trait Site: Send + Sync + 'static {
     /// Answers one request. `caller` comes from the verified client certificate (`None`: it
     /// names no role, or maintenance mode asked for no certificate).
     fn respond(self: Arc<Self>, req: Request<Incoming>, caller: Option<Caller>) -> Answer;
+    /// The site's part of `GET /metrics` (text exposition), on the blocking pool; `None`:
+    /// the site keeps none (404).
+    fn metrics(&self) -> Option<String>;
+    /// The route a path names, as a metric's label (`other` when none does).
+    fn route_label(&self, path: &str) -> &'static str;
     /// Called on the server's logging thread (`logq.rs`), one line at a time; a slow log
     /// delays only later lines (a full queue drops them and counts them).
     fn log_api(&self, message: &str);
@@ -46,6 +52,7 @@ pub(crate) struct Served {
     pub(crate) site: Arc<dyn Site>,
     pub(crate) log: LogQueue,
     pub(crate) limits: Arc<Limits>,
+    pub(crate) metrics: Arc<ApiMetrics>,
 }
 
 tokio::task_local! {
@@ -74,9 +81,20 @@ pub(crate) async fn handle(
     let is_get = req.method() == hyper::Method::GET;
     let method = for_log(req.method().as_str(), MAX_LOGGED_FIELD);
     let path = for_log(req.uri().path(), MAX_LOGGED_FIELD);
-    let answer = served.site.clone().respond(req, caller);
-    let response = LIMITS.scope(served.limits.clone(), answer).await;
+    let route = if req.uri().path() == slate_metrics::PATH {
+        slate_metrics::PATH
+    } else {
+        served.site.route_label(req.uri().path())
+    };
+    let response = if route == slate_metrics::PATH {
+        let scrape = scrape(req, served.clone(), caller);
+        LIMITS.scope(served.limits.clone(), scrape).await
+    } else {
+        let answer = served.site.clone().respond(req, caller);
+        LIMITS.scope(served.limits.clone(), answer).await
+    };
     let status = response.status();
+    served.metrics.request(route, status);
     if !is_get || status.is_client_error() || status.is_server_error() {
         let role = role.map_or("no role", Role::as_str);
         let line = format!(
@@ -305,4 +323,44 @@ pub(crate) fn json<T: Serialize>(status: StatusCode, value: &T) -> Response<Body
         ),
     };
     response(status, "application/json", Body::full(body))
+}
+
+/// `GET /metrics`, answered here for every site, before its routes (the node's table lists it
+/// too, for `openapi.yaml` and its role): admitted like any reader route (405/403 alike), no
+/// query; then the site's text and the server's counters (`metrics.rs`). The site's part runs on the blocking pool (a node
+/// reads its state, the operator etcd).
+pub(crate) async fn scrape(
+    req: Request<Incoming>,
+    served: Arc<Served>,
+    caller: Option<Caller>,
+) -> Response<Body> {
+    let role = caller.as_ref().map(|c| c.role);
+    let method = req.method().as_str().to_owned();
+    let table = [*route_of(Endpoint::Metrics)];
+    if let Err(refused) = admit(&table, &method, slate_metrics::PATH, |_| Ok(role)) {
+        drain(req.into_body(), 1 << 16);
+        return refused.reject.into_response();
+    }
+    if let Err(e) = slate_metrics::check_scrape(&method, req.uri().query()) {
+        return Reject::invalid(e.to_string()).into_response();
+    }
+    let site = served.site.clone();
+    let text = match blocking(move || Ok(site.metrics())).await {
+        Ok(Some(text)) => text,
+        Ok(None) => {
+            return Reject::new(
+                StatusCode::NOT_FOUND,
+                ErrorCode::NotFound,
+                "this server keeps no metrics",
+            )
+            .into_response()
+        }
+        Err(e) => return backend_error(e),
+    };
+    let own = slate_metrics::encode(served.metrics.registry.gather());
+    response(
+        StatusCode::OK,
+        slate_metrics::CONTENT_TYPE,
+        Body::full(format!("{text}{own}").into_bytes()),
+    )
 }

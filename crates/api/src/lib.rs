@@ -55,7 +55,9 @@ mod http;
 mod identity;
 mod limits;
 mod logq;
+mod metrics;
 mod node_ca;
+mod node_metrics;
 mod pace;
 mod routes;
 mod server;
@@ -64,7 +66,7 @@ mod tls;
 mod types;
 mod upload;
 
-pub use backend::{BackendError, EventStream, LineStream, NodeBackend};
+pub use backend::{BackendError, EventStream, LineStream, NodeBackend, NodeMetrics};
 pub use certs::{
     client_cert_file, client_key_file, gen_certs, issue_client_cert, CertError, GeneratedCerts,
     CA_CERT, CA_KEY, CLIENT_CA_CERT, CLIENT_CA_KEY, SERVICE_CERT, SERVICE_KEY,
@@ -77,6 +79,7 @@ pub use identity::{
 };
 pub use logq::{LOG_QUEUE, MAX_LOGGED_FIELD, MAX_LOG_LINE};
 pub use node_ca::{issue_node_ca, permitted_names, NodeTrust};
+pub use node_metrics::node_metrics;
 pub use routes::{route_of, Endpoint, Route, MAINTENANCE_ENDPOINTS, ROUTES};
 pub use server::{
     serve, serve_blocking, spawn, Limits, ServerConfig, ServerError, ServerHandle, Shutdown,

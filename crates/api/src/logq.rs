@@ -21,12 +21,17 @@ pub const MAX_LOGGED_FIELD: usize = 256;
 pub(crate) struct LogQueue {
     tx: SyncSender<String>,
     dropped: Arc<AtomicU64>,
+    /// Every line ever dropped (the server's metrics).
+    total: slate_metrics::IntCounter,
 }
 
 impl LogQueue {
     /// Starts the logging thread; it ends when every `LogQueue` of this server is dropped.
     /// `log` is the site's `log_api`, called on that thread one line at a time.
-    pub(crate) fn start(log: Arc<dyn Fn(&str) + Send + Sync>) -> std::io::Result<Self> {
+    pub(crate) fn start(
+        log: Arc<dyn Fn(&str) + Send + Sync>,
+        total: slate_metrics::IntCounter,
+    ) -> std::io::Result<Self> {
         let (tx, rx) = sync_channel::<String>(LOG_QUEUE);
         let dropped = Arc::new(AtomicU64::new(0));
         let counted = dropped.clone();
@@ -43,7 +48,7 @@ impl LogQueue {
                     }
                 }
             })?;
-        Ok(LogQueue { tx, dropped })
+        Ok(LogQueue { tx, dropped, total })
     }
 
     /// Queues `line` (cut to [`MAX_LOG_LINE`]); never waits.
@@ -57,6 +62,7 @@ impl LogQueue {
             Ok(()) => {}
             Err(TrySendError::Full(_)) => {
                 self.dropped.fetch_add(1, Ordering::Relaxed);
+                self.total.inc();
             }
             // The logging thread is gone (it panicked in the site): nothing to log to.
             Err(TrySendError::Disconnected(_)) => {}
@@ -116,16 +122,21 @@ mod tests {
         // A log as slow as a serial console.
         let site = Arc::new(Slow(Mutex::default()));
         let slow = site.clone();
-        let log = LogQueue::start(Arc::new(move |message: &str| {
-            std::thread::sleep(Duration::from_millis(5));
-            slow.0.lock().unwrap().push(message.to_owned());
-        }))
+        let total = slate_metrics::IntCounter::new("slate_test_total", "Dropped.").unwrap();
+        let log = LogQueue::start(
+            Arc::new(move |message: &str| {
+                std::thread::sleep(Duration::from_millis(5));
+                slow.0.lock().unwrap().push(message.to_owned());
+            }),
+            total.clone(),
+        )
         .unwrap();
         let started = Instant::now();
         for i in 0..LOG_QUEUE * 4 {
             log.push(format!("line {i} {}", "x".repeat(10 * MAX_LOG_LINE)));
         }
         assert!(started.elapsed() < Duration::from_secs(1), "pushing waited");
+        assert!(total.get() > 0, "the metric counts what was dropped");
         drop(log);
         let deadline = Instant::now() + Duration::from_secs(60);
         while !site.0.lock().unwrap().iter().any(|l| l.contains("dropped")) {

@@ -26,6 +26,8 @@ pub enum Endpoint {
     SnapshotUpgrade,
     Services,
     ControlService,
+    /// `GET /metrics`, answered before the site by `metrics.rs` for every server.
+    Metrics,
 }
 
 /// One route: method, path and the least role allowed to call it.
@@ -90,6 +92,8 @@ pub const ROUTES: &[Route] = &[
         Role::Operator,
         Endpoint::ControlService,
     ),
+    // Reader: Prometheus scrapes with a reader certificate; nothing here names a secret.
+    route("GET", "/metrics", Role::Reader, Endpoint::Metrics),
 ];
 
 /// What a node in maintenance mode (no machine configuration yet) serves, to a client that

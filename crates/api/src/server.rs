@@ -53,6 +53,7 @@ pub use crate::limits::{
     MAX_HEAD_BYTES,
 };
 use crate::logq::LogQueue;
+use crate::metrics::ApiMetrics;
 use crate::tls;
 
 /// The port the node API listens on by default (Talos' apid port).
@@ -356,8 +357,12 @@ impl Listening {
         };
         let tls = tls::server_config(trust.clone(), &config.cert_pem, &config.key_pem)?;
         let logged = site.clone();
-        let log = LogQueue::start(Arc::new(move |line: &str| logged.log_api(line)))
-            .map_err(ServerError::Runtime)?;
+        let metrics = Arc::new(ApiMetrics::new());
+        let log = LogQueue::start(
+            Arc::new(move |line: &str| logged.log_api(line)),
+            metrics.log_dropped.clone(),
+        )
+        .map_err(ServerError::Runtime)?;
         let limits = &config.limits;
         let accept = Accept::tls(Arc::new(tls), slate_https::DEFAULT_HANDSHAKE_TIMEOUT)
             .with_limits(limits.max_connections, limits.max_handshakes())
@@ -367,6 +372,7 @@ impl Listening {
                 site,
                 log,
                 limits: Arc::new(limits.clone()),
+                metrics,
             }),
             per_peer: trust.is_none(),
             trust,
@@ -393,6 +399,13 @@ impl Handler for Listening {
     }
 
     fn refused(&self, refusal: Refusal<'_>) {
+        self.served.metrics.refused(match refusal {
+            Refusal::Accept(_) => "accept",
+            Refusal::Full { .. } => "connections",
+            Refusal::Handshakes { .. } => "handshakes",
+            Refusal::Handshake { .. } => "tls",
+            Refusal::HandshakeTimedOut { .. } => "handshake_timeout",
+        });
         let quiet = match refusal {
             Refusal::Accept(_) => return self.log(format!("api: {refusal}")),
             Refusal::Full { .. } => &self.quiet.full,
@@ -428,6 +441,7 @@ async fn connection(listening: Arc<Listening>, conn: Connection, mut drain: Drai
         .per_client
         .take(key, limits.connections_per_client)
     else {
+        listening.served.metrics.refused("per_client");
         if let Some(quiet) = listening.quiet.over_limit.note() {
             listening.log(format!(
                 "api: {addr}: refused a connection (429): {key} holds {} already{}",

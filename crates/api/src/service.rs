@@ -86,6 +86,13 @@ pub trait JsonService: Send + Sync + 'static {
     fn log_api(&self, message: &str) {
         let _ = message;
     }
+
+    /// The service's part of `GET /metrics` (text exposition, its own families), computed on
+    /// the blocking pool at each scrape; the server adds its request and connection counters.
+    /// The default keeps none: `/metrics` answers 404.
+    fn metrics(&self) -> Option<String> {
+        None
+    }
 }
 
 /// [`crate::serve`] for a service: serves `service` on `config.listen` until `shutdown`
@@ -149,6 +156,12 @@ fn check_routes(routes: &[ServiceRoute]) -> Result<(), String> {
                 r.path
             ));
         }
+        if r.path == slate_metrics::PATH {
+            return Err(format!(
+                "route {i}: {} is every server's own (GET, role reader)",
+                r.path
+            ));
+        }
         if routes[..i]
             .iter()
             .any(|o| o.method == r.method && o.path == r.path)
@@ -198,6 +211,18 @@ impl Site for ServiceSite {
 
     fn log_api(&self, message: &str) {
         self.service.log_api(message);
+    }
+
+    fn metrics(&self) -> Option<String> {
+        self.service.metrics()
+    }
+
+    fn route_label(&self, path: &str) -> &'static str {
+        self.service
+            .routes()
+            .iter()
+            .find(|r| r.path == path)
+            .map_or(crate::metrics::OTHER_ROUTE, |r| r.path)
     }
 }
 

@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper::body::{Body as HttpBody, Bytes, Frame, Incoming, SizeHint};
 use hyper::header::{HeaderValue, ALLOW, CONNECTION, CONTENT_LENGTH, CONTENT_TYPE};
@@ -21,6 +21,7 @@ use slate_fleetlock::{route, Answer, ErrorKind, Refusal, RequestError, Semaphore
 use slate_https::{Accept, Bound, Connection, Drain, Handler, StartError};
 use tokio::sync::watch;
 
+use crate::metrics::LockMetrics;
 use crate::tls::Tls;
 
 /// The server's name: its thread's, and `<name>-worker` for its runtime's blocking threads.
@@ -54,6 +55,7 @@ pub enum ServerError {
 pub struct Server {
     bound: Bound,
     tls: Option<Tls>,
+    metrics: Arc<LockMetrics>,
 }
 
 /// A server on its own thread (tests, embedding). Dropping it detaches the thread.
@@ -80,7 +82,18 @@ impl Server {
     /// Binds `addr` (port 0: any free port; see [`Server::local_addr`]).
     pub fn bind(addr: SocketAddr) -> Result<Self, ServerError> {
         let bound = Bound::bind(addr).map_err(|source| ServerError::Bind { addr, source })?;
-        Ok(Server { bound, tls: None })
+        Ok(Server {
+            bound,
+            tls: None,
+            metrics: Arc::default(),
+        })
+    }
+
+    /// Counts into `metrics` (shared with the store's [`crate::Counted`], whose errors and
+    /// lost swaps it then shows) rather than a registry of its own.
+    pub fn with_metrics(mut self, metrics: Arc<LockMetrics>) -> Self {
+        self.metrics = metrics;
+        self
     }
 
     /// Serves TLS only on this listener (a plain-HTTP request fails its handshake).
@@ -107,7 +120,12 @@ impl Server {
             .listen(&rt)
             .map_err(|source| ServerError::Bind { addr, source })?;
         let (_never, shutdown) = watch::channel(false);
-        let lock = Arc::new(Lock { service, log });
+        let metrics = self.metrics.clone();
+        let lock = Arc::new(Lock {
+            service,
+            log,
+            metrics,
+        });
         rt.block_on(slate_https::run(listener, accept, lock, stopped(shutdown)));
         Ok(())
     }
@@ -121,7 +139,12 @@ impl Server {
         let local_addr = self.local_addr();
         let accept = self.accept();
         let (shutdown, signal) = watch::channel(false);
-        let lock = Arc::new(Lock { service, log });
+        let metrics = self.metrics.clone();
+        let lock = Arc::new(Lock {
+            service,
+            log,
+            metrics,
+        });
         let thread = self
             .bound
             .spawn(THREAD, accept, lock, stopped(signal))
@@ -153,11 +176,12 @@ async fn stopped(mut shutdown: watch::Receiver<bool>) {
 struct Lock<S: SemaphoreStore> {
     service: Arc<Service<S>>,
     log: Log,
+    metrics: Arc<LockMetrics>,
 }
 
 impl<S: SemaphoreStore + 'static> Handler for Lock<S> {
     fn serve(self: Arc<Self>, conn: Connection, drain: Drain) -> impl Future<Output = ()> + Send {
-        serve_http(conn, self.service.clone(), self.log.clone(), drain)
+        serve_http(conn, self, drain)
     }
 
     fn refused(&self, refusal: slate_https::Refusal<'_>) {
@@ -190,8 +214,7 @@ fn not_its_own(client: Option<&Vec<u8>>, body: &[u8]) -> Option<Refusal> {
 /// a slot for.
 async fn serve_http<S: SemaphoreStore + 'static>(
     conn: Connection,
-    service: Arc<Service<S>>,
-    log: Log,
+    lock: Arc<Lock<S>>,
     mut drain: Drain,
 ) {
     let Connection { stream, peer } = conn;
@@ -200,8 +223,18 @@ async fn serve_http<S: SemaphoreStore + 'static>(
         .and_then(<[_]>::first)
         .map(|der| Arc::new(der.as_ref().to_vec()));
     let svc = service_fn(move |req| {
-        let (service, log, client) = (service.clone(), log.clone(), client.clone());
-        async move { Ok::<_, Infallible>(handle(req, peer, client, service, log).await) }
+        let (lock, client) = (lock.clone(), client.clone());
+        async move {
+            let started = Instant::now();
+            let (operation, outcome, resp) = if req.uri().path() == slate_metrics::PATH {
+                scrape(req, &lock).await
+            } else {
+                let service = lock.service.clone();
+                handle(req, peer, client, service, lock.log.clone()).await
+            };
+            lock.metrics.request(operation, outcome, started.elapsed());
+            Ok::<_, Infallible>(resp)
+        }
     });
     let http = slate_https::http1(HEADER_TIMEOUT);
     let _ = slate_https::serve_http1(&http, stream, svc, &mut drain).await;
@@ -213,7 +246,7 @@ async fn handle<S: SemaphoreStore + 'static>(
     client: Option<Arc<Vec<u8>>>,
     service: Arc<Service<S>>,
     log: Log,
-) -> Response<Body> {
+) -> (&'static str, &'static str, Response<Body>) {
     let method = req.method().as_str().to_owned();
     let path = req.uri().path().to_owned();
     let header = req
@@ -226,6 +259,7 @@ async fn handle<S: SemaphoreStore + 'static>(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let mut body = req.into_body();
+    let operation = route(&method, &path).map_or("other", |op| op.name());
     let (answer, refused_early) = match route(&method, &path) {
         Err(e) => {
             let shown: String = path.chars().take(100).collect();
@@ -270,7 +304,52 @@ async fn handle<S: SemaphoreStore + 'static>(
         resp.headers_mut()
             .insert(CONNECTION, HeaderValue::from_static("close"));
     }
-    resp
+    (operation, answer.outcome, resp)
+}
+
+/// `GET /metrics`: the counters and the groups' slots (read from the store on the blocking
+/// pool). Anything else sent there is refused in FleetLock's `{kind,value}` form, with the
+/// scrape's own reason; the body, if any, is not read.
+async fn scrape<S: SemaphoreStore + 'static>(
+    req: Request<Incoming>,
+    lock: &Arc<Lock<S>>,
+) -> (&'static str, &'static str, Response<Body>) {
+    if let Err(e) = slate_metrics::check_scrape(req.method().as_str(), req.uri().query()) {
+        let kind = match e {
+            slate_metrics::ScrapeError::Method(_) => ErrorKind::MethodNotAllowed,
+            slate_metrics::ScrapeError::Query(_) => ErrorKind::InvalidClientIdentity,
+        };
+        let refusal = Refusal::new(kind, e.to_string());
+        let mut resp = respond(&Answer::refused(&refusal, String::new()));
+        *resp.status_mut() = StatusCode::from_u16(e.status()).unwrap_or(StatusCode::BAD_REQUEST);
+        resp.headers_mut()
+            .insert(CONNECTION, HeaderValue::from_static("close"));
+        if kind == ErrorKind::MethodNotAllowed {
+            resp.headers_mut()
+                .insert(ALLOW, HeaderValue::from_static("GET"));
+        }
+        let outcome = match e {
+            slate_metrics::ScrapeError::Method(_) => "method_not_allowed",
+            slate_metrics::ScrapeError::Query(_) => "bad_query",
+        };
+        return ("metrics", outcome, resp);
+    }
+    let (service, metrics) = (lock.service.clone(), lock.metrics.clone());
+    match tokio::task::spawn_blocking(move || metrics.scrape(&service)).await {
+        Ok(text) => {
+            let mut resp = Response::new(Body(Some(Bytes::from(text))));
+            resp.headers_mut().insert(
+                CONTENT_TYPE,
+                HeaderValue::from_static(slate_metrics::CONTENT_TYPE),
+            );
+            ("metrics", "ok", resp)
+        }
+        Err(e) => {
+            let refusal = Refusal::new(ErrorKind::FailedSemInit, format!("internal error: {e}"));
+            let resp = respond(&Answer::refused(&refusal, String::new()));
+            ("metrics", "failed", resp)
+        }
+    }
 }
 
 /// The next data chunk of a body; `Ok(None)` at its end (trailers are skipped).

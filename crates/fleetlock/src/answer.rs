@@ -137,6 +137,9 @@ pub struct Answer {
     pub allow: Option<&'static str>,
     /// One line for the server's log: what was asked and what happened.
     pub summary: String,
+    /// What happened, from a closed set for the server's metrics: the change on success
+    /// (`locked`, `already_held`, `unlocked`, `not_held`; `ok` if not said), else the kind.
+    pub outcome: &'static str,
 }
 
 impl Answer {
@@ -146,7 +149,13 @@ impl Answer {
             body: Vec::new(),
             allow: None,
             summary,
+            outcome: "ok",
         }
+    }
+
+    /// The same answer with `outcome` (one of a closed set of snake_case names).
+    pub fn with_outcome(self, outcome: &'static str) -> Self {
+        Answer { outcome, ..self }
     }
 
     pub fn refused(refusal: &Refusal, summary: String) -> Self {
@@ -155,6 +164,7 @@ impl Answer {
             body: refusal.to_json(),
             allow: (refusal.kind == ErrorKind::MethodNotAllowed).then_some("POST"),
             summary,
+            outcome: refusal.kind.as_str(),
         }
     }
 

@@ -110,6 +110,7 @@ impl<S: SemaphoreStore> Service<S> {
                     "{who}: {} ({held}/{slots} slots held)",
                     change.as_str()
                 ))
+                .with_outcome(change.label())
             }
             Err(e) => {
                 let kind = match e {
@@ -260,5 +261,10 @@ mod tests {
         assert_eq!(a.summary, "lock workers/n1: locked (1/2 slots held)");
         let a = s.serve(Operation::Unlock, Some(b"true"), &body("n2", "workers"));
         assert_eq!(a.summary, "unlock workers/n2: not held (1/2 slots held)");
+        assert_eq!(a.outcome, "not_held");
+        let a = s.serve(Operation::Lock, Some(b"true"), &body("n1", "workers"));
+        assert_eq!(a.outcome, "already_held");
+        let a = s.serve(Operation::Lock, Some(b"true"), &body("n1", "nope"));
+        assert_eq!(a.outcome, "unknown_group");
     }
 }

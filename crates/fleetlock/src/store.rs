@@ -131,6 +131,16 @@ impl Change {
             Change::NotHeld => "not held",
         }
     }
+
+    /// As a metric's label value.
+    pub fn label(self) -> &'static str {
+        match self {
+            Change::Locked => "locked",
+            Change::AlreadyHeld => "already_held",
+            Change::Unlocked => "unlocked",
+            Change::NotHeld => "not_held",
+        }
+    }
 }
 
 /// The outcome and the semaphore as it stands after it (`None`: an unlock in a group that

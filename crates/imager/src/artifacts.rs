@@ -352,6 +352,7 @@ mod tests {
     use std::os::unix::fs::{symlink, PermissionsExt as _};
 
     use super::*;
+    use crate::root_tree::program_in;
 
     /// busybox's applets are links: `/bin/httpd -> busybox`, `/usr/bin/web -> /bin/busybox`.
     #[test]

@@ -113,6 +113,43 @@ impl Backend {
     }
 }
 
+impl Backend {
+    /// `rollback` itself (the trait's method counts its outcome).
+    fn rollback_now(&self, req: RollbackRequest) -> Result<RollbackResult, BackendError> {
+        self.require(Capabilities::UPGRADE, "rollback")?;
+        let tries = slate_bootspec::check_install_tries(
+            req.tries.unwrap_or(slate_bootspec::DEFAULT_INSTALL_TRIES),
+        )
+        .map_err(|e| BackendError::InvalidArgument(format!("the rollback is refused: {e}")))?;
+        let guard = self.0.lock.try_lock(SequenceKind::Reboot).map_err(locked)?;
+        let plan = crate::settle::transaction::rollback(&self.0, tries, req.dry_run).map_err(
+            |e| match e {
+                crate::settle::transaction::RollbackError::Refused(why) => {
+                    BackendError::InvalidArgument(why)
+                }
+                crate::settle::transaction::RollbackError::Failed(why) => BackendError::Failed(why),
+            },
+        )?;
+        let result = RollbackResult {
+            from: plan.from,
+            to: plan.to_on_trial,
+            version: plan.version,
+            dry_run: req.dry_run,
+        };
+        if req.dry_run {
+            return Ok(result);
+        }
+        self.0.journal.info(format_args!(
+            "rollback to {} requested: {} boots next on trial, {} recorded to return to; rebooting",
+            result.version, result.to, result.from
+        ));
+        self.0
+            .request(Request::Reboot(req.reboot_mode, guard))
+            .map_err(BackendError::Failed)?;
+        Ok(result)
+    }
+}
+
 impl NodeBackend for Backend {
     fn version(&self) -> VersionInfo {
         VersionInfo {
@@ -283,37 +320,18 @@ impl NodeBackend for Backend {
     /// The loader's writes are made here, under the reboot lock, so that the answer says what
     /// boots next; the reboot follows the answer like any other.
     fn rollback(&self, req: RollbackRequest) -> Result<RollbackResult, BackendError> {
-        self.require(Capabilities::UPGRADE, "rollback")?;
-        let tries = slate_bootspec::check_install_tries(
-            req.tries.unwrap_or(slate_bootspec::DEFAULT_INSTALL_TRIES),
-        )
-        .map_err(|e| BackendError::InvalidArgument(format!("the rollback is refused: {e}")))?;
-        let guard = self.0.lock.try_lock(SequenceKind::Reboot).map_err(locked)?;
-        let plan = crate::settle::transaction::rollback(&self.0, tries, req.dry_run).map_err(
-            |e| match e {
-                crate::settle::transaction::RollbackError::Refused(why) => {
-                    BackendError::InvalidArgument(why)
-                }
-                crate::settle::transaction::RollbackError::Failed(why) => BackendError::Failed(why),
-            },
-        )?;
-        let result = RollbackResult {
-            from: plan.from,
-            to: plan.to_on_trial,
-            version: plan.version,
-            dry_run: req.dry_run,
-        };
-        if req.dry_run {
-            return Ok(result);
+        let dry_run = req.dry_run;
+        let result = self.rollback_now(req);
+        if !dry_run {
+            let outcome = if result.is_ok() { "done" } else { "failed" };
+            self.0.journal.counters.rollback(outcome);
         }
-        self.0.journal.info(format_args!(
-            "rollback to {} requested: {} boots next on trial, {} recorded to return to; rebooting",
-            result.version, result.to, result.from
-        ));
-        self.0
-            .request(Request::Reboot(req.reboot_mode, guard))
-            .map_err(BackendError::Failed)?;
-        Ok(result)
+        result
+    }
+
+    fn metrics(&self) -> slate_api::NodeMetrics {
+        let journal = &self.0.journal;
+        journal.counters.snapshot(journal.dropped())
     }
 
     fn pin(&self, req: PinRequest) -> Result<PinResult, BackendError> {

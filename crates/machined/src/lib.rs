@@ -239,6 +239,7 @@ fn run_published(
         sequence: name.clone(),
     });
     let result = sequence.run(guard.token(), node.journal.as_ref());
+    node.journal.counters.finished(&name, result.is_ok());
     node.publish(EventKind::SequenceFinished {
         sequence: name,
         error: result.as_ref().err().map(|e| e.to_string()),

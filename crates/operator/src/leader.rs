@@ -18,6 +18,7 @@ use slate_rollout::{tick, Event, EventKind, Order, PolicySet, Rollout, Step, Tic
 
 use crate::drive::{DriveError, NodeDriver};
 use crate::etcd::{EtcdState, Fence, Outcome};
+use crate::metrics::{OperatorMetrics, TickResult};
 use crate::state::{self, ELECTION};
 
 /// How the leader works.
@@ -83,6 +84,7 @@ pub fn now_ms() -> u64 {
 }
 
 /// Campaigns and leads until `stop`; a lost leadership campaigns again.
+#[allow(clippy::too_many_arguments)]
 pub fn run(
     state: &EtcdState,
     config: &LeaderConfig,
@@ -91,6 +93,7 @@ pub fn run(
     stop: &AtomicBool,
     log: &Log,
     observer: Option<&TickObserver>,
+    metrics: &OperatorMetrics,
 ) {
     let cache = IndexCache::default();
     while !stop.load(Ordering::Relaxed) {
@@ -98,12 +101,14 @@ pub fn run(
             Ok(Some(l)) => l,
             Ok(None) => return,
             Err(e) => {
+                metrics.etcd_error("leader");
                 log(&format!("campaign failed: {e}; trying again"));
                 std::thread::sleep(Duration::from_secs(1));
                 continue;
             }
         };
         log(&format!("{} is the leader", config.name));
+        metrics.set_leader(true);
         let fence = leadership.fence();
         let mut pruned: Option<Instant> = None;
         while !stop.load(Ordering::Relaxed) && !leadership.is_lost() {
@@ -113,7 +118,7 @@ pub fn run(
                 prune_events(state, config, &fence, log);
             }
             let mut timing = TickTiming::default();
-            match lead_once(
+            let led = lead_once(
                 state,
                 config,
                 driver,
@@ -122,9 +127,18 @@ pub fn run(
                 &fence,
                 log,
                 &mut timing,
-            ) {
+                metrics,
+            );
+            let result = match &led {
+                Ok(Led::Deposed) => TickResult::Deposed,
+                Ok(Led::Ticked) => TickResult::Done,
+                Ok(Led::Conflict) => TickResult::Conflict,
+                Err(_) => TickResult::Failed,
+            };
+            metrics.tick(result, started.elapsed(), timing.orders);
+            match led {
                 Ok(Led::Deposed) => break,
-                Ok(Led::Ticked) => {
+                Ok(Led::Ticked | Led::Conflict) => {
                     if let Some(observe) = observer {
                         observe(&timing);
                     }
@@ -136,6 +150,7 @@ pub fn run(
             }
         }
         log(&format!("{} is no longer the leader", config.name));
+        metrics.set_leader(false);
         if stop.load(Ordering::Relaxed) {
             let _ = leadership.resign();
             return;
@@ -156,6 +171,8 @@ fn prune_events(state: &EtcdState, config: &LeaderConfig, fence: &Fence, log: &L
 
 enum Led {
     Ticked,
+    /// A pause or resume got in between reading and storing: nothing stored.
+    Conflict,
     Deposed,
 }
 
@@ -194,12 +211,17 @@ fn lead_once(
     fence: &Fence,
     log: &Log,
     timing: &mut TickTiming,
+    metrics: &OperatorMetrics,
 ) -> Result<Led, String> {
+    let etcd = |e: &dyn std::fmt::Display| {
+        metrics.etcd_error("leader");
+        e.to_string()
+    };
     let started = Instant::now();
-    let inventory = state::inventory(state).map_err(|e| e.to_string())?;
-    let policies = PolicySet::parse(&state::policies_text(state).map_err(|e| e.to_string())?)
+    let inventory = state::inventory(state).map_err(|e| etcd(&e))?;
+    let policies = PolicySet::parse(&state::policies_text(state).map_err(|e| etcd(&e))?)
         .map_err(|e| format!("the stored policies are refused: {e}"))?;
-    let stored = state::rollouts(state).map_err(|e| e.to_string())?;
+    let stored = state::rollouts(state).map_err(|e| etcd(&e))?;
     let Some(index) = cache.get(releases, config.release_refresh, log) else {
         return Ok(Led::Ticked);
     };
@@ -236,11 +258,11 @@ fn lead_once(
         &decision.events,
         now_ms(),
     )
-    .map_err(|e| e.to_string())?;
+    .map_err(|e| etcd(&e))?;
     timing.commit = committed.elapsed();
     match outcome {
-        Outcome::Committed { .. } => {}
-        Outcome::Conflict => return Ok(Led::Ticked), // a pause or resume got in: decide again
+        Outcome::Committed { .. } => metrics.events_written(decision.events.len()),
+        Outcome::Conflict => return Ok(Led::Conflict), // a pause or resume got in: decide again
         Outcome::Deposed => return Ok(Led::Deposed),
     }
     for event in &decision.events {
@@ -252,7 +274,7 @@ fn lead_once(
     let sent = Instant::now();
     timing.orders = decision.orders.len();
     let answers = send(driver, &decision.orders, config.parallel_orders);
-    let recorded = record_answers(state, fence, &answers, log);
+    let recorded = record_answers(state, fence, &answers, log, metrics);
     timing.send = sent.elapsed();
     recorded
 }
@@ -303,7 +325,12 @@ fn record_answers(
     fence: &Fence,
     answers: &[(Order, Result<(), DriveError>)],
     log: &Log,
+    metrics: &OperatorMetrics,
 ) -> Result<Led, String> {
+    let etcd = |e: &dyn std::fmt::Display| {
+        metrics.etcd_error("leader");
+        e.to_string()
+    };
     for (order, answer) in answers {
         if let Err(e) = answer {
             log(&format!(
@@ -313,7 +340,7 @@ fn record_answers(
         }
     }
     for _ in 0..5 {
-        let stored = state::rollouts(state).map_err(|e| e.to_string())?;
+        let stored = state::rollouts(state).map_err(|e| etcd(&e))?;
         let mut changed = BTreeMap::new();
         let mut read_at = BTreeMap::new();
         let mut events = Vec::new();
@@ -354,9 +381,12 @@ fn record_answers(
         }
         changed.retain(|g, r| stored.get(g).is_some_and(|s| s.value != *r));
         match state::commit_rollouts(state, Some(fence), &changed, &read_at, &events, now_ms())
-            .map_err(|e| e.to_string())?
+            .map_err(|e| etcd(&e))?
         {
-            Outcome::Committed { .. } => return Ok(Led::Ticked),
+            Outcome::Committed { .. } => {
+                metrics.events_written(events.len());
+                return Ok(Led::Ticked);
+            }
             Outcome::Deposed => return Ok(Led::Deposed),
             Outcome::Conflict => continue,
         }

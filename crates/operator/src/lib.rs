@@ -8,12 +8,13 @@
 //! - [`leader`]: campaign and tick.
 //! - [`drive`]: upgrade orders through the node API.
 //! - [`probe`]: the policies' HTTP probes of soaking nodes.
-//! - [`service`]: the operator API.
+//! - [`service`]: the operator API, and its `/metrics` ([`metrics`]).
 //! - [`tally`]: routine heartbeats as one line per interval, news as a line each.
 
 pub mod drive;
 pub mod etcd;
 pub mod leader;
+pub mod metrics;
 pub mod probe;
 pub mod service;
 pub mod state;
@@ -29,6 +30,7 @@ use slate_transport::{fetch_release_index, Options, Reference};
 pub use drive::{ApiDriver, DriveError, NodeDriver};
 pub use etcd::{EtcdState, StateError};
 pub use leader::{LeaderConfig, Log, ReleaseSource, TickObserver, TickTiming};
+pub use metrics::OperatorMetrics;
 pub use service::{ControlRequest, FleetStatus, NodeStatus, OperatorService, PolicyText};
 
 /// The release index of a registry repository (an empty index while none is published).
@@ -73,6 +75,7 @@ impl std::fmt::Debug for Operator {
 pub fn run(op: Operator, stop: &AtomicBool) -> Result<(), String> {
     let config = slate_api::ServerConfig::from_dir(op.listen, &op.certs)
         .map_err(|e| format!("operator certificates in {}: {e}", op.certs.display()))?;
+    let metrics = Arc::new(OperatorMetrics::new());
     let service = OperatorService {
         state: op.state.clone(),
         releases: op.releases.clone(),
@@ -80,6 +83,7 @@ pub fn run(op: Operator, stop: &AtomicBool) -> Result<(), String> {
         stale_after: op.leader.stale_after,
         log: op.log.clone(),
         heartbeats: Default::default(),
+        metrics: metrics.clone(),
     };
     let server = slate_api::spawn_service(config, Arc::new(service))
         .map_err(|e| format!("cannot serve the operator API on {}: {e}", op.listen))?;
@@ -93,6 +97,7 @@ pub fn run(op: Operator, stop: &AtomicBool) -> Result<(), String> {
         stop,
         &op.log,
         op.observer.as_ref(),
+        &metrics,
     );
     server.shutdown().map_err(|e| e.to_string())?;
     Ok(())

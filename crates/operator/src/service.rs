@@ -122,6 +122,8 @@ pub struct OperatorService {
     pub log: Log,
     /// Routine heartbeats, counted rather than logged one by one.
     pub heartbeats: crate::tally::HeartbeatTally,
+    /// This replica's counters; `/metrics` adds the fleet read from etcd.
+    pub metrics: Arc<crate::metrics::OperatorMetrics>,
 }
 
 fn failed(e: impl std::fmt::Display) -> BackendError {
@@ -184,6 +186,10 @@ impl JsonService for OperatorService {
         if !crate::tally::is_routine(message) {
             (self.log)(message);
         }
+    }
+
+    fn metrics(&self) -> Option<String> {
+        Some(self.metrics.scrape(&self.state))
     }
 }
 
@@ -393,6 +399,7 @@ impl OperatorService {
             ));
             match self.state.commit(&commit).map_err(failed)? {
                 Outcome::Committed { .. } => {
+                    self.metrics.events_written(events.len());
                     for e in &events {
                         (self.log)(&crate::leader::describe(e));
                     }

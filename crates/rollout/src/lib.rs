@@ -8,12 +8,14 @@
 //!   applicable policy allows, complete.
 //! - [`pause`], [`resume`], [`abort`]: what `slate fleet pause|resume|abort` do to a rollout.
 //! - [`plan`]: the dry run: which node in which wave, not before when.
+//! - [`progress`]: each group's rollout as numbers (the operator's metrics).
 
 mod control;
 mod limits;
 mod node;
 mod plan;
 mod policy;
+mod progress;
 mod rollout;
 mod tick;
 mod waves;
@@ -25,6 +27,7 @@ pub use policy::{
     probe_target, Limit, Policy, PolicyError, PolicyFile, PolicySet, PolicySpec, Rate, Strategy,
     Wave, WaveSpec, DEFAULT_UPGRADE_TIMEOUT,
 };
+pub use progress::{progress, GroupProgress};
 pub use rollout::{
     Event, EventKind, NodeProgress, Order, Rollout, RolloutState, Step, RATE_MEMORY_SECONDS,
 };

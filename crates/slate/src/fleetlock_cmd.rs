@@ -14,7 +14,7 @@ use clap::{Args, Subcommand};
 use slate_fleetlock::{unlock, Change, GroupName, GroupSpec, Groups, SemaphoreStore, Service};
 #[cfg(feature = "etcd")]
 use slate_fleetlock_server::EtcdStore;
-use slate_fleetlock_server::{FileStore, Server, Tls};
+use slate_fleetlock_server::{Counted, FileStore, LockMetrics, Server, Tls};
 
 use crate::args::OutputFormat;
 
@@ -204,7 +204,9 @@ fn serve_with<S: SemaphoreStore + 'static>(
     store: S,
 ) -> Result<()> {
     let shown: Vec<String> = groups.iter().map(|(g, n)| format!("{g}={n}")).collect();
-    let service = Arc::new(Service::new(groups, store));
+    // The store counts its errors and lost swaps into the server's metrics (`/metrics`).
+    let metrics = Arc::new(LockMetrics::new());
+    let service = Arc::new(Service::new(groups, Counted::new(store, metrics.clone())));
     for line in service.drift()? {
         eprintln!("fleetlock: warning: {line}");
     }
@@ -213,7 +215,7 @@ fn serve_with<S: SemaphoreStore + 'static>(
         Some(tls) if tls.mutual() => ("https", "mutual TLS, "),
         Some(_) => ("https", "TLS, "),
     };
-    let mut server = Server::bind(listen)?;
+    let mut server = Server::bind(listen)?.with_metrics(metrics);
     if let Some(tls) = tls {
         server = server.with_tls(tls);
     }

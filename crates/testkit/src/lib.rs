@@ -20,11 +20,13 @@
 //!
 //! `scripts/install-deps` installs every tool and file the tests require.
 //!
-//! [`etcd`] starts a real etcd cluster on loopback (the FleetLock etcd tests and benchmark).
+//! [`etcd`] starts a real etcd cluster on loopback (the FleetLock etcd tests and benchmark);
+//! [`prometheus`] a real Prometheus, and runs `promtool check metrics` (the metrics tests).
 
 pub mod esp;
 pub mod etcd;
 pub mod fleetlock;
+pub mod prometheus;
 pub mod secureboot;
 
 use std::os::unix::fs::PermissionsExt;

@@ -16,6 +16,7 @@ mod apply_bare;
 pub(crate) mod boot;
 pub(crate) mod fleetlock;
 pub(crate) mod operator;
+pub(crate) mod operator_scrape;
 pub(crate) mod pull;
 pub(crate) mod reboot;
 pub(crate) mod rootfs;

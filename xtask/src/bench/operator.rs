@@ -243,8 +243,12 @@ fn tick_percentiles(ticks: &[TickTiming], phase: impl Fn(&TickTiming) -> Duratio
     (at(50), at(99))
 }
 
-pub fn bench_operator(nodes: usize) -> Result<Vec<Comparison>> {
+pub fn bench_operator(nodes: usize, scrape_only: bool) -> Result<Vec<Comparison>> {
     ensure!(nodes >= GROUPS * 10, "at least {} nodes", GROUPS * 10);
+    let scrape = crate::bench::operator_scrape::bench_scrape(nodes)?;
+    if scrape_only {
+        return Ok(vec![scrape]);
+    }
     slate_fleet_sim::raise_file_limit().context("raising the open-file limit")?;
     let per_group = nodes / GROUPS;
     let total = per_group * GROUPS;
@@ -301,5 +305,5 @@ pub fn bench_operator(nodes: usize) -> Result<Vec<Comparison>> {
         format!("of it slate_rollout::tick: p50 {decide50:.2} ms, p99 {decide99:.2} ms"),
     );
     c.print();
-    Ok(vec![c])
+    Ok(vec![scrape, c])
 }

@@ -241,6 +241,11 @@ impl<'a> Agent<'a> {
             } => {
                 let reason = format!("window opens {opens}");
                 self.report(settings, "waiting", newest, Some(release), Some(&reason));
+                let opens_at = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map_or(0, |d| d.as_secs())
+                    + u64::from(minutes) * 60;
+                self.node.journal.counters.next_window(Some(opens_at));
                 poll.min(Duration::from_secs(u64::from(minutes) * 60))
             }
             Step::Apply { release, .. } => {
@@ -402,6 +407,8 @@ impl<'a> Agent<'a> {
     }
 
     fn publish(&self, status: AgentStatus) {
+        // Only a wait for the window has a next window to show (set after this report).
+        self.node.journal.counters.next_window(None);
         *self.node.agent.lock().unwrap_or_else(|p| p.into_inner()) = Some(status);
     }
 

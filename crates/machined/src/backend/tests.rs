@@ -164,3 +164,59 @@ fn logs_replay_the_journal_and_end_unless_followed() {
     let lines: Vec<String> = backend.logs(false).unwrap().collect();
     assert_eq!(lines, ["first", "api: GET /v1/logs by admin"]);
 }
+
+/// The node's `/metrics` through the real API server, as Prometheus reads it: a reader's
+/// client certificate, the text `promtool` accepts, what machined counted in it.
+#[test]
+fn metrics_are_served_to_a_reader_and_pass_promtool() {
+    if !slate_testkit::prometheus::require_prometheus() || !slate_testkit::require_tool("openssl") {
+        return;
+    }
+    let (backend, _requests) = backend("");
+    let journal = &backend.0.journal;
+    journal.counters.finished("upgrade", true);
+    journal.counters.finished("upgrade", false);
+    journal
+        .counters
+        .health(vec![("tcp 127.0.0.1:9".into(), true)]);
+    journal.counters.watchdog(Duration::from_secs(60));
+    let certs = tempfile::tempdir().unwrap();
+    slate_api::gen_certs(certs.path(), &[]).unwrap();
+    let config = slate_api::ServerConfig::new(
+        "127.0.0.1:0".parse().unwrap(),
+        &std::fs::read(certs.path().join(slate_api::CLIENT_CA_CERT)).unwrap(),
+        &std::fs::read(certs.path().join(slate_api::SERVICE_CERT)).unwrap(),
+        &std::fs::read(certs.path().join(slate_api::SERVICE_KEY)).unwrap(),
+    );
+    let server = slate_api::spawn(config, Arc::new(backend)).unwrap();
+    let get = |path: &str| {
+        slate_testkit::prometheus::https_get(
+            &server.local_addr().to_string(),
+            &certs.path().join(slate_api::CA_CERT),
+            &certs
+                .path()
+                .join(slate_api::client_cert_file(slate_api::Role::Reader)),
+            &certs
+                .path()
+                .join(slate_api::client_key_file(slate_api::Role::Reader)),
+            path,
+        )
+        .unwrap()
+    };
+    let (status, text) = get("/metrics");
+    assert_eq!(status, 200, "{text}");
+    for line in [
+        "slate_node_upgrades_total{outcome=\"installed\"} 1",
+        "slate_node_upgrades_total{outcome=\"failed\"} 1",
+        "slate_node_health_check_passing{check=\"tcp 127.0.0.1:9\"} 1",
+        "slate_node_watchdog_timeout_seconds 60",
+        "slate_node_committed 0",
+        "slate_api_connections_refused_total{limit=\"connections\"} 0",
+    ] {
+        assert!(text.contains(&format!("{line}\n")), "{line} in\n{text}");
+    }
+    slate_testkit::prometheus::promtool_check(&text).unwrap();
+    let (status, text) = get("/metrics?name=x");
+    assert_eq!(status, 400, "{text}");
+    server.shutdown().unwrap();
+}

@@ -38,12 +38,19 @@ pub struct Journal {
     grown: Condvar,
     /// The boot's milestones and the sequencer's spans (`slate status --boot-times`).
     pub boot: crate::base::boot_times::BootRecord,
+    /// What `/metrics` counts: sequences, the last upgrade's phases, health, watchdog.
+    pub counters: crate::base::metrics::Counters,
 }
 
 impl Journal {
     /// The bytes of the lines kept for late readers (at most [`KEEP_BYTES`]).
     pub fn held_bytes(&self) -> usize {
         self.lines.lock().unwrap_or_else(|p| p.into_inner()).bytes
+    }
+
+    /// Lines dropped from the kept tail since machined started (the oldest, past the bound).
+    pub fn dropped(&self) -> u64 {
+        self.lines.lock().unwrap_or_else(|p| p.into_inner()).first
     }
 }
 
@@ -103,6 +110,7 @@ impl Journal {
             }),
             grown: Condvar::new(),
             boot: crate::base::boot_times::BootRecord::default(),
+            counters: crate::base::metrics::Counters::default(),
         }
     }
 
@@ -178,6 +186,7 @@ impl slate_sequencer::Logger for Journal {
 
     fn span(&self, span: &slate_sequencer::Span) {
         self.boot.span(span);
+        self.counters.span(span);
     }
 }
 

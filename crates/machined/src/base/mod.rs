@@ -9,6 +9,7 @@ pub mod boot_times;
 pub mod files;
 pub mod journal;
 pub mod machine_state;
+pub mod metrics;
 pub mod node;
 pub mod paths;
 pub mod services;

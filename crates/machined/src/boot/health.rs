@@ -93,6 +93,13 @@ pub fn check(node: &Node, config: &NodeConfig) -> Result<(), HealthFailure> {
         journal.info(format_args!("health: {line}"))
     }) {
         Ok(passed) => {
+            journal.counters.health(
+                health
+                    .checks
+                    .iter()
+                    .map(|c| (c.to_string(), true))
+                    .collect(),
+            );
             journal.info(format_args!(
                 "health: {n}/{n} checks passed in {:.1}s",
                 passed.elapsed.as_secs_f64(),
@@ -101,6 +108,12 @@ pub fn check(node: &Node, config: &NodeConfig) -> Result<(), HealthFailure> {
             Ok(())
         }
         Err(failure) => {
+            // The checks run in order: those before the failed one passed, the rest did not run.
+            let ran = health.checks.iter().map(ToString::to_string);
+            let passed = ran.take_while(|c| *c != failure.check);
+            let mut results: Vec<(String, bool)> = passed.map(|c| (c, true)).collect();
+            results.push((failure.check.clone(), false));
+            journal.counters.health(results);
             journal.error(format_args!("{failure}"));
             Err(failure)
         }

@@ -21,6 +21,7 @@ pub fn arm(node: &Node, config: &NodeConfig) -> Option<Arc<Watchdog>> {
     let wanted = config.enabled_watchdog()?;
     match Watchdog::arm(&wanted.device, wanted.timeout_secs) {
         Ok(dog) => {
+            node.journal.counters.watchdog(dog.timeout());
             node.journal.info(format_args!(
                 "watchdog armed: {}, {}s (fed from the commit on)",
                 dog.device().display(),

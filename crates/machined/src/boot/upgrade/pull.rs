@@ -62,6 +62,9 @@ pub fn pull(
         bundle.verified_blobs(),
         &pinned.version,
     )?;
+    node.journal
+        .counters
+        .pulled(pulled.fetched_bytes, pulled.cached_bytes);
     Ok((plan, pulled.fetched_bytes, pulled.cached_bytes))
 }
 
