@@ -63,6 +63,15 @@ pub fn os_release_version(text: &str) -> Option<String> {
     value("IMAGE_VERSION").or_else(|| value("VERSION_ID"))
 }
 
+/// The root's version, as its os-release names it (`/etc`'s, else `/usr/lib`'s).
+fn booted_version() -> Result<String> {
+    let os_release = std::fs::read_to_string("/etc/os-release")
+        .or_else(|_| std::fs::read_to_string("/usr/lib/os-release"))
+        .context("reading the root's os-release")?;
+    os_release_version(&os_release)
+        .context("the root's os-release names no IMAGE_VERSION or VERSION_ID")
+}
+
 /// In the new root, before systemd: volumes, then /etc. Any failure is init's failure (logged,
 /// reboot: boot counting takes over).
 pub fn prepare(log: &KmsgLogger) -> Result<()> {
@@ -85,11 +94,7 @@ pub fn prepare(log: &KmsgLogger) -> Result<()> {
         log.warn(format_args!("creating {USER_SETUP_HOOKS_DIR}: {err}"));
     }
 
-    let os_release = std::fs::read_to_string("/etc/os-release")
-        .or_else(|_| std::fs::read_to_string("/usr/lib/os-release"))
-        .context("reading the root's os-release")?;
-    let version = os_release_version(&os_release)
-        .context("the root's os-release names no IMAGE_VERSION or VERSION_ID")?;
+    let version = booted_version()?;
     let dir = state_etc_dir();
     // No machine configuration is read here yet: only machine-id survives a reset.
     let prepared = prepare_upper(&dir, &version, &[]).context("preparing /etc's upper")?;
@@ -122,11 +127,7 @@ pub const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
 /// hook failed or timed out, a user's hook leads out of /var — fails the unit; `hooks.done` is
 /// not written, so the next boot resets /etc again and runs them again.
 pub fn setup_hooks() -> Result<()> {
-    let os_release = std::fs::read_to_string("/etc/os-release")
-        .or_else(|_| std::fs::read_to_string("/usr/lib/os-release"))
-        .context("reading os-release")?;
-    let version = os_release_version(&os_release)
-        .context("os-release names no IMAGE_VERSION or VERSION_ID")?;
+    let version = booted_version()?;
     let state_etc_dir = state_etc_dir();
     let out = |line: &str| println!("{line}");
     if !hooks_due(&state_etc_dir, &version)? {

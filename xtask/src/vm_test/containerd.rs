@@ -13,8 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context as _, Result};
 
 use super::{
-    demo_keys, drain, node_config, online_upgrade, rollback, running, workload, Node, Prepared,
-    BOOT_TIMEOUT,
+    drain, node_config, online_upgrade, rollback, running, workload, Node, Prepared, BOOT_TIMEOUT,
 };
 use crate::containerd_ext::containerd_ext;
 use crate::util::{output, repo_root};
@@ -81,19 +80,7 @@ fn build(prepared: &Prepared, work: &Path, image: &Path) -> Result<[PathBuf; 3]>
     let mut text = fs::read_to_string(&config)?;
     text.push_str(&drain::cordoning_section());
     fs::write(&config, text)?;
-    fs::File::create(image)?.set_len(512 << 20)?;
-    let installed = output(
-        Command::new(slate)
-            .args(["installer", "install", "--disk"])
-            .arg(image)
-            .arg("--bundle")
-            .arg(&bundles[0])
-            .arg("--trusted-keys")
-            .arg(demo_keys())
-            .arg("--config")
-            .arg(&config),
-    )?;
-    ensure!(installed.contains("installed slate 1.0.0"), "{installed}");
+    super::install_blank_disk(slate, image, &bundles[0], "1.0.0", &config)?;
     bundles
         .try_into()
         .map_err(|_| anyhow::anyhow!("three bundles"))

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context as _, Result};
 
-use super::{demo_keys, node_config, online_upgrade, rollback, Node, Prepared, BOOT_TIMEOUT};
+use super::{node_config, online_upgrade, rollback, Node, Prepared, BOOT_TIMEOUT};
 use crate::util::{output, repo_root};
 use crate::vm::{Running, Vm};
 
@@ -199,20 +199,8 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
         .max()
         .unwrap_or(0);
     let image = work.join("debian.raw");
-    fs::File::create(&image)?.set_len(512 << 20)?;
     let config = node_config(slate, work, "node1")?;
-    let installed = output(
-        Command::new(slate)
-            .args(["installer", "install", "--disk"])
-            .arg(&image)
-            .arg("--bundle")
-            .arg(&bundles[0])
-            .arg("--trusted-keys")
-            .arg(demo_keys())
-            .arg("--config")
-            .arg(&config),
-    )?;
-    ensure!(installed.contains("installed slate 1.0.0"), "{installed}");
+    super::install_blank_disk(slate, &image, &bundles[0], "1.0.0", &config)?;
     let built = started.elapsed();
 
     let mut vm = Vm::new(&image, &work.join("vm"))?;

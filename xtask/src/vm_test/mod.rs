@@ -100,6 +100,34 @@ pub fn image_node_name(image: &Path) -> String {
     node_name(image.file_stem().and_then(|s| s.to_str()).unwrap_or("node"))
 }
 
+/// A blank 512 MiB disk image at `image` with `bundle` (version `version`) installed by the
+/// host's slate and `config` on its STATE, as a provisioning step would.
+pub(crate) fn install_blank_disk(
+    slate: &Path,
+    image: &Path,
+    bundle: &Path,
+    version: &str,
+    config: &Path,
+) -> Result<()> {
+    fs::File::create(image)?.set_len(512 << 20)?;
+    let installed = output(
+        Command::new(slate)
+            .args(["installer", "install", "--disk"])
+            .arg(image)
+            .arg("--bundle")
+            .arg(bundle)
+            .arg("--trusted-keys")
+            .arg(demo_keys())
+            .arg("--config")
+            .arg(config),
+    )?;
+    ensure!(
+        installed.contains(&format!("installed slate {version}")),
+        "{installed}"
+    );
+    Ok(())
+}
+
 /// Put `config` onto the STATE partition of the disk image `disk`.
 pub fn configure_disk(slate: &Path, disk: &Path, config: &Path) -> Result<()> {
     output(
