@@ -9,12 +9,14 @@
 
 pub mod assemble;
 mod chunker;
+mod estimate;
 mod index;
 
 pub use assemble::{
     assemble, plan, AssembleError, Assembled, ChunkCache, Plan, ReadAt, Remote, Seed, Source,
 };
 pub use chunker::{chunk_blob, ChunkParams, DEFAULT_PARAMS};
+pub use estimate::{estimate, BlobEstimate, Estimate};
 pub use index::{
     BlobChunks, Chunk, ChunkIndex, IndexError, CHUNK_INDEX_MEDIA_TYPE, MAGIC, MAX_BLOBS,
     MAX_INDEX_BYTES,
