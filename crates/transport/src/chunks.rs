@@ -5,7 +5,7 @@
 //! (and a rotted one is re-hashed and refetched by the assembler); the remote here is an OCI
 //! image layout, a chunk being a read at its offset of the target's blob.
 //!
-//! Not yet: the registry remote (`Range: bytes=a-b` on the blob; issue 41, part 2).
+//! From a registry, a chunk is `Range: bytes=a-b` on the target's blob ([`RegistryRemote`]).
 
 use std::fs::File;
 use std::io::Read;
@@ -96,5 +96,41 @@ impl Remote for LayoutRemote {
         let mut buf = vec![0; chunk.length as usize];
         file.read_exact_at(&mut buf, chunk.offset)?;
         Ok(buf)
+    }
+}
+
+/// The target's blobs in a registry, a chunk a range request each (formats.md §7.7 says why not
+/// a blob per chunk).
+#[derive(Debug)]
+pub struct RegistryRemote {
+    registry: crate::registry::Registry,
+}
+
+impl RegistryRemote {
+    /// The repository `reference` names (its tag and digest do not matter here); `None` for a
+    /// layout reference (use [`LayoutRemote`]).
+    pub fn new(
+        client: &crate::Client,
+        reference: &crate::Reference,
+    ) -> Result<Option<RegistryRemote>, crate::TransportError> {
+        let (Some(host), Some(repository)) = (reference.registry(), reference.repository()) else {
+            return Ok(None);
+        };
+        Ok(Some(RegistryRemote {
+            registry: crate::registry::Registry::new(host, repository, client, false)?,
+        }))
+    }
+}
+
+impl Remote for RegistryRemote {
+    fn fetch(&self, blob: &str, chunk: &Chunk) -> std::io::Result<Vec<u8>> {
+        self.registry
+            .get_range(
+                &format!("{blob}, bytes {}+{}", chunk.offset, chunk.length),
+                blob,
+                chunk.offset,
+                u64::from(chunk.length),
+            )
+            .map_err(std::io::Error::other)
     }
 }

@@ -1,5 +1,8 @@
 //! A delta assembled from real files (issue 41): the running version's blob as the seed, a
-//! chunk cache directory, the new bundle's OCI layout as the remote.
+//! chunk cache directory, the new bundle's OCI layout — or a real registry — as the remote.
+#![cfg(feature = "client")]
+
+mod support;
 
 use std::path::{Path, PathBuf};
 
@@ -8,7 +11,9 @@ use slate_bundle::{
     BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE,
 };
 use slate_delta::{assemble, plan, ChunkCache, Seed, DEFAULT_PARAMS};
-use slate_transport::chunks::{DirCache, FileSeed, LayoutRemote};
+use slate_transport::chunks::{DirCache, FileSeed, LayoutRemote, RegistryRemote};
+use slate_transport::{push, Client, Options, Reference};
+use support::registry::TestRegistry;
 
 fn noise(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
@@ -131,5 +136,75 @@ fn a_uki_is_assembled_from_the_running_one_the_cache_and_the_layout() {
     assert_eq!(
         cache.get(&rotted).unwrap().map(|b| b.len()),
         Some(target.chunks[fetched].length as usize)
+    );
+}
+
+#[test]
+fn chunks_come_from_a_registry_by_range_requests() {
+    let Some(registry) = TestRegistry::start() else {
+        return;
+    };
+    let v1_uki = noise(4 << 20, 17);
+    let mut v2_uki = v1_uki.clone();
+    v2_uki.splice(1 << 20..1 << 20, noise(200_000, 18));
+    let (d1, d2, cache_dir) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let (v1, v2) = (
+        write(d1.path(), "1.0.0", &v1_uki),
+        write(d2.path(), "2.0.0", &v2_uki),
+    );
+    let image = Reference::parse(&registry.image("slate/delta:2.0.0")).unwrap();
+    push(d2.path(), &image, &mut |_| {}).unwrap();
+
+    let (i1, i2) = (
+        v1.chunk_index().unwrap().unwrap(),
+        v2.chunk_index().unwrap().unwrap(),
+    );
+    let target = i2
+        .blob(&v2.blob_ref(slate_bundle::UKI_ROLE).unwrap().digest)
+        .unwrap();
+    let file = FileSeed(std::fs::File::open(uki_path(&v1)).unwrap());
+    let seeds = [Seed {
+        chunks: i1
+            .blob(&v1.blob_ref(slate_bundle::UKI_ROLE).unwrap().digest)
+            .unwrap(),
+        file: &file,
+    }];
+    let cache = DirCache::new(cache_dir.path()).unwrap();
+    let remote = RegistryRemote::new(&Client::new(Options::default()), &image)
+        .unwrap()
+        .expect("a registry reference");
+    let plan = plan(target, &seeds, Some(&cache)).unwrap();
+    assert!(plan.fetch_chunks >= 1 && plan.fetch_bytes < 200_000 + 4 * 128 * 1024);
+    let mut out = Vec::new();
+    assemble(target, &plan, &seeds, &cache, &remote, 4, &mut out).unwrap();
+    assert!(
+        out == v2_uki,
+        "the assembled UKI is the new one, byte for byte"
+    );
+
+    // A chunk the registry does not have (a blob of another repository) is an error, not a
+    // wrong byte.
+    let other = Reference::parse(&registry.image("slate/other:1.0.0")).unwrap();
+    let remote = RegistryRemote::new(&Client::new(Options::default()), &other)
+        .unwrap()
+        .unwrap();
+    let empty = tempfile::tempdir().unwrap();
+    let err = assemble(
+        target,
+        &plan,
+        &seeds,
+        &DirCache::new(empty.path()).unwrap(),
+        &remote,
+        2,
+        &mut Vec::new(),
+    )
+    .unwrap_err();
+    assert!(
+        matches!(err, slate_delta::AssembleError::Fetch { .. }),
+        "{err}"
     );
 }
