@@ -199,12 +199,12 @@ pub fn assemble_root(inputs: &Inputs, tree: &Path) -> Result<(), ImagerError> {
     Ok(())
 }
 
-/// The initramfs: slate-init (or slate) as `/init` and the module closure with its load order;
-/// the root squashfs, when there is one (a `btrfs-image`'s init mounts the root named by `root=`
-/// instead), in a second archive; the system extensions and their manifest follow as a third,
-/// gzip-compressed archive.
+/// The initramfs uncompressed (`--output initramfs`): one archive of slate-init (or slate) as
+/// `/init`, the module closure with its load order and the root squashfs when there is one (a
+/// `btrfs-image`'s init mounts the root named by `root=` instead); the system extensions and
+/// their manifest follow as a second, gzip-compressed archive.
 pub fn build_initramfs(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Vec<u8>, ImagerError> {
-    let parts = initramfs_parts(inputs, rootfs)?;
+    let parts = initramfs_parts(inputs, rootfs, false)?;
     Ok(join_parts(parts.main, parts.root, parts.extensions))
 }
 
@@ -227,7 +227,7 @@ pub fn build_boot_initramfs(
     inputs: &Inputs,
     rootfs: Option<&[u8]>,
 ) -> Result<Vec<u8>, ImagerError> {
-    let parts = initramfs_parts(inputs, rootfs)?;
+    let parts = initramfs_parts(inputs, rootfs, true)?;
     let main = compress_initramfs(&parts.main)?;
     Ok(join_parts(main, parts.root, parts.extensions))
 }
@@ -244,8 +244,13 @@ struct Parts {
     extensions: Option<Vec<u8>>,
 }
 
-/// The members of the initramfs (see [`Parts`]).
-fn initramfs_parts(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Parts, ImagerError> {
+/// The members of the initramfs (see [`Parts`]); the root in the main archive unless
+/// `root_apart` (the one archive `--output initramfs` writes, uncompressed either way).
+fn initramfs_parts(
+    inputs: &Inputs,
+    rootfs: Option<&[u8]>,
+    root_apart: bool,
+) -> Result<Parts, ImagerError> {
     let epoch = u32::try_from(inputs.source_date_epoch).unwrap_or(u32::MAX);
     let mut cpio = CpioWriter::with_mtime(epoch);
     for dir in [
@@ -300,15 +305,19 @@ fn initramfs_parts(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Parts, Imag
     if let Some((path, marker)) = crate::systemd_root::initramfs_marker(&inputs.profile) {
         cpio.file(path, 0o644, marker.as_bytes().to_vec())?;
     }
-    let main = cpio.finish();
     let root = match rootfs {
-        Some(rootfs) => {
+        Some(rootfs) if root_apart => {
             let mut cpio = CpioWriter::with_mtime(epoch);
             cpio.file(image_contract::ROOTFS_IMAGE_PATH, 0o644, rootfs.to_vec())?;
             Some(cpio.finish())
         }
+        Some(rootfs) => {
+            cpio.file(image_contract::ROOTFS_IMAGE_PATH, 0o644, rootfs.to_vec())?;
+            None
+        }
         None => None,
     };
+    let main = cpio.finish();
     if inputs.extensions.is_empty() {
         return Ok(Parts {
             main,
