@@ -29,13 +29,19 @@ pub const DEFAULT_PARAMS: ChunkParams = ChunkParams {
 
 impl ChunkParams {
     /// Whether FastCDC takes these sizes (it asserts on others): min 64 B – 1 MiB, avg 256 B –
-    /// 4 MiB, max 1 KiB – 16 MiB, min ≤ avg ≤ max.
+    /// 4 MiB, max 1 KiB – 16 MiB, min ≤ avg ≤ max, all even (v2020 scans byte pairs from half
+    /// of each: an odd size cuts a byte off where the size says).
     pub fn valid(&self) -> bool {
-        (fastcdc::v2020::MINIMUM_MIN..=fastcdc::v2020::MINIMUM_MAX).contains(&self.min)
-            && (fastcdc::v2020::AVERAGE_MIN..=fastcdc::v2020::AVERAGE_MAX).contains(&self.avg)
-            && (fastcdc::v2020::MAXIMUM_MIN..=fastcdc::v2020::MAXIMUM_MAX).contains(&self.max)
-            && self.min <= self.avg
-            && self.avg <= self.max
+        use fastcdc::v2020::{
+            AVERAGE_MAX, AVERAGE_MIN, MAXIMUM_MAX, MAXIMUM_MIN, MINIMUM_MAX, MINIMUM_MIN,
+        };
+        let (min, avg, max) = (self.min as usize, self.avg as usize, self.max as usize);
+        (MINIMUM_MIN..=MINIMUM_MAX).contains(&min)
+            && (AVERAGE_MIN..=AVERAGE_MAX).contains(&avg)
+            && (MAXIMUM_MIN..=MAXIMUM_MAX).contains(&max)
+            && min <= avg
+            && avg <= max
+            && [min, avg, max].iter().all(|n| n % 2 == 0)
     }
 }
 
@@ -43,13 +49,18 @@ impl ChunkParams {
 /// no chunks.
 pub fn chunk_blob(bytes: &[u8], params: ChunkParams) -> BlobChunks {
     assert!(params.valid(), "chunk sizes {params:?}");
-    let chunks = FastCDC::new(bytes, params.min, params.avg, params.max)
-        .map(|c| Chunk {
-            offset: c.offset as u64,
-            length: c.length as u32,
-            digest: sha256(&bytes[c.offset..c.offset + c.length]),
-        })
-        .collect();
+    let chunks = FastCDC::new(
+        bytes,
+        params.min as usize,
+        params.avg as usize,
+        params.max as usize,
+    )
+    .map(|c| Chunk {
+        offset: c.offset as u64,
+        length: c.length as u32,
+        digest: sha256(&bytes[c.offset..c.offset + c.length]),
+    })
+    .collect();
     BlobChunks {
         digest: sha256(bytes),
         size: bytes.len() as u64,
