@@ -116,13 +116,6 @@ enum Task {
         #[arg(long, default_value_t = 10_000)]
         nodes: usize,
     },
-    /// Benchmark (issue 41): pairs of demo bundles — what a node fetches for each, slate's chunks
-    /// against casync's, and the build time beside the chunk index's.
-    BenchDelta {
-        /// The slate binary that builds the bundles (target/release/slate by default).
-        #[arg(long)]
-        slate: Option<PathBuf>,
-    },
     /// Benchmark: `slate snapshot upgrade --command CMD` vs CMD chrooted on a copy of the root
     /// (a loop-mounted Btrfs pool; root), and the bytes a snapshot adds for a one-file change.
     BenchSnapshot {
@@ -149,6 +142,13 @@ enum Task {
         /// One API client per status client for all its requests instead of one per request.
         #[arg(long)]
         reuse_clients: bool,
+    },
+    /// Benchmark (issue 41): pairs of demo bundles — what a node fetches for each, slate's chunks
+    /// against casync's, and the build time beside the chunk index's.
+    BenchDelta {
+        /// The slate binary that builds the bundles (target/release/slate by default).
+        #[arg(long)]
+        slate: Option<PathBuf>,
     },
     /// Every benchmark (or those named), each side measured 3 times; writes
     /// target/bench/summary-<commit>.json and target/bench/latest.json.
@@ -199,7 +199,6 @@ fn main() -> Result<()> {
         Task::BenchApply => bench::apply::bench_apply().map(drop),
         Task::BenchFleetlock { quick } => bench::fleetlock::bench_fleetlock(quick).map(drop),
         Task::BenchOperator { nodes } => bench::operator::bench_operator(nodes).map(drop),
-        Task::BenchDelta { slate } => bench::delta::bench_delta(slate.as_deref()),
         Task::BenchSnapshot { slate } => {
             bench::snapshot::bench_snapshot(slate.as_deref()).map(drop)
         }
@@ -214,6 +213,7 @@ fn main() -> Result<()> {
             std::time::Duration::from_millis(think_ms),
             reuse_clients,
         ),
+        Task::BenchDelta { slate } => bench::delta::bench_delta(slate.as_deref()),
         Task::Bench {
             only,
             operator_nodes,
