@@ -147,6 +147,13 @@ enum Task {
         #[arg(long)]
         reuse_clients: bool,
     },
+    /// Benchmark (issue 41): pairs of demo bundles — what a node fetches for each, slate's chunks
+    /// against casync's, and the build time beside the chunk index's.
+    BenchDelta {
+        /// The slate binary that builds the bundles (target/release/slate by default).
+        #[arg(long)]
+        slate: Option<PathBuf>,
+    },
     /// Every benchmark (or those named), each side measured 3 times; writes
     /// target/bench/summary-<commit>.json and target/bench/latest.json.
     Bench {
@@ -212,6 +219,7 @@ fn main() -> Result<()> {
             std::time::Duration::from_millis(think_ms),
             reuse_clients,
         ),
+        Task::BenchDelta { slate } => bench::delta::bench_delta(slate.as_deref()),
         Task::Bench {
             only,
             operator_nodes,

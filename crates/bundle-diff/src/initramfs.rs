@@ -440,6 +440,28 @@ mod tests {
         assert!(err.contains("not a gzip member"), "{err}");
     }
 
+    /// The imager's layout since issue 41: the root squashfs in its own uncompressed archive
+    /// between the zstd frame and the extensions' member.
+    #[test]
+    fn a_root_archive_between_the_frame_and_the_extensions_is_read() {
+        let mut w = CpioWriter::new();
+        w.file("init", 0o755, b"init".to_vec()).unwrap();
+        let main = w.finish();
+        let mut w = CpioWriter::new();
+        w.file("rootfs.sqsh", 0o644, b"squashfs".to_vec()).unwrap();
+        let root = w.finish();
+        let member = extensions_member(&format!("{}\n", slate_profile::EXTENSIONS_MANIFEST_HEADER));
+        let frame = zstd::bulk::compress(&main, 3).unwrap();
+        let x = split_initramfs(&concat_initrds(&[&frame, &root, &member])).unwrap();
+        assert_eq!((x.init.size, x.rootfs.as_slice()), (4, &b"squashfs"[..]));
+        assert_eq!(x.compressed, Some(Blob::of(&concat_initrds(&[&member]))));
+        let x = split_initramfs(&concat_initrds(&[&frame, &root])).unwrap();
+        assert_eq!(
+            (x.rootfs.as_slice(), x.compressed),
+            (&b"squashfs"[..], None)
+        );
+    }
+
     #[test]
     fn a_zstd_bomb_is_refused() {
         // 80 MiB of zeros in a few KiB: past 64 MiB + 64 times the frame.

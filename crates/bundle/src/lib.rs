@@ -16,6 +16,7 @@
 //! large blob is read.
 
 mod blob;
+mod chunk_index;
 mod chunks;
 mod digest;
 mod export;
@@ -31,6 +32,7 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 pub use blob::{irregular_kind, BlobReader, VerifiedBlobs};
+pub use chunk_index::{index_of, CHUNK_INDEX_MEDIA_TYPE, INDEXED_MIN};
 pub use chunks::{
     ChunkDigests, ChunkMismatch, CHUNKED_MIN, CHUNK_DIGESTS_ANNOTATION, CHUNK_SIZE,
     CHUNK_SIZE_ANNOTATION,
@@ -44,7 +46,9 @@ pub use signature::{
     SignatureLayer, MAX_SIGNATURES, PUBLIC_KEY_ANNOTATION, SIGNATURE_ANNOTATION,
     SIGNATURE_CONFIG_MEDIA_TYPE, SIMPLE_SIGNING_MEDIA_TYPE,
 };
-pub use write::{write_bundle, write_installable_bundle, BlobInput, BundleSpec};
+pub use write::{
+    write_bundle, write_installable_bundle, write_installable_bundle_with, BlobInput, BundleSpec,
+};
 
 pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
 pub const INDEX_MEDIA_TYPE: &str = "application/vnd.oci.image.index.v1+json";

@@ -89,7 +89,7 @@ pub fn write_bundle(
     spec: BundleSpec<'_>,
     blobs: &[BlobInput<'_>],
 ) -> Result<BundleManifest, BundleError> {
-    write_layout(dir, spec, None, blobs)
+    write_layout(dir, spec, None, blobs, None)
 }
 
 /// [`write_bundle`] for a bundle that can also be installed onto a blank disk: it carries the
@@ -100,7 +100,19 @@ pub fn write_installable_bundle(
     install: crate::InstallDefaults,
     blobs: &[BlobInput<'_>],
 ) -> Result<BundleManifest, BundleError> {
-    write_layout(dir, spec, Some(install), blobs)
+    write_layout(dir, spec, Some(install), blobs, None)
+}
+
+/// [`write_installable_bundle`] with a chunk index layer (`crate::chunk_index`) listing the
+/// blobs of at least [`crate::INDEXED_MIN`] bytes, cut with `chunking`: what the imager writes.
+pub fn write_installable_bundle_with(
+    dir: &Path,
+    spec: BundleSpec<'_>,
+    install: crate::InstallDefaults,
+    blobs: &[BlobInput<'_>],
+    chunking: slate_delta::ChunkParams,
+) -> Result<BundleManifest, BundleError> {
+    write_layout(dir, spec, Some(install), blobs, Some(chunking))
 }
 
 fn write_layout(
@@ -108,6 +120,7 @@ fn write_layout(
     spec: BundleSpec<'_>,
     install: Option<crate::InstallDefaults>,
     blobs: &[BlobInput<'_>],
+    chunking: Option<slate_delta::ChunkParams>,
 ) -> Result<BundleManifest, BundleError> {
     let blobs_dir = dir.join("blobs/sha256");
     fs::create_dir_all(&blobs_dir).map_err(io_err(&blobs_dir))?;
@@ -134,6 +147,20 @@ fn write_layout(
             &digest,
             blob.bytes.len(),
             &annotations,
+        )?);
+    }
+    // Last, after every blob: a reader that knows no chunk index skips a layer no role names.
+    let index = chunking.and_then(|params| {
+        let bytes: Vec<&[u8]> = blobs.iter().map(|b| b.bytes).collect();
+        crate::index_of(&bytes, params)
+    });
+    if let Some(index) = index {
+        let bytes = index.to_bytes();
+        layers.push(descriptor(
+            crate::CHUNK_INDEX_MEDIA_TYPE,
+            &put_blob(dir, &bytes)?,
+            bytes.len(),
+            &[],
         )?);
     }
     let manifest = BundleManifest {

@@ -172,39 +172,58 @@ pub fn assemble_root(inputs: &Inputs, tree: &Path) -> Result<(), ImagerError> {
     Ok(())
 }
 
-/// The initramfs: slate-init (or slate) as `/init`, the module closure with its load order, and the root
-/// squashfs when there is one (a `btrfs-image`'s init mounts the root named by `root=`
-/// instead); the system extensions and their manifest follow as a second, gzip-compressed
-/// archive.
+/// The initramfs uncompressed (`--output initramfs`): one archive of slate-init (or slate) as
+/// `/init`, the module closure with its load order and the root squashfs when there is one (a
+/// `btrfs-image`'s init mounts the root named by `root=` instead); the system extensions and
+/// their manifest follow as a second, gzip-compressed archive.
 pub fn build_initramfs(inputs: &Inputs, rootfs: Option<&[u8]>) -> Result<Vec<u8>, ImagerError> {
-    let (main, extensions) = initramfs_parts(inputs, rootfs)?;
-    Ok(match extensions {
-        Some(ext) => concat_initrds(&[&main, &ext]),
-        None => main,
-    })
+    let parts = initramfs_parts(inputs, rootfs, false)?;
+    Ok(join_parts(parts.main, parts.root, parts.extensions))
 }
 
-/// The initramfs as the boot loader loads it: the main archive zstd-compressed, then the
-/// extensions' gzip member as it is. The kernel unpacks compressed members one after another,
+fn join_parts(main: Vec<u8>, root: Option<Vec<u8>>, extensions: Option<Vec<u8>>) -> Vec<u8> {
+    if root.is_none() && extensions.is_none() {
+        return main;
+    }
+    let members: Vec<&[u8]> = std::iter::once(&main[..])
+        .chain(root.as_deref())
+        .chain(extensions.as_deref())
+        .collect();
+    concat_initrds(&members)
+}
+
+/// The initramfs as the boot loader loads it: the main archive zstd-compressed, the root's
+/// archive uncompressed (see [`Parts`]), then the extensions' gzip member as it is. The kernel unpacks compressed members one after another,
 /// but a member found *inside* a decompressed one is "junk within compressed archive": the
 /// extensions must not go into the zstd stream.
 pub fn build_boot_initramfs(
     inputs: &Inputs,
     rootfs: Option<&[u8]>,
 ) -> Result<Vec<u8>, ImagerError> {
-    let (main, extensions) = initramfs_parts(inputs, rootfs)?;
-    let main = compress_initramfs(&main)?;
-    Ok(match extensions {
-        Some(ext) => concat_initrds(&[&main, &ext]),
-        None => main,
-    })
+    let parts = initramfs_parts(inputs, rootfs, true)?;
+    let main = compress_initramfs(&parts.main)?;
+    Ok(join_parts(main, parts.root, parts.extensions))
 }
 
-/// The main archive and, with extensions, their gzip-compressed archive.
+/// The three members of an initramfs, in the order the kernel unpacks them.
+struct Parts {
+    /// init, the modules and their load order.
+    main: Vec<u8>,
+    /// The root squashfs alone in its own archive (issue 41): it is compressed already, block
+    /// by block, so a whole-stream compression over it gains nothing and turns a one-file change
+    /// of the root into a rewrite of every byte after it, which no delta can reuse.
+    root: Option<Vec<u8>>,
+    /// The system extensions' gzip-compressed archive.
+    extensions: Option<Vec<u8>>,
+}
+
+/// The members of the initramfs (see [`Parts`]); the root in the main archive unless
+/// `root_apart` (the one archive `--output initramfs` writes, uncompressed either way).
 fn initramfs_parts(
     inputs: &Inputs,
     rootfs: Option<&[u8]>,
-) -> Result<(Vec<u8>, Option<Vec<u8>>), ImagerError> {
+    root_apart: bool,
+) -> Result<Parts, ImagerError> {
     let epoch = u32::try_from(inputs.source_date_epoch).unwrap_or(u32::MAX);
     let mut cpio = CpioWriter::with_mtime(epoch);
     for dir in [
@@ -259,13 +278,25 @@ fn initramfs_parts(
     if let Some((path, marker)) = crate::systemd_root::initramfs_marker(&inputs.profile) {
         cpio.file(path, 0o644, marker.as_bytes().to_vec())?;
     }
-    if let Some(rootfs) = rootfs {
-        cpio.file(image_contract::ROOTFS_IMAGE_PATH, 0o644, rootfs.to_vec())?;
-    }
+    let root = match rootfs {
+        Some(rootfs) if root_apart => {
+            let mut cpio = CpioWriter::with_mtime(epoch);
+            cpio.file(image_contract::ROOTFS_IMAGE_PATH, 0o644, rootfs.to_vec())?;
+            Some(cpio.finish())
+        }
+        Some(rootfs) => {
+            cpio.file(image_contract::ROOTFS_IMAGE_PATH, 0o644, rootfs.to_vec())?;
+            None
+        }
+        None => None,
+    };
     let main = cpio.finish();
-
     if inputs.extensions.is_empty() {
-        return Ok((main, None));
+        return Ok(Parts {
+            main,
+            root,
+            extensions: None,
+        });
     }
     let mut ext = CpioWriter::with_mtime(epoch);
     ext.dir(image_contract::EXTENSIONS_PATH, 0o755)?;
@@ -290,11 +321,15 @@ fn initramfs_parts(
         .and_then(|_| gz.flush())
         .map_err(io_err(Path::new("memory")))?;
     let compressed = gz.finish().map_err(io_err(Path::new("memory")))?;
-    Ok((main, Some(compressed)))
+    Ok(Parts {
+        main,
+        root,
+        extensions: Some(compressed),
+    })
 }
 
 /// The zstd level of the initramfs in a UKI or beside GRUB's kernel: the archive is mostly the
-/// static slate binary (the root squashfs in it is compressed already); level 3 takes it from
+/// static slate binary (the root squashfs is outside it); level 3 takes it from
 /// 26 to 14 MB in half a second, higher levels gain under 1 MB for seconds more.
 const INITRAMFS_ZSTD_LEVEL: i32 = 3;
 

@@ -15,7 +15,7 @@ use crate::artifacts::{
 use crate::output::PendingOutput;
 use crate::{ImagerError, Inputs, OutputKind, Progress};
 use slate_bundle::{
-    write_installable_bundle, BlobInput, BundleSpec, InstallDefaults, BINARY_MEDIA_TYPE,
+    write_installable_bundle_with, BlobInput, BundleSpec, InstallDefaults, BINARY_MEDIA_TYPE,
     UKI_MEDIA_TYPE,
 };
 
@@ -225,7 +225,7 @@ pub fn build(
                     systemd_boot(inputs)?,
                 ),
             };
-            write_installable_bundle(
+            write_installable_bundle_with(
                 pending.path(),
                 BundleSpec {
                     name: &p.name,
@@ -260,6 +260,7 @@ pub fn build(
                         bytes: &loader,
                     },
                 ],
+                slate_delta::DEFAULT_PARAMS,
             )?;
         }
     }

@@ -61,3 +61,32 @@ fn a_missing_init_binary_is_refused_before_building() {
         "{err}"
     );
 }
+
+/// Issue 41: in the boot initramfs the root squashfs sits uncompressed in its own archive after
+/// the zstd frame, so a change of the root changes the UKI only where the squashfs changed;
+/// `--output initramfs` keeps it inside the one archive.
+#[test]
+fn the_boot_initramfs_keeps_the_root_out_of_the_zstd_stream() {
+    let dir = fixture("init = \"slate-init\"\n");
+    let inputs = common::resolve_rootfs(dir.path()).unwrap();
+    let root = b"hsqs and the rest of a squashfs".repeat(100);
+    let boot = slate_imager::build_boot_initramfs(&inputs, Some(&root)).unwrap();
+    assert!(boot.starts_with(b"\x28\xb5\x2f\xfd"), "a zstd frame first");
+    let at = boot
+        .windows(root.len())
+        .position(|w| w == root.as_slice())
+        .expect("the squashfs bytes verbatim in the initrd");
+    let header = boot[..at]
+        .windows(6)
+        .rposition(|w| w == b"070701")
+        .expect("an uncompressed archive header before it");
+    let archive = slate_cpio::parse_newc(&boot[header..]).unwrap();
+    let names: Vec<_> = archive.iter().filter_map(|e| e.name_str()).collect();
+    assert_eq!(names, ["rootfs.sqsh"]);
+    assert_eq!(header % 4, 0, "the kernel finds archives at multiples of 4");
+
+    let plain = build_initramfs(&inputs, Some(&root)).unwrap();
+    let all = slate_cpio::parse_newc(&plain).unwrap();
+    assert!(all.iter().any(|e| e.name_str() == Some("rootfs.sqsh")));
+    assert!(all.iter().any(|e| e.name_str() == Some("init")));
+}

@@ -3,8 +3,9 @@
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 use clap::{Args, Subcommand};
+use slate_bundle::Bundle;
 use slate_bundle_diff::Side;
 
 use crate::args::{print_diff, OutputFormat};
@@ -41,5 +42,50 @@ pub fn run(cmd: BundleCommand) -> Result<()> {
     let a = slate_bundle_diff::open(Side::A, &args.a, args.tag_a.as_deref())?;
     let b = slate_bundle_diff::open(Side::B, &args.b, args.tag_b.as_deref())?;
     let diff = slate_bundle_diff::diff_bundles(&a, &b)?;
-    print_diff(&diff, args.output)
+    print_diff(&diff, args.output)?;
+    if matches!(args.output, OutputFormat::Text) {
+        print!("{}", download_text(&a, &b)?);
+    }
+    Ok(())
+}
+
+/// What a node running A would download to get B, from the two chunk indexes (issue 41): the
+/// size up front. Text only: the JSON is the diff's, which the node's API carries too.
+fn download_text(a: &Bundle, b: &Bundle) -> Result<String> {
+    let (Some(held), Some(target)) = (
+        a.chunk_index().context("bundle A's chunk index")?,
+        b.chunk_index().context("bundle B's chunk index")?,
+    ) else {
+        // A whole download, as before issue 41: the output stays what it was.
+        return Ok(String::new());
+    };
+    let e = slate_delta::estimate(&target, &[&held]);
+    let percent = |n: u64, of: u64| 100.0 * n as f64 / of.max(1) as f64;
+    let mut text = format!(
+        "download: {} of {} bytes ({:.2} %): {} chunks and the {}-byte chunk index; {} bytes \
+         reused\n",
+        e.fetch_bytes(),
+        e.full_bytes(),
+        percent(e.fetch_bytes(), e.full_bytes()),
+        e.fetch_chunks(),
+        e.index_bytes,
+        e.reuse_bytes(),
+    );
+    for blob in &e.blobs {
+        let role = b
+            .manifest()
+            .blobs
+            .iter()
+            .find(|(_, r)| r.digest == blob.blob)
+            .map_or("?", |(role, _)| role.as_str());
+        text += &format!(
+            "  {role}: fetch {} of {} bytes ({:.2} %) in {} chunks, reuse {} chunks\n",
+            blob.fetch_bytes,
+            blob.size,
+            percent(blob.fetch_bytes, blob.size),
+            blob.fetch_chunks,
+            blob.reuse_chunks,
+        );
+    }
+    Ok(text)
 }

@@ -33,6 +33,8 @@
 mod cache;
 pub mod challenge;
 #[cfg(feature = "client")]
+pub mod chunks;
+#[cfg(feature = "client")]
 mod client;
 mod error;
 #[cfg(feature = "client")]

@@ -179,7 +179,8 @@ pub fn decode_signature(text: &str) -> Result<Signature, TrustError> {
 /// The one verification of a bundle (issue 44): its signature by one of `trusted` over its
 /// manifest digest ([`verify`]), then every blob the bundle manifest names — a regular file,
 /// not a link; its size; its digest, or its signed chunk digests when the layer declares them
-/// (formats.md §7.1) — whether or not the caller will read it. `slate verify`, `slate installer
+/// (formats.md §7.1) — whether or not the caller will read it, and the chunk index when the
+/// bundle carries one (§7.7). `slate verify`, `slate installer
 /// install|upgrade` and so the node (which runs the bundle's own installer) all call this, so
 /// what one accepts the others accept and what one refuses the others refuse. Each blob is
 /// hashed once: the bundle remembers it, and the installers' later reads only check its size.
@@ -196,6 +197,10 @@ pub fn verify_bundle(
 /// the bundle verified before is only checked for size: see [`Bundle::open_with`]); returns
 /// them by role. Run after [`verify`]: the digests it checks against are the signed ones.
 pub fn verify_blobs(bundle: &Bundle) -> Result<Vec<(String, BlobRef)>, TrustError> {
+    // The chunk index too, when there is one (issue 41): its digest, its form, and that each
+    // blob it lists is one of these, so a bundle whose index a node would refuse for a delta is
+    // refused whole as well. Its chunk digests are checked against bytes when chunks are used.
+    bundle.chunk_index()?;
     bundle
         .manifest()
         .blobs

@@ -14,6 +14,7 @@
 pub(crate) mod apply;
 mod apply_bare;
 pub(crate) mod boot;
+pub(crate) mod delta;
 pub(crate) mod fleetlock;
 pub(crate) mod operator;
 pub(crate) mod operator_scrape;

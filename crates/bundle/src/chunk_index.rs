@@ -1,0 +1,93 @@
+//! The chunk index layer (issue 41, docs/formats.md §7.7): one more layer of the image
+//! manifest, of media type [`CHUNK_INDEX_MEDIA_TYPE`], listing the content-defined chunks of the
+//! bundle's large blobs so a node can fetch only the chunks it lacks. The signed image manifest
+//! names it by digest, so its chunk digests are as trusted as the blobs' own.
+//!
+//! Additive: the bundle manifest does not name it (older slate refuses unknown fields there,
+//! and ignores a layer no role names), so an older slate installs such a bundle whole.
+
+use oci_spec::image::ImageManifest;
+use slate_delta::{chunk_blob, BlobChunks, ChunkIndex, ChunkParams};
+
+use crate::blob::{self, parse_digest};
+use crate::read::malformed;
+use crate::{Bundle, BundleError};
+
+pub use slate_delta::CHUNK_INDEX_MEDIA_TYPE;
+
+/// Blobs from this size on are listed in the index slate writes: below it, a whole download
+/// costs about what the index and the requests would.
+pub const INDEXED_MIN: u64 = 1 << 20;
+
+/// The index of `blobs` (those of at least [`INDEXED_MIN`] bytes), or `None` when none is that
+/// large.
+pub fn index_of(blobs: &[&[u8]], params: ChunkParams) -> Option<ChunkIndex> {
+    let mut listed: Vec<BlobChunks> = Vec::new();
+    for bytes in blobs {
+        if (bytes.len() as u64) < INDEXED_MIN {
+            continue;
+        }
+        let chunks = chunk_blob(bytes, params);
+        if !listed.iter().any(|b| b.digest == chunks.digest) {
+            listed.push(chunks);
+        }
+    }
+    (!listed.is_empty()).then_some(ChunkIndex {
+        params,
+        blobs: listed,
+    })
+}
+
+impl Bundle {
+    /// The bundle's chunk index, read (capped, hashed against the signed manifest's digest) and
+    /// checked: well formed, and every blob it lists a blob of the bundle, same digest and
+    /// size. `Ok(None)`: the bundle has none (it was built before issue 41, or without one).
+    pub fn chunk_index(&self) -> Result<Option<ChunkIndex>, BundleError> {
+        let oci: ImageManifest = serde_json::from_slice(self.manifest_bytes())
+            .map_err(|e| malformed("the image manifest", e))?;
+        let layers: Vec<_> = oci
+            .layers()
+            .iter()
+            .filter(|l| l.media_type().to_string() == CHUNK_INDEX_MEDIA_TYPE)
+            .collect();
+        let layer = match layers.as_slice() {
+            [] => return Ok(None),
+            [one] => *one,
+            _ => {
+                return Err(malformed(
+                    "the image manifest",
+                    format!("it has {} chunk index layers (at most one)", layers.len()),
+                ))
+            }
+        };
+        let digest = parse_digest(layer.digest().as_ref())?;
+        let bytes = blob::read_blob(
+            self.dir(),
+            "the chunk index",
+            &digest,
+            layer.size(),
+            slate_delta::MAX_INDEX_BYTES,
+            None,
+            self.verified_set(),
+        )?;
+        let index = ChunkIndex::parse(&bytes).map_err(|e| malformed("the chunk index", e))?;
+        for listed in &index.blobs {
+            let digest = listed.oci_digest();
+            let named = self
+                .manifest()
+                .blobs
+                .values()
+                .any(|b| b.digest == digest && b.size == listed.size);
+            if !named {
+                return Err(malformed(
+                    "the chunk index",
+                    format!(
+                        "it lists {digest} ({} bytes), which is not a blob of the bundle",
+                        listed.size
+                    ),
+                ));
+            }
+        }
+        Ok(Some(index))
+    }
+}

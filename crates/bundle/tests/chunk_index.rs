@@ -1,0 +1,175 @@
+//! The chunk index layer (issue 41): written by `write_installable_bundle_with`, read and
+//! checked by `Bundle::chunk_index`, invisible to what older slate reads.
+
+use std::path::Path;
+
+use slate_bundle::{
+    write_installable_bundle, write_installable_bundle_with, BlobInput, Bundle, BundleSpec,
+    InstallDefaults, BINARY_MEDIA_TYPE, CHUNK_INDEX_MEDIA_TYPE, UKI_MEDIA_TYPE,
+};
+use slate_delta::{chunk_blob, ChunkIndex, ChunkParams, DEFAULT_PARAMS};
+
+fn noise(len: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+const SPEC: BundleSpec<'static> = BundleSpec {
+    name: "slate",
+    version: "2.0.0",
+    arch: "amd64",
+    variant: "demo",
+};
+const INSTALL: InstallDefaults = InstallDefaults {
+    esp_mib: 64,
+    state_mib: 32,
+    tries: 3,
+    menu_timeout: 1,
+    keep_versions: 2,
+};
+
+fn write(dir: &Path, uki: &[u8], installer: &[u8], chunking: Option<ChunkParams>) {
+    let blobs = [
+        BlobInput {
+            role: slate_bundle::UKI_ROLE,
+            file_name: "slate.efi",
+            media_type: UKI_MEDIA_TYPE,
+            bytes: uki,
+        },
+        BlobInput {
+            role: slate_bundle::INSTALLER_ROLE,
+            file_name: "slate",
+            media_type: BINARY_MEDIA_TYPE,
+            bytes: installer,
+        },
+    ];
+    match chunking {
+        Some(params) => write_installable_bundle_with(dir, SPEC, INSTALL, &blobs, params),
+        None => write_installable_bundle(dir, SPEC, INSTALL, &blobs),
+    }
+    .unwrap();
+}
+
+fn index_layer(bundle: &Bundle) -> std::path::PathBuf {
+    let manifest: serde_json::Value = serde_json::from_slice(bundle.manifest_bytes()).unwrap();
+    let layer = manifest["layers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["mediaType"] == CHUNK_INDEX_MEDIA_TYPE)
+        .unwrap();
+    let digest = layer["digest"].as_str().unwrap();
+    bundle
+        .dir()
+        .join("blobs/sha256")
+        .join(digest.strip_prefix("sha256:").unwrap())
+}
+
+#[test]
+fn the_index_lists_the_large_blobs_and_leaves_the_bundle_manifest_alone() {
+    let (uki, installer) = (noise(3 << 20, 1), noise(2 << 20, 2));
+    let with = tempfile::tempdir().unwrap();
+    let without = tempfile::tempdir().unwrap();
+    write(with.path(), &uki, &installer, Some(DEFAULT_PARAMS));
+    write(without.path(), &uki, &installer, None);
+    let bundle = Bundle::open(with.path(), None).unwrap();
+    let index = bundle.chunk_index().unwrap().unwrap();
+    assert_eq!(
+        index,
+        ChunkIndex {
+            params: DEFAULT_PARAMS,
+            blobs: vec![
+                chunk_blob(&uki, DEFAULT_PARAMS),
+                chunk_blob(&installer, DEFAULT_PARAMS)
+            ],
+        }
+    );
+    // What an older slate reads — the bundle manifest, the roles — is the same either way.
+    let old = Bundle::open(without.path(), None).unwrap();
+    assert_eq!(bundle.manifest(), old.manifest());
+    assert_eq!(old.chunk_index().unwrap(), None);
+    assert_eq!(bundle.image_blobs().len(), old.image_blobs().len() + 1);
+    bundle.verify_blobs().unwrap();
+    // A small blob is not listed, and a bundle of small blobs has no index.
+    let small = tempfile::tempdir().unwrap();
+    write(small.path(), b"uki", b"installer", Some(DEFAULT_PARAMS));
+    let small = Bundle::open(small.path(), None).unwrap();
+    assert_eq!(small.chunk_index().unwrap(), None);
+}
+
+#[test]
+fn a_changed_or_foreign_index_is_refused() {
+    let (uki, installer) = (noise(3 << 20, 1), noise(2 << 20, 2));
+    let dir = tempfile::tempdir().unwrap();
+    write(dir.path(), &uki, &installer, Some(DEFAULT_PARAMS));
+    let path = index_layer(&Bundle::open(dir.path(), None).unwrap());
+    let good = std::fs::read(&path).unwrap();
+
+    // A byte changed: the signed manifest's digest no longer matches.
+    let mut changed = good.clone();
+    changed[100] ^= 1;
+    std::fs::write(&path, &changed).unwrap();
+    let err = Bundle::open(dir.path(), None)
+        .unwrap()
+        .chunk_index()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("the chunk index does not match its digest"),
+        "{err}"
+    );
+
+    // An index (re-signed, as a buggy or hostile builder would) listing a blob the bundle
+    // does not carry: refused when read, by name.
+    let other = tempfile::tempdir().unwrap();
+    let foreign = ChunkIndex {
+        params: DEFAULT_PARAMS,
+        blobs: vec![chunk_blob(&noise(2 << 20, 9), DEFAULT_PARAMS)],
+    };
+    write(other.path(), &uki, &installer, Some(DEFAULT_PARAMS));
+    let bundle = Bundle::open(other.path(), None).unwrap();
+    let manifest = String::from_utf8(bundle.manifest_bytes().to_vec()).unwrap();
+    let path = index_layer(&bundle);
+    let old_digest = format!("sha256:{}", path.file_name().unwrap().to_str().unwrap());
+    let bytes = foreign.to_bytes();
+    let new_digest = format!("sha256:{}", hex::encode(slate_delta::sha256(&bytes)));
+    std::fs::write(
+        path.with_file_name(new_digest.strip_prefix("sha256:").unwrap()),
+        &bytes,
+    )
+    .unwrap();
+    let manifest = manifest.replace(&old_digest, &new_digest).replace(
+        &format!("\"size\": {}", good.len()),
+        &format!("\"size\": {}", bytes.len()),
+    );
+    let manifest_digest = hex::encode(slate_delta::sha256(manifest.as_bytes()));
+    std::fs::write(
+        other.path().join("blobs/sha256").join(&manifest_digest),
+        &manifest,
+    )
+    .unwrap();
+    let index = std::fs::read_to_string(other.path().join("index.json")).unwrap();
+    let index = index
+        .replace(
+            bundle.manifest_digest(),
+            &format!("sha256:{manifest_digest}"),
+        )
+        .replace(
+            &format!("\"size\": {}", bundle.manifest_bytes().len()),
+            &format!("\"size\": {}", manifest.len()),
+        );
+    std::fs::write(other.path().join("index.json"), index).unwrap();
+    let err = Bundle::open(other.path(), None)
+        .unwrap()
+        .chunk_index()
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("which is not a blob of the bundle"), "{err}");
+}
