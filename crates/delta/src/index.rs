@@ -13,8 +13,45 @@
 //! listed twice. Counts are checked against the bytes left before anything is allocated, so
 //! memory stays within a small multiple of the input (capped at [`MAX_INDEX_BYTES`]).
 
-use crate::chunker::ChunkParams;
 use crate::Sha256;
+
+/// FastCDC's three sizes. Every chunk but a blob's last is at least `min` and at most `max`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChunkParams {
+    pub min: u32,
+    pub avg: u32,
+    pub max: u32,
+}
+
+/// What slate writes: 32 KiB on average, a quarter and four times that as the bounds (casync's
+/// ratios). Measured on the demo bundle (UKI and installer, 33.8 MB; docs/formats.md §7.7),
+/// fetched chunks + the index a node fetches too, version-only / +1 MiB in the root: 8 KiB
+/// 208 / 1297 KB, 16 KiB 220 / 1281 KB, 32 KiB 290 / 1362 KB, 64 KiB 402 / 1483 KB. The index
+/// grows with the bundle (44 bytes a chunk) and the changed chunks do not, so on a bundle of a
+/// few hundred MB 16 KiB's index alone outweighs 32 KiB's index and chunks together.
+pub const DEFAULT_PARAMS: ChunkParams = ChunkParams {
+    min: 8 << 10,
+    avg: 32 << 10,
+    max: 128 << 10,
+};
+
+impl ChunkParams {
+    /// Whether FastCDC takes these sizes (it asserts on others): min 64 B – 1 MiB, avg 256 B –
+    /// 4 MiB, max 1 KiB – 16 MiB, min ≤ avg ≤ max, all even (v2020 scans byte pairs from half
+    /// of each: an odd size cuts a byte off where the size says).
+    pub fn valid(&self) -> bool {
+        use fastcdc::v2020::{
+            AVERAGE_MAX, AVERAGE_MIN, MAXIMUM_MAX, MAXIMUM_MIN, MINIMUM_MAX, MINIMUM_MIN,
+        };
+        let (min, avg, max) = (self.min as usize, self.avg as usize, self.max as usize);
+        (MINIMUM_MIN..=MINIMUM_MAX).contains(&min)
+            && (AVERAGE_MIN..=AVERAGE_MAX).contains(&avg)
+            && (MAXIMUM_MIN..=MAXIMUM_MAX).contains(&max)
+            && min <= avg
+            && avg <= max
+            && [min, avg, max].iter().all(|n| n % 2 == 0)
+    }
+}
 
 /// The layer's media type in the image manifest.
 pub const CHUNK_INDEX_MEDIA_TYPE: &str = "application/vnd.slate.chunk-index.v1";

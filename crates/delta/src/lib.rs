@@ -15,11 +15,11 @@ mod index;
 pub use assemble::{
     assemble, plan, AssembleError, Assembled, ChunkCache, Plan, ReadAt, Remote, Seed, Source,
 };
-pub use chunker::{chunk_blob, ChunkParams, DEFAULT_PARAMS};
+pub use chunker::chunk_blob;
 pub use estimate::{estimate, BlobEstimate, Estimate};
 pub use index::{
-    BlobChunks, Chunk, ChunkIndex, IndexError, CHUNK_INDEX_MEDIA_TYPE, MAGIC, MAX_BLOBS,
-    MAX_INDEX_BYTES,
+    BlobChunks, Chunk, ChunkIndex, ChunkParams, IndexError, CHUNK_INDEX_MEDIA_TYPE, DEFAULT_PARAMS,
+    MAGIC, MAX_BLOBS, MAX_INDEX_BYTES,
 };
 
 /// A SHA-256 digest, raw.

@@ -408,7 +408,9 @@ pub fn staged_phases<'a>(
     plan: UpgradePlan,
     builder: PhaseListBuilder<'a>,
 ) -> PhaseListBuilder<'a> {
-    let builder = builder.append(
+    // Under systemd, slate's init mounted /var before systemd started.
+    let builder = builder.append_when(
+        node.host == crate::base::node::Host::Pid1,
         "stagedVolumes",
         [task(node, "mountEphemeral", |ctx| {
             let part = slate_host::find_partition_by_label("EPHEMERAL", None)?;
