@@ -3,25 +3,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use super::*;
-use crate::{chunk_blob, ChunkParams};
-
-const P: ChunkParams = ChunkParams {
-    min: 1 << 10,
-    avg: 4 << 10,
-    max: 16 << 10,
-};
-
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
+use crate::chunk_blob;
+use crate::test_data::{noise, SMALL as P};
 
 struct File(Vec<u8>);
 impl ReadAt for File {

@@ -33,26 +33,9 @@ pub fn chunk_blob(bytes: &[u8], params: ChunkParams) -> BlobChunks {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_data::{noise, SMALL};
     use proptest::prelude::*;
     use std::collections::HashSet;
-
-    fn noise(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
-
-    const SMALL: ChunkParams = ChunkParams {
-        min: 1 << 10,
-        avg: 4 << 10,
-        max: 16 << 10,
-    };
 
     #[test]
     fn chunks_tile_the_blob_within_the_bounds() {

@@ -93,25 +93,8 @@ pub fn estimate(target: &ChunkIndex, held: &[&ChunkIndex]) -> Estimate {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{chunk_blob, ChunkParams};
-
-    const P: ChunkParams = ChunkParams {
-        min: 1 << 10,
-        avg: 4 << 10,
-        max: 16 << 10,
-    };
-
-    fn noise(len: usize, seed: u64) -> Vec<u8> {
-        let mut x = seed | 1;
-        (0..len)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                x as u8
-            })
-            .collect()
-    }
+    use crate::chunk_blob;
+    use crate::test_data::{noise, SMALL as P};
 
     #[test]
     fn an_unchanged_blob_costs_nothing_and_a_new_one_costs_itself() {

@@ -15,6 +15,9 @@ mod index;
 pub use assemble::{
     assemble, plan, AssembleError, Assembled, ChunkCache, Plan, ReadAt, Remote, Seed, Source,
 };
+#[cfg(test)]
+mod test_data;
+
 pub use chunker::chunk_blob;
 pub use estimate::{estimate, BlobEstimate, Estimate};
 pub use index::{

@@ -15,20 +15,8 @@ use slate_transport::chunks::{DirCache, FileSeed, LayoutRemote, RegistryRemote};
 use slate_transport::{push, Client, Options, Reference};
 use support::registry::TestRegistry;
 
-fn noise(len: usize, seed: u64) -> Vec<u8> {
-    let mut x = seed | 1;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
 fn write(dir: &Path, version: &str, uki: &[u8]) -> Bundle {
-    let installer = noise(2 << 20, 99);
+    let installer = support::noise(99, 2 << 20);
     write_installable_bundle_with(
         dir,
         BundleSpec {
@@ -74,9 +62,9 @@ fn uki_path(bundle: &Bundle) -> PathBuf {
 
 #[test]
 fn a_uki_is_assembled_from_the_running_one_the_cache_and_the_layout() {
-    let v1_uki = noise(6 << 20, 7);
+    let v1_uki = support::noise(7, 6 << 20);
     let mut v2_uki = v1_uki.clone();
-    v2_uki.splice(3 << 20..3 << 20, noise(300_000, 8));
+    v2_uki.splice(3 << 20..3 << 20, support::noise(8, 300_000));
     let (d1, d2, cache_dir) = (
         tempfile::tempdir().unwrap(),
         tempfile::tempdir().unwrap(),
@@ -144,9 +132,9 @@ fn chunks_come_from_a_registry_by_range_requests() {
     let Some(registry) = TestRegistry::start() else {
         return;
     };
-    let v1_uki = noise(4 << 20, 17);
+    let v1_uki = support::noise(17, 4 << 20);
     let mut v2_uki = v1_uki.clone();
-    v2_uki.splice(1 << 20..1 << 20, noise(200_000, 18));
+    v2_uki.splice(1 << 20..1 << 20, support::noise(18, 200_000));
     let (d1, d2, cache_dir) = (
         tempfile::tempdir().unwrap(),
         tempfile::tempdir().unwrap(),
