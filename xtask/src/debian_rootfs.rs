@@ -32,6 +32,9 @@ const PACKAGES: &[&str] = &[
     "e2fsprogs",
     "kmod",
     "iproute2",
+    // systemd-bless-boot (the counter dropped once boot-complete.target is reached) and
+    // bootctl; its systemd-boot-update.service is masked: slate owns the loader on the ESP.
+    "systemd-boot",
 ];
 /// Left out of the image: nothing on a node reads them.
 const EXCLUDED: &[&str] = &[
@@ -47,6 +50,19 @@ const IMAGE_HOOK: &str =
     "#!/bin/sh\n# Written on every reset of /etc: the version whose hooks ran.\n\
     echo \"$SLATE_VERSION\" > /etc/slate-setup-stamp\n\
     echo \"image hook: version $SLATE_VERSION machine-id $(cat /etc/machine-id)\"\n";
+/// The boot loader's entries on the console, as systemd sees them (`bootctl list`): once
+/// before systemd-bless-boot runs and once after. The image's own diagnostics, for a person at
+/// the serial console (and the VM test, which reads the names from them).
+const BOOT_ENTRIES_BEFORE: &str = "[Unit]\n\
+    Description=Boot loader entries before the boot is blessed\n\
+    Wants=efi.mount\nAfter=efi.mount\nBefore=systemd-bless-boot.service\n\n\
+    [Service]\nType=oneshot\nExecStart=/usr/bin/bootctl --no-pager list\n\
+    StandardOutput=journal+console\n\n[Install]\nWantedBy=multi-user.target\n";
+const BOOT_ENTRIES_AFTER: &str = "[Unit]\n\
+    Description=Boot loader entries after the boot is blessed\n\
+    Wants=efi.mount\nAfter=efi.mount systemd-bless-boot.service boot-complete.target\n\n\
+    [Service]\nType=oneshot\nExecStart=/usr/bin/bootctl --no-pager list\n\
+    StandardOutput=journal+console\n\n[Install]\nWantedBy=multi-user.target\n";
 /// DHCP on the first Ethernet link, by systemd-networkd.
 const NETWORK: &str = "[Match]\nName=en* eth*\n\n[Network]\nDHCP=ipv4\n";
 
@@ -79,6 +95,7 @@ pub fn debian_rootfs(out: &Path, slate_bin: &Path, replace: bool) -> Result<()> 
     cmd.arg("--dpkgopt=path-include=/usr/share/locale/locale.alias")
         // Enabled as presets would on a first boot: the image has no first boot of its own.
         .arg("--customize-hook=chroot \"$1\" systemctl enable systemd-networkd.service")
+        .arg("--customize-hook=chroot \"$1\" systemctl mask systemd-boot-update.service")
         .arg("--customize-hook=chroot \"$1\" dpkg-query -W -f '${Package} ${Version}\\n' > \"$1/.packages\"")
         .arg(SUITE)
         .arg(&staging)
@@ -124,6 +141,19 @@ fn finish(root: &Path, slate_bin: &Path) -> Result<()> {
     fs::set_permissions(&slate, fs::Permissions::from_mode(0o755))?;
     // The image's own setup hook: what a reset of /etc runs first.
     write("usr/lib/slate/setup.d/10-stamp", IMAGE_HOOK, 0o755)?;
+    for (name, text) in [
+        ("boot-entries-before.service", BOOT_ENTRIES_BEFORE),
+        ("boot-entries-after.service", BOOT_ENTRIES_AFTER),
+    ] {
+        write(&format!("usr/lib/systemd/system/{name}"), text, 0o644)?;
+        // Enabled by the image (a vendor link), not by /etc, which a reset rebuilds.
+        let link = root
+            .join("usr/lib/systemd/system/multi-user.target.wants")
+            .join(name);
+        fs::create_dir_all(link.parent().unwrap_or(root))?;
+        util::remove_if_exists(&link)?;
+        std::os::unix::fs::symlink(format!("../{name}"), &link)?;
+    }
     // Empty: EPHEMERAL is mounted over /var, and systemd-tmpfiles makes what systemd needs;
     // /dev is devtmpfs (mmdebstrap leaves device nodes, which a squashfs root does not carry).
     for dir in ["var", "dev"] {
@@ -139,7 +169,8 @@ fn finish(root: &Path, slate_bin: &Path) -> Result<()> {
 /// What the root is made from: a root built from anything else is built again by [`ensure`].
 fn recipe() -> String {
     format!(
-        "{SUITE} {MIRROR} {SOURCE_DATE_EPOCH} {} {} {NETWORK:?} {IMAGE_HOOK:?}\n",
+        "{SUITE} {MIRROR} {SOURCE_DATE_EPOCH} {} {} {NETWORK:?} {IMAGE_HOOK:?} \
+         {BOOT_ENTRIES_BEFORE:?} {BOOT_ENTRIES_AFTER:?} mask systemd-boot-update\n",
         PACKAGES.join(","),
         EXCLUDED.join(",")
     )

@@ -24,8 +24,8 @@ pub(crate) fn check_root(profile: &Profile, tree: &Path) -> Result<(), ImagerErr
     Ok(())
 }
 
-/// slate's units, the links that enable them, and the mount points init uses: `/var`
-/// (EPHEMERAL) and `/system/state` (STATE).
+/// slate's units, the links that enable them, and the mount points: `/var` (EPHEMERAL) and
+/// `/system/state` (STATE), which init mounts, and `/efi` for [`units::ESP_MOUNT`].
 pub(crate) fn add_units(profile: &Profile, tree: &Path) -> Result<(), ImagerError> {
     if profile.os.init != OsInit::Systemd {
         return Ok(());
@@ -51,7 +51,11 @@ pub(crate) fn add_units(profile: &Profile, tree: &Path) -> Result<(), ImagerErro
         let (name, target) = units::check_link(index);
         link(&name, target)?;
     }
-    for mount_point in ["var", "system/state"] {
+    for mount_point in [
+        "var",
+        "system/state",
+        units::ESP_MOUNT_POINT.trim_start_matches('/'),
+    ] {
         make_dirs(&tree.join(mount_point))?;
     }
     Ok(())

@@ -40,14 +40,16 @@ fn slates_units_verify_on_the_built_debian_root() {
     let tree = dir.path().join("root");
     std::fs::create_dir(&tree).unwrap();
     assemble_root(&inputs, &tree).unwrap();
-    // The check template as the instance the imager linked for the one check.
+    // The check template as the instance the imager linked for the one check; a drop-in as
+    // the unit it changes (Debian's, from the systemd-boot package).
     let names: Vec<&str> = slate_profile::units::ALL
         .iter()
         .map(|u| match u.name {
             "slate-check@.service" => "slate-check@0.service",
-            name => name,
+            name => name.split_once(".d/").map_or(name, |(unit, _)| unit),
         })
         .collect();
+    assert!(names.contains(&"systemd-bless-boot.service"), "{names:?}");
     let out = Command::new("systemd-analyze")
         .arg(format!("--root={}", tree.display()))
         .arg("verify")
@@ -75,6 +77,22 @@ fn slates_units_verify_on_the_built_debian_root() {
     for unit in ["slate-setup-hooks.service", "slate-check@0.service"] {
         let required = units.join("boot-complete.target.requires").join(unit);
         assert!(required.exists(), "{}", required.display());
+    }
+    // Debian's systemd-bless-boot (kept active once done) and slate's drop-in beside it (the
+    // ESP mounted for it, and not kept active, so that efi.mount goes once it is done).
+    // `systemd-analyze verify` above loaded the unit with the drop-in.
+    let bless = std::fs::read_to_string(units.join("systemd-bless-boot.service"))
+        .expect("Debian's systemd-boot package ships systemd-bless-boot.service");
+    for line in [
+        "ExecStart=/lib/systemd/systemd-bless-boot good",
+        "RemainAfterExit=yes",
+    ] {
+        assert!(bless.contains(line), "no {line:?} in:\n{bless}");
+    }
+    let drop_in =
+        std::fs::read_to_string(units.join("systemd-bless-boot.service.d/slate-esp.conf")).unwrap();
+    for line in ["Wants=efi.mount", "RemainAfterExit=no"] {
+        assert!(drop_in.contains(line), "no {line:?} in:\n{drop_in}");
     }
     let target = std::fs::read_to_string(units.join("boot-complete.target"))
         .expect("the root's systemd ships boot-complete.target");

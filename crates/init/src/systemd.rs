@@ -1,7 +1,8 @@
 //! A systemd image (the initramfs holds `etc/slate/root-init` = `systemd`, written by the
 //! imager for `[os] init = "systemd"`): after the switch to the root and before executing
 //! systemd, init does what machined's Boot phases do on slate's own OS — STATE on
-//! `/system/state` and EPHEMERAL on `/var` (formatted when blank, checked when due), then
+//! `/system/state` and EPHEMERAL on `/var` (formatted when blank, checked when due; afresh at
+//! every boot when /var is ephemeral), then
 //! `/etc` as the per-version overlay (reset when another version last wrote it, machine ID
 //! kept). The setup hooks run later, from `slate-setup-hooks.service`. The logic is
 //! `slate_node_fs`'s, shared with machined. docs/node.md, "A systemd image".
@@ -15,11 +16,13 @@ use slate_host::{self as host, KmsgLogger};
 use slate_node_fs::etc::USER_SETUP_HOOKS_CONFINE;
 use slate_node_fs::etc::{mount_overlay, prepare_upper, state_etc_dir};
 use slate_node_fs::hooks::{hooks_due, run_setup_hooks, HookDir, HookRun};
+use slate_node_fs::var_record::{VarRecord, VAR_RECORD};
 use slate_node_fs::volumes::{
-    mount_volume, EPHEMERAL_LABEL, EPHEMERAL_MOUNT, STATE_LABEL, STATE_MOUNT,
+    mount_volume, mount_volume_as, EPHEMERAL_LABEL, EPHEMERAL_MOUNT, STATE_LABEL, STATE_MOUNT,
 };
 use slate_node_fs::{ETC, SETUP_HOOKS_DIR, USER_SETUP_HOOKS_DIR};
 use slate_profile::image_contract::ROOT_INIT;
+use slate_profile::{VarMode, NODE_CONFIG_PATH};
 use slate_sequencer::CancelToken;
 
 /// What the root's init is, by the initramfs' marker.
@@ -82,12 +85,34 @@ pub fn prepare(log: &KmsgLogger) -> Result<()> {
         std::thread::sleep(d);
         true
     };
-    for (label, target) in [
-        (STATE_LABEL, STATE_MOUNT),
-        (EPHEMERAL_LABEL, EPHEMERAL_MOUNT),
-    ] {
-        mount_volume(label, None, Path::new(target), &line, &sleep)
-            .with_context(|| format!("mounting {label} on {target}"))?;
+    mount_volume(STATE_LABEL, None, Path::new(STATE_MOUNT), &line, &sleep)
+        .with_context(|| format!("mounting {STATE_LABEL} on {STATE_MOUNT}"))?;
+    // After STATE: the machine configuration's `[var] mode` wins over the image's.
+    let (mode, from) = var_mode(
+        read_optional(&Path::new(STATE_MOUNT).join(slate_machine_config::STATE_PATH)),
+        read_optional(Path::new(&format!("/{NODE_CONFIG_PATH}"))),
+        &|warning| log.warn(warning),
+    );
+    let prepared = mount_volume_as(
+        EPHEMERAL_LABEL,
+        None,
+        Path::new(EPHEMERAL_MOUNT),
+        mode == VarMode::Ephemeral,
+        &line,
+        &sleep,
+    )
+    .with_context(|| format!("mounting {EPHEMERAL_LABEL} on {EPHEMERAL_MOUNT}"))?;
+    log.info(format_args!(
+        "/var: {} (the {from}'s mode), {prepared}",
+        mode.name()
+    ));
+    let record = VarRecord {
+        mode: mode.name().to_owned(),
+        from: from.to_owned(),
+        prepared: prepared.to_owned(),
+    };
+    if let Err(err) = record.write(Path::new(VAR_RECORD)) {
+        log.warn(format_args!("writing {VAR_RECORD}: {err}"));
     }
     let user_hooks = Path::new(USER_SETUP_HOOKS_DIR);
     if let Err(err) = std::fs::create_dir_all(user_hooks) {
@@ -116,6 +141,56 @@ pub fn prepare(log: &KmsgLogger) -> Result<()> {
     ));
     host::record_milestone(Path::new(host::INIT_MILESTONES), "volumes and /etc ready");
     Ok(())
+}
+
+/// A file's text, `None` when it does not exist (any other error is the text's absence too,
+/// said by [`var_mode`]'s caller through the parse that follows: an unreadable file is logged).
+fn read_optional(path: &Path) -> Result<Option<String>, String> {
+    match std::fs::read_to_string(path) {
+        Ok(text) => Ok(Some(text)),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(format!("reading {}: {e}", path.display())),
+    }
+}
+
+/// /var's mode at this boot and whose it is: the machine configuration's `[var] mode` (on
+/// STATE) wins over the image's (`/etc/slate/node.toml`), as machined decides on slate's own
+/// OS. A document that cannot be read or parsed is warned about and skipped: the next in line
+/// decides, and with neither /var stays persistent — the mode that loses nothing.
+fn var_mode(
+    machine: Result<Option<String>, String>,
+    image: Result<Option<String>, String>,
+    warn: &dyn Fn(&str),
+) -> (VarMode, &'static str) {
+    let machine = machine.and_then(|text| {
+        text.map(|t| {
+            slate_machine_config::parse(&t)
+                .map(|p| p.config.var.map(|v| v.mode))
+                .map_err(|e| format!("the machine configuration: {e}"))
+        })
+        .transpose()
+        .map(Option::flatten)
+    });
+    let image = image.and_then(|text| {
+        text.map(|t| {
+            slate_profile::NodeConfig::parse(&t)
+                .map(|c| c.var.map(|v| v.mode))
+                .map_err(|e| format!("the image's {NODE_CONFIG_PATH}: {e}"))
+        })
+        .transpose()
+        .map(Option::flatten)
+    });
+    let choose = |found: Result<Option<VarMode>, String>| match found {
+        Ok(mode) => mode,
+        Err(why) => {
+            warn(&format!("{why}; its [var] mode is not used"));
+            None
+        }
+    };
+    if let Some(mode) = choose(machine) {
+        return (mode, "machine configuration");
+    }
+    (choose(image).unwrap_or_default(), "image")
 }
 
 /// How long one setup hook may run before it is killed (machined's limit too).
@@ -178,5 +253,43 @@ mod tests {
         assert_eq!(os_release_version(slate).as_deref(), Some("2.0.0-rc1"));
         assert_eq!(os_release_version("IMAGE_VERSION=\nNAME=x\n"), None);
         assert_eq!(os_release_version("IMAGE_VERSION_X=1\n"), None);
+    }
+    #[test]
+    fn the_machine_configurations_var_mode_wins_and_a_bad_document_is_skipped() {
+        let warned = std::cell::RefCell::new(Vec::new());
+        let warn = |w: &str| warned.borrow_mut().push(w.to_owned());
+        const MACHINE: &str = include_str!("../../machine-config/tests/fixtures/node-v1.toml");
+        let machine = |mode: &str| Ok(Some(format!("{MACHINE}\n[var]\nmode = \"{mode}\"\n")));
+        let image = |mode: &str| Ok(Some(format!("[var]\nmode = \"{mode}\"\n")));
+        assert_eq!(
+            var_mode(machine("ephemeral"), image("persistent"), &warn),
+            (VarMode::Ephemeral, "machine configuration")
+        );
+        assert_eq!(
+            var_mode(Ok(Some(MACHINE.into())), image("ephemeral"), &warn),
+            (VarMode::Ephemeral, "image")
+        );
+        assert_eq!(
+            var_mode(Ok(None), Ok(None), &warn),
+            (VarMode::Persistent, "image")
+        );
+        assert!(warned.borrow().is_empty(), "{:?}", warned.borrow());
+        // A machine configuration that does not parse: the image decides, and it is said.
+        assert_eq!(
+            var_mode(machine("sometimes"), image("ephemeral"), &warn),
+            (VarMode::Ephemeral, "image")
+        );
+        assert_eq!(
+            var_mode(Err("reading x: EIO".into()), Ok(None), &warn),
+            (VarMode::Persistent, "image")
+        );
+        let warned = warned.borrow();
+        assert_eq!(warned.len(), 2, "{warned:?}");
+        assert!(
+            warned[0].starts_with("the machine configuration: "),
+            "{}",
+            warned[0]
+        );
+        assert!(warned[1].starts_with("reading x: EIO"), "{}", warned[1]);
     }
 }

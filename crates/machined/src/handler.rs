@@ -143,6 +143,9 @@ pub fn reboot(node: &Node, mode: RebootMode) -> ! {
     }
     if node.host == Host::Systemd {
         let (how, line) = going_down(mode);
+        if let Some(prepared) = loaded_kexec(node, start_kexec(node, mode)) {
+            kexec_through_systemd(node, prepared);
+        }
         node.journal.info(format_args!("{line} through systemd"));
         systemd_goes_down(node, how)
     }
@@ -210,19 +213,51 @@ pub fn fatal(node: &Node, error: &(dyn std::error::Error + 'static)) -> ! {
     halt_forever(node)
 }
 
-/// Under systemd: systemd stops every unit (this one among them) and takes the machine down;
-/// a kexec is a plain reboot here.
+/// Under systemd, a kexec that was loaded: the attempt counted first (the units still run, and
+/// nothing but slate writes the ESP), then `systemctl kexec`, which stops every unit and jumps
+/// into the loaded image. Returns when either step failed (the image unloaded; a reboot
+/// through the firmware follows — after a counted attempt, systemd-boot counts once more, so
+/// that failure costs the entry one try).
+fn kexec_through_systemd(node: &Node, mut prepared: kexec::Prepared) {
+    node.journal.info(format_args!(
+        "rebooting by kexec into {} through systemd",
+        prepared.plan.counted
+    ));
+    let failed = kexec::count(&mut prepared).err().or_else(|| {
+        let queued = crate::boot::under_systemd::go_down("kexec");
+        if queued.is_err() {
+            let _ = slate_host::kexec_unload();
+        }
+        queued.err()
+    });
+    match failed {
+        None => waits_for_systemd(node, "kexec"),
+        Some(why) => node.journal.error(format_args!(
+            "kexec failed: {why}; rebooting through the firmware"
+        )),
+    }
+}
+
+/// Under systemd: systemd stops every unit (this one among them) and takes the machine down.
 fn systemd_goes_down(node: &Node, how: GoDown) -> ! {
     let verb = match how {
         GoDown::PowerOff => "poweroff",
         GoDown::Restart => "reboot",
     };
     match crate::boot::under_systemd::go_down(verb) {
-        Ok(()) => node.journal.info(format_args!(
-            "systemctl {verb} queued; systemd stops this service"
-        )),
+        Ok(()) => waits_for_systemd(node, verb),
         Err(err) => node.journal.error(format_args!("the reboot failed: {err}")),
     }
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
+}
+
+/// `systemctl VERB` is queued: systemd stops this service on its way down.
+fn waits_for_systemd(node: &Node, verb: &str) -> ! {
+    node.journal.info(format_args!(
+        "systemctl {verb} queued; systemd stops this service"
+    ));
     loop {
         std::thread::sleep(Duration::from_secs(3600));
     }

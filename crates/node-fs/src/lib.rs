@@ -6,13 +6,15 @@
 //!   ext4), checked with `e2fsck -p` when their superblock says so, mounted;
 //! - [`etc`]: `/etc` as an overlay whose upper on STATE belongs to one version, reset (machine
 //!   ID and listed files kept) when another version boots;
-//! - [`hooks`]: the setup hooks run after such a reset, the image's and the user's.
+//! - [`hooks`]: the setup hooks run after such a reset, the image's and the user's;
+//! - [`var_record`]: what init did with /var on a systemd image, for machined's status.
 //!
 //! An edge crate: it mounts, formats and runs programs. The decisions are plain functions over
 //! directories (tested on temporary ones) and values.
 
 pub mod etc;
 pub mod hooks;
+pub mod var_record;
 pub mod volumes;
 
 pub use etc::{EtcError, ETC, SETUP_HOOKS_DIR, USER_SETUP_HOOKS_DIR};

@@ -104,7 +104,47 @@ pub mod units {
     }
 
     /// Every unit the imager adds, in the order systemd reaches them.
-    pub const ALL: &[Unit] = &[SETUP_HOOKS, CHECK, MACHINED];
+    pub const ALL: &[Unit] = &[SETUP_HOOKS, CHECK, ESP_MOUNT, BLESS_BOOT_ESP, MACHINED];
+
+    /// Where [`ESP_MOUNT`] mounts the ESP (a mount point the imager makes).
+    pub const ESP_MOUNT_POINT: &str = "/efi";
+
+    /// The ESP on /efi for the tools that need it mounted (systemd-bless-boot, bootctl) and for
+    /// as long as one of them runs. slate writes the ESP through its own FAT code on the
+    /// unmounted partition (one writer: the kernel's vfat must not cache what slate
+    /// rewrites), so nothing keeps this mounted: it is stopped once no active unit wants it,
+    /// and machined waits for that before it writes (docs/node.md, "A systemd image").
+    pub const ESP_MOUNT: Unit = Unit {
+        name: "efi.mount",
+        text: "\
+[Unit]
+Description=EFI System Partition (for systemd-bless-boot and bootctl, while they run)
+StopWhenUnneeded=yes
+
+[Mount]
+What=/dev/disk/by-partlabel/EFI
+Where=/efi
+Type=vfat
+Options=umask=0077,nosuid,nodev,noexec
+",
+        links: &[],
+    };
+
+    /// systemd-bless-boot (Debian's systemd-boot package) drops the booted entry's counter once
+    /// `boot-complete.target` is reached; it needs the ESP mounted. Not kept active once done,
+    /// so that [`ESP_MOUNT`] is unneeded and goes.
+    pub const BLESS_BOOT_ESP: Unit = Unit {
+        name: "systemd-bless-boot.service.d/slate-esp.conf",
+        text: "\
+[Unit]
+Wants=efi.mount
+After=efi.mount
+
+[Service]
+RemainAfterExit=no
+",
+        links: &[],
+    };
 
     /// One of the image's `[[health.checks]]` (`slate health-check N`, N its index), as
     /// systemd's boot assessment wants a health check: ordered before `boot-complete.target`
@@ -191,7 +231,9 @@ RequiredBy=boot-complete.target
 Description=slate node API, update agent and boot assessment
 RequiresMountsFor=/var /system/state
 Wants=boot-complete.target
-After=boot-complete.target network.target
+# systemd-bless-boot (when the image has it and the boot was counted) has renamed the entry
+# by the time the commit runs; the commit then only drops the upgrade marker.
+After=boot-complete.target systemd-bless-boot.service network.target
 
 [Service]
 Type=simple

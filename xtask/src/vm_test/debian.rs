@@ -4,7 +4,10 @@
 //! reached. A user's setup hooks are put on /var by hand (the disk on a loop device between
 //! boots); a boot that did not reset /etc runs none. v2 installed online resets /etc (the
 //! machine ID kept), runs the image's and the user's executable hooks and skips the
-//! non-executable file; a v3 whose health check fails is reverted to v2 unattended, and a v4
+//! non-executable file; systemd-bless-boot blesses it (`bootctl list` on the console before
+//! and after) and machined's commit only drops the marker; a reboot by kexec goes through
+//! `systemctl kexec` with no firmware; a v3 whose health check fails is reverted to v2
+//! unattended, and a v4
 //! staged (`--stage`) whose init cannot execute systemd falls back to v2 by systemd-boot's
 //! boot counting.
 
@@ -161,6 +164,34 @@ fn machine_id(line: &str) -> Result<String> {
         .with_context(|| format!("no machine-id in {line:?}"))
 }
 
+/// The `source:` lines of the two `bootctl list` runs (boot-entries-before.service and
+/// boot-entries-after.service) that name `version`'s UKI: counted before systemd-bless-boot
+/// ran, without the counter after.
+fn bootctl_listings(serial: &str, version: &str) -> Result<(String, String)> {
+    let sources: Vec<&str> = serial
+        .lines()
+        .filter(|l| l.contains("bootctl[") && l.contains("source:") && l.contains(version))
+        .map(str::trim)
+        .collect();
+    let counted = sources
+        .iter()
+        .position(|l| l.contains(&format!("/{version}+")))
+        .with_context(|| format!("no counted {version} in bootctl's listings: {sources:?}"))?;
+    let blessed = sources
+        .iter()
+        .skip(counted)
+        .position(|l| l.contains(&format!("/{version}.efi")))
+        .with_context(|| format!("no blessed {version} after the counted one: {sources:?}"))?;
+    let path = |line: &str| {
+        line.split("source:")
+            .nth(1)
+            .unwrap_or(line)
+            .trim()
+            .to_owned()
+    };
+    Ok((path(sources[counted]), path(sources[counted + blessed])))
+}
+
 fn console_line(boot: &Running, needle: &str) -> Result<String> {
     let serial = boot.serial();
     serial
@@ -221,8 +252,9 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
         "status of v1: {status}"
     );
     ensure!(
-        status["var"]["prepared"] == "mounted by init",
-        "/var as init left it: {status}"
+        status["var"]["mode"] == "persistent"
+            && status["var"]["prepared"] == "formatted (blank) by init, the image's mode",
+        "/var as init left it at the first boot: {status}"
     );
     node.ok(&["shutdown"])?;
     boot.wait_exit(Duration::from_secs(120))?;
@@ -264,6 +296,30 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
         v2_status["version"] == "2.0.0" && v2_status["committed"] == true,
         "status of v2: {v2_status}"
     );
+    // systemd's own boot assessment blessed it: bootctl saw the counted name before
+    // systemd-bless-boot ran and the plain one after; machined then only dropped the marker.
+    // systemd's status line, its middle cut to the console's width.
+    let bless = boot
+        .serial()
+        .lines()
+        .find(|l| l.contains("Finished") && l.contains("Loader Entry as Good."))
+        .map(|l| l.trim().to_owned())
+        .context("no `Finished systemd-bless-boot.service` on the console")?;
+    let (listed_before, listed_after) = bootctl_listings(&boot.serial(), "slate-2.0.0")?;
+    let commit = console_line(&boot, "committed: slate-2.0.0")?;
+    ensure!(
+        commit.contains("already blessed as slate-2.0.0.efi"),
+        "systemd-bless-boot renamed the entry before machined's commit: {commit}"
+    );
+
+    // A reboot by kexec through systemd: the attempt counted, `systemctl kexec`, and v2 again
+    // in the same QEMU process, with no firmware on the console.
+    node.ok(&["reboot", "--mode", "kexec", "--wait"])?;
+    let kexec = super::kexec::kexec_was_clean(&mut boot)?;
+    ensure!(
+        node.status()?["version"] == "2.0.0",
+        "v2 again after the kexec"
+    );
 
     // v3: its health check fails; machined marks it bad and systemd reboots into v2.
     let answer = node.ok(&[
@@ -272,7 +328,7 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
         &format!("oci-layout:{}", bundles[2].display()),
     ])?;
     super::upgrade_went_through(&mut boot, &answer, "3.0.0")?;
-    // v2's commit dropped its counter from the name (what systemd-bless-boot does).
+    // systemd-bless-boot dropped v2's counter from the name.
     let blessed = uki_names(&image)?;
     ensure!(
         blessed.contains(&"slate-2.0.0.efi".to_owned())
@@ -328,11 +384,54 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
         "v2 again after v4's tries"
     );
 
+    // `[var] mode = "ephemeral"` in the machine configuration, applied with a reboot: init
+    // formats EPHEMERAL afresh before systemd starts, and the user's hooks (on /var) are gone.
+    let ephemeral = work.join("node1-ephemeral.machine.toml");
+    fs::write(
+        &ephemeral,
+        format!(
+            "{}\n[var]\nmode = \"ephemeral\"\n",
+            fs::read_to_string(&config)?
+        ),
+    )?;
+    node.ok(&[
+        "apply-config",
+        &ephemeral.to_string_lossy(),
+        "--mode",
+        "reboot",
+    ])?;
+    boot.wait_exit(Duration::from_secs(120))?;
+    let mut boot = vm.start()?;
+    booted(&mut boot, None)?;
+    let afresh = console_line(&boot, "ephemeral: formatting it afresh")?;
+    let var_line = console_line(&boot, "/var: ephemeral (the machine configuration's mode)")?;
+    let var = node.status()?["var"].clone();
+    ensure!(
+        var["mode"] == "ephemeral"
+            && var["prepared"] == "formatted (ephemeral) by init, the machine configuration's mode",
+        "status.var on an ephemeral /var: {var}"
+    );
+    // On the disk: the user's hooks went with the old /var; init made their directory anew.
+    node.ok(&["shutdown"])?;
+    boot.wait_exit(Duration::from_secs(120))?;
+    let mnt = work.join("ephemeral");
+    with_partition(&image, "EPHEMERAL", &mnt, || {
+        let hooks = mnt.join("lib/slate/etc-setup-hooks");
+        let left: Vec<_> = fs::read_dir(&hooks)
+            .with_context(|| format!("init made {} again", hooks.display()))?
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        ensure!(left.is_empty(), "an ephemeral /var kept {left:?}");
+        Ok(())
+    })?;
+
     Ok(format!(
         "built in {:.0} s (UKI {:.1} MB); v1 multi-user and committed {:.0} s after power-on; \
          `{init_line}`; `{not_reset}`; v2 `{installer}`, ESP {on_trial:?} then {blessed:?}, `{user_hook}`, `{skipped}`; \
+         bootctl list: {listed_before} then {listed_after}, `{bless}`, `{commit}`; `{kexec}`; \
          v3 `{check}`, `{fatal}` then v2 again; machine-id {v1_id} kept; v4 by counting: `{dropped}` \
-         {:.0} s after its first try",
+         {:.0} s after its first try; ephemeral /var: `{afresh}`, `{var_line}`",
         built.as_secs_f64(),
         uki as f64 / 1e6,
         to_multi_user.as_secs_f64(),

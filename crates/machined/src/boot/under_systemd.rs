@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use slate_node_fs::var_record::{VarRecord, VAR_RECORD};
 use slate_sequencer::{TaskContext, TaskError};
 
 use crate::base::node::Node;
@@ -16,7 +17,8 @@ use crate::base::task::failed;
 /// How long the network task waits for systemd-networkd's address (the certificate names it).
 const ADDRESS_WAIT: Duration = Duration::from_secs(60);
 
-/// /var as init left it: mounted, persistent, not encrypted.
+/// /var as init left it: mounted in the mode its record names (`/run/slate/var.json`;
+/// persistent without one, as an init older than the record mounted it).
 pub fn var_by_init(ctx: &TaskContext<'_>, node: &Node) -> Result<(), TaskError> {
     if !slate_host::is_mount_point(Path::new(EPHEMERAL_MOUNT))? {
         return Err(failed(format!(
@@ -24,12 +26,24 @@ pub fn var_by_init(ctx: &TaskContext<'_>, node: &Node) -> Result<(), TaskError> 
              systemd starts (was this root booted through slate's initramfs?)"
         )));
     }
-    ctx.log(&format!("{EPHEMERAL_MOUNT}: mounted by slate's init"));
+    let record = VarRecord::read(Path::new(VAR_RECORD))
+        .map_err(|e| failed(format!("reading {VAR_RECORD}: {e}")))?;
+    let (mode, prepared) = match record {
+        Some(r) => (
+            r.mode,
+            format!("{} by init, the {}'s mode", r.prepared, r.from),
+        ),
+        None => (
+            slate_profile::VarMode::Persistent.name().to_owned(),
+            "mounted by init".to_owned(),
+        ),
+    };
+    ctx.log(&format!("{EPHEMERAL_MOUNT}: {mode}, {prepared}"));
     *node.var.lock().unwrap_or_else(|p| p.into_inner()) = Some(slate_api::VarStatus {
-        mode: slate_profile::VarMode::Persistent.name().to_owned(),
+        mode,
         encrypted: false,
         unlocked: None,
-        prepared: "mounted by init".into(),
+        prepared,
     });
     Ok(())
 }

@@ -513,6 +513,7 @@ fn upgrade_phases<'a>(
             [task(node, "runInstaller", move |ctx| {
                 let meta = crate::base::system_disk::meta_partition()
                     .map_err(|e| failed(format!("finding the system disk: {e}")))?;
+                crate::base::system_disk::esp_unmounted(&meta.disk).map_err(failed)?;
                 let running = crate::settle::transaction::booted_entry(node).ok_or_else(|| {
                     failed("neither the firmware nor the kernel command line says what booted")
                 })?;

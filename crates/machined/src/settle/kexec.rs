@@ -70,6 +70,7 @@ pub struct Prepared {
 /// lockdown level must have been checked before ([`lockdown_allows`]).
 pub fn prepare() -> Result<Prepared, String> {
     let meta = crate::base::system_disk::meta_partition()?;
+    crate::base::system_disk::esp_unmounted(&meta.disk)?;
     let disk =
         FileDisk::open(&meta.disk).map_err(|e| format!("opening {}: {e}", meta.disk.display()))?;
     match slate_bootloader::detect(&disk).map_err(|e| error_chain(&e))? {
@@ -87,13 +88,24 @@ pub fn prepare() -> Result<Prepared, String> {
     Ok(Prepared { boot, plan })
 }
 
+/// Count the attempt as systemd-boot would (the rename, flushed); when it cannot be counted,
+/// unload the image, so that the firmware path that follows starts the entry and counts it.
+pub fn count(prepared: &mut Prepared) -> Result<(), String> {
+    prepared
+        .boot
+        .count_kexec_attempt(&prepared.plan)
+        .map_err(|e| {
+            let _ = slate_host::kexec_unload();
+            format!("counting the boot attempt: {}", error_chain(&e))
+        })
+}
+
 /// After the teardown: count the attempt (the rename, flushed), then jump. Returns only on
 /// failure, with why. An attempt that could not be counted unloads the image, so that the
 /// firmware path that follows starts the entry and counts it itself.
 pub fn jump(mut prepared: Prepared) -> String {
-    if let Err(e) = prepared.boot.count_kexec_attempt(&prepared.plan) {
-        let _ = slate_host::kexec_unload();
-        return format!("counting the boot attempt: {}", error_chain(&e));
+    if let Err(why) = count(&mut prepared) {
+        return why;
     }
     match slate_host::kexec_reboot() {
         Ok(never) => match never {},

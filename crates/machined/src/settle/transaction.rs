@@ -38,7 +38,10 @@ impl EfiVars for FirmwareVars {
 
 /// The backend of the loader the system disk was installed with (systemd-boot or GRUB).
 fn system_loader() -> Result<Box<dyn Bootloader>, String> {
-    loader_over(|path| FileDisk::open(path))
+    loader_over(|path| {
+        crate::base::system_disk::esp_unmounted(path).map_err(std::io::Error::other)?;
+        FileDisk::open(path)
+    })
 }
 
 /// `entry` boots next, once: the loader's checks, then `LoaderEntryOneShot` written through
@@ -350,9 +353,17 @@ fn committed_line(
     let renamed = counted_before
         .iter()
         .find(|c| !entries_after.contains(c))
-        .map_or(entry, String::as_str);
+        .map(String::as_str);
+    // Counted when the firmware started it, but no longer when machined looked: renamed
+    // before this commit (systemd-bless-boot on a systemd image, or an earlier commit cut off
+    // before it dropped the marker).
+    let how = match renamed {
+        None if entry != outcome.blessed => "already blessed as",
+        _ => "blessed as",
+    };
     format!(
-        "committed: {renamed} blessed as {}{}",
+        "committed: {} {how} {}{}",
+        renamed.unwrap_or(entry),
         outcome.blessed,
         match &outcome.previous {
             Some(previous) => format!("; upgrade marker (fallback {previous}) dropped"),

@@ -61,6 +61,18 @@ fn a_commit_that_renamed_nothing_names_the_booted_entry() {
         committed_line(&[], &slots, "A", &outcome("A", None)),
         "committed: A blessed as A"
     );
+    // systemd-bless-boot renamed it before the commit ran: the commit only drops the marker.
+    let after = names(&["slate-1.0.0.efi", "slate-2.0.0.efi"]);
+    assert_eq!(
+        committed_line(
+            &[],
+            &after,
+            "slate-2.0.0+2-1.efi",
+            &outcome("slate-2.0.0.efi", Some("slate-1.0.0.efi"))
+        ),
+        "committed: slate-2.0.0+2-1.efi already blessed as slate-2.0.0.efi; \
+         upgrade marker (fallback slate-1.0.0.efi) dropped"
+    );
     // A counted entry that is still there was not the one blessed.
     let still = names(&["slate-3.0.0+0-3.efi"]);
     assert_eq!(
