@@ -50,6 +50,8 @@ const IMAGE_HOOK: &str =
     "#!/bin/sh\n# Written on every reset of /etc: the version whose hooks ran.\n\
     echo \"$SLATE_VERSION\" > /etc/slate-setup-stamp\n\
     echo \"image hook: version $SLATE_VERSION machine-id $(cat /etc/machine-id)\"\n";
+/// e2scrub's units, masked (see the hook that masks them).
+const MASKED_E2SCRUB: &[&str] = &["e2scrub_reap.service", "e2scrub_all.timer"];
 /// The boot loader's entries on the console, as systemd sees them (`bootctl list`): once
 /// before systemd-bless-boot runs and once after. The image's own diagnostics, for a person at
 /// the serial console (and the VM test, which reads the names from them).
@@ -96,6 +98,13 @@ pub fn debian_rootfs(out: &Path, slate_bin: &Path, replace: bool) -> Result<()> 
         // Enabled as presets would on a first boot: the image has no first boot of its own.
         .arg("--customize-hook=chroot \"$1\" systemctl enable systemd-networkd.service")
         .arg("--customize-hook=chroot \"$1\" systemctl mask systemd-boot-update.service")
+        // e2fsprogs' reaper of LVM snapshots (there is no LVM here) runs with SCHED_IDLE and is
+        // wanted by multi-user.target: on a busy single vCPU it held the target back for
+        // minutes.
+        .arg(format!(
+            "--customize-hook=chroot \"$1\" systemctl mask {}",
+            MASKED_E2SCRUB.join(" ")
+        ))
         .arg("--customize-hook=chroot \"$1\" dpkg-query -W -f '${Package} ${Version}\\n' > \"$1/.packages\"")
         .arg(SUITE)
         .arg(&staging)
@@ -170,9 +179,10 @@ fn finish(root: &Path, slate_bin: &Path) -> Result<()> {
 fn recipe() -> String {
     format!(
         "{SUITE} {MIRROR} {SOURCE_DATE_EPOCH} {} {} {NETWORK:?} {IMAGE_HOOK:?} \
-         {BOOT_ENTRIES_BEFORE:?} {BOOT_ENTRIES_AFTER:?} mask systemd-boot-update\n",
+         {BOOT_ENTRIES_BEFORE:?} {BOOT_ENTRIES_AFTER:?} mask systemd-boot-update {}\n",
         PACKAGES.join(","),
-        EXCLUDED.join(",")
+        EXCLUDED.join(","),
+        MASKED_E2SCRUB.join(",")
     )
 }
 

@@ -124,15 +124,14 @@ fn deploy_user_hooks(image: &Path, work: &Path) -> Result<()> {
     })
 }
 
-/// systemd reached multi-user and boot-complete.target (the check units passed); with `commits`, the
-/// boot was on trial and slate-machined committed that entry.
+/// systemd reached multi-user and boot-complete.target (the check units passed); with
+/// `commits`, slate-machined's line about the commit begins so (`committed: ENTRY` when an
+/// upgrade's marker was dropped, `nothing to commit: ENTRY is blessed` when systemd-bless-boot had
+/// blessed it and nothing was pending).
 fn booted(boot: &mut Running, commits: Option<&str>) -> Result<()> {
     boot.expect(&[MULTI_USER], BOOT_TIMEOUT, "systemd reaching multi-user")?;
     let (needle, what) = match commits {
-        Some(entry) => (
-            format!("committed: {entry}"),
-            "slate-machined committing the boot",
-        ),
+        Some(line) => (line.to_owned(), "slate-machined committing the boot"),
         None => (
             "boot assessment: boot-complete.target reached".to_owned(),
             "slate-machined's boot assessment",
@@ -242,7 +241,12 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
     };
     // v1, first boot: init formats /var and STATE, resets /etc, and the image's hook runs.
     let mut boot = vm.start()?;
-    booted(&mut boot, Some("slate-1.0.0"))?;
+    // systemd-bless-boot blessed the first boot; no upgrade was pending, so machined writes
+    // nothing.
+    booted(
+        &mut boot,
+        Some("nothing to commit: slate-1.0.0+3.efi is blessed"),
+    )?;
     let to_multi_user = boot.elapsed();
     let init_line = console_line(&boot, "setup hooks due (slate-setup-hooks.service)")?;
     let v1_id = machine_id(&console_line(&boot, "image hook: version 1.0.0")?)?;
@@ -279,7 +283,7 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
         "the ESP after the upgrade: {on_trial:?}"
     );
     let mut boot = vm.start()?;
-    booted(&mut boot, Some("slate-2.0.0"))?;
+    booted(&mut boot, Some("committed: slate-2.0.0"))?;
     let user_hook = console_line(&boot, "user hook: version 2.0.0")?;
     ensure!(
         user_hook.contains("marks: user-hook-2.0.0") || user_hook.ends_with("marks:"),
@@ -376,7 +380,7 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
         );
     }
     let mut boot = vm.start()?;
-    booted(&mut boot, Some("slate-2.0.0"))?;
+    booted(&mut boot, Some("committed: slate-2.0.0"))?;
     let dropped = console_line(&boot, "upgrade marker (fallback slate-2.0.0.efi) dropped")?;
     let recovered = counting.elapsed();
     ensure!(

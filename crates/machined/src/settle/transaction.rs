@@ -7,7 +7,9 @@ use slate_disk::FileDisk;
 use slate_sequencer::error_chain;
 
 use crate::base::node::Node;
-use crate::settle::decision::{decide, BootFacts, Decision, LoaderFacts, Phase, Refusal, Upgrade};
+use crate::settle::decision::{
+    decide, BootFacts, Decision, Idle, LoaderFacts, Phase, Refusal, Upgrade,
+};
 use crate::settle::SettleError;
 
 /// The firmware's variables through efivarfs: read, and written when the backend asks (an
@@ -259,7 +261,16 @@ pub fn settle(node: &Node, phase: Phase) -> Result<(), SettleError> {
     let loader =
         || loader.ok_or_else(|| SettleError::Failed("no boot loader to act through".into()));
     match decide(&facts) {
-        Decision::Nothing(_) => Ok(()),
+        Decision::Nothing(Idle::AlreadyCommitted) => {
+            // Every boot of a committed version; on a systemd image also the first boot after
+            // an install, whose counter systemd-bless-boot dropped before machined looked.
+            node.journal.info(format_args!(
+                "nothing to commit: {} is blessed and no upgrade is pending",
+                facts.booted_entry.as_deref().unwrap_or("the booted entry")
+            ));
+            Ok(())
+        }
+        Decision::Nothing(Idle::NoUpgradePending) => Ok(()),
         Decision::Refuse(Refusal::Unhealthy(report)) => Err(SettleError::Unhealthy(report)),
         Decision::Refuse(refusal) => Err(SettleError::Failed(refusal.to_string())),
         Decision::Commit { entry, upgrade } => {
