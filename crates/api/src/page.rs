@@ -143,7 +143,10 @@ pub(crate) fn check_same_origin<B>(req: &Request<B>) -> Result<(), Reject> {
         }
     }
     if let Some(origin) = headers.get(ORIGIN) {
-        let host = headers.get(HOST).and_then(|h| h.to_str().ok()).unwrap_or("");
+        let host = headers
+            .get(HOST)
+            .and_then(|h| h.to_str().ok())
+            .unwrap_or("");
         let own = format!("https://{host}");
         if host.is_empty() || origin.as_bytes() != own.as_bytes() {
             let shown = crate::logq::for_log(
@@ -190,11 +193,9 @@ mod tests {
         };
         let host = ("host", "127.0.0.1:7000");
         assert!(check_same_origin(&req("POST", &[host])).is_ok(), "the CLI");
-        assert!(check_same_origin(&req(
-            "POST",
-            &[host, ("origin", "https://127.0.0.1:7000")]
-        ))
-        .is_ok());
+        assert!(
+            check_same_origin(&req("POST", &[host, ("origin", "https://127.0.0.1:7000")])).is_ok()
+        );
         for bad in [
             vec![host, ("origin", "https://evil.example")],
             vec![host, ("origin", "null")],

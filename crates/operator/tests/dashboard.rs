@@ -17,8 +17,8 @@ use slate_operator::etcd::{EtcdState, Expect, DEFAULT_PREFIX};
 use slate_operator::{state, OperatorMetrics, OperatorService, ReleaseSource};
 use slate_release::{Channel, Release, ReleaseIndex};
 use slate_rollout::{
-    Event, EventKind, FailureReport, NodeProgress, NodeRecord, NodeReport, Rollout,
-    RolloutState, Step, Strategy,
+    Event, EventKind, FailureReport, NodeProgress, NodeRecord, NodeReport, Rollout, RolloutState,
+    Step, Strategy,
 };
 
 const HOSTILE: &str = "<script>alert('x')</script>";
@@ -63,7 +63,13 @@ fn report(id: &str, version: &str) -> NodeReport {
 /// method, header and query can be sent as written): the status, the head and the body.
 fn https(addr: &str, certs: &Path, role: Role, request: &str) -> (u16, String, String) {
     let mut child = Command::new("openssl")
-        .args(["s_client", "-quiet", "-verify_return_error", "-connect", addr])
+        .args([
+            "s_client",
+            "-quiet",
+            "-verify_return_error",
+            "-connect",
+            addr,
+        ])
         .arg("-CAfile")
         .arg(certs.join(slate_api::CA_CERT))
         .arg("-cert")
@@ -216,11 +222,20 @@ fn pages_escape_what_they_show_and_refuse_bad_input_clearly() {
     // The overview, as a reader: escaped, with its policy and its numbers.
     let (status, head, page) = get(&addr, &certs, Role::Reader, "/ui");
     assert_eq!(status, 200, "{page}");
-    assert!(head.to_lowercase().contains("content-type: text/html"), "{head}");
+    assert!(
+        head.to_lowercase().contains("content-type: text/html"),
+        "{head}"
+    );
     assert!(head.contains("script-src 'sha256-"), "{head}");
     assert!(!page.contains(HOSTILE), "unescaped: {page}");
-    assert!(page.contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"), "{page}");
-    assert!(page.contains("data-field=\"state\">paused</span>"), "{page}");
+    assert!(
+        page.contains("&lt;script&gt;alert(&#39;x&#39;)&lt;/script&gt;"),
+        "{page}"
+    );
+    assert!(
+        page.contains("data-field=\"state\">paused</span>"),
+        "{page}"
+    );
     assert!(page.contains("data-role=\"reader\""), "{page}");
     // One script, the page's own: nothing a node sent became one.
     assert_eq!(page.matches("<script>").count(), 1);
@@ -236,7 +251,11 @@ fn pages_escape_what_they_show_and_refuse_bad_input_clearly() {
     let (status, _, page) = get(&addr, &certs, Role::Reader, "/ui?events=5");
     assert_eq!(status, 200, "{page}");
     let section = page.split("id=\"events\"").nth(1).unwrap();
-    assert_eq!(section.matches("class=\"event-failed\"").count(), 5, "{section}");
+    assert_eq!(
+        section.matches("class=\"event-failed\"").count(),
+        5,
+        "{section}"
+    );
 
     // Hostile query parameters: 400 with what was wrong, as an escaped page.
     for (path, want) in [
@@ -254,7 +273,10 @@ fn pages_escape_what_they_show_and_refuse_bad_input_clearly() {
         let (status, _, page) = get(&addr, &certs, Role::Reader, path);
         assert_eq!(status, 400, "{path}: {page}");
         assert!(page.contains(want), "{path}: {page}");
-        assert!(!page.contains("<script>") && !page.contains("<b>x"), "{path}: {page}");
+        assert!(
+            !page.contains("<script>") && !page.contains("<b>x"),
+            "{path}: {page}"
+        );
     }
     let long = format!("/ui?group={}", "a".repeat(3000));
     let (status, _, page) = get(&addr, &certs, Role::Reader, &long);
@@ -264,7 +286,10 @@ fn pages_escape_what_they_show_and_refuse_bad_input_clearly() {
     // What does not exist: 404, named.
     let (status, _, page) = get(&addr, &certs, Role::Reader, "/ui/node?id=no-such-node");
     assert_eq!(status, 404, "{page}");
-    assert!(page.contains("no node &quot;no-such-node&quot; in the inventory"), "{page}");
+    assert!(
+        page.contains("no node &quot;no-such-node&quot; in the inventory"),
+        "{page}"
+    );
     let (status, _, page) = get(&addr, &certs, Role::Reader, "/ui?group=nothing");
     assert_eq!(status, 404, "{page}");
     assert!(page.contains("no group"), "{page}");
@@ -274,14 +299,24 @@ fn pages_escape_what_they_show_and_refuse_bad_input_clearly() {
     assert_eq!(status, 200, "{page}");
     assert!(!page.contains(HOSTILE), "unescaped: {page}");
     assert!(page.contains("data-field=\"unreachable\""), "{page}");
-    assert!(page.contains("data-field=\"last failure\">2: &lt;script&gt;"), "{page}");
-    assert_eq!(page.matches("class=\"event-failed\"").count(), 30, "its events");
+    assert!(
+        page.contains("data-field=\"last failure\">2: &lt;script&gt;"),
+        "{page}"
+    );
+    assert_eq!(
+        page.matches("class=\"event-failed\"").count(),
+        30,
+        "its events"
+    );
 
     // The buttons' routes: refused to a reader with the role it lacks, and to a cross-site
     // post even with an operator's certificate.
     let (status, answer) = post(&addr, &certs, Role::Reader, "/v1/fleet/resume", "");
     assert_eq!(status, 403, "{answer}");
-    assert!(answer.contains("requires role operator or higher"), "{answer}");
+    assert!(
+        answer.contains("requires role operator or higher"),
+        "{answer}"
+    );
     let (status, answer) = post(
         &addr,
         &certs,
@@ -292,7 +327,11 @@ fn pages_escape_what_they_show_and_refuse_bad_input_clearly() {
     assert_eq!(status, 403, "{answer}");
     assert!(answer.contains("cross-site request is refused"), "{answer}");
     let rollouts = state::rollouts(&state).unwrap();
-    assert_eq!(rollouts["web"].value.state.name(), "paused", "nothing changed");
+    assert_eq!(
+        rollouts["web"].value.state.name(),
+        "paused",
+        "nothing changed"
+    );
     let (status, answer) = post(
         &addr,
         &certs,

@@ -130,7 +130,9 @@ type Seen = BTreeMap<String, Value>;
 fn seen_by_cli(status: &Value) -> Seen {
     let mut groups: BTreeMap<String, (u64, Seen, Seen, Seen)> = BTreeMap::new();
     for n in status["nodes"].as_array().unwrap() {
-        let g = groups.entry(n["group"].as_str().unwrap().into()).or_default();
+        let g = groups
+            .entry(n["group"].as_str().unwrap().into())
+            .or_default();
         g.0 += 1;
         let state = n["state"].as_str().unwrap();
         let cell = format!("{}|{state}", n["version"].as_str().unwrap());
@@ -323,7 +325,9 @@ fn the_dashboard_shows_the_rollout_and_acts_by_role() {
     let overview_shot = operator.screenshot(&artifact("overview.png"));
     assert_eq!(matched.len(), 2, "both groups: {matched:?}");
     assert!(
-        matched["web"]["waves"].as_object().is_some_and(|w| w.len() == 2),
+        matched["web"]["waves"]
+            .as_object()
+            .is_some_and(|w| w.len() == 2),
         "two waves: {matched:?}"
     );
 
@@ -333,7 +337,11 @@ fn the_dashboard_shows_the_rollout_and_acts_by_role() {
     assert!(answer.contains("pause web: done"), "{answer}");
     let status = cli_status(&op_addr, &certs);
     assert_eq!(rollout_state(&status, "web"), "paused", "{status:#}");
-    assert_eq!(rollout_state(&status, "db"), "running", "only the group pressed");
+    assert_eq!(
+        rollout_state(&status, "db"),
+        "running",
+        "only the group pressed"
+    );
     operator.goto(&ui);
     let paused_shot = operator.screenshot(&artifact("overview-paused.png"));
     let paused = operator.js(
@@ -354,7 +362,11 @@ fn the_dashboard_shows_the_rollout_and_acts_by_role() {
     );
     let refused_shot = reader.screenshot(&artifact("reader-refused.png"));
     let status = cli_status(&op_addr, &certs);
-    assert_eq!(rollout_state(&status, "web"), "paused", "the reader changed nothing");
+    assert_eq!(
+        rollout_state(&status, "web"),
+        "paused",
+        "the reader changed nothing"
+    );
 
     // A node's page: the node the CLI shows, with what it says of itself.
     let node = status["nodes"]

@@ -103,7 +103,11 @@ pub fn render(view: &View, id: &str, live: Option<&Live>) -> String {
                 let step = match &p.step {
                     Step::Upgrading { issued, .. } => format!(
                         "upgrading ({})",
-                        if *issued { "the node took the order" } else { "ordered" }
+                        if *issued {
+                            "the node took the order"
+                        } else {
+                            "ordered"
+                        }
                     ),
                     Step::Soaking { committed } => {
                         format!("soaking since {}", clock(*committed))
@@ -118,14 +122,15 @@ pub fn render(view: &View, id: &str, live: Option<&Live>) -> String {
                     "<p>In rollout #{} to {}: <span data-field=\"step\">{step}</span>{}.</p>",
                     rollout.id,
                     esc(&rollout.target),
-                    p.from
-                        .as_deref()
-                        .map_or(" (it was already on the target)".into(), |f| format!(
+                    p.from.as_deref().map_or(
+                        " (it was already on the target)".into(),
+                        |f| format!(
                             " (from {}{})",
                             esc(f),
                             p.started
                                 .map_or(String::new(), |s| format!(", started {}", clock(s)))
-                        )),
+                        )
+                    ),
                 );
             }
             None => {
@@ -140,8 +145,10 @@ pub fn render(view: &View, id: &str, live: Option<&Live>) -> String {
     }
     out.push_str("</section>");
     out.push_str(&live_section(live));
-    out.push_str("<section id=\"node-events\"><h2>Its events</h2><table><tr><th>when</th>\
-         <th>group</th><th>rollout</th><th>node</th><th>what</th><th>detail</th></tr>");
+    out.push_str(
+        "<section id=\"node-events\"><h2>Its events</h2><table><tr><th>when</th>\
+         <th>group</th><th>rollout</th><th>node</th><th>what</th><th>detail</th></tr>",
+    );
     for e in view
         .events
         .iter()

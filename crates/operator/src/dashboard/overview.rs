@@ -157,7 +157,12 @@ fn rollout_section(view: &View, group: &str) -> String {
         );
     }
     out.push_str(&wave_table(view, group));
-    let members = view.status.nodes.iter().filter(|n| n.group == group).count();
+    let members = view
+        .status
+        .nodes
+        .iter()
+        .filter(|n| n.group == group)
+        .count();
     out.push_str(&timeline::svg(rollout, &view.events, members, view.now));
     out.push_str("</section>");
     out

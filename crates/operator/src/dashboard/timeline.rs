@@ -130,9 +130,18 @@ pub fn svg(rollout: &Rollout, events: &[Event], members: usize, now: u64) -> Str
     for &(t, n) in &s.on_target {
         if let Some(prev) = last {
             let _ = write!(target, " L{:.1},{:.1}", x(t), y(prev));
-            let _ = write!(older, " L{:.1},{:.1}", x(t), y(members.saturating_sub(prev)));
+            let _ = write!(
+                older,
+                " L{:.1},{:.1}",
+                x(t),
+                y(members.saturating_sub(prev))
+            );
         }
-        let (cmd_t, cmd_o) = if last.is_none() { ("M", "M") } else { (" L", " L") };
+        let (cmd_t, cmd_o) = if last.is_none() {
+            ("M", "M")
+        } else {
+            (" L", " L")
+        };
         let _ = write!(target, "{cmd_t}{:.1},{:.1}", x(t), y(n));
         let _ = write!(
             older,
@@ -144,12 +153,7 @@ pub fn svg(rollout: &Rollout, events: &[Event], members: usize, now: u64) -> Str
     }
     if let Some(n) = last {
         let _ = write!(target, " L{:.1},{:.1}", x(end), y(n));
-        let _ = write!(
-            older,
-            " L{:.1},{:.1}",
-            x(end),
-            y(members.saturating_sub(n))
-        );
+        let _ = write!(older, " L{:.1},{:.1}", x(end), y(members.saturating_sub(n)));
     }
     let _ = write!(
         out,
@@ -159,15 +163,20 @@ pub fn svg(rollout: &Rollout, events: &[Event], members: usize, now: u64) -> Str
          data-series=\"target\"><title>nodes on {t}</title></path>",
         t = esc(&rollout.target)
     );
-    for (t, what) in &s.marks {
+    for (i, (t, what)) in s.marks.iter().enumerate() {
+        // Labels near the right edge end at their line; successive ones alternate in height,
+        // so that a pause and a quick resume stay readable.
+        let near_end = x(*t) > LEFT + plot_w() * 0.8;
         let _ = write!(
             out,
             "<line x1=\"{xx:.1}\" y1=\"{TOP}\" x2=\"{xx:.1}\" y2=\"{b}\" stroke=\"#a15c00\" \
              stroke-dasharray=\"3 3\" data-mark=\"{what}\"><title>{what} at {at}</title></line>\
-             <text x=\"{tx:.1}\" y=\"{ty}\" fill=\"#a15c00\">{what}</text>",
+             <text x=\"{tx:.1}\" y=\"{ty}\" fill=\"#a15c00\" text-anchor=\"{anchor}\">{what}\
+             </text>",
             xx = x(*t),
-            tx = x(*t) + 3.0,
-            ty = TOP + 10.0,
+            tx = if near_end { x(*t) - 3.0 } else { x(*t) + 3.0 },
+            anchor = if near_end { "end" } else { "start" },
+            ty = TOP + 10.0 + 12.0 * (i % 2) as f64,
             b = TOP + plot_h(),
             at = clock(*t),
         );
@@ -281,7 +290,10 @@ mod tests {
         assert!(!s.truncated);
         let svg = svg(&rollout(), &events, 4, 110);
         assert!(svg.contains("data-failure=\"b\""), "{svg}");
-        assert!(!svg.contains("<b>") && !svg.contains("2<x>"), "escaped: {svg}");
+        assert!(
+            !svg.contains("<b>") && !svg.contains("2<x>"),
+            "escaped: {svg}"
+        );
         assert!(series(&rollout(), &events[2..]).truncated);
     }
 }

@@ -16,9 +16,15 @@ use slate_api::{client_cert_file, client_key_file, Role};
 
 /// The tools the browser needs; under `CI=true` each one's absence fails the test.
 pub fn available() -> bool {
-    ["chromium", "chromedriver", "certutil", "pk12util", "openssl"]
-        .iter()
-        .all(|tool| slate_testkit::require_tool(tool))
+    [
+        "chromium",
+        "chromedriver",
+        "certutil",
+        "pk12util",
+        "openssl",
+    ]
+    .iter()
+    .all(|tool| slate_testkit::require_tool(tool))
 }
 
 fn run(cmd: &mut Command) {
@@ -70,11 +76,7 @@ impl Browser {
                 format!("{origin},*"): {"setting": {"filters": [{}]}}
             }
         }}}});
-        std::fs::write(
-            profile.join("Default/Preferences"),
-            preferences.to_string(),
-        )
-        .unwrap();
+        std::fs::write(profile.join("Default/Preferences"), preferences.to_string()).unwrap();
 
         let port = TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -172,18 +174,13 @@ impl Browser {
     pub fn message(&self) -> String {
         let start = Instant::now();
         loop {
-            let text = self.js(
-                "var m = document.getElementById('message'); \
-                 return m && !m.hidden ? m.textContent : '';",
-            );
+            let text = self.js("var m = document.getElementById('message'); \
+                 return m && !m.hidden ? m.textContent : '';");
             let text = text.as_str().unwrap_or("").to_owned();
             if !text.is_empty() {
                 return text;
             }
-            assert!(
-                start.elapsed() < Duration::from_secs(15),
-                "no answer shown"
-            );
+            assert!(start.elapsed() < Duration::from_secs(15), "no answer shown");
             std::thread::sleep(Duration::from_millis(100));
         }
     }
