@@ -11,7 +11,8 @@
 //! - Other slate services (the rollout operator) serve their own JSON routes on the same
 //!   server ([`serve_service`], [`spawn_service`] over a [`JsonService`] and its
 //!   [`ServiceRoute`]s), so that one CA and one set of role certificates cover the whole system
-//!   and every server refuses, logs and answers errors alike. Only the routes differ: TLS,
+//!   and every server refuses, logs and answers errors alike; a service may serve HTML pages
+//!   too ([`ServiceRoute::page`], [`JsonService::page`], [`Page`]). Only the routes differ: TLS,
 //!   timeouts, the role check, 404/405/403/413, error JSON and shutdown are the node API's.
 //! - [`Client`] is a blocking client for a non-async CLI; [`Client::call`] reaches a service.
 //!
@@ -59,6 +60,7 @@ mod metrics;
 mod node_ca;
 mod node_metrics;
 mod pace;
+mod page;
 mod routes;
 mod server;
 mod service;
@@ -80,6 +82,7 @@ pub use identity::{
 pub use logq::{LOG_QUEUE, MAX_LOGGED_FIELD, MAX_LOG_LINE};
 pub use node_ca::{issue_node_ca, permitted_names, NodeTrust};
 pub use node_metrics::node_metrics;
+pub use page::{escape_html, Page};
 pub use routes::{route_of, Endpoint, Route, MAINTENANCE_ENDPOINTS, ROUTES};
 pub use server::{
     serve, serve_blocking, spawn, Limits, ServerConfig, ServerError, ServerHandle, Shutdown,

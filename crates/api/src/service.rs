@@ -14,6 +14,7 @@ use serde::de::IgnoredAny;
 
 use crate::backend::BackendError;
 use crate::http::{admit, blocking, drain, read_body, reply, Answer, Reject, Site};
+use crate::page::{check_same_origin, page_reply, Page};
 use crate::routes::TableRoute;
 use crate::server::{serve_site, spawn_site, ServerConfig, ServerError, ServerHandle};
 use crate::types::{Caller, Role};
@@ -22,7 +23,8 @@ use crate::types::{Caller, Role};
 /// whole body is held in memory before the call.
 pub const MAX_SERVICE_BODY: usize = 1 << 20;
 
-/// One route of a service: method, exact path, least role allowed.
+/// One route of a service: method, exact path, least role allowed, and whether it answers a
+/// JSON value ([`JsonService::call`]) or an HTML page ([`JsonService::page`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ServiceRoute {
     /// An HTTP method, upper case (`GET`, `POST`, `PUT`, `DELETE`, …).
@@ -33,12 +35,30 @@ pub struct ServiceRoute {
     pub path: &'static str,
     /// The least privileged role allowed.
     pub role: Role,
+    /// An HTML page (`GET` only), answered by [`JsonService::page`].
+    pub page: bool,
 }
 
 impl ServiceRoute {
-    /// For `const` route tables.
+    /// A JSON route, for `const` route tables.
     pub const fn new(method: &'static str, path: &'static str, role: Role) -> Self {
-        ServiceRoute { method, path, role }
+        ServiceRoute {
+            method,
+            path,
+            role,
+            page: false,
+        }
+    }
+
+    /// A page: `GET path`, answered in HTML by [`JsonService::page`]. Its role is checked as
+    /// any route's; what it may change, it changes through the JSON routes (and their roles).
+    pub const fn page(path: &'static str, role: Role) -> Self {
+        ServiceRoute {
+            method: "GET",
+            path,
+            role,
+            page: true,
+        }
     }
 }
 
@@ -85,6 +105,19 @@ pub trait JsonService: Send + Sync + 'static {
     /// drops when full). The default drops it.
     fn log_api(&self, message: &str) {
         let _ = message;
+    }
+
+    /// A page route's document (`route.page`), admitted like any route; `query` the raw query
+    /// string. An error is answered as a short HTML page with the status `call`'s would have.
+    /// The default has no pages.
+    fn page(
+        &self,
+        route: &ServiceRoute,
+        caller: &Caller,
+        query: Option<&str>,
+    ) -> Result<Page, BackendError> {
+        let _ = (caller, query);
+        Err(BackendError::NotFound(format!("no page {}", route.path)))
     }
 
     /// The service's part of `GET /metrics` (text exposition, its own families), computed on
@@ -156,6 +189,9 @@ fn check_routes(routes: &[ServiceRoute]) -> Result<(), String> {
                 r.path
             ));
         }
+        if r.page && r.method != "GET" {
+            return Err(format!("route {i}: page {} must be GET", r.path));
+        }
         if r.path == slate_metrics::PATH {
             return Err(format!(
                 "route {i}: {} is every server's own (GET, role reader)",
@@ -179,6 +215,10 @@ struct ServiceSite {
 impl Site for ServiceSite {
     fn respond(self: Arc<Self>, req: Request<Incoming>, caller: Option<Caller>) -> Answer {
         Box::pin(async move {
+            if let Err(reject) = check_same_origin(&req) {
+                drain(req.into_body(), MAX_SERVICE_BODY as u64);
+                return reject.into_response();
+            }
             let admitted = {
                 let method = req.method().as_str();
                 let path = req.uri().path();
@@ -196,11 +236,17 @@ impl Site for ServiceSite {
                     return reject.into_response();
                 }
             };
+            let service = self.service.clone();
+            // Admitted, so a caller with a role was there.
+            let caller = caller.unwrap_or_else(|| Caller::with_role(Role::Node));
+            if route.page {
+                let query = req.uri().query().map(str::to_owned);
+                drain(req.into_body(), MAX_SERVICE_BODY as u64);
+                let page = move || service.page(&route, &caller, query.as_deref());
+                return page_reply(blocking(page).await);
+            }
             match request_of(req).await {
                 Ok((query, body)) => {
-                    let service = self.service.clone();
-                    // Admitted, so a caller with a role was there.
-                    let caller = caller.unwrap_or_else(|| Caller::with_role(Role::Node));
                     let call = move || service.call(&route, &caller, query.as_deref(), &body);
                     reply(blocking(call).await)
                 }

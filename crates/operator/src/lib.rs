@@ -9,8 +9,10 @@
 //! - [`drive`]: upgrade orders through the node API.
 //! - [`probe`]: the policies' HTTP probes of soaking nodes.
 //! - [`service`]: the operator API, and its `/metrics` ([`metrics`]).
+//! - [`dashboard`]: the rollout dashboard's pages (`/ui`), on the API's listener and roles.
 //! - [`tally`]: routine heartbeats as one line per interval, news as a line each.
 
+pub mod dashboard;
 pub mod drive;
 pub mod etcd;
 pub mod leader;
@@ -84,6 +86,7 @@ pub fn run(op: Operator, stop: &AtomicBool) -> Result<(), String> {
         log: op.log.clone(),
         heartbeats: Default::default(),
         metrics: metrics.clone(),
+        node_certs: Some(op.certs.clone()),
     };
     let server = slate_api::spawn_service(config, Arc::new(service))
         .map_err(|e| format!("cannot serve the operator API on {}: {e}", op.listen))?;

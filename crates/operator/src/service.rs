@@ -47,6 +47,8 @@ pub const POLICY_SHOW: ServiceRoute = ServiceRoute::new("GET", "/v1/fleet/policy
 pub const POLICY_SET: ServiceRoute = ServiceRoute::new("POST", "/v1/fleet/policy", Role::Admin);
 
 const ROUTES: &[ServiceRoute] = &[
+    crate::dashboard::OVERVIEW,
+    crate::dashboard::NODE,
     HEARTBEAT,
     ADD_NODE,
     STATUS,
@@ -124,6 +126,9 @@ pub struct OperatorService {
     pub heartbeats: crate::tally::HeartbeatTally,
     /// This replica's counters; `/metrics` adds the fleet read from etcd.
     pub metrics: Arc<crate::metrics::OperatorMetrics>,
+    /// The certificate directory the dashboard's node page asks nodes with (`operator.crt`,
+    /// as orders are sent); `None`: it shows only what etcd holds.
+    pub node_certs: Option<std::path::PathBuf>,
 }
 
 fn failed(e: impl std::fmt::Display) -> BackendError {
@@ -180,6 +185,15 @@ impl JsonService for OperatorService {
             }
             _ => Err(BackendError::NotFound(route.path.into())),
         }
+    }
+
+    fn page(
+        &self,
+        route: &ServiceRoute,
+        caller: &Caller,
+        query: Option<&str>,
+    ) -> Result<slate_api::Page, BackendError> {
+        self.render_page(route, caller, query)
     }
 
     fn log_api(&self, message: &str) {
@@ -272,7 +286,7 @@ impl OperatorService {
             .map_err(|e| failed(format!("cannot read the release index: {e}")))
     }
 
-    fn status(&self) -> Result<FleetStatus, BackendError> {
+    pub(crate) fn status(&self) -> Result<FleetStatus, BackendError> {
         let inventory = state::inventory(&self.state).map_err(failed)?;
         let rollouts = state::rollouts(&self.state).map_err(failed)?;
         let now = now_unix();

@@ -192,6 +192,7 @@ pub fn bench_scrape(nodes: usize) -> Result<Comparison> {
         log: Arc::new(|_| {}),
         heartbeats: Default::default(),
         metrics: Arc::new(OperatorMetrics::new()),
+        node_certs: None,
     };
     let config = slate_api::ServerConfig::from_dir(listen, &certs)?;
     let server = slate_api::spawn_service(config, Arc::new(service))?;
