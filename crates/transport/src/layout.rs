@@ -483,6 +483,21 @@ impl Incoming {
         Ok(())
     }
 
+    /// Append `bytes` assembled here (a delta's chunks, in order), hashed as written; more
+    /// than the descriptor's size is refused.
+    pub fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if self.written + bytes.len() as u64 > self.size {
+            return Err(std::io::Error::other(format!(
+                "{}: more than its descriptor's {} bytes",
+                self.what, self.size
+            )));
+        }
+        self.file.write_all(bytes)?;
+        self.hasher.update(bytes);
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+
     /// Check the digest; only then flush and rename the partial into `blobs/sha256`. A mismatch
     /// deletes the partial.
     pub fn finish(mut self) -> Result<(), TransportError> {
