@@ -563,9 +563,7 @@ fn upgrade_phases<'a>(
 /// Keep the installed bundle's documents on STATE (`kept_index`); the line to log.
 fn keep_documents(node: &Node, plan: &UpgradePlan) -> String {
     let kept = open_received(&plan.bundle_dir, &plan.bundle_id, plan.verified.clone()).and_then(
-        |bundle| {
-            kept_index::keep(&crate::base::paths::state_dir(), &bundle, &node.version)
-        },
+        |bundle| kept_index::keep(&crate::base::paths::state_dir(), &bundle, &node.version),
     );
     match kept {
         Ok(dir) => format!(

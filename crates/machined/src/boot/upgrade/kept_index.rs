@@ -47,7 +47,7 @@ pub fn keep(state: &Path, bundle: &Bundle, running: &str) -> Result<PathBuf, Str
             continue;
         }
         let keep = Bundle::open(&path, None)
-            .is_ok_and(|b| &b.manifest().version == running && running != version);
+            .is_ok_and(|b| b.manifest().version == running && running != version);
         if !keep {
             let _ = fs::remove_dir_all(&path);
         }

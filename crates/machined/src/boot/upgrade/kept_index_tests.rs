@@ -110,7 +110,10 @@ fn the_installed_bundles_documents_are_kept_and_verified_again_when_read() {
     assert!(running_index(state.path(), "1.0.0", &trusted)
         .unwrap()
         .is_none());
-    assert_eq!(fs::read_dir(state.path().join(KEPT_DIR)).unwrap().count(), 2);
+    assert_eq!(
+        fs::read_dir(state.path().join(KEPT_DIR)).unwrap().count(),
+        2
+    );
 }
 
 #[test]

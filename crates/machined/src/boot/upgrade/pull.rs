@@ -76,7 +76,8 @@ pub fn pull(
     super::keep_only(&dir);
     let seeds = delta_seeds(node);
     let version = &pinned.version;
-    let mut log = |event: Event<'_>| match event {
+    let mut log = |event: Event<'_>| {
+        match event {
         Event::DeltaStart {
             digest,
             size,
@@ -91,6 +92,7 @@ pub fn pull(
             "pull {version}: blob {digest} is downloaded whole: {reason}"
         )),
         _ => {}
+    }
     };
     let pulled = slate_transport::Client::new(options.clone())
         .pull_with_seeds(&pinned.reference, &dir, seeds, &mut log)
@@ -124,7 +126,7 @@ pub fn pull(
 /// index kept on STATE when there is one (a chunk whose bytes no longer match it is not used);
 /// otherwise chunked here, and then a chunk is used only where the target's signed index lists
 /// its digest — which is every chunk's last check anyway (`slate_delta::plan`).
-fn delta_seeds(node: &Node) -> Vec<SeedBlob> {
+pub fn delta_seeds(node: &Node) -> Vec<SeedBlob> {
     let uki = crate::settle::transaction::booted_entry(node)
         .ok_or_else(|| "the booted entry is not known".to_owned())
         .and_then(|booted| {
@@ -159,4 +161,36 @@ fn delta_seeds(node: &Node) -> Vec<SeedBlob> {
          only where the target's signed index lists its digest"
     ));
     super::kept_index::unlisted_seeds(uki, installer)
+}
+
+/// What the node holds to reuse, as one chunk index (`GET /v1/image`'s `held_chunks`, for
+/// `slate upgrade --check` to say what an upgrade would fetch): the chunks of [`delta_seeds`].
+/// Digests only: the estimate it makes is checked by nothing and trusted for nothing.
+pub fn held_index(node: &Node) -> Option<slate_delta::ChunkIndex> {
+    let blobs: Vec<_> = delta_seeds(node).into_iter().map(|s| s.chunks).collect();
+    (!blobs.is_empty()).then_some(slate_delta::ChunkIndex {
+        params: slate_delta::DEFAULT_PARAMS,
+        blobs,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_registry_reference_pinned_by_version_and_digest_is_taken() {
+        let hex = "ab".repeat(32);
+        let ok = pinned(&format!("10.0.2.2:5000/slate/os:2.0.0@sha256:{hex}")).unwrap();
+        assert_eq!(ok.version, "2.0.0");
+        assert_eq!(ok.digest.to_string(), format!("sha256:{hex}"));
+        for bad in [
+            format!("10.0.2.2:5000/slate/os@sha256:{hex}"),
+            "10.0.2.2:5000/slate/os:2.0.0".to_owned(),
+            format!("oci-layout:/tmp/x:2.0.0@sha256:{hex}"),
+            "not a reference".to_owned(),
+        ] {
+            assert!(pinned(&bad).is_err(), "{bad}");
+        }
+    }
 }
