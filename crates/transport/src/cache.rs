@@ -200,7 +200,7 @@ pub fn gc(cache_dir: &Path, keep: usize, dry_run: bool) -> Result<GcReport, Tran
         remove(&incoming.join(name))?;
     }
     // An interrupted delta's chunks (issue 41) go with the partials.
-    let chunks = incoming.join(crate::delta::CHUNKS_DIR);
+    let chunks = incoming.join(crate::layout::CHUNKS_DIR);
     if chunks.is_dir() {
         fs::remove_dir_all(&chunks).map_err(TransportError::io(&chunks))?;
     }

@@ -27,13 +27,17 @@ use slate_delta::{
 };
 
 use crate::chunks::{DirCache, FileSeed};
-use crate::layout::{Incoming, Layout, INCOMING};
-use crate::pull::Stats;
+use crate::layout::{Incoming, Layout, CHUNKS_DIR, INCOMING};
 use crate::{Event, TransportError};
 
-/// Where an assembly keeps the chunks it fetched, so an interrupted one resumes with them;
-/// removed when a pull completes (and by `gc`).
-pub(crate) const CHUNKS_DIR: &str = "chunks";
+/// What one delta did: bytes fetched, bytes reused, and whether the blob is in place (else the
+/// caller downloads it whole).
+#[derive(Debug, Default)]
+pub(crate) struct Delivered {
+    pub fetched: u64,
+    pub reused: u64,
+    pub in_place: bool,
+}
 
 /// Chunk fetches running at once: enough to hide a registry's round trip, few enough not to
 /// look like a flood to it.
@@ -141,15 +145,14 @@ pub(crate) fn read_index(dest: &Layout, layer: &Descriptor) -> Option<ChunkIndex
 }
 
 /// Assemble the blob `chunks` lists into `dest` from `delta`'s seeds, the chunks an earlier
-/// assembly left, and range requests. `Ok(false)`: the delta was not worth it or failed, and
-/// nothing of it is in `blobs/` — the caller downloads the blob whole.
+/// assembly left, and range requests. Not `in_place`: the delta was not worth it or failed,
+/// and nothing of it is in `blobs/` — the caller downloads the blob whole.
 pub(crate) fn fetch_by_delta(
     delta: &Delta<'_>,
     dest: &Layout,
     chunks: &BlobChunks,
-    stats: &mut Stats,
     progress: &mut dyn FnMut(Event<'_>),
-) -> Result<bool, TransportError> {
+) -> Result<Delivered, TransportError> {
     let digest = chunks.oci_digest();
     let chunk_dir = dest.dir().join(INCOMING).join(CHUNKS_DIR);
     let cache = DirCache::new(&chunk_dir).map_err(TransportError::io(&chunk_dir))?;
@@ -169,7 +172,7 @@ pub(crate) fn fetch_by_delta(
                 digest: &digest,
                 reason: &reason,
             });
-            return Ok(false);
+            return Ok(Delivered::default());
         }
     };
     progress(Event::DeltaStart {
@@ -185,7 +188,7 @@ pub(crate) fn fetch_by_delta(
             digest: &digest,
             reason: "the chunks to fetch would not come to less than the blob",
         });
-        return Ok(false);
+        return Ok(Delivered::default());
     }
     let what = format!("blob {digest} assembled from chunks");
     let mut incoming = Incoming::begin(dest, &what, &digest, chunks.size)?;
@@ -230,9 +233,10 @@ pub(crate) fn fetch_by_delta(
         }
         worker.join().expect("the assembler does not panic")
     });
-    stats.fetched = stats
-        .fetched
-        .saturating_add(fetched.load(Ordering::Relaxed));
+    let mut delivered = Delivered {
+        fetched: fetched.load(Ordering::Relaxed),
+        ..Delivered::default()
+    };
     if let Err(e) = assembled {
         incoming.discard();
         let reason = chain(&e);
@@ -240,12 +244,13 @@ pub(crate) fn fetch_by_delta(
             digest: &digest,
             reason: &reason,
         });
-        return Ok(false);
+        return Ok(delivered);
     }
     incoming.finish()?;
-    stats.reused = stats.reused.saturating_add(plan.reuse_bytes);
     progress(Event::BlobDone { digest: &digest });
-    Ok(true)
+    delivered.reused = plan.reuse_bytes;
+    delivered.in_place = true;
+    Ok(delivered)
 }
 
 /// Once the image is complete, the chunks of its assemblies are not needed.

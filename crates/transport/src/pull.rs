@@ -183,10 +183,13 @@ pub(crate) fn copy_image(
         if let (Some(delta), Some(index)) = (delta, &index) {
             let listed = index.blob(digest).filter(|b| b.size == d.size());
             if let Some(chunks) = listed {
-                if !dest.has_blob(digest, d.size())?
-                    && fetch_by_delta(delta, dest, chunks, stats, progress)?
-                {
-                    continue;
+                if !dest.has_blob(digest, d.size())? {
+                    let delivered = fetch_by_delta(delta, dest, chunks, progress)?;
+                    stats.fetched = stats.fetched.saturating_add(delivered.fetched);
+                    stats.reused = stats.reused.saturating_add(delivered.reused);
+                    if delivered.in_place {
+                        continue;
+                    }
                 }
             }
         }

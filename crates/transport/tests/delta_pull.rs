@@ -225,3 +225,55 @@ fn a_registry_serves_the_missing_chunks_by_range() {
     // Slate's counters: the rest came from the cache's v1, none of it over the wire.
     assert!(pulled.reused_bytes > 5 << 20, "{pulled:?}");
 }
+
+/// A pull cut short keeps the chunks it fetched (`incoming/chunks/`); the next one reuses them
+/// and fetches none of them again.
+#[test]
+fn an_interrupted_delta_resumes_with_the_chunks_it_fetched() {
+    let (v1_uki, v2_uki) = ukis();
+    let (d1, d2, cache) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let v1 = write_indexed_bundle(d1.path(), "1.0.0", &v1_uki);
+    let v2 = write_indexed_bundle(d2.path(), "2.0.0", &v2_uki);
+    pull(&layout_ref(d1.path(), "1.0.0"), cache.path(), Vec::new())
+        .0
+        .unwrap();
+    // What the cut pull had fetched: every chunk of v2's UKI that v1's lacks.
+    let held: std::collections::HashSet<_> = v1
+        .chunk_index()
+        .unwrap()
+        .unwrap()
+        .blob(&uki_blob(&v1))
+        .unwrap()
+        .chunks
+        .iter()
+        .map(|c| c.digest)
+        .collect();
+    let chunks = cache.path().join("incoming/chunks");
+    std::fs::create_dir_all(&chunks).unwrap();
+    let index = v2.chunk_index().unwrap().unwrap();
+    let mut kept = 0;
+    for c in &index.blob(&uki_blob(&v2)).unwrap().chunks {
+        if !held.contains(&c.digest) {
+            let (start, end) = (c.offset as usize, (c.offset + u64::from(c.length)) as usize);
+            std::fs::write(chunks.join(hex::encode(c.digest)), &v2_uki[start..end]).unwrap();
+            kept += 1;
+        }
+    }
+    assert!(kept >= 1);
+
+    let (pulled, counter) = pull(&layout_ref(d2.path(), "2.0.0"), cache.path(), Vec::new());
+    let pulled = pulled.unwrap();
+    assert_eq!(
+        counter.deltas,
+        [(uki_blob(&v2), 0, v2_uki.len() as u64)],
+        "nothing of the UKI left to fetch"
+    );
+    // The index and the small documents only.
+    assert!(pulled.fetched_bytes < 64 * 1024, "{pulled:?}");
+    assert!(cached(cache.path(), &uki_blob(&v2)) == Some(v2_uki));
+    assert!(!chunks.exists(), "the chunks go once the pull is complete");
+}
