@@ -18,7 +18,7 @@
 use std::collections::HashSet;
 use std::io::Read as _;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use oci_spec::image::{Descriptor, ImageManifest};
@@ -195,7 +195,6 @@ pub(crate) fn fetch_by_delta(
     // The delta writes the blob from its first byte; a whole download's prefix is not used.
     incoming.restart()?;
     let fetched = AtomicU64::new(0);
-    let done = AtomicBool::new(false);
     let counting = Counting {
         inner: delta.remote,
         fetched: &fetched,
@@ -211,15 +210,12 @@ pub(crate) fn fetch_by_delta(
                 })
                 .collect();
             let mut out = Appender(&mut incoming);
-            let result =
-                slate_delta::assemble(chunks, &plan, &seeds, &cache, &counting, PARALLEL, &mut out);
-            done.store(true, Ordering::Release);
-            result
+            slate_delta::assemble(chunks, &plan, &seeds, &cache, &counting, PARALLEL, &mut out)
         });
         // The fetches run on the assembler's threads; their bytes are reported from here,
         // where the caller's progress lives.
         let mut reported = 0;
-        while !done.load(Ordering::Acquire) {
+        while !worker.is_finished() {
             std::thread::sleep(Duration::from_millis(50));
             let now = fetched.load(Ordering::Relaxed);
             if now > reported {

@@ -76,8 +76,7 @@ pub fn pull(
     super::keep_only(&dir);
     let seeds = delta_seeds(node);
     let version = &pinned.version;
-    let mut log = |event: Event<'_>| {
-        match event {
+    let mut log = |event: Event<'_>| match event {
         Event::DeltaStart {
             digest,
             size,
@@ -86,13 +85,14 @@ pub fn pull(
             reuse_bytes,
             reuse_chunks,
         } => node.journal.info(format_args!(
-            "pull {version}: blob {digest} ({size} bytes) by delta: {fetch_bytes} bytes in              {fetch_chunks} chunks to fetch, {reuse_bytes} bytes in {reuse_chunks} chunks              reused"
+            "pull {version}: blob {digest} ({size} bytes) by delta: {fetch_bytes} bytes in \
+             {fetch_chunks} chunks to fetch, {reuse_bytes} bytes in {reuse_chunks} chunks \
+             reused"
         )),
         Event::DeltaFallback { digest, reason } => node.journal.info(format_args!(
             "pull {version}: blob {digest} is downloaded whole: {reason}"
         )),
         _ => {}
-    }
     };
     let pulled = slate_transport::Client::new(options.clone())
         .pull_with_seeds(&pinned.reference, &dir, seeds, &mut log)
