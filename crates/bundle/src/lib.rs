@@ -19,6 +19,7 @@ mod blob;
 mod chunk_index;
 mod chunks;
 mod digest;
+mod download;
 mod export;
 mod import;
 mod mapped;
@@ -38,6 +39,7 @@ pub use chunks::{
     CHUNK_SIZE_ANNOTATION,
 };
 pub use digest::{hashed_on_this_thread, Digest, DigestError, DigestWriter, Hasher, SHA256_PREFIX};
+pub use download::Download;
 pub use import::{import_tar, ImportError, Imported, JudgeError, Refusal};
 pub use mapped::BlobBytes;
 pub use read::{is_signature_tag, parse_documents, Bundle, MAX_DOCUMENT_BYTES};

@@ -173,3 +173,54 @@ fn a_changed_or_foreign_index_is_refused() {
         .to_string();
     assert!(err.contains("which is not a blob of the bundle"), "{err}");
 }
+
+/// `slate upgrade --check`'s figure (issue 41): what a node holding the running version's
+/// chunks downloads — the changed chunks and the small blobs — against the whole bundle.
+#[test]
+fn the_download_is_the_chunks_the_node_lacks_and_the_blobs_no_index_lists() {
+    let (v1_uki, installer) = (noise(3 << 20, 1), noise(2 << 20, 2));
+    let mut v2_uki = v1_uki.clone();
+    v2_uki[(1 << 20)..(1 << 20) + 100].fill(0);
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write(d1.path(), &v1_uki, &installer, Some(DEFAULT_PARAMS));
+    write(d2.path(), &v2_uki, &installer, Some(DEFAULT_PARAMS));
+    let (v1, v2) = (
+        Bundle::open(d1.path(), None).unwrap(),
+        Bundle::open(d2.path(), None).unwrap(),
+    );
+    let held = v1.chunk_index().unwrap().unwrap();
+    let total: u64 = v2.image_blobs().iter().map(|(_, s)| s).sum();
+    let d = v2.download(Ok(&held)).unwrap();
+    assert_eq!(d.total_bytes, total);
+    assert_eq!(d.whole, None);
+    // One or two chunks of the UKI (at most 128 KiB each), the index, systemd-boot and the
+    // documents: well under 5 % of 5 MiB.
+    assert!((1..=3).contains(&d.fetch_chunks), "{d:?}");
+    assert!(d.fetch_bytes < total / 20, "{d:?}");
+    assert_eq!(
+        d.reuse_bytes + d.fetch_bytes - (total - (5 << 20)),
+        5 << 20,
+        "{d:?}"
+    );
+    assert!(d
+        .text()
+        .starts_with(&format!("download: {} of {total} bytes (", d.fetch_bytes)));
+
+    // A node that does not say, or that holds nothing of it: the whole bundle.
+    let d = v2
+        .download(Err("the node does not list the chunks it holds"))
+        .unwrap();
+    assert_eq!((d.fetch_bytes, d.fetch_chunks), (total, 0));
+    assert_eq!(
+        d.text(),
+        format!(
+            "download: {total} bytes, the whole bundle (the node does not list the chunks it \
+             holds)"
+        )
+    );
+    let nothing = ChunkIndex {
+        params: DEFAULT_PARAMS,
+        blobs: vec![chunk_blob(&noise(1 << 20, 9), DEFAULT_PARAMS)],
+    };
+    assert_eq!(v2.download(Ok(&nothing)).unwrap().fetch_bytes, total);
+}

@@ -80,9 +80,9 @@ impl Backend {
             .name("registry-upgrade".into())
             .spawn(
                 move || match upgrade::pull::pull(&node, &pinned, &options) {
-                    Ok((mut plan, fetched, cached)) => {
+                    Ok((mut plan, moved)) => {
                         node.journal.info(format_args!(
-                            "{} pulled and verified ({fetched} bytes fetched, {cached} cached)",
+                            "{} pulled and verified ({moved})",
                             pinned.version
                         ));
                         plan.tries = tries;

@@ -39,6 +39,39 @@ impl TransferBars {
                     bar.finish_and_clear();
                 }
             }
+            // A blob assembled from chunks: the bar counts the bytes fetched, the message the
+            // bytes reused from what this machine holds.
+            Event::DeltaStart {
+                digest,
+                size,
+                fetch_bytes,
+                fetch_chunks,
+                reuse_bytes,
+                ..
+            } => {
+                let bar = ProgressBar::new(fetch_bytes);
+                bar.set_style(
+                    ProgressStyle::with_template(
+                        "{msg} [{bar:30}] {bytes}/{total_bytes} fetched {bytes_per_sec} {eta}",
+                    )
+                    .unwrap_or_else(|_| ProgressStyle::default_bar()),
+                );
+                bar.set_message(format!(
+                    "{} delta: {fetch_chunks} chunks to fetch, {} of {} reused",
+                    short(digest),
+                    indicatif::HumanBytes(reuse_bytes),
+                    indicatif::HumanBytes(size)
+                ));
+                self.bar = Some(bar);
+            }
+            Event::DeltaFallback { digest, reason } => {
+                if let Some(bar) = self.bar.take() {
+                    bar.finish_and_clear();
+                }
+                if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+                    eprintln!("{}: downloading it whole ({reason})", short(digest));
+                }
+            }
             Event::BlobPresent { .. } | Event::Manifest { .. } => {}
         }
     }

@@ -199,6 +199,7 @@ fn pull_one(args: &PullArgs, client: &Client, reference: &Reference) -> Result<s
         "version": manifest.version,
         "fetched_bytes": pulled.fetched_bytes,
         "cached_bytes": pulled.cached_bytes,
+        "reused_bytes": pulled.reused_bytes,
     });
     if args.output == OutputFormat::Text {
         println!("layout:    {}", layout.display());
@@ -210,8 +211,8 @@ fn pull_one(args: &PullArgs, client: &Client, reference: &Reference) -> Result<s
         );
         println!("bundle:    {} {}", manifest.name, manifest.version);
         println!(
-            "fetched:   {} bytes ({} bytes were cached)",
-            pulled.fetched_bytes, pulled.cached_bytes
+            "fetched:   {} bytes ({} bytes were cached, {} reused from chunks held here)",
+            pulled.fetched_bytes, pulled.cached_bytes, pulled.reused_bytes
         );
     }
     if pulled.signature_tag.is_none() {

@@ -3,7 +3,8 @@
 //! The node checks it again and runs the bundle's own installer.
 //!
 //! `--check`: the node's running version (`GET /v1/image`) diffed with the bundle, as
-//! `slate bundle diff` diffs two bundles (docs/formats.md §7.5); nothing is sent.
+//! `slate bundle diff` diffs two bundles (docs/formats.md §7.5), and what a pull of it by the
+//! node would download (issue 41: the chunks the node lacks); nothing is sent.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -140,7 +141,7 @@ fn check(target: &NodeTarget, args: &UpgradeArgs) -> Result<()> {
     }
     let client = target.client()?.with_timeout(CHECK_TIMEOUT);
     let route = slate_api::route_of(slate_api::Endpoint::ImageSummary);
-    let running: slate_bundle_diff::Summary = client
+    let mut running: serde_json::Value = client
         .call(route.method, route.path, None::<&()>)
         .map_err(|e| match e {
             slate_api::ClientError::NotFound(_) => anyhow::anyhow!(
@@ -153,6 +154,12 @@ fn check(target: &NodeTarget, args: &UpgradeArgs) -> Result<()> {
             other => anyhow::Error::new(other),
         })
         .with_context(|| format!("reading the running image of {}", client.addr()))?;
+    let held = running
+        .as_object_mut()
+        .and_then(|o| o.remove(HELD_CHUNKS))
+        .and_then(|v| v.as_str().map(str::to_owned));
+    let running: slate_bundle_diff::Summary = serde_json::from_value(running)
+        .with_context(|| format!("reading the running image of {}", client.addr()))?;
     let bundle = match parse_image(args)? {
         Source::Layout(dir, tag) => open_checked(&dir, tag.as_deref())?,
         Source::Pulled(dir, tag) => slate_transport::open_cached(&dir, &tag)
@@ -164,8 +171,38 @@ fn check(target: &NodeTarget, args: &UpgradeArgs) -> Result<()> {
     };
     let target_summary = slate_bundle_diff::inspect(slate_bundle_diff::Side::B, &bundle)?;
     let diff = slate_bundle_diff::diff(&running, &target_summary);
-    crate::args::print_diff(&diff, args.output)
+    let held = match held.as_deref() {
+        None => Err(
+            "the node does not list the chunks it holds: a slate older than delta \
+                     updates"
+                .to_owned(),
+        ),
+        Some(text) => hex::decode(text)
+            .ok()
+            .and_then(|bytes| slate_delta::ChunkIndex::parse(&bytes).ok())
+            .ok_or_else(|| "the node's list of the chunks it holds is unreadable".to_owned()),
+    };
+    let download = bundle
+        .download(held.as_ref().map_err(String::as_str))
+        .context("reading the bundle's chunk index")?;
+    match args.output {
+        OutputFormat::Text => {
+            crate::args::print_diff(&diff, args.output)?;
+            println!("{}", download.text());
+            Ok(())
+        }
+        OutputFormat::Json => {
+            let mut value = serde_json::to_value(&diff)?;
+            if let Some(object) = value.as_object_mut() {
+                object.insert("download".into(), serde_json::to_value(&download)?);
+            }
+            crate::args::print_json(&value)
+        }
+    }
 }
+
+/// `GET /v1/image`'s list of the chunks the node holds (machined's `HELD_CHUNKS`).
+const HELD_CHUNKS: &str = "held_chunks";
 
 pub fn run(target: &NodeTarget, args: UpgradeArgs) -> Result<()> {
     if args.check {

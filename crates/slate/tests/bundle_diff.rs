@@ -355,17 +355,39 @@ fn upgrade_check_diffs_the_running_version_with_the_bundle() {
         args.extend_from_slice(extra);
         ok(&args)
     };
-    // Exactly what `slate bundle diff A B` prints, text and JSON.
+    // Exactly what `slate bundle diff A B` prints, text and JSON, and what the node would
+    // download (issue 41): this bundle has no chunk index, so all of it.
+    let total: u64 = slate_bundle::Bundle::open(&b, None)
+        .unwrap()
+        .image_blobs()
+        .iter()
+        .map(|(_, size)| size)
+        .sum();
+    let download =
+        format!("download: {total} bytes, the whole bundle (it carries no chunk index)\n");
     let text = check(&b, &[]);
-    assert_eq!(text, ok(&["bundle", "diff", s(&a), s(&b)]));
-    assert!(text.ends_with("1 added, 0 removed, 1 changed\n"), "{text}");
-    assert_eq!(
-        check(&b, &["--output", "json"]),
-        ok(&["bundle", "diff", s(&a), s(&b), "--output", "json"])
-    );
+    assert_eq!(text, ok(&["bundle", "diff", s(&a), s(&b)]) + &download);
+    assert!(text.contains("1 added, 0 removed, 1 changed\n"), "{text}");
+    let mut json: serde_json::Value =
+        serde_json::from_str(&check(&b, &["--output", "json"])).unwrap();
+    assert_eq!(json["download"]["fetch_bytes"], total);
+    assert_eq!(json["download"]["fetch_chunks"], 0);
+    json.as_object_mut().unwrap().remove("download");
+    let diff: serde_json::Value =
+        serde_json::from_str(&ok(&["bundle", "diff", s(&a), s(&b), "--output", "json"])).unwrap();
+    assert_eq!(json, diff);
+    let total_a: u64 = slate_bundle::Bundle::open(&a, None)
+        .unwrap()
+        .image_blobs()
+        .iter()
+        .map(|(_, size)| size)
+        .sum();
     assert_eq!(
         check(&a, &[]),
-        "no differences\n0 added, 0 removed, 0 changed\n"
+        format!(
+            "no differences\n0 added, 0 removed, 0 changed\ndownload: {total_a} bytes, the \
+             whole bundle (it carries no chunk index)\n"
+        )
     );
     server.shutdown().unwrap();
 }

@@ -199,6 +199,11 @@ pub fn gc(cache_dir: &Path, keep: usize, dry_run: bool) -> Result<GcReport, Tran
     for (name, _) in &report.removed_partials {
         remove(&incoming.join(name))?;
     }
+    // An interrupted delta's chunks (issue 41) go with the partials.
+    let chunks = incoming.join(crate::layout::CHUNKS_DIR);
+    if chunks.is_dir() {
+        fs::remove_dir_all(&chunks).map_err(TransportError::io(&chunks))?;
+    }
     if !report.removed_blobs.is_empty() {
         File::open(&blobs_dir)
             .and_then(|d| d.sync_all())

@@ -82,6 +82,24 @@ impl LayoutRemote {
     }
 }
 
+impl Remote for crate::source::LayoutSource {
+    fn fetch(&self, blob: &str, chunk: &Chunk) -> std::io::Result<Vec<u8>> {
+        LayoutRemote::new(self.layout.dir()).fetch(blob, chunk)
+    }
+}
+
+impl Remote for crate::registry::Registry {
+    fn fetch(&self, blob: &str, chunk: &Chunk) -> std::io::Result<Vec<u8>> {
+        self.get_range(
+            &format!("{blob}, bytes {}+{}", chunk.offset, chunk.length),
+            blob,
+            chunk.offset,
+            u64::from(chunk.length),
+        )
+        .map_err(std::io::Error::other)
+    }
+}
+
 impl Remote for LayoutRemote {
     fn fetch(&self, blob: &str, chunk: &Chunk) -> std::io::Result<Vec<u8>> {
         let hex = blob
@@ -124,13 +142,6 @@ impl RegistryRemote {
 
 impl Remote for RegistryRemote {
     fn fetch(&self, blob: &str, chunk: &Chunk) -> std::io::Result<Vec<u8>> {
-        self.registry
-            .get_range(
-                &format!("{blob}, bytes {}+{}", chunk.offset, chunk.length),
-                blob,
-                chunk.offset,
-                u64::from(chunk.length),
-            )
-            .map_err(std::io::Error::other)
+        self.registry.fetch(blob, chunk)
     }
 }

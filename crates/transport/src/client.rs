@@ -104,7 +104,22 @@ impl Client {
         cache_dir: &Path,
         progress: &mut dyn FnMut(Event<'_>),
     ) -> Result<Pulled, TransportError> {
-        crate::pull::pull(self, reference, cache_dir, progress)
+        crate::pull::pull(self, reference, cache_dir, Vec::new(), progress)
+    }
+
+    /// [`Client::pull`] with `seeds` besides the cache's own images: blobs this machine holds,
+    /// each listed by a signed chunk index (a node's running UKI on its ESP and its running
+    /// installer). A blob the target's chunk index lists is assembled from the chunks found
+    /// there and the missing ones fetched by range (issue 41, formats.md §7.7), when that is
+    /// smaller than the blob; otherwise, or if the delta fails, it is downloaded whole.
+    pub fn pull_with_seeds(
+        &self,
+        reference: &Reference,
+        cache_dir: &Path,
+        seeds: Vec<crate::SeedBlob>,
+        progress: &mut dyn FnMut(Event<'_>),
+    ) -> Result<Pulled, TransportError> {
+        crate::pull::pull(self, reference, cache_dir, seeds, progress)
     }
 
     /// Push every tag of the layout at `layout_dir` to `reference`; see [`crate::push`].

@@ -22,6 +22,9 @@ use crate::{Event, TransportError};
 
 const OCI_LAYOUT: &[u8] = br#"{"imageLayoutVersion":"1.0.0"}"#;
 pub(crate) const INCOMING: &str = "incoming";
+/// Under [`INCOMING`]: where a delta keeps the chunks it fetched, so an interrupted one resumes
+/// with them (issue 41); removed when a pull completes, and by `gc`.
+pub(crate) const CHUNKS_DIR: &str = "chunks";
 const BUFFER: usize = 256 * 1024;
 
 /// A digest from a document or a caller, held to the canonical rule before it names a file.
@@ -480,6 +483,21 @@ impl Incoming {
                 cause: None,
             });
         }
+        Ok(())
+    }
+
+    /// Append `bytes` assembled here (a delta's chunks, in order), hashed as written; more
+    /// than the descriptor's size is refused.
+    pub fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        if self.written + bytes.len() as u64 > self.size {
+            return Err(std::io::Error::other(format!(
+                "{}: more than its descriptor's {} bytes",
+                self.what, self.size
+            )));
+        }
+        self.file.write_all(bytes)?;
+        self.hasher.update(bytes);
+        self.written += bytes.len() as u64;
         Ok(())
     }
 

@@ -36,6 +36,8 @@ pub mod challenge;
 pub mod chunks;
 #[cfg(feature = "client")]
 mod client;
+#[cfg(feature = "client")]
+mod delta;
 mod error;
 #[cfg(feature = "client")]
 mod files;
@@ -61,6 +63,8 @@ use std::path::{Path, PathBuf};
 pub use cache::{gc, GcReport, DEFAULT_KEEP};
 #[cfg(feature = "client")]
 pub use client::{Client, Resolved, DEFAULT_MAX_IMAGE_BYTES};
+#[cfg(feature = "client")]
+pub use delta::{cache_seeds, MemSeed, SeedBlob};
 pub use error::TransportError;
 #[cfg(feature = "client")]
 pub use pull::signature_tag;
@@ -98,6 +102,20 @@ pub enum Event<'a> {
     BlobDone { digest: &'a str },
     /// The blob was already there (in the cache, or on the registry) and was not transferred.
     BlobPresent { digest: &'a str, size: u64 },
+    /// A blob the target's chunk index lists will be assembled from chunks (issue 41): what it
+    /// costs, before anything is fetched. If the delta is worth it, `Bytes` of the fetched
+    /// chunks and `BlobDone` follow; else `DeltaFallback` and a whole download.
+    DeltaStart {
+        digest: &'a str,
+        size: u64,
+        fetch_bytes: u64,
+        fetch_chunks: usize,
+        reuse_bytes: u64,
+        reuse_chunks: usize,
+    },
+    /// The blob is downloaded whole after all, and why (the delta would not be smaller, or it
+    /// failed: a chunk refused by its digest, a registry that does not answer ranges).
+    DeltaFallback { digest: &'a str, reason: &'a str },
 }
 
 /// Registry credentials (basic, or exchanged for a bearer token). `Debug` hides the password.
@@ -142,6 +160,9 @@ pub struct Pulled {
     pub fetched_bytes: u64,
     /// Blob bytes that were already in the cache, including a resumed transfer's prefix.
     pub cached_bytes: u64,
+    /// Bytes of blobs assembled from chunks this machine held (seeds, an interrupted
+    /// assembly's chunks) rather than fetched (issue 41).
+    pub reused_bytes: u64,
 }
 
 /// What a push did.

@@ -6,6 +6,7 @@ use std::path::Path;
 use oci_spec::image::{Descriptor, DescriptorBuilder, ImageManifest, MediaType};
 use slate_bundle::is_signature_tag;
 
+use crate::delta::{fetch_by_delta, index_layer, read_index, Delta, SeedBlob};
 use crate::files::is_regular;
 use crate::layout::{parse_digest, set_entry, Incoming, Layout};
 use crate::reference::Location;
@@ -55,6 +56,8 @@ pub(crate) fn declared_bytes(
 pub(crate) struct Stats {
     pub fetched: u64,
     pub cached: u64,
+    /// Assembled from chunks held here (issue 41).
+    pub reused: u64,
 }
 
 /// Copy blob `digest` from `source` into `dest` unless it is there: resumes a partial, verifies
@@ -112,13 +115,17 @@ pub(crate) fn fetch_blob(
 
 /// Copy the image manifest `reference` (tag or digest), its config and layers from `source` into
 /// `dest`, refusing a manifest that declares more than `limit` bytes of blobs before any is
-/// fetched. `None` when the source has no such manifest. The index is the caller's.
+/// fetched. `None` when the source has no such manifest. The index is the caller's. With
+/// `delta`, the blobs the image's chunk index lists are assembled from chunks where that is
+/// smaller (`crate::delta`); the index itself is fetched first.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn copy_image(
     source: &dyn Source,
     dest: &Layout,
     reference: &str,
     name: &str,
     limit: u64,
+    delta: Option<&Delta<'_>>,
     stats: &mut Stats,
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<Option<Descriptor>, TransportError> {
@@ -160,8 +167,33 @@ pub(crate) fn copy_image(
         name,
         digest: &manifest.digest,
     });
+    let (index, first) = match (delta, index_layer(&parsed)) {
+        (Some(_), Some(layer)) => {
+            let digest = layer.digest().as_ref();
+            fetch_blob(source, dest, digest, layer.size(), stats, progress)?;
+            (read_index(dest, layer), Some(digest))
+        }
+        _ => (None, None),
+    };
     for d in std::iter::once(parsed.config()).chain(parsed.layers()) {
-        fetch_blob(source, dest, d.digest().as_ref(), d.size(), stats, progress)?;
+        let digest = d.digest().as_ref();
+        if first == Some(digest) {
+            continue;
+        }
+        if let (Some(delta), Some(index)) = (delta, &index) {
+            let listed = index.blob(digest).filter(|b| b.size == d.size());
+            if let Some(chunks) = listed {
+                if !dest.has_blob(digest, d.size())? {
+                    let delivered = fetch_by_delta(delta, dest, chunks, progress)?;
+                    stats.fetched = stats.fetched.saturating_add(delivered.fetched);
+                    stats.reused = stats.reused.saturating_add(delivered.reused);
+                    if delivered.in_place {
+                        continue;
+                    }
+                }
+            }
+        }
+        fetch_blob(source, dest, digest, d.size(), stats, progress)?;
     }
     dest.put_document(&manifest.digest, &manifest.bytes)?;
     let descriptor = DescriptorBuilder::default()
@@ -200,6 +232,15 @@ impl AnySource {
         }
     }
 
+    /// Where a delta's missing chunks come from: range requests on the registry's blob, or
+    /// reads at offsets of the layout's.
+    pub fn as_remote(&self) -> &dyn slate_delta::Remote {
+        match self {
+            AnySource::Registry(r) => &**r,
+            AnySource::Layout(l) => &**l,
+        }
+    }
+
     /// What to fetch for `reference` (its digest, else its tag) and the name it gets in the
     /// cache (its tag, else its digest); a layout's only image when the reference names none.
     pub fn target(&self, reference: &Reference) -> Result<(String, String), TransportError> {
@@ -221,20 +262,29 @@ impl AnySource {
     }
 }
 
+/// `seeds`: blobs held outside the cache (a node's running UKI); the cache's own images are
+/// seeds too (`crate::delta::cache_seeds`).
 pub(crate) fn pull(
     client: &Client,
     reference: &Reference,
     cache_dir: &Path,
+    seeds: Vec<SeedBlob>,
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<Pulled, TransportError> {
     let any = AnySource::open(reference, client)?;
     let source = any.as_source();
+    let mut seeds = seeds;
+    seeds.extend(crate::delta::cache_seeds(cache_dir));
+    let delta = Delta {
+        seeds: &seeds,
+        remote: any.as_remote(),
+    };
     let (fetch, name) = any.target(reference)?;
     let limit = client.max_image_bytes;
     let existed = cache_dir.symlink_metadata().is_ok();
     // Held until the index names the image: pulls into one cache take turns.
     let lock = crate::cache::lock(cache_dir)?;
-    let pulled = pull_locked(source, cache_dir, &fetch, name, limit, progress);
+    let pulled = pull_locked(source, cache_dir, &fetch, name, limit, &delta, progress);
     if pulled.is_err() && !existed && holds_no_data(cache_dir) {
         // A failed first pull leaves no empty layout behind to be mistaken for a cache (issue
         // 44); one that got part of a blob keeps it, to resume. Removed under the lock; a pull
@@ -267,22 +317,34 @@ fn pull_locked(
     fetch: &str,
     name: String,
     limit: u64,
+    delta: &Delta<'_>,
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<Pulled, TransportError> {
     let cache = Layout::create(cache_dir)?;
     let mut stats = Stats::default();
-    let image = copy_image(source, &cache, fetch, &name, limit, &mut stats, progress)?.ok_or_else(
-        || TransportError::NotFound {
-            what: format!("the image {name}"),
-            location: source.describe(),
-        },
-    )?;
+    let image = copy_image(
+        source,
+        &cache,
+        fetch,
+        &name,
+        limit,
+        Some(delta),
+        &mut stats,
+        progress,
+    )?
+    .ok_or_else(|| TransportError::NotFound {
+        what: format!("the image {name}"),
+        location: source.describe(),
+    })?;
     let manifest_digest = image.digest().to_string();
     let signature = if is_signature_tag(&name) {
         None
     } else {
         let tag = signature_tag(&manifest_digest)?;
-        copy_image(source, &cache, &tag, &tag, limit, &mut stats, progress)?.map(|d| (tag, d))
+        copy_image(
+            source, &cache, &tag, &tag, limit, None, &mut stats, progress,
+        )?
+        .map(|d| (tag, d))
     };
     let mut index = cache.read_index()?;
     set_entry(&mut index, &image, Some(&name));
@@ -290,6 +352,7 @@ fn pull_locked(
         set_entry(&mut index, descriptor, Some(tag));
     }
     cache.write_index(&index)?;
+    crate::delta::remove_chunks(&cache);
     Ok(Pulled {
         layout_dir: cache_dir.to_owned(),
         tag: name,
@@ -297,5 +360,6 @@ fn pull_locked(
         signature_tag: signature.map(|(tag, _)| tag),
         fetched_bytes: stats.fetched,
         cached_bytes: stats.cached,
+        reused_bytes: stats.reused,
     })
 }

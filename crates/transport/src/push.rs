@@ -202,6 +202,7 @@ pub(crate) fn push(
                     &image.manifest_digest,
                     &image.destination,
                     MAX_FILE_BYTES,
+                    None,
                     &mut stats,
                     progress,
                 )?

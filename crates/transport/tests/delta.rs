@@ -6,50 +6,14 @@ mod support;
 
 use std::path::{Path, PathBuf};
 
-use slate_bundle::{
-    write_installable_bundle_with, BlobInput, Bundle, BundleSpec, InstallDefaults,
-    BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE,
-};
-use slate_delta::{assemble, plan, ChunkCache, Seed, DEFAULT_PARAMS};
+use slate_bundle::Bundle;
+use slate_delta::{assemble, plan, ChunkCache, Seed};
 use slate_transport::chunks::{DirCache, FileSeed, LayoutRemote, RegistryRemote};
 use slate_transport::{push, Client, Options, Reference};
 use support::registry::TestRegistry;
 
 fn write(dir: &Path, version: &str, uki: &[u8]) -> Bundle {
-    let installer = support::noise(99, 2 << 20);
-    write_installable_bundle_with(
-        dir,
-        BundleSpec {
-            name: "slate",
-            version,
-            arch: "amd64",
-            variant: "demo",
-        },
-        InstallDefaults {
-            esp_mib: 64,
-            state_mib: 32,
-            tries: 3,
-            menu_timeout: 1,
-            keep_versions: 2,
-        },
-        &[
-            BlobInput {
-                role: slate_bundle::UKI_ROLE,
-                file_name: "slate.efi",
-                media_type: UKI_MEDIA_TYPE,
-                bytes: uki,
-            },
-            BlobInput {
-                role: slate_bundle::INSTALLER_ROLE,
-                file_name: "slate",
-                media_type: BINARY_MEDIA_TYPE,
-                bytes: &installer,
-            },
-        ],
-        DEFAULT_PARAMS,
-    )
-    .unwrap();
-    Bundle::open(dir, None).unwrap()
+    support::write_indexed_bundle(dir, version, uki)
 }
 
 fn uki_path(bundle: &Bundle) -> PathBuf {

@@ -418,6 +418,8 @@ fn progress_reports_each_blob() {
                 Event::Bytes(_) => "bytes".into(),
                 Event::BlobDone { .. } => "done".into(),
                 Event::BlobPresent { .. } => "present".into(),
+                Event::DeltaStart { .. } => "delta".into(),
+                Event::DeltaFallback { .. } => "whole".into(),
             })
         },
     )

@@ -3,6 +3,7 @@
 
 mod containerd;
 mod debian;
+mod delta;
 mod drain;
 mod fleet;
 mod flood;
@@ -360,6 +361,8 @@ pub fn vm_test(only: &[String]) -> Result<()> {
         ("btrfs_snapshot_grub", snapshot_grub::btrfs_snapshot_grub),
         ("upgrade_commit_and_revert", upgrade_commit_and_revert),
         ("fleet_lock_updates", fleet::fleet_lock_updates),
+        // Two boots: v1, then v2 pulled by delta from a registry by the update agent.
+        ("delta_upgrade", delta::delta_upgrade),
         ("staged_upgrades", staged::staged_upgrades),
         (
             "secure_boot_enrol_and_enforce",

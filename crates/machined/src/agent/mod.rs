@@ -307,11 +307,10 @@ impl<'a> Agent<'a> {
             "update agent: downloading {} ({})",
             release.version, release.digest
         ));
-        let (plan, fetched, cached) =
-            crate::boot::upgrade::pull::pull(self.node, &pinned, options)?;
+        let (plan, moved) = crate::boot::upgrade::pull::pull(self.node, &pinned, options)?;
         self.node.journal.info(format_args!(
-            "update agent: {} downloaded and verified ({} bytes fetched, {} cached)",
-            release.version, fetched, cached
+            "update agent: {} downloaded and verified ({moved})",
+            release.version
         ));
         Ok(plan)
     }

@@ -1,7 +1,8 @@
 //! `GET /v1/image`: the running version taken apart as `slate upgrade --check` compares it with
 //! a bundle (`slate_bundle_diff::running_summary`, docs/formats.md §7.5). The booted entry's
 //! UKI is read from the system disk's ESP through the boot loader backend, the disk opened
-//! read-only: nothing is written anywhere. One summary at a time (it holds a UKI and its root
+//! read-only: nothing is written anywhere. Beside the summary, `held_chunks`: the chunks an
+//! upgrade would reuse (issue 41). One summary at a time (it holds a UKI and its root
 //! image in memory and hashes every file): a request meanwhile is answered `Locked`.
 
 use std::sync::{Mutex, TryLockError};
@@ -48,8 +49,25 @@ pub fn image_summary(node: &Node) -> Result<serde_json::Value, BackendError> {
         summary.rootfs.len(),
         started.elapsed().as_millis()
     ));
-    serde_json::to_value(&summary).map_err(|e| BackendError::Failed(e.to_string()))
+    let mut value =
+        serde_json::to_value(&summary).map_err(|e| BackendError::Failed(e.to_string()))?;
+    // The chunks an upgrade could reuse (issue 41), for `slate upgrade --check` to say how
+    // much it would fetch: digests only, read by no one but that estimate.
+    if let (Some(index), Some(object)) = (
+        crate::boot::upgrade::pull::held_index(node),
+        value.as_object_mut(),
+    ) {
+        object.insert(
+            HELD_CHUNKS.into(),
+            serde_json::Value::String(hex::encode(index.to_bytes())),
+        );
+    }
+    Ok(value)
 }
+
+/// The field of `GET /v1/image` that lists the chunks the node holds (a chunk index, formats.md
+/// §7.7, in hex); absent on a node older than delta updates.
+pub const HELD_CHUNKS: &str = "held_chunks";
 
 /// What a bundle manifest would say of the running version: the node's version and variant
 /// (os-release, as the node reads them at start), os-release `IMAGE_ID` (the profile's name,

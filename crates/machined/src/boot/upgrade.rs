@@ -9,6 +9,7 @@
 //! to `plan` and the Upgrade sequence, which check the signature again (documents only) and the
 //! sizes, not the bytes. A staged upgrade runs after a reboot, so it hashes each blob once more.
 
+pub mod kept_index;
 pub mod pull;
 mod receive;
 
@@ -542,6 +543,9 @@ fn upgrade_phases<'a>(
                 for line in String::from_utf8_lossy(&out.stdout).lines() {
                     ctx.log(&format!("installer: {line}"));
                 }
+                // Installed: its signed documents are kept on STATE for the next upgrade's
+                // delta (issue 41). Best effort: without them the next one downloads whole.
+                ctx.log(&keep_documents(node, &plan));
                 // Installed: the bundle has served (the retention rule's "used by an upgrade").
                 if let Err(e) = receive::used(&plan.bundle_dir, &plan.bundle_id) {
                     ctx.log(&format!("removing the installed bundle: {e}"));
@@ -555,6 +559,24 @@ fn upgrade_phases<'a>(
                 Err(TaskError::Reboot(reboot))
             })],
         )
+}
+
+/// Keep the installed bundle's documents on STATE (`kept_index`); the line to log.
+fn keep_documents(node: &Node, plan: &UpgradePlan) -> String {
+    let kept = open_received(&plan.bundle_dir, &plan.bundle_id, plan.verified.clone()).and_then(
+        |bundle| kept_index::keep(&crate::base::paths::state_dir(), &bundle, &node.version),
+    );
+    match kept {
+        Ok(dir) => format!(
+            "the chunk index of {} is kept in {} for the next upgrade's delta",
+            plan.version,
+            dir.display()
+        ),
+        Err(e) => format!(
+            "the chunk index of {} is not kept ({e}): the next upgrade downloads whole",
+            plan.version
+        ),
+    }
 }
 
 #[cfg(test)]

@@ -56,6 +56,45 @@ pub fn write_test_bundle(dir: &Path, version: &str, uki: &[u8], installer: &[u8]
     .expect("the bundle is written");
 }
 
+/// A bundle as the imager writes it, with a chunk index (issue 41): `uki` and a 2 MiB
+/// installer that is the same in every version.
+pub fn write_indexed_bundle(dir: &Path, version: &str, uki: &[u8]) -> slate_bundle::Bundle {
+    let installer = noise(99, 2 << 20);
+    slate_bundle::write_installable_bundle_with(
+        dir,
+        BundleSpec {
+            name: "slate",
+            version,
+            arch: "amd64",
+            variant: "demo",
+        },
+        slate_bundle::InstallDefaults {
+            esp_mib: 64,
+            state_mib: 32,
+            tries: 3,
+            menu_timeout: 1,
+            keep_versions: 2,
+        },
+        &[
+            BlobInput {
+                role: slate_bundle::UKI_ROLE,
+                file_name: "slate.efi",
+                media_type: UKI_MEDIA_TYPE,
+                bytes: uki,
+            },
+            BlobInput {
+                role: slate_bundle::INSTALLER_ROLE,
+                file_name: "slate",
+                media_type: BINARY_MEDIA_TYPE,
+                bytes: &installer,
+            },
+        ],
+        slate_delta::DEFAULT_PARAMS,
+    )
+    .unwrap();
+    slate_bundle::Bundle::open(dir, None).unwrap()
+}
+
 /// The digest of the manifest tagged `tag` in the layout at `dir`.
 pub fn manifest_digest(dir: &Path, tag: &str) -> String {
     let index: serde_json::Value =
@@ -126,6 +165,10 @@ pub struct Counter {
     pub present: Vec<String>,
     pub done: Vec<String>,
     pub manifests: Vec<(String, String)>,
+    /// `(digest, fetch_bytes, reuse_bytes)` of every delta planned.
+    pub deltas: Vec<(String, u64, u64)>,
+    /// `(digest, reason)` of every delta given up for a whole download.
+    pub fallbacks: Vec<(String, String)>,
 }
 
 impl Counter {
@@ -139,6 +182,17 @@ impl Counter {
             Event::BlobDone { digest } => self.done.push(digest.to_owned()),
             Event::Manifest { name, digest } => {
                 self.manifests.push((name.to_owned(), digest.to_owned()))
+            }
+            Event::DeltaStart {
+                digest,
+                fetch_bytes,
+                reuse_bytes,
+                ..
+            } => self
+                .deltas
+                .push((digest.to_owned(), fetch_bytes, reuse_bytes)),
+            Event::DeltaFallback { digest, reason } => {
+                self.fallbacks.push((digest.to_owned(), reason.to_owned()))
             }
         }
     }

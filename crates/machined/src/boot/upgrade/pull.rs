@@ -4,11 +4,36 @@
 //! the digest what is pulled, so a moved tag can never change what is installed. The bundle is
 //! pulled into its directory (resuming an interrupted pull), then checked as an upload is: the
 //! signature against the image's keys, the update policy.
+//!
+//! By delta (issue 41): the blobs the target's chunk index lists are assembled from the chunks
+//! of the running UKI (read from the ESP) and of the running installer (this binary), each
+//! listed by the running version's signed index kept on STATE (`kept_index`), plus the chunks
+//! fetched by range; what each blob costs is logged before anything is fetched. Without a kept
+//! index, or when a delta would not be smaller, a blob is downloaded whole.
 
 use slate_bundle::Digest;
-use slate_transport::{Options, Reference};
+use slate_transport::{Event, Options, Reference, SeedBlob};
 
 use crate::base::node::{Node, UpgradePlan};
+
+/// What a pull moved: bytes fetched over the network, found in the bundle's directory (an
+/// interrupted pull), and assembled from chunks the node held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Moved {
+    pub fetched: u64,
+    pub cached: u64,
+    pub reused: u64,
+}
+
+impl std::fmt::Display for Moved {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} bytes fetched, {} cached, {} reused from chunks this node holds",
+            self.fetched, self.cached, self.reused
+        )
+    }
+}
 
 /// A pinned registry reference, taken apart.
 #[derive(Debug, Clone)]
@@ -41,16 +66,36 @@ pub fn pinned(image: &str) -> Result<Pinned, String> {
     })
 }
 
-/// Pull `pinned` and check it; the plan to hand to the Upgrade sequence, and how many bytes
-/// were fetched and found cached.
+/// Pull `pinned` and check it; the plan to hand to the Upgrade sequence, and what was moved.
 pub fn pull(
     node: &Node,
     pinned: &Pinned,
     options: &Options,
-) -> Result<(UpgradePlan, u64, u64), String> {
+) -> Result<(UpgradePlan, Moved), String> {
     let dir = super::bundle_dir(&pinned.digest);
     super::keep_only(&dir);
-    let pulled = slate_transport::pull_with(&pinned.reference, &dir, options, &mut |_| {})
+    let seeds = delta_seeds(node);
+    let version = &pinned.version;
+    let mut log = |event: Event<'_>| match event {
+        Event::DeltaStart {
+            digest,
+            size,
+            fetch_bytes,
+            fetch_chunks,
+            reuse_bytes,
+            reuse_chunks,
+        } => node.journal.info(format_args!(
+            "pull {version}: blob {digest} ({size} bytes) by delta: {fetch_bytes} bytes in \
+             {fetch_chunks} chunks to fetch, {reuse_bytes} bytes in {reuse_chunks} chunks \
+             reused"
+        )),
+        Event::DeltaFallback { digest, reason } => node.journal.info(format_args!(
+            "pull {version}: blob {digest} is downloaded whole: {reason}"
+        )),
+        _ => {}
+    };
+    let pulled = slate_transport::Client::new(options.clone())
+        .pull_with_seeds(&pinned.reference, &dir, seeds, &mut log)
         .map_err(|e| slate_sequencer::error_chain(&e))?;
     let bundle = pulled
         .open()
@@ -62,10 +107,71 @@ pub fn pull(
         bundle.verified_blobs(),
         &pinned.version,
     )?;
-    node.journal
-        .counters
-        .pulled(pulled.fetched_bytes, pulled.cached_bytes);
-    Ok((plan, pulled.fetched_bytes, pulled.cached_bytes))
+    // Reused bytes count with the cached ones: not downloaded.
+    node.journal.counters.pulled(
+        pulled.fetched_bytes,
+        pulled.cached_bytes.saturating_add(pulled.reused_bytes),
+    );
+    Ok((
+        plan,
+        Moved {
+            fetched: pulled.fetched_bytes,
+            cached: pulled.cached_bytes,
+            reused: pulled.reused_bytes,
+        },
+    ))
+}
+
+/// The running UKI and installer as seeds of a delta: listed by the running version's signed
+/// index kept on STATE when there is one (a chunk whose bytes no longer match it is not used);
+/// otherwise chunked here, and then a chunk is used only where the target's signed index lists
+/// its digest — which is every chunk's last check anyway (`slate_delta::plan`).
+pub fn delta_seeds(node: &Node) -> Vec<SeedBlob> {
+    let uki = crate::settle::transaction::booted_entry(node)
+        .ok_or_else(|| "the booted entry is not known".to_owned())
+        .and_then(|booted| {
+            let loader = crate::settle::transaction::read_only_loader()?;
+            loader
+                .read_uki(&booted, slate_bundle_diff::MAX_UKI_BYTES)
+                .map_err(|e| slate_sequencer::error_chain(&e))
+        });
+    let uki = match uki {
+        Ok(bytes) => Some(bytes),
+        Err(e) => {
+            node.journal
+                .info(format_args!("the running UKI is no delta seed: {e}"));
+            None
+        }
+    };
+    // The running installer is this binary: the imager puts the same slate binary in the
+    // root and in the bundle. If it is not, its chunks just do not match.
+    let installer = std::fs::File::open("/proc/self/exe").ok();
+    let found = super::trusted_keys().and_then(|keys| {
+        super::kept_index::running_index(&crate::base::paths::state_dir(), &node.version, &keys)
+    });
+    let why = match found {
+        Ok(Some((running, index))) => {
+            return super::kept_index::seeds(&running, &index, uki, installer)
+        }
+        Ok(None) => format!("no chunk index is kept for the running {}", node.version),
+        Err(e) => e,
+    };
+    node.journal.info(format_args!(
+        "{why}: the running UKI and installer are chunked here, and a chunk of theirs is used \
+         only where the target's signed index lists its digest"
+    ));
+    super::kept_index::unlisted_seeds(uki, installer)
+}
+
+/// What the node holds to reuse, as one chunk index (`GET /v1/image`'s `held_chunks`, for
+/// `slate upgrade --check` to say what an upgrade would fetch): the chunks of [`delta_seeds`].
+/// Digests only: the estimate it makes is checked by nothing and trusted for nothing.
+pub fn held_index(node: &Node) -> Option<slate_delta::ChunkIndex> {
+    let blobs: Vec<_> = delta_seeds(node).into_iter().map(|s| s.chunks).collect();
+    (!blobs.is_empty()).then_some(slate_delta::ChunkIndex {
+        params: slate_delta::DEFAULT_PARAMS,
+        blobs,
+    })
 }
 
 #[cfg(test)]

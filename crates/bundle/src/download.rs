@@ -1,0 +1,102 @@
+//! What a node would download to install a bundle, said before anything is fetched (issue 41,
+//! `slate upgrade --check`): the whole bundle, or — when the bundle carries a chunk index and
+//! the node lists the chunks it holds — the chunks it lacks plus the blobs no index lists. By
+//! digest alone: the pull re-hashes every chunk it reuses, so the real figure can only be
+//! larger (by what has rotted on the node).
+
+use serde::Serialize;
+use slate_delta::ChunkIndex;
+
+use crate::{Bundle, BundleError};
+
+/// Bytes and chunks of one bundle's download.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Download {
+    /// What the pull fetches: the chunks the node lacks, every blob no index lists (or whose
+    /// delta would not be smaller), the documents.
+    pub fetch_bytes: u64,
+    /// Of those, the chunks fetched by range requests.
+    pub fetch_chunks: usize,
+    /// Bytes assembled from what the node holds.
+    pub reuse_bytes: u64,
+    /// Every blob of the bundle: a whole download.
+    pub total_bytes: u64,
+    /// Why the node downloads the whole bundle, when it does.
+    pub whole: Option<String>,
+}
+
+impl Download {
+    /// One line: `download: …`.
+    pub fn text(&self) -> String {
+        match &self.whole {
+            Some(why) => format!(
+                "download: {} bytes, the whole bundle ({why})",
+                self.total_bytes
+            ),
+            None => format!(
+                "download: {} of {} bytes ({:.1} %): {} chunks by range requests; {} bytes \
+                 reused from the node",
+                self.fetch_bytes,
+                self.total_bytes,
+                percent(self.fetch_bytes, self.total_bytes),
+                self.fetch_chunks,
+                self.reuse_bytes
+            ),
+        }
+    }
+}
+
+fn percent(part: u64, whole: u64) -> f64 {
+    if whole == 0 {
+        0.0
+    } else {
+        part as f64 * 100.0 / whole as f64
+    }
+}
+
+impl Bundle {
+    /// What a node holding the chunks `held` lists would download to install this bundle;
+    /// `held` is `Err(why)` when the node did not say.
+    pub fn download(&self, held: Result<&ChunkIndex, &str>) -> Result<Download, BundleError> {
+        let total_bytes: u64 = self.image_blobs().iter().map(|(_, size)| size).sum();
+        let whole = |why: &str| Download {
+            fetch_bytes: total_bytes,
+            fetch_chunks: 0,
+            reuse_bytes: 0,
+            total_bytes,
+            whole: Some(why.to_owned()),
+        };
+        let Some(target) = self.chunk_index()? else {
+            return Ok(whole("it carries no chunk index"));
+        };
+        let held = match held {
+            Ok(held) => held,
+            Err(why) => return Ok(whole(why)),
+        };
+        let estimate = slate_delta::estimate(&target, &[held]);
+        let (mut fetch_bytes, mut fetch_chunks, mut reuse_bytes) = (0u64, 0usize, 0u64);
+        for blob in &estimate.blobs {
+            // As the pull decides (`slate_delta::Plan::worth_it`): a delta that would not be
+            // smaller is a whole download.
+            if blob.fetch_bytes + 512 * blob.fetch_chunks as u64 + 512 < blob.size {
+                fetch_bytes += blob.fetch_bytes;
+                fetch_chunks += blob.fetch_chunks;
+                reuse_bytes += blob.reuse_bytes;
+            } else {
+                fetch_bytes += blob.size;
+            }
+        }
+        // The blobs no index lists and the index itself are downloaded whole.
+        fetch_bytes += total_bytes.saturating_sub(estimate.full_bytes());
+        if reuse_bytes == 0 {
+            return Ok(whole("the node holds none of its chunks"));
+        }
+        Ok(Download {
+            fetch_bytes,
+            fetch_chunks,
+            reuse_bytes,
+            total_bytes,
+            whole: None,
+        })
+    }
+}
