@@ -45,10 +45,13 @@ pub const RESUME: ServiceRoute = ServiceRoute::new("POST", "/v1/fleet/resume", R
 pub const ABORT: ServiceRoute = ServiceRoute::new("POST", "/v1/fleet/abort", Role::Operator);
 pub const POLICY_SHOW: ServiceRoute = ServiceRoute::new("GET", "/v1/fleet/policy", Role::Reader);
 pub const POLICY_SET: ServiceRoute = ServiceRoute::new("POST", "/v1/fleet/policy", Role::Admin);
+/// The dashboard's pages (`dashboard/`), beside the routes whose state they show.
+pub const UI_OVERVIEW: ServiceRoute = ServiceRoute::page("/ui", Role::Reader);
+pub const UI_NODE: ServiceRoute = ServiceRoute::page("/ui/node", Role::Reader);
 
 const ROUTES: &[ServiceRoute] = &[
-    crate::dashboard::OVERVIEW,
-    crate::dashboard::NODE,
+    UI_OVERVIEW,
+    UI_NODE,
     HEARTBEAT,
     ADD_NODE,
     STATUS,

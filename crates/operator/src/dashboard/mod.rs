@@ -26,8 +26,7 @@ use crate::service::{FleetStatus, OperatorService};
 use crate::state;
 use query::{is_name, Clamped, Query};
 
-pub const OVERVIEW: ServiceRoute = ServiceRoute::page("/ui", Role::Reader);
-pub const NODE: ServiceRoute = ServiceRoute::page("/ui/node", Role::Reader);
+pub use crate::service::{UI_NODE as NODE, UI_OVERVIEW as OVERVIEW};
 
 /// Events listed on the overview unless `?events=` says otherwise, and the most it lists.
 pub const DEFAULT_EVENTS: usize = 50;
