@@ -94,7 +94,11 @@ pub fn apply(vars: &mut impl BootVars, plan: &BootOptionsPlan) -> Result<(), Boo
 /// One line for the journal: `Boot0000..Boot0006 (4 starts of EFI/BOOT/BOOTX64.EFI) first in
 /// BootOrder: wrote 4 options and BootOrder`.
 pub fn describe(plan: &BootOptionsPlan) -> String {
-    let names: Vec<String> = plan.slate_options.iter().map(|n| boot_var_name(*n)).collect();
+    let names: Vec<String> = plan
+        .slate_options
+        .iter()
+        .map(|n| boot_var_name(*n))
+        .collect();
     let mut done = Vec::new();
     if !plan.write.is_empty() {
         done.push(format!("wrote {} option(s)", plan.write.len()));
@@ -137,11 +141,13 @@ mod tests {
     #[test]
     fn first_boot_writes_the_options_then_nothing() {
         let mut vars = MemBootVars::default();
-        vars.vars.insert("Boot0001".into(), vec![7, 0, 0, 0, 1, 0, 0, 0, 0, 0]);
+        vars.vars
+            .insert("Boot0001".into(), vec![7, 0, 0, 0, 1, 0, 0, 0, 0, 0]);
         // Boot0001 above has an empty description and no end node: refused, nothing written.
         let err = plan(&vars, &esp()).unwrap_err();
-        assert!(format!("{err}: {}", std::error::Error::source(&err).unwrap())
-            .contains("Boot0001"));
+        assert!(
+            format!("{err}: {}", std::error::Error::source(&err).unwrap()).contains("Boot0001")
+        );
         vars.vars.clear();
         vars.vars.insert(BOOT_ORDER.into(), build_boot_order(&[]));
         let first = plan(&vars, &esp()).unwrap();

@@ -41,8 +41,8 @@ mod parts;
 pub mod sdboot;
 
 pub use efivars::{
-    loader_vars, BootVars, EfiVars, EfiVarsError, MemBootVars, MemEfiVars, BOOT_ORDER, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_LAST_BOOTED,
-    LOADER_ENTRY_ONESHOT,
+    loader_vars, BootVars, EfiVars, EfiVarsError, MemBootVars, MemEfiVars, BOOT_ORDER,
+    LOADER_ENTRY_DEFAULT, LOADER_ENTRY_LAST_BOOTED, LOADER_ENTRY_ONESHOT,
 };
 pub use enrolled::enrolled_db_auth;
 pub use explain::{BootExplanation, EntryState, ExplainedEntry, NextBootReason};

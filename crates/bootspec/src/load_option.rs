@@ -87,7 +87,11 @@ pub fn boot_var_name(number: u16) -> String {
 /// `Boot0005` → 5; anything else (`BootOrder`, `Boot05`, lower-case hex) → `None`.
 pub fn parse_boot_var_name(name: &str) -> Option<u16> {
     let hex = name.strip_prefix("Boot")?;
-    if hex.len() != 4 || !hex.bytes().all(|b| b.is_ascii_digit() || b.is_ascii_uppercase()) {
+    if hex.len() != 4
+        || !hex
+            .bytes()
+            .all(|b| b.is_ascii_digit() || b.is_ascii_uppercase())
+    {
         return None;
     }
     u16::from_str_radix(hex, 16).ok()
@@ -141,7 +145,8 @@ pub fn parse_load_option(what: &str, file: &[u8]) -> Result<LoadOption, LoadOpti
     let (Some(attributes), Some(list_len)) = (data.get(0..4), data.get(4..6)) else {
         return Err(bad(0, "shorter than the 6-byte option header"));
     };
-    let attributes = u32::from_le_bytes([attributes[0], attributes[1], attributes[2], attributes[3]]);
+    let attributes =
+        u32::from_le_bytes([attributes[0], attributes[1], attributes[2], attributes[3]]);
     let list_len = usize::from(u16::from_le_bytes([list_len[0], list_len[1]]));
     let mut units = Vec::new();
     let mut at = 6;
@@ -282,7 +287,10 @@ pub fn plan_boot_options(
     if !(1..=32).contains(&count) {
         return Err(LoadOptionError::BadCount { count });
     }
-    let order = boot_order.map(parse_boot_order).transpose()?.unwrap_or_default();
+    let order = boot_order
+        .map(parse_boot_order)
+        .transpose()?
+        .unwrap_or_default();
     let mut ours = Vec::new();
     for (number, file) in options {
         let option = parse_load_option(&boot_var_name(*number), file)?;
@@ -315,7 +323,12 @@ pub fn plan_boot_options(
     let new_order: Vec<u16> = numbers
         .iter()
         .copied()
-        .chain(order.iter().copied().filter(|n| !ours.contains(n) && !numbers.contains(n)))
+        .chain(
+            order
+                .iter()
+                .copied()
+                .filter(|n| !ours.contains(n) && !numbers.contains(n)),
+        )
         .collect();
     if new_order != order {
         plan.boot_order = Some(new_order);

@@ -114,7 +114,9 @@ fn malformed_options_are_refused_by_name_and_offset() {
         (vec![0; MAX_LOAD_OPTION_LEN + 1], "at most"),
     ];
     for (bytes, expected) in cases {
-        let err = parse_load_option("Boot0007", &bytes).unwrap_err().to_string();
+        let err = parse_load_option("Boot0007", &bytes)
+            .unwrap_err()
+            .to_string();
         assert!(err.contains(expected), "{err:?} should say {expected:?}");
         assert!(err.contains("Boot0007") || err.contains("bytes"), "{err}");
     }
@@ -134,7 +136,14 @@ fn boot_order_parses_and_refuses_odd_lengths() {
 fn boot_var_names() {
     assert_eq!(boot_var_name(0x1a), "Boot001A");
     assert_eq!(parse_boot_var_name("Boot001A"), Some(0x1a));
-    for bad in ["BootOrder", "Boot001a", "Boot01", "Boot00001", "Boot00G1", "boot0001"] {
+    for bad in [
+        "BootOrder",
+        "Boot001a",
+        "Boot01",
+        "Boot00001",
+        "Boot00G1",
+        "boot0001",
+    ] {
         assert_eq!(parse_boot_var_name(bad), None, "{bad}");
     }
 }
@@ -142,10 +151,13 @@ fn boot_var_names() {
 #[test]
 fn a_firmware_with_only_its_own_options_gets_slates_first() {
     // OVMF's: the DVD, the disk's removable path, the network.
-    let options: BTreeMap<u16, Vec<u8>> =
-        [(1, foreign("UEFI DVD")), (2, foreign("UEFI Misc Device")), (3, foreign("PXE"))]
-            .into_iter()
-            .collect();
+    let options: BTreeMap<u16, Vec<u8>> = [
+        (1, foreign("UEFI DVD")),
+        (2, foreign("UEFI Misc Device")),
+        (3, foreign("PXE")),
+    ]
+    .into_iter()
+    .collect();
     let order = build_boot_order(&[1, 2, 3]);
     let plan = plan_boot_options(Some(&order), &options, &esp(), 4).unwrap();
     assert_eq!(plan.slate_options, [0, 4, 5, 6]);
@@ -215,7 +227,12 @@ fn no_boot_order_and_bad_input_write_nothing() {
         );
     }
     let mut bad = esp();
-    for path in ["", "/EFI/BOOT/BOOTX64.EFI", "EFI\\BOOT", "EFI/BOOT/BÖÖT.EFI"] {
+    for path in [
+        "",
+        "/EFI/BOOT/BOOTX64.EFI",
+        "EFI\\BOOT",
+        "EFI/BOOT/BÖÖT.EFI",
+    ] {
         bad.path = path.into();
         assert!(matches!(
             plan_boot_options(None, &BTreeMap::new(), &bad, 4),

@@ -30,8 +30,9 @@ const V2: &str = "2.0.0";
 const V3: &str = "3.0.0";
 const STUB_FAILED: &str = "EFI stub: ERROR: Failed to decompress kernel";
 /// The bound this scenario holds recovery to, from power-on to v2's stage Running, under TCG
-/// on a loaded CI machine (measured: see docs/update-transaction.md).
-const RECOVERY_BOUND: Duration = Duration::from_secs(300);
+/// on a loaded CI machine: measured 49 s (systemd-boot, three failed starts) and 29 s (GRUB,
+/// one) with two scenarios at once on two cores (docs/update-transaction.md).
+const RECOVERY_BOUND: Duration = Duration::from_secs(180);
 
 /// The demo kernel with 64 bytes of its compressed payload inverted, at `work/vmlinuz-corrupt`:
 /// the PE image and the setup header intact (the stub starts), the xz stream not (x86 boot
@@ -108,7 +109,9 @@ fn kernel_cannot_start(
         "v2 committed and writing slate's boot options",
     )?;
     ensure!(
-        written.contains("(4 starts of EFI/BOOT/BOOTX64.EFI) first in BootOrder: wrote 4 option(s), BootOrder"),
+        written.contains(
+            "(4 starts of EFI/BOOT/BOOTX64.EFI) first in BootOrder: wrote 4 option(s), BootOrder"
+        ),
         "{written}"
     );
     let options = said(&written).to_owned();
@@ -118,9 +121,17 @@ fn kernel_cannot_start(
     let installed = offline_upgrade(&prepared.slate, image, v3)?;
     ensure!(installed.contains("installed "), "{installed}");
     let mut boot = vm.start()?;
-    boot.expect(&[STUB_FAILED], RECOVERY_BOUND, "v3's kernel failing to start")?;
+    boot.expect(
+        &[STUB_FAILED],
+        RECOVERY_BOUND,
+        "v3's kernel failing to start",
+    )?;
     let first_failure = boot.elapsed();
-    boot.expect(&[RUNNING], RECOVERY_BOUND, "v2 up again without a power cycle")?;
+    boot.expect(
+        &[RUNNING],
+        RECOVERY_BOUND,
+        "v2 up again without a power cycle",
+    )?;
     let running = boot.elapsed();
     ensure!(boot.is_running(), "no reset on the way back");
     boot.expect(
@@ -169,11 +180,7 @@ fn kernel_cannot_start(
         first_failure,
         running,
         options,
-        last_failure: format!(
-            "{} {}",
-            failure["version"].as_str().unwrap_or_default(),
-            failure["reason"].as_str().unwrap_or_default()
-        ),
+        last_failure: failure["reason"].as_str().unwrap_or_default().to_owned(),
     })
 }
 
@@ -196,7 +203,7 @@ fn summary(loader: &str, r: &Recovery) -> String {
     format!(
         "{loader}: {}; corrupted v3: {} failed start(s), the first {:.0?} after power-on, v2 \
          Running {:.0?} after power-on ({:.0?} after the first failure), no reset; \
-         last_failure {}",
+         last_failure: {}",
         r.options,
         r.failed_starts,
         r.first_failure,
@@ -248,7 +255,10 @@ pub(super) fn grub_kernel_cannot_start(prepared: &Prepared, work: &Path) -> Resu
     build(slate, &corrupt, "installer", V3, &[], &v3)?;
     let recovery = kernel_cannot_start(prepared, &image, &v3, &work.join("vm-grub"), 1)?;
     let env = super::grub::grubenv(&image, work)?;
-    ensure!(env == "saved_entry=A", "v2's slot A stays the default: {env}");
+    ensure!(
+        env == "saved_entry=A",
+        "v2's slot A stays the default: {env}"
+    );
     Ok(format!(
         "{}; grubenv {env}; {:.0?} in all",
         summary("GRUB", &recovery),

@@ -50,8 +50,10 @@ pub fn ensure(node: &Node) {
         Ok(true) => {}
         Ok(false) => return,
         Err(err) => {
-            node.journal
-                .error(format_args!("boot options: efivarfs: {}", error_chain(&err)));
+            node.journal.error(format_args!(
+                "boot options: efivarfs: {}",
+                error_chain(&err)
+            ));
             return;
         }
     }
