@@ -393,7 +393,7 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
             ],
         "boot counting spends the tries: {names:?}"
     );
-    let (mut boot, status) = back_on_v2(&mut vm, &node)?;
+    let (mut boot, _) = back_on_v2(&mut vm, &node)?;
     let dropped = boot.expect(
         &["committed: slate-2.0.0.efi"],
         Duration::from_secs(60),
@@ -403,7 +403,14 @@ pub(super) fn broken_upgrades_roll_back(prepared: &Prepared, work: &Path) -> Res
         dropped.contains("upgrade marker (fallback slate-2.0.0.efi) dropped"),
         "{dropped}"
     );
-    // Nothing of v3.0.2 ran to record its failure: v2's commit does (issue 44).
+    // Nothing of v3.0.2 ran to record its failure: v2's commit does (issue 44), after the
+    // status `back_on_v2` read.
+    boot.expect(
+        &["rollback recorded: 3.0.2 -> 2.0.0"],
+        Duration::from_secs(30),
+        "v2's commit recording v3.0.2's failure",
+    )?;
+    let status = node.status()?;
     let (failed_version, reason) = last_failure(&status);
     ensure!(
         failed_version == INIT_FAILS && reason.contains("did not come up in its boot tries"),
