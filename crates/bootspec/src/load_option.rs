@@ -273,8 +273,8 @@ impl BootOptionsPlan {
 }
 
 /// The plan that makes `count` active options starting `loader` the first entries of
-/// `BootOrder`, reusing the numbers of slate's existing options (in number order) and taking the
-/// lowest free numbers for the rest; slate's options beyond `count` are removed, everyone
+/// `BootOrder`, reusing the numbers of slate's existing options and taking the lowest free
+/// numbers for the rest, option `k` at the `k`-th lowest of them (so a second plan is empty); slate's options beyond `count` are removed, everyone
 /// else's options are kept, in their order, after slate's. `boot_order` and `options` are the
 /// efivarfs files as read (`options` by number); any of them malformed refuses the plan, so
 /// nothing is written over a variable slate cannot read.
@@ -304,6 +304,9 @@ pub fn plan_boot_options(
     while numbers.len() < count {
         numbers.push(free.next().ok_or(LoadOptionError::NoFreeNumber)?);
     }
+    // In number order, as the next plan reads slate's options back: otherwise a reused high
+    // number and new low ones would swap descriptions at every boot (found by the fuzz target).
+    numbers.sort_unstable();
     let mut plan = BootOptionsPlan {
         slate_options: numbers.clone(),
         ..BootOptionsPlan::default()

@@ -240,3 +240,21 @@ fn no_boot_order_and_bad_input_write_nothing() {
         ));
     }
 }
+
+#[test]
+fn a_kept_high_number_and_new_low_ones_settle_at_once() {
+    // One slate option left at Boot0009 (say, the others were deleted by hand); 0-3 are free.
+    let options: BTreeMap<u16, Vec<u8>> = [(9, slate_option(1, 4)), (4, foreign("PXE"))]
+        .into_iter()
+        .collect();
+    let plan = plan_boot_options(None, &options, &esp(), 4).unwrap();
+    assert_eq!(plan.slate_options, [0, 1, 2, 9]);
+    let mut after = options.clone();
+    for (name, bytes) in &plan.write {
+        after.insert(parse_boot_var_name(name).unwrap(), bytes.clone());
+    }
+    assert_eq!(after[&9], slate_option(4, 4));
+    let order = build_boot_order(plan.boot_order.as_ref().unwrap());
+    let again = plan_boot_options(Some(&order), &after, &esp(), 4).unwrap();
+    assert!(again.is_empty(), "{again:?}");
+}
