@@ -27,6 +27,45 @@ pub trait EfiVars {
     fn remove(&mut self, name: &str) -> Result<(), EfiVarsError>;
 }
 
+/// `BootOrder`: the firmware's list of `Boot####` option numbers, tried in turn.
+pub const BOOT_ORDER: &str = "BootOrder";
+
+/// The firmware's own boot variables (vendor `EFI_GLOBAL_VARIABLE`: `Boot####`, `BootOrder`),
+/// each as its efivarfs file — 4 attribute bytes, then the data — so that the bytes are built
+/// and parsed in one pure place (`slate_bootspec::plan_boot_options`, formats.md §2.9).
+pub trait BootVars {
+    /// The names of the variables of that vendor (`Boot0001`, `BootOrder`, `Timeout`, …).
+    fn names(&self) -> Result<Vec<String>, EfiVarsError>;
+    /// The file, or `None` when the variable is absent.
+    fn read(&self, name: &str) -> Result<Option<Vec<u8>>, EfiVarsError>;
+    fn write(&mut self, name: &str, file: &[u8]) -> Result<(), EfiVarsError>;
+    /// Removing an absent variable succeeds.
+    fn remove(&mut self, name: &str) -> Result<(), EfiVarsError>;
+}
+
+/// Boot variables held in memory, by name.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct MemBootVars {
+    pub vars: BTreeMap<String, Vec<u8>>,
+}
+
+impl BootVars for MemBootVars {
+    fn names(&self) -> Result<Vec<String>, EfiVarsError> {
+        Ok(self.vars.keys().cloned().collect())
+    }
+    fn read(&self, name: &str) -> Result<Option<Vec<u8>>, EfiVarsError> {
+        Ok(self.vars.get(name).cloned())
+    }
+    fn write(&mut self, name: &str, file: &[u8]) -> Result<(), EfiVarsError> {
+        self.vars.insert(name.to_owned(), file.to_vec());
+        Ok(())
+    }
+    fn remove(&mut self, name: &str) -> Result<(), EfiVarsError> {
+        self.vars.remove(name);
+        Ok(())
+    }
+}
+
 /// EFI variables held in memory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct MemEfiVars {

@@ -27,7 +27,12 @@
 //! also writes the boot entries of a Btrfs snapshot root (`sdboot::snapshots`: Type #1
 //! entries with boot counting; `grub::snapshots`: GRUB's generated menu and grubenv), which
 //! `slate-snapshot-engine` drives. Every backend opens the ESP through `slate_esp::session`.
+//!
+//! [`boot_options`]: slate's own firmware boot options, so that a loader that returns with an
+//! error (a kernel that cannot start) is started again by the firmware, through the
+//! [`BootVars`] trait.
 
+pub mod boot_options;
 mod efivars;
 mod enrolled;
 pub mod explain;
@@ -36,8 +41,8 @@ mod parts;
 pub mod sdboot;
 
 pub use efivars::{
-    loader_vars, EfiVars, EfiVarsError, MemEfiVars, LOADER_ENTRY_DEFAULT, LOADER_ENTRY_LAST_BOOTED,
-    LOADER_ENTRY_ONESHOT,
+    loader_vars, BootVars, EfiVars, EfiVarsError, MemBootVars, MemEfiVars, BOOT_ORDER,
+    LOADER_ENTRY_DEFAULT, LOADER_ENTRY_LAST_BOOTED, LOADER_ENTRY_ONESHOT,
 };
 pub use enrolled::enrolled_db_auth;
 pub use explain::{BootExplanation, EntryState, ExplainedEntry, NextBootReason};

@@ -14,6 +14,9 @@
 //! - [`GrubEnv`]: GRUB's 1024-byte environment block (docs/formats.md §4), checked against
 //!   `grub-editenv`; [`grub_select`]: which menu entry GRUB boots (`next_entry` one shot,
 //!   `saved_entry`, the first entry).
+//! - [`plan_boot_options`]: the firmware's `Boot####` options and `BootOrder` (docs/formats.md
+//!   §2.9), read and written as bytes, so that a loader that returns with an error is started
+//!   again.
 //!
 //! Where systemd-boot versions differ, the model follows current systemd-boot and names the
 //! Debian 12 (252) difference: entry IDs ([`IdStyle`]), counters above `INT_MAX`, and
@@ -25,6 +28,7 @@ mod error;
 mod glob;
 mod grub_select;
 mod grubenv;
+mod load_option;
 mod name;
 mod policy;
 mod select;
@@ -44,6 +48,12 @@ pub use grub_select::{
 };
 pub use grubenv::{
     check_grubenv_name, GrubEnv, GrubEnvError, GRUBENV_LEN, GRUBENV_SIGNATURE, GRUBENV_WARNING,
+};
+pub use load_option::{
+    boot_var_name, build_boot_order, build_load_option, loader_device_path, parse_boot_order,
+    parse_boot_var_name, parse_load_option, plan_boot_options, slate_description, BootOptionsPlan,
+    LoadOption, LoadOptionError, LoaderLocation, BOOT_VAR_ATTRIBUTES, EFI_GLOBAL_GUID,
+    LOAD_OPTION_ACTIVE, MAX_LOAD_OPTION_LEN, SLATE_OPTION_PREFIX,
 };
 pub use name::{
     check_install_tries, BootCounter, BootState, EntryKind, EntryName, IdStyle, InstallTriesError,

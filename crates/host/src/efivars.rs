@@ -161,6 +161,41 @@ pub fn remove_loader_var(name: &str) -> Result<()> {
     remove_var_file(&loader_var_path(name))
 }
 
+/// The efivarfs file of a global variable (`Boot0001`, `BootOrder`).
+pub fn global_var_path(name: &str) -> PathBuf {
+    PathBuf::from(format!("{EFIVARS}/{name}-{EFI_GLOBAL_GUID}"))
+}
+
+/// The names of the firmware's global variables (`Boot0001`, `BootOrder`, …): efivarfs'
+/// `<name>-<GUID>` files of `EFI_GLOBAL_VARIABLE`.
+pub fn global_var_names() -> Result<Vec<String>> {
+    let dir = std::path::Path::new(EFIVARS);
+    let read_err = |source| crate::HostError::Read {
+        path: dir.to_owned(),
+        source,
+    };
+    let suffix = format!("-{EFI_GLOBAL_GUID}");
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir(dir).map_err(read_err)? {
+        let name = entry.map_err(read_err)?.file_name();
+        if let Some(name) = name.to_str().and_then(|n| n.strip_suffix(&suffix)) {
+            names.push(name.to_owned());
+        }
+    }
+    Ok(names)
+}
+
+/// A global variable's efivarfs file (attributes, then data); `None` when absent. A variable
+/// file is small (the firmware's store is a few hundred KiB), and efivarfs is no FIFO.
+pub fn read_global(name: &str) -> Result<Option<Vec<u8>>> {
+    let path = global_var_path(name);
+    match std::fs::read(&path) {
+        Ok(bytes) => Ok(Some(bytes)),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+        Err(source) => Err(crate::HostError::Read { path, source }),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

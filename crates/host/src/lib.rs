@@ -50,8 +50,9 @@ pub use chroot::{spawn_chrooted, ApiMounts};
 pub use cmdline::{cmdline_value, kernel_cmdline};
 pub use dhcp_transport::DhcpTransport;
 pub use efivars::{
-    loader_var_path, mount_efivarfs, read_global_u8, read_loader_string, remove_loader_var,
-    remove_var_file, write_loader_string, write_var_file, EFI_GLOBAL_GUID, LOADER_GUID,
+    global_var_names, global_var_path, loader_var_path, mount_efivarfs, read_global,
+    read_global_u8, read_loader_string, remove_loader_var, remove_var_file, write_loader_string,
+    write_var_file, EFI_GLOBAL_GUID, LOADER_GUID,
 };
 pub use error::{HostError, Result};
 pub use ext::{

@@ -78,6 +78,10 @@ pub enum LayoutError {
 pub struct PartitionInfo {
     pub label: String,
     pub type_guid: Uuid,
+    /// 1-based entry number in the table (what firmware device paths and tools call it).
+    pub number: u32,
+    /// The partition's own GUID (a firmware boot option finds the partition by it).
+    pub unique_guid: Uuid,
     pub start: u64,
     pub len: u64,
 }

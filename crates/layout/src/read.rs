@@ -359,6 +359,7 @@ struct Entry {
     /// 1-based, as tools number partitions.
     number: usize,
     type_guid: Uuid,
+    unique_guid: Uuid,
     first_lba: u64,
     last_lba: u64,
     label: String,
@@ -390,6 +391,7 @@ fn decode_entries(array: &[u8], entry_size: usize) -> Vec<Entry> {
             Some(Entry {
                 number: index + 1,
                 type_guid,
+                unique_guid: Uuid::from_bytes_le(field(raw, 16)),
                 first_lba: le_u64(raw, 32),
                 last_lba: le_u64(raw, 40),
                 label: String::from_utf16_lossy(&units),
@@ -479,6 +481,9 @@ fn into_table(
             PartitionInfo {
                 label: entry.label,
                 type_guid: entry.type_guid,
+                // A table holds far fewer than 2^32 entries (the array is read whole).
+                number: u32::try_from(entry.number).unwrap_or(u32::MAX),
+                unique_guid: entry.unique_guid,
                 start: entry.first_lba.saturating_mul(geometry.sector_size),
                 len: sectors.saturating_mul(geometry.sector_size),
             }

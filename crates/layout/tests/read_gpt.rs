@@ -141,9 +141,12 @@ impl Table {
     fn expected(&self) -> Vec<PartitionInfo> {
         self.parts
             .iter()
-            .map(|p| PartitionInfo {
+            .enumerate()
+            .map(|(i, p)| PartitionInfo {
                 label: p.label.to_string(),
                 type_guid: p.type_guid,
+                number: i as u32 + 1,
+                unique_guid: Uuid::from_u128(i as u128 + 1),
                 start: p.first * SECTOR,
                 len: (p.last - p.first + 1) * SECTOR,
             })

@@ -168,6 +168,7 @@ fn boot_and_serve(
             }
             node.set_committed();
             _feeder = watchdog.map(|dog| watchdog::feed(node, dog));
+            settle::boot_options::ensure(node);
             agent::start(node.clone());
         }
         Ok(other) => node

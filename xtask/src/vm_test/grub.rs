@@ -82,7 +82,7 @@ pub(super) fn grub_variant(
 }
 
 /// demo.toml on GRUB with an ESP with room for two slots of kernel + initramfs.
-fn grub_profile(work: &Path, grub_efi: &Path) -> Result<PathBuf> {
+pub(super) fn grub_profile(work: &Path, grub_efi: &Path) -> Result<PathBuf> {
     grub_variant(
         work,
         grub_efi,

@@ -9,6 +9,7 @@ mod fleet;
 mod flood;
 mod grub;
 mod identity;
+mod kernel_start;
 mod kexec;
 mod lifecycle;
 mod operator;
@@ -373,6 +374,16 @@ pub fn vm_test(only: &[String]) -> Result<()> {
             powercut::power_cuts_during_upgrade,
         ),
         ("kexec_reboots", kexec::kexec_reboots),
+        // Two boots each: v2 writes its boot options; a corrupted v3 fails to start and the
+        // firmware's next option brings v2 back in the same power-on (issue 44).
+        (
+            "kernel_cannot_start",
+            kernel_start::sdboot_kernel_cannot_start,
+        ),
+        (
+            "grub_kernel_cannot_start",
+            kernel_start::grub_kernel_cannot_start,
+        ),
         (
             "var_survives_power_cut",
             var_powercut::var_survives_power_cut,

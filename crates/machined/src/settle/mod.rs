@@ -2,9 +2,10 @@
 //! a fatal error a pending upgrade is reverted; [`decision::decide`] takes that decision as a
 //! pure function of the facts, for an A/B disk ([`transaction`], through the boot loader) and
 //! a snapshot root ([`snapshot`], through the snapshot engine) alike. Also here: what META's
-//! records say at boot ([`records`]) and the kexec into the next boot ([`kexec`]). Imports
-//! only `base`.
+//! records say at boot ([`records`]), the kexec into the next boot ([`kexec`]), and the
+//! firmware boot options a committed boot keeps first ([`boot_options`]). Imports only `base`.
 
+pub mod boot_options;
 pub mod decision;
 pub mod kexec;
 pub mod records;

@@ -277,8 +277,20 @@ pub fn settle(node: &Node, phase: Phase) -> Result<(), SettleError> {
             commit(node, loader()?, &entry, &counted).map_err(SettleError::Failed)?;
             if let Upgrade::AlreadyFailed { .. } = upgrade {
                 if let Some(failed) = failed_version(&entries, &entry, &node.version) {
-                    let reason = failure_reason(node, &failed)
-                        .unwrap_or_else(|| format!("{failed} did not come up in its boot tries"));
+                    let reason = match failure_reason(node, &failed) {
+                        Some(reason) => reason,
+                        None => {
+                            // Nothing of that version ran to say why (its kernel never started,
+                            // or init failed, or it hung): status still names it.
+                            let reason = format!("{failed} did not come up in its boot tries");
+                            if let Err(err) = record_failure_of(node, &failed, &reason) {
+                                node.journal.error(format_args!(
+                                    "cannot record {failed}'s failure in META: {err}"
+                                ));
+                            }
+                            reason
+                        }
+                    };
                     record_rollback(node, &failed, &node.version, &reason);
                 }
             }
@@ -395,11 +407,16 @@ fn revert(node: &Node, mut loader: Box<dyn Bootloader>, failed: &str) -> Result<
 
 /// Remember in META which version failed and why; the next boot reports it in its status.
 pub fn record_failure(node: &Node, reason: &str) -> Result<(), String> {
+    record_failure_of(node, &node.version, reason)
+}
+
+/// [`record_failure`] of `version`, which need not be the running one.
+fn record_failure_of(node: &Node, version: &str, reason: &str) -> Result<(), String> {
     *node.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(slate_api::Failure {
-        version: node.version.clone(),
+        version: version.to_owned(),
         reason: reason.to_owned(),
     });
-    let json = failure_record(&node.version, reason).map_err(|e| e.to_string())?;
+    let json = failure_record(version, reason).map_err(|e| e.to_string())?;
     write_meta_value(slate_meta::tags::LAST_BOOT_FAILURE, json.into_bytes())
 }
 
