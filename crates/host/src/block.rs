@@ -120,6 +120,10 @@ pub fn filesystem_signature(head: &[u8]) -> Option<&'static str> {
         Some("btrfs")
     } else if at(0x52, b"FAT32") || at(0x36, b"FAT") {
         Some("vfat")
+    } else if at(0, b"LUKS\xba\xbe") || at(0, b"SKUL\xba\xbe") {
+        // A LUKS header (or LUKS2's secondary magic): never blank, so a /var mode that finds
+        // one never formats over an encrypted volume.
+        Some("crypto_LUKS")
     } else {
         None
     }
