@@ -154,7 +154,9 @@ pub fn tpm2_ext(version: &str, slate: &Path) -> Result<PathBuf> {
             let target = line.split("=>").nth(1).unwrap_or("").trim();
             let path = target.split(" (").next().unwrap_or("").trim();
             ensure!(
-                trees.iter().any(|t| path.starts_with(&*t.to_string_lossy())),
+                trees
+                    .iter()
+                    .any(|t| path.starts_with(&*t.to_string_lossy())),
                 "{} needs {name}, which no unpacked package has: {}",
                 object.display(),
                 line.trim()
@@ -174,7 +176,14 @@ pub fn tpm2_ext(version: &str, slate: &Path) -> Result<PathBuf> {
     );
     let out = work.join("ext");
     run(Command::new(slate)
-        .args(["imager", "extension", "--name", "tpm2", "--version", version])
+        .args([
+            "imager",
+            "extension",
+            "--name",
+            "tpm2",
+            "--version",
+            version,
+        ])
         .arg("--tree")
         .arg(&tree)
         .arg("--key")

@@ -206,3 +206,97 @@ fn opens(device: &Path, key: &Path, slot: u32) -> bool {
         .unwrap()
         .success()
 }
+
+/// A first boot cut short after `luksFormat` (the setup label, no token yet) is set up again;
+/// a LUKS2 volume without slate's token under another label, and an unencrypted filesystem,
+/// are refused with their bytes unchanged.
+#[test]
+fn an_unfinished_setup_is_redone_and_anything_else_refused_untouched() {
+    if !slate_testkit::require_root()
+        || ![
+            "swtpm",
+            "cryptsetup",
+            "tpm2_createprimary",
+            "losetup",
+            "mke2fs",
+        ]
+        .iter()
+        .all(|t| slate_testkit::require_tool(t))
+    {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let image = dir.path().join("ephemeral.img");
+    std::fs::File::create(&image)
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
+    let out = Command::new("losetup")
+        .args(["--find", "--show"])
+        .arg(&image)
+        .output()
+        .unwrap();
+    let device = Loop(PathBuf::from(String::from_utf8_lossy(&out.stdout).trim()));
+    let tpm = Swtpm::start(&dir.path().join("tpm"));
+    let setting = setting(&tpm, dir.path(), "unused");
+    let key = dir.path().join("some.key");
+    std::fs::write(&key, "a passphrase").unwrap();
+    let format = |label: &str| {
+        let done = Command::new("cryptsetup")
+            .args([
+                "luksFormat",
+                "--type",
+                "luks2",
+                "--batch-mode",
+                "--label",
+                label,
+            ])
+            .args([
+                "--pbkdf",
+                "pbkdf2",
+                "--pbkdf-force-iterations",
+                "1000",
+                "--key-file",
+            ])
+            .arg(&key)
+            .arg(&device.0)
+            .status()
+            .unwrap();
+        assert!(done.success());
+    };
+    let lines = std::sync::Mutex::new(Vec::<String>::new());
+    let log = |l: &str| lines.lock().unwrap().push(l.to_owned());
+
+    format("slate-var-setup");
+    let redone = var_crypt::unlock(&device.0, "EPHEMERAL", &setting, &log).expect("set up again");
+    assert_eq!(redone.how(), "TPM (sealed at this boot, PCR 7)");
+    assert!(lines
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|l| l.contains("setup was cut short before its token was stored")));
+    assert!(!opens(&device.0, &key, 0), "the old header's key is gone");
+
+    format("someone-elses");
+    let before = header_hash(&image);
+    let err = var_crypt::unlock(&device.0, "EPHEMERAL", &setting, &log).unwrap_err();
+    assert!(
+        matches!(&err, CryptError::Refused(why) if why.contains("without slate's slate-tpm2 token")),
+        "{err}"
+    );
+    assert_eq!(header_hash(&image), before);
+
+    let made = Command::new("mke2fs")
+        .args(["-q", "-F", "-t", "ext4"])
+        .arg(&device.0)
+        .status()
+        .unwrap();
+    assert!(made.success());
+    let before = header_hash(&image);
+    let err = var_crypt::unlock(&device.0, "EPHEMERAL", &setting, &log).unwrap_err();
+    assert!(
+        matches!(&err, CryptError::Refused(why) if why.contains("an unencrypted ext2/3/4 filesystem")),
+        "{err}"
+    );
+    assert_eq!(header_hash(&image), before);
+}

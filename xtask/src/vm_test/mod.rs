@@ -21,6 +21,7 @@ mod stolen;
 mod upgrade;
 mod var_modes;
 mod var_powercut;
+mod var_tpm2;
 mod workload;
 
 use std::fs;
@@ -359,6 +360,9 @@ pub fn vm_test(only: &[String]) -> Result<()> {
         // About 6 boots: v1, v2 committed, v3 and its rollback, v4's panic and v2 again.
         ("btrfs_snapshot_grub", snapshot_grub::btrfs_snapshot_grub),
         ("upgrade_commit_and_revert", upgrade_commit_and_revert),
+        // About 9 boots with swtpm as the TPM: seal, unlock, another TPM, none, v2, v3
+        // reverted, reset (issue 40).
+        ("tpm2_var", var_tpm2::tpm2_var),
         ("fleet_lock_updates", fleet::fleet_lock_updates),
         ("staged_upgrades", staged::staged_upgrades),
         (
