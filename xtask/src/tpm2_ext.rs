@@ -68,8 +68,12 @@ const PACKAGES: &[&str] = &[
     "libzstd1",
 ];
 
-/// The programs, from the unpacked packages (path inside them) to the same path in the image.
-const PROGRAMS: &[&str] = &["usr/sbin/cryptsetup", "usr/bin/tpm2"];
+/// The programs: path inside the unpacked packages, and in the image (where the image contract
+/// says a node runs them).
+const PROGRAMS: &[(&str, &str)] = &[
+    ("sbin/cryptsetup", "usr/sbin/cryptsetup"),
+    ("usr/bin/tpm2", "usr/bin/tpm2"),
+];
 
 /// tpm2-tools' names slate runs: links to the multi-call `tpm2`, as Debian installs them.
 const TPM2_LINKS: &[&str] = &[
@@ -109,8 +113,8 @@ pub fn tpm2_ext(version: &str, slate: &Path) -> Result<PathBuf> {
         fs::set_permissions(to, fs::Permissions::from_mode(0o755))?;
         Ok(())
     };
-    for program in PROGRAMS {
-        copy(&find(program)?, &tree.join(program))?;
+    for (from, to) in PROGRAMS {
+        copy(&find(from)?, &tree.join(to))?;
     }
     for link in TPM2_LINKS {
         symlink("tpm2", tree.join("usr/bin").join(link))?;
@@ -138,7 +142,7 @@ pub fn tpm2_ext(version: &str, slate: &Path) -> Result<PathBuf> {
     let mut copied = BTreeSet::new();
     let objects: Vec<PathBuf> = PROGRAMS
         .iter()
-        .map(|p| tree.join(p))
+        .map(|(_, to)| tree.join(to))
         .chain(dlopened)
         .collect();
     for object in &objects {
@@ -153,6 +157,9 @@ pub fn tpm2_ext(version: &str, slate: &Path) -> Result<PathBuf> {
             let name = line.split("=>").next().unwrap_or("").trim().to_owned();
             let target = line.split("=>").nth(1).unwrap_or("").trim();
             let path = target.split(" (").next().unwrap_or("").trim();
+            if base.join(&name).exists() {
+                continue;
+            }
             ensure!(
                 trees
                     .iter()
@@ -161,7 +168,7 @@ pub fn tpm2_ext(version: &str, slate: &Path) -> Result<PathBuf> {
                 object.display(),
                 line.trim()
             );
-            if base.join(&name).exists() || !copied.insert(name.clone()) {
+            if !copied.insert(name.clone()) {
                 continue;
             }
             copy(Path::new(path), &libdir.join(&name))?;

@@ -35,7 +35,8 @@ const LOCKED_LINE: &str = "maintenance mode: /var is locked";
 fn marker_service() -> String {
     let (head, tail) = MARKER.split_at(11);
     format!(
-        "\n[[services]]\nname = \"marker\"\ncommand = ['/bin/sh', '-c', 'f=/var/lib/tpm2-marker; \
+        "\n[[services]]\nname = \"marker\"\ncommand = ['/bin/sh', '-c', 'mkdir -p /var/lib; \
+         f=/var/lib/tpm2-marker; \
          if [ -e $f ]; then echo \"marker found\"; else echo \"marker absent\"; i=0; while [ $i \
          -lt 64 ]; do echo {head}\"\"{tail}; i=$((i+1)); done > $f; sync; fi']\nrestart = \
          \"never\"\ndepends_on = [\"var\"]\n"
