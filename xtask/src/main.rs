@@ -163,6 +163,10 @@ enum Task {
         #[arg(long)]
         slate: Option<PathBuf>,
     },
+    /// Benchmark (issue 40): /var in LUKS2 with its key sealed to the TPM (swtpm) against a
+    /// plain /var on the same image — sequential write and read, fsync latency — and the unlock
+    /// at boot.
+    BenchVar,
     /// Every benchmark (or those named), each side measured 3 times; writes
     /// target/bench/summary-<commit>.json and target/bench/latest.json.
     Bench {
@@ -233,6 +237,7 @@ fn main() -> Result<()> {
             reuse_clients,
         ),
         Task::BenchDelta { slate } => bench::delta::bench_delta(slate.as_deref()),
+        Task::BenchVar => bench::var::bench_var(),
         Task::Bench {
             only,
             operator_nodes,

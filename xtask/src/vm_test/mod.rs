@@ -38,6 +38,7 @@ use identity::{explain_disk, hook_order, node_identity, said_line};
 use lifecycle::{fatal_boot_task, node_lifecycle};
 pub(crate) use upgrade::upgrade_went_through;
 use upgrade::{build_upgrade_story, offline_upgrade, online_upgrade, upgrade_commit_and_revert};
+pub(crate) use var_tpm2::{require_tools as require_tpm2_tools, tpm2_bundle};
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 const RUNNING: &str = "[slate] [machined] stage Running";

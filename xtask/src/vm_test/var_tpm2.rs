@@ -203,18 +203,45 @@ fn refused(node: &Node<'_>, vm: &mut Vm, why: &str) -> Result<String> {
     Ok(reason)
 }
 
-pub(super) fn tpm2_var(prepared: &Prepared, work: &Path) -> Result<String> {
+/// The tools a tpm2 scenario or benchmark runs on the host: missing, it fails (under `CI=true`
+/// and elsewhere alike), never skips.
+pub(crate) fn require_tools() -> Result<()> {
     for tool in ["swtpm", "cryptsetup", "losetup", "partx"] {
         ensure!(
             slate_testkit::find_tool(tool).is_some(),
             "{tool} is missing (scripts/install-deps installs it)"
         );
     }
+    Ok(())
+}
+
+/// The tpm2 extension and profiles/tpm2.toml's installer bundle at `version` in `out`.
+pub(crate) fn tpm2_bundle(
+    prepared: &Prepared,
+    work: &Path,
+    version: &str,
+    extra_args: &[&str],
+    out: &Path,
+) -> Result<()> {
+    let extension = tpm2_ext(EXT_VERSION, &prepared.slate)?;
+    let profile = profile(work, &extension)?;
+    rollback::build(
+        &prepared.slate,
+        &profile,
+        "installer",
+        version,
+        extra_args,
+        out,
+    )
+}
+
+pub(super) fn tpm2_var(prepared: &Prepared, work: &Path) -> Result<String> {
+    require_tools()?;
     let slate = &prepared.slate;
+    let bundles: Vec<PathBuf> = (1..=3).map(|v| work.join(format!("bundle-v{v}"))).collect();
+    tpm2_bundle(prepared, work, "1.0.0", &[], &bundles[0])?;
     let extension = tpm2_ext(EXT_VERSION, slate)?;
     let profile = profile(work, &extension)?;
-    let bundles: Vec<PathBuf> = (1..=3).map(|v| work.join(format!("bundle-v{v}"))).collect();
-    rollback::build(slate, &profile, "installer", "1.0.0", &[], &bundles[0])?;
     rollback::build(slate, &profile, "installer", "2.0.0", &[], &bundles[1])?;
     let broken = ["slate.debug.fail-hook"];
     rollback::build(slate, &profile, "installer", "3.0.0", &broken, &bundles[2])?;

@@ -15,7 +15,7 @@ use std::time::Instant;
 use slate_host::HostError;
 
 use token::{classify, find_token, luks2_label, recovery_key, Found, Token, TokenError};
-use tools::{cryptsetup, Scratch, Tpm, Unseal, PBKDF_ARGS};
+use tools::{brief, cryptsetup, Scratch, Tpm, Unseal, PBKDF_ARGS};
 
 /// The device-mapper name of the open volume (`/dev/mapper/slate-var`).
 pub const MAPPER_NAME: &str = "slate-var";
@@ -234,8 +234,12 @@ fn set_up(
     let key = scratch.write("key", &random32()?)?;
     let tpm = setting.tpm();
     let sealed = tpm.seal(&scratch, &key).map_err(|e| {
+        let why = match &e {
+            CryptError::Host(e) => brief(e),
+            other => other.to_string(),
+        };
         CryptError::Refused(format!(
-            "the TPM did not seal /var's key ({e}); nothing was written to {label}"
+            "the TPM did not seal /var's key ({why}); nothing was written to {label}"
         ))
     })?;
     let token = Token::new(0, &sealed.policy, &sealed.public, &sealed.private);
@@ -301,8 +305,9 @@ fn set_up(
 
 fn unseal_error(e: &Unseal) -> String {
     match e {
+        Unseal::Tpm(CryptError::Host(e)) => brief(e),
         Unseal::Tpm(e) => e.to_string(),
-        Unseal::Load(e) | Unseal::Policy(e) => e.to_string(),
+        Unseal::Load(e) | Unseal::Policy(e) => brief(e),
     }
 }
 
@@ -323,14 +328,16 @@ fn unseal(
     };
     let key = setting.tpm().unseal(&scratch, token).map_err(|e| match e {
         Unseal::Load(e) => refused(format!(
-            "the sealed key does not load under this TPM's primary key — the disk was \
-                 sealed by another TPM, or this one was cleared ({e})"
+            "the sealed key does not load under this TPM's primary key — the disk was sealed \
+             by another TPM, or this one was cleared ({})",
+            brief(&e)
         )),
         Unseal::Policy(e) => refused(format!(
-            "the TPM refused the PCR 7 policy — the Secure Boot state (db, dbx, Secure \
-                 Boot on or off) differs from when the key was sealed ({e})"
+            "the TPM refused the PCR 7 policy — the Secure Boot state (db, dbx, Secure Boot \
+             on or off) differs from when the key was sealed ({})",
+            brief(&e)
         )),
-        Unseal::Tpm(e) => refused(format!("the TPM did not answer ({e})")),
+        other => refused(format!("the TPM did not answer ({})", unseal_error(&other))),
     })?;
     log(&format!(
         "{label}: unlocked with the TPM (PCR {}, key slot {slot}) in {} ms",

@@ -215,6 +215,28 @@ pub enum Unseal {
     Policy(HostError),
 }
 
+/// A tool's failure in one line for the console: tpm2-tools print the TSS's trace before the
+/// one line that says what the TPM answered (`ERROR: Esys_Load(0x1DF) - tpm:parameter(1):
+/// integrity check failed`); that line, after the program's name.
+pub fn brief(err: &HostError) -> String {
+    match err {
+        HostError::CommandFailed {
+            program, output, ..
+        } => {
+            let lines: Vec<&str> = output.lines().map(str::trim).collect();
+            let said = lines
+                .iter()
+                .find(|l| l.starts_with("ERROR: ") && !l.contains("Unable to run"))
+                .or(lines.iter().find(|l| !l.is_empty()))
+                .copied()
+                .unwrap_or("no output");
+            let name = program.rsplit('/').next().unwrap_or(program);
+            format!("{name}: {said}")
+        }
+        other => other.to_string(),
+    }
+}
+
 /// `cryptsetup` with the arguments; its failure carries its output.
 pub fn cryptsetup(args: &[&str], paths: &[&Path]) -> Result<String, HostError> {
     let mut cmd = Command::new(CRYPTSETUP);
@@ -229,3 +251,26 @@ pub fn cryptsetup(args: &[&str], paths: &[&Path]) -> Result<String, HostError> {
 /// (the sealed key and the recovery key), so stretching adds nothing against a guess, and
 /// Argon2's default of up to 1 GiB would not fit a small node at boot.
 pub const PBKDF_ARGS: &[&str] = &["--pbkdf", "pbkdf2", "--pbkdf-force-iterations", "1000"];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tools_failure_is_the_line_that_says_what_the_tpm_answered() {
+        let failed = HostError::CommandFailed {
+            program: "/usr/bin/tpm2_load".into(),
+            status: "exit status: 1".into(),
+            output: "WARNING:esys:src/tss2-esys/api/Esys_Load.c:324:Esys_Load_Finish() Received \
+                     TPM Error\nERROR:esys:src/tss2-esys/api/Esys_Load.c:112:Esys_Load() Esys \
+                     Finish ErrorCode (0x000001df)\nERROR: Esys_Load(0x1DF) - \
+                     tpm:parameter(1):integrity check failed\nERROR: Unable to run \
+                     /usr/bin/tpm2_load"
+                .into(),
+        };
+        assert_eq!(
+            brief(&failed),
+            "tpm2_load: ERROR: Esys_Load(0x1DF) - tpm:parameter(1):integrity check failed"
+        );
+    }
+}
