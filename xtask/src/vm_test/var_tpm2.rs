@@ -1,6 +1,7 @@
 //! tpm2_var (issue 40): profiles/tpm2.toml — the demo with `[var] mode = "tpm2"` and the tpm2
 //! extension — on a VM whose TPM is Debian's swtpm (QEMU's tpm-crb). The first boot sets /var
-//! up (LUKS2, key sealed under PCR 7, recovery key shown once) and a service leaves a marker;
+//! up (LUKS2, key sealed under PCR 7, recovery key shown once) and loses its power as the key
+//! is shown; the next finishes or restarts the job, and a service leaves a marker;
 //! the next boot unlocks it unattended and finds the marker. From the host, with the VM off:
 //! the partition is LUKS2 with slate's token and no plaintext of the marker. The same disk
 //! with a fresh swtpm state (another TPM) and with no TPM at all is refused — console, status,
@@ -160,6 +161,13 @@ fn line_with(boot: &Running, needle: &str) -> Result<String> {
         .to_owned())
 }
 
+/// The recovery key at the end of its console line.
+fn recovery_key(line: &str) -> Result<String> {
+    let key = line.rsplit(' ').next().unwrap_or_default().to_owned();
+    ensure!(key.len() == 71, "a recovery key: {line}");
+    Ok(key)
+}
+
 /// A boot that unlocked /var by itself and found the marker; `status`'s var line checked.
 fn unlocked_with_marker(node: &Node<'_>, boot: &Running) -> Result<()> {
     line_with(boot, UNLOCKED_LINE)?;
@@ -259,20 +267,30 @@ pub(super) fn tpm2_var(prepared: &Prepared, work: &Path) -> Result<String> {
         name: "node1".into(),
     };
 
-    // The first boot seals; the second unlocks by itself.
+    // The first boot's power is cut as the recovery key is shown (before the token is stored,
+    // or between the token and the filesystem): the next boot sets it up again, or opens it and
+    // makes the filesystem — never a refusal, never a second volume over a used one.
+    let mut cut = vm.start()?;
+    cut.expect(&[RECOVERY_LINE], super::BOOT_TIMEOUT, "the first boot's setup")?;
+    cut.kill();
+    let first_key = recovery_key(&line_with(&cut, RECOVERY_LINE)?)?;
+    drop(cut);
     let boot = running(&mut vm)?;
-    let sealed = line_with(&boot, "tpm2: LUKS2 set up")?;
-    let recovery_line = line_with(&boot, RECOVERY_LINE)?;
-    let recovery = recovery_line
-        .rsplit(' ')
-        .next()
-        .unwrap_or_default()
-        .to_owned();
-    ensure!(recovery.len() == 71, "a recovery key: {recovery_line}");
+    let after_cut = line_with(&boot, "setup was cut short")
+        .or_else(|_| line_with(&boot, UNLOCKED_LINE))
+        .context("after the power cut: set up again, or opened")?;
+    let (sealed, recovery) = if after_cut.contains("cut short") {
+        (
+            line_with(&boot, "tpm2: LUKS2 set up")?,
+            recovery_key(&line_with(&boot, RECOVERY_LINE)?)?,
+        )
+    } else {
+        (line_with(&boot, UNLOCKED_LINE)?, first_key)
+    };
     ensure!(marker_said(&node)? == "marker absent", "a first marker");
     let text = node.ok(&["status"])?;
     ensure!(
-        text.contains("var:      tpm2, encrypted, unlocked by TPM (sealed at this boot, PCR 7)"),
+        text.contains("var:      tpm2, encrypted, unlocked by TPM ("),
         "{text}"
     );
     let boot = reboot(&node, &mut vm, boot)?;
@@ -362,7 +380,8 @@ pub(super) fn tpm2_var(prepared: &Prepared, work: &Path) -> Result<String> {
         ensure!(!is_luks.success(), "a LUKS header after the reset");
     }
     Ok(format!(
-        "`{sealed}`; `{unlocked}`; luksDump shows token slate-tpm2, no plaintext marker; \
+        "power cut at the first boot's recovery key, then `{after_cut}`; `{sealed}`; \
+         `{unlocked}`; luksDump shows token slate-tpm2, no plaintext marker; \
          another TPM: `{foreign}`; no TPM: `{none}` (header hash unchanged both times); the \
          recovery key opens key slot 1; v2 and v3's revert unlocked with the marker; reset: \
          `{erased}`"
