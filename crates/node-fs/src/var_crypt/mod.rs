@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use slate_host::HostError;
 
-use token::{classify, find_token, luks2_label, recovery_key, Found, Token, TokenError};
+use token::{classify, find_token, luks2_label, recovery_key, Found, Token};
 use tools::{brief, cryptsetup, Scratch, Tpm, Unseal, PBKDF_ARGS};
 
 /// The device-mapper name of the open volume (`/dev/mapper/slate-var`).
@@ -32,8 +32,6 @@ pub enum CryptError {
         #[source]
         source: std::io::Error,
     },
-    #[error(transparent)]
-    Token(#[from] TokenError),
     /// /var is neither opened nor formatted, and nothing was written to the partition: the
     /// node waits for its owner (the reason says what is needed).
     #[error("{0}")]
@@ -166,10 +164,16 @@ pub fn unlock(
     let signature = slate_host::filesystem_signature(&head);
     let luks_label = luks2_label(&head);
     let token = match (signature, &luks_label) {
-        (Some("crypto_LUKS"), Some(_)) => find_token(&cryptsetup(
-            &["luksDump", "--dump-json-metadata"],
-            &[device],
-        )?)?,
+        (Some("crypto_LUKS"), Some(_)) => {
+            let metadata = cryptsetup(&["luksDump", "--dump-json-metadata"], &[device])?;
+            // A slate token that does not read is no reason to set the volume up again.
+            find_token(&metadata).map_err(|e| {
+                CryptError::Refused(format!(
+                    "{label}'s LUKS2 header does not read as slate's ({e}): the recovery key is \
+                     needed; nothing was written to it"
+                ))
+            })?
+        }
         _ => None,
     };
     match classify(signature, luks_label.as_deref(), token) {
