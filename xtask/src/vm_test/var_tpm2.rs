@@ -271,7 +271,11 @@ pub(super) fn tpm2_var(prepared: &Prepared, work: &Path) -> Result<String> {
     // or between the token and the filesystem): the next boot sets it up again, or opens it and
     // makes the filesystem — never a refusal, never a second volume over a used one.
     let mut cut = vm.start()?;
-    cut.expect(&[RECOVERY_LINE], super::BOOT_TIMEOUT, "the first boot's setup")?;
+    cut.expect(
+        &[RECOVERY_LINE],
+        super::BOOT_TIMEOUT,
+        "the first boot's setup",
+    )?;
     cut.kill();
     let first_key = recovery_key(&line_with(&cut, RECOVERY_LINE)?)?;
     drop(cut);
