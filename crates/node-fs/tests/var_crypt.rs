@@ -1,6 +1,6 @@
 //! A `tpm2` /var on the host: Debian's swtpm as the TPM (tpm2-tools' `swtpm:` TCTI), a loop
 //! device as EPHEMERAL, the real cryptsetup. Set up once, unlocked again with the same TPM,
-//! refused by a fresh TPM with the header's bytes unchanged, opened by the recovery key,
+//! refused once PCR 7 changed, refused by a fresh TPM with the header's bytes unchanged, opened by the recovery key,
 //! erased. The keys are checked with `cryptsetup open --test-passphrase`, which needs no
 //! device-mapper (the CI host's kernel has none; the VM scenario tpm2_var activates it).
 
@@ -161,6 +161,30 @@ fn sealed_reopened_refused_by_another_tpm_recovered_and_erased() {
         lines.lock().unwrap()
     );
     drop(again);
+
+    // The Secure Boot state changes (PCR 7 extended): the same TPM refuses the policy.
+    let before = header_hash(&image);
+    let extended = Command::new("tpm2_pcrextend")
+        .arg(format!("7:sha256={}", "01".repeat(32)))
+        .env(
+            "TPM2TOOLS_TCTI",
+            format!("swtpm:host=127.0.0.1,port={}", tpm.port),
+        )
+        .status()
+        .unwrap();
+    assert!(extended.success());
+    let err = var_crypt::unlock(
+        &device.0,
+        "EPHEMERAL",
+        &setting(&tpm, dir.path(), &name),
+        &log,
+    )
+    .unwrap_err();
+    assert!(
+        matches!(&err, CryptError::Refused(why) if why.contains("refused the PCR 7 policy")),
+        "{err}"
+    );
+    assert_eq!(header_hash(&image), before, "a refusal writes nothing");
     drop(tpm);
 
     let before = header_hash(&image);
