@@ -1,7 +1,7 @@
 //! A `tpm2` /var on the host: Debian's swtpm as the TPM (tpm2-tools' `swtpm:` TCTI), a loop
 //! device as EPHEMERAL, the real cryptsetup. Set up once, unlocked again with the same TPM,
-//! refused once PCR 7 changed, refused by a fresh TPM with the header's bytes unchanged, opened by the recovery key,
-//! erased. The keys are checked with `cryptsetup open --test-passphrase`, which needs no
+//! refused once PCR 7 changed and by a fresh TPM, each with the header's bytes unchanged,
+//! opened by the recovery key, erased. The keys are checked with `cryptsetup open --test-passphrase`, which needs no
 //! device-mapper (the CI host's kernel has none; the VM scenario tpm2_var activates it).
 
 use std::path::{Path, PathBuf};
