@@ -226,6 +226,26 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_luks_volume_is_never_checked_formatted_or_mounted_as_a_plain_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let device = dir.path().join("ephemeral");
+        let mut head = vec![0u8; 1 << 20];
+        head[..8].copy_from_slice(b"LUKS\xba\xbe\x00\x02");
+        std::fs::write(&device, &head).unwrap();
+        let err = mount_device_as(
+            "EPHEMERAL",
+            &device,
+            &dir.path().join("var"),
+            false,
+            &|_| {},
+        )
+        .unwrap_err();
+        assert!(matches!(err, VolumeError::Encrypted { .. }), "{err}");
+        assert!(err.to_string().contains("holds a LUKS volume"), "{err}");
+        assert_eq!(std::fs::read(&device).unwrap(), head, "nothing written");
+    }
+
+    #[test]
     fn blank_is_formatted_whatever_else_and_a_filesystem_is_checked_only_when_due() {
         assert_eq!(preparation(true, None), Preparation::Format);
         assert_eq!(
