@@ -25,6 +25,16 @@ pub fn var_by_init(ctx: &TaskContext<'_>, node: &Node) -> Result<(), TaskError> 
         )));
     }
     ctx.log(&format!("{EPHEMERAL_MOUNT}: mounted by slate's init"));
+    // init mounts a persistent, plain /var whatever the machine configuration asks: say so
+    // rather than let a node believe its /var is encrypted or emptied (docs/node.md).
+    let asked = node.machine.current().and_then(|c| c.var).map(|v| v.mode);
+    if let Some(mode) = asked.filter(|m| *m != slate_profile::VarMode::Persistent) {
+        ctx.log(&format!(
+            "[var] mode = \"{}\" is not available on a systemd image yet: {EPHEMERAL_MOUNT} is \
+             persistent and not encrypted",
+            mode.name()
+        ));
+    }
     *node.var.lock().unwrap_or_else(|p| p.into_inner()) = Some(slate_api::VarStatus {
         mode: slate_profile::VarMode::Persistent.name().to_owned(),
         encrypted: false,
