@@ -13,6 +13,7 @@ mod oci_archive;
 mod registry;
 mod slate_static;
 mod soak;
+mod tpm2_ext;
 mod util;
 mod vm;
 mod vm_test;
@@ -62,6 +63,14 @@ enum Task {
         /// The port the web container listens on.
         #[arg(long, default_value_t = 8080)]
         web_port: u16,
+    },
+    /// Make the tpm2 system extension (Debian's cryptsetup and tpm2-tools with their
+    /// libraries, for a `[var] mode = "tpm2"` image) under target/tpm2/ext, signed with the
+    /// demo key.
+    Tpm2Ext {
+        /// The extension's version.
+        #[arg(long, default_value = "2.6.1-1")]
+        version: String,
     },
     /// A Debian bookworm root with systemd as PID 1 and the static slate (mmdebstrap; root):
     /// the base of profiles/debian.toml (issue 39).
@@ -154,6 +163,10 @@ enum Task {
         #[arg(long)]
         slate: Option<PathBuf>,
     },
+    /// Benchmark (issue 40): /var in LUKS2 with its key sealed to the TPM (swtpm) against a
+    /// plain /var on the same image — sequential write and read, fsync latency — and the unlock
+    /// at boot.
+    BenchVar,
     /// Every benchmark (or those named), each side measured 3 times; writes
     /// target/bench/summary-<commit>.json and target/bench/latest.json.
     Bench {
@@ -178,6 +191,10 @@ fn main() -> Result<()> {
         Task::ContainerdExt { version, web_port } => {
             let slate = slate_static::slate_static()?;
             containerd_ext::containerd_ext(&version, web_port, &slate).map(drop)
+        }
+        Task::Tpm2Ext { version } => {
+            let slate = slate_static::slate_static()?;
+            tpm2_ext::tpm2_ext(&version, &slate).map(drop)
         }
         Task::SlateStatic => slate_static::slate_static().map(drop),
         Task::DebianRootfs {
@@ -220,6 +237,7 @@ fn main() -> Result<()> {
             reuse_clients,
         ),
         Task::BenchDelta { slate } => bench::delta::bench_delta(slate.as_deref()),
+        Task::BenchVar => bench::var::bench_var(),
         Task::Bench {
             only,
             operator_nodes,

@@ -1,8 +1,9 @@
 //! The VM harness: QEMU (TCG) with OVMF and a per-disk copy of the firmware variables (the
 //! node's NVRAM, so EFI variables persist across its reboots), the serial console captured to a
 //! file and watched for what the guest prints, the node API forwarded to 127.0.0.1, an
-//! i6300esb watchdog, and QEMU's monitor on its standard input (only this process can write
-//! to it).
+//! i6300esb watchdog, QEMU's monitor on its standard input (only this process can write
+//! to it), and optionally a TPM 2.0 (Debian's swtpm, one process per boot over a state
+//! directory that outlives it).
 
 use std::fs;
 use std::io::Write as _;
@@ -35,12 +36,17 @@ pub struct Vm {
     pub web_port: u16,
     /// Secure Boot firmware ([`Vm::with_secure_boot`]).
     secure_boot: bool,
+    /// A TPM 2.0 ([`Vm::with_tpm`]): swtpm's state directory, kept across boots as a real
+    /// TPM's NVRAM is.
+    tpm: Option<PathBuf>,
 }
 
 /// A running boot of a VM. A guest reboot or power-off ends the QEMU process (`-no-reboot`).
 #[derive(Debug)]
 pub struct Running {
     child: Child,
+    /// This boot's swtpm (started before QEMU, stopped with it).
+    swtpm: Option<Child>,
     /// The human monitor's input (`-monitor stdio`; what it answers goes nowhere).
     monitor: Option<ChildStdin>,
     log: PathBuf,
@@ -81,7 +87,70 @@ impl Vm {
             api_port: free_port()?,
             web_port: free_port()?,
             secure_boot: false,
+            tpm: None,
         })
+    }
+
+    /// Give the VM a TPM 2.0: Debian's swtpm over `state` (a directory, made when missing;
+    /// a fresh one is another TPM), started for each boot and stopped when it ends, as QEMU's
+    /// `tpm-crb` device; `None` takes the TPM out.
+    pub fn with_tpm(mut self, state: Option<&Path>) -> Self {
+        self.set_tpm(state);
+        self
+    }
+
+    /// [`Vm::with_tpm`] on a VM between boots.
+    pub fn set_tpm(&mut self, state: Option<&Path>) {
+        self.tpm = state.map(Path::to_owned);
+    }
+
+    /// swtpm for the boot whose log is `log`, and QEMU's arguments for it.
+    fn start_swtpm(&self, log: &Path) -> Result<Option<(Child, Vec<String>)>> {
+        let Some(state) = &self.tpm else {
+            return Ok(None);
+        };
+        fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
+        let socket = log.with_extension("swtpm.sock");
+        let _ = fs::remove_file(&socket);
+        let child = Command::new("swtpm")
+            .args(["socket", "--tpm2", "--terminate"])
+            .arg("--tpmstate")
+            .arg(format!("dir={}", state.display()))
+            .arg("--ctrl")
+            .arg(format!("type=unixio,path={}", socket.display()))
+            .arg("--log")
+            .arg(format!(
+                "file={},level=1",
+                log.with_extension("swtpm.log").display()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .context("starting swtpm (Debian's swtpm package; scripts/install-deps)")?;
+        let mut child = child;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !socket.exists() {
+            if let Some(status) = child.try_wait()? {
+                bail!(
+                    "swtpm exited ({status}) before listening on {}",
+                    socket.display()
+                );
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                bail!("swtpm did not listen on {} within 10 s", socket.display());
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let args = [
+            "-chardev".to_owned(),
+            format!("socket,id=chrtpm,path={}", socket.display()),
+            "-tpmdev".to_owned(),
+            "emulator,id=tpm0,chardev=chrtpm".to_owned(),
+            "-device".to_owned(),
+            "tpm-crb,tpmdev=tpm0".to_owned(),
+        ];
+        Ok(Some((child, args.to_vec())))
     }
 
     /// Boot with OVMF's Secure Boot firmware (empty variables: setup mode until keys are
@@ -96,6 +165,10 @@ impl Vm {
         self.boots += 1;
         let log = self.work.join(format!("boot-{}.log", self.boots));
         let _ = fs::remove_file(&log);
+        let (swtpm, tpm_args) = match self.start_swtpm(&log)? {
+            Some((child, args)) => (Some(child), args),
+            None => (None, Vec::new()),
+        };
         let mut child = Command::new("qemu-system-x86_64")
             .args(["-accel", "tcg", "-m", "1024", "-smp", "1"])
             .args(["-display", "none", "-monitor", "stdio", "-no-reboot"])
@@ -136,6 +209,7 @@ impl Vm {
                 self.api_port, self.web_port
             ))
             .args(["-device", "virtio-net-pci,netdev=net0,romfile="])
+            .args(&tpm_args)
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
@@ -144,6 +218,7 @@ impl Vm {
         Ok(Running {
             monitor: child.stdin.take(),
             child,
+            swtpm,
             log,
             started: Instant::now(),
             started_at: std::time::SystemTime::now(),
@@ -238,6 +313,12 @@ impl Running {
     pub fn kill(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // `--terminate` ends swtpm when QEMU's connection closes; this is for a QEMU that
+        // never connected.
+        if let Some(mut swtpm) = self.swtpm.take() {
+            let _ = swtpm.kill();
+            let _ = swtpm.wait();
+        }
     }
 }
 

@@ -120,6 +120,10 @@ pub fn filesystem_signature(head: &[u8]) -> Option<&'static str> {
         Some("btrfs")
     } else if at(0x52, b"FAT32") || at(0x36, b"FAT") {
         Some("vfat")
+    } else if at(0, b"LUKS\xba\xbe") || at(0, b"SKUL\xba\xbe") {
+        // A LUKS header (or LUKS2's secondary magic): never blank, so a /var mode that finds
+        // one never formats over an encrypted volume.
+        Some("crypto_LUKS")
     } else {
         None
     }
@@ -207,6 +211,11 @@ pub fn is_blank(device: &Path) -> Result<bool> {
     Ok(filesystem_signature(&read_head(device, IDENTITY_HEAD_LEN)?).is_none())
 }
 
+/// Whether `device` begins with a LUKS header.
+pub fn device_is_luks(device: &Path) -> Result<bool> {
+    Ok(filesystem_signature(&read_head(device, IDENTITY_HEAD_LEN)?) == Some("crypto_LUKS"))
+}
+
 /// The first `len` bytes of `device`.
 pub(crate) fn read_head(device: &Path, len: usize) -> Result<Vec<u8>> {
     let mut head = vec![0u8; len];
@@ -245,6 +254,9 @@ mod tests {
         let mut fat = vec![0u8; 0x10048];
         fat[0x52..0x57].copy_from_slice(b"FAT32");
         assert_eq!(filesystem_signature(&fat), Some("vfat"));
+        let mut luks = vec![0u8; 0x10048];
+        luks[..6].copy_from_slice(b"LUKS\xba\xbe");
+        assert_eq!(filesystem_signature(&luks), Some("crypto_LUKS"));
     }
 
     #[test]

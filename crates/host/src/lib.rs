@@ -35,8 +35,9 @@ mod teardown;
 mod watchdog;
 
 pub use block::{
-    disk_of_partition, filesystem_identity, filesystem_signature, find_filesystem_by_uuid,
-    find_partition_by_label, is_blank, uevent_value, BlockPartition, FsIdentity, IDENTITY_HEAD_LEN,
+    device_is_luks, disk_of_partition, filesystem_identity, filesystem_signature,
+    find_filesystem_by_uuid, find_partition_by_label, is_blank, uevent_value, BlockPartition,
+    FsIdentity, IDENTITY_HEAD_LEN,
 };
 pub use boot_clock::{
     parse_milestones, record_milestone, record_milestone_at, since_boot, INIT_MILESTONES,

@@ -131,6 +131,23 @@ pub fn assemble_root(inputs: &Inputs, tree: &Path) -> Result<(), ImagerError> {
             what: "the profile's services",
             reason: e.to_string(),
         })?;
+        // A tpm2 /var is opened with cryptsetup and tpm2-tools at every boot: an image
+        // without them would refuse to boot, so it is refused here.
+        if node.var.as_ref().map(|v| v.mode) == Some(slate_profile::VarMode::Tpm2) {
+            let missing: Vec<&str> = std::iter::once(image_contract::CRYPTSETUP)
+                .chain(image_contract::TPM2_TOOLS.iter().copied())
+                .filter(|p| !program_in_layers(tree, &layers, Path::new(p)))
+                .collect();
+            if !missing.is_empty() {
+                return Err(ImagerError::BadInput {
+                    what: "the profile's [var] mode",
+                    reason: format!(
+                        "tpm2 needs {} in the root or an extension (xtask tpm2-ext makes one)",
+                        missing.join(", ")
+                    ),
+                });
+            }
+        }
         write_generated(
             &tree.join(slate_profile::NODE_CONFIG_PATH),
             node.to_toml().as_bytes(),

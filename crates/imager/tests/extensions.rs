@@ -194,3 +194,32 @@ fn a_bad_request_writes_nothing() {
     }
     assert!(!out.exists());
 }
+
+/// `[var] mode = "tpm2"` needs cryptsetup and tpm2-tools in the root or an extension: without
+/// them the build is refused naming each missing program; with them (links to one `tpm2`, as
+/// Debian installs them) it is taken.
+#[test]
+fn a_tpm2_var_needs_its_tools_in_the_image() {
+    let dir = fixture(1);
+    let var = "[var]\nmode = \"tpm2\"\n";
+    profile(dir.path(), "", var);
+    let inputs = common::resolve_rootfs(dir.path()).unwrap();
+    let err = build_rootfs(&inputs, &mut |_| {}).unwrap_err().to_string();
+    for program in std::iter::once(slate_profile::image_contract::CRYPTSETUP)
+        .chain(slate_profile::image_contract::TPM2_TOOLS.iter().copied())
+    {
+        assert!(err.contains(program), "{program}: {err}");
+    }
+    let root = dir.path().join("rootfs");
+    for sub in ["usr/sbin", "usr/bin"] {
+        fs::create_dir_all(root.join(sub)).unwrap();
+    }
+    for program in ["usr/sbin/cryptsetup", "usr/bin/tpm2"] {
+        fs::write(root.join(program), "\x7fELF").unwrap();
+        fs::set_permissions(root.join(program), fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    for tool in slate_profile::image_contract::TPM2_TOOLS {
+        std::os::unix::fs::symlink("tpm2", root.join(tool.trim_start_matches('/'))).unwrap();
+    }
+    build_rootfs(&common::resolve_rootfs(dir.path()).unwrap(), &mut |_| {}).unwrap();
+}

@@ -93,15 +93,34 @@ pub fn prepare(log: &KmsgLogger) -> Result<()> {
         read_optional(Path::new(&format!("/{NODE_CONFIG_PATH}"))),
         &|warning| log.warn(warning),
     );
-    let prepared = mount_volume_as(
-        EPHEMERAL_LABEL,
-        None,
-        Path::new(EPHEMERAL_MOUNT),
-        mode == VarMode::Ephemeral,
-        &line,
-        &sleep,
-    )
-    .with_context(|| format!("mounting {EPHEMERAL_LABEL} on {EPHEMERAL_MOUNT}"))?;
+    let prepared = if mode == VarMode::Tpm2 {
+        // Refused closed: never a plain /var where an encrypted one was asked for, and never a
+        // write to EPHEMERAL, which may hold an encrypted volume. A tmpfs lets systemd and
+        // slate-machined come up, so the node stays reachable and says why.
+        log.warn(format_args!(
+            "[var] mode = \"tpm2\" (the {from}'s) is not available on a systemd image yet: \
+             {EPHEMERAL_LABEL} is left untouched and {EPHEMERAL_MOUNT} is a tmpfs for this boot"
+        ));
+        host::mount(
+            "tmpfs",
+            Path::new(EPHEMERAL_MOUNT),
+            "tmpfs",
+            host::MsFlags::MS_NOSUID | host::MsFlags::MS_NODEV,
+            Some("mode=0755"),
+        )
+        .context("mounting a tmpfs on /var")?;
+        TPM2_REFUSED
+    } else {
+        mount_volume_as(
+            EPHEMERAL_LABEL,
+            None,
+            Path::new(EPHEMERAL_MOUNT),
+            mode == VarMode::Ephemeral,
+            &line,
+            &sleep,
+        )
+        .with_context(|| format!("mounting {EPHEMERAL_LABEL} on {EPHEMERAL_MOUNT}"))?
+    };
     log.info(format_args!(
         "/var: {} (the {from}'s mode), {prepared}",
         mode.name()
@@ -142,6 +161,10 @@ pub fn prepare(log: &KmsgLogger) -> Result<()> {
     host::record_milestone(Path::new(host::INIT_MILESTONES), "volumes and /etc ready");
     Ok(())
 }
+
+/// What init did with /var when a `tpm2` /var was asked for on a systemd image.
+const TPM2_REFUSED: &str =
+    "refused: tpm2 is not available on a systemd image; EPHEMERAL untouched, /var a tmpfs";
 
 /// A file's text, `None` when it does not exist (any other error is the text's absence too,
 /// said by [`var_mode`]'s caller through the parse that follows: an unreadable file is logged).

@@ -399,6 +399,24 @@ fn poll_interval_and_ports_are_bounded_both_ways() {
 }
 
 #[test]
+fn the_var_mode_takes_tpm2_refuses_an_unknown_one_and_a_change_takes_a_reboot() {
+    assert_eq!(parse(V1).unwrap().config.var, None);
+    let tpm2 = parse(&format!("{V1}\n[var]\nmode = \"tpm2\"\n"))
+        .unwrap()
+        .config;
+    assert_eq!(
+        tpm2.var.as_ref().map(|v| v.mode),
+        Some(slate_profile::VarMode::Tpm2)
+    );
+    assert_eq!(parse(&tpm2.to_toml()).unwrap().config, tpm2);
+    let e = refused(&format!("{V1}\n[var]\nmode = \"luks\"\n"));
+    assert_eq!(e.field(), Some("var.mode"), "{e}");
+    let change = change(&parse(V1).unwrap().config, &tpm2);
+    assert_eq!(change.changed, ["var"]);
+    assert!(change.reboot_required);
+}
+
+#[test]
 fn the_reboot_mode_is_optional_and_checked_by_name() {
     assert_eq!(parse(V1).unwrap().config.reboot.mode, None);
     let kexec = format!("{V1}\n[reboot]\nmode = \"kexec\"\n");

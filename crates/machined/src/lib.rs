@@ -175,8 +175,25 @@ fn boot_and_serve(
             .journal
             .info(format_args!("boot ended early: {other:?}; serving")),
         Err(err) => {
-            if let Some(fatal) = dispose(node, err) {
-                return fatal;
+            let refused = facts
+                .var_refused
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .clone();
+            match refused {
+                // Not the fatal path: a reboot would find the same volume and TPM, and a
+                // revert would blame a version for a machine's TPM.
+                Some(why) => {
+                    if let Some(fatal) = locked(node, &facts, &api, &why) {
+                        return fatal;
+                    }
+                    _feeder = watchdog.map(|dog| watchdog::feed(node, dog));
+                }
+                None => {
+                    if let Some(fatal) = dispose(node, err) {
+                        return fatal;
+                    }
+                }
             }
         }
     }
@@ -210,6 +227,34 @@ fn boot_and_serve(
         phase: "serve".into(),
         task: "requests".into(),
         source: "the API's request channel closed".into(),
+    }
+}
+
+/// /var was refused: say so (console, journal, `slate status`'s last failure), then bring up
+/// the network and the API and wait for the operator (the request loop serves reboot and
+/// reset). Returns a fatal error only when that fails too.
+fn locked(
+    node: &Arc<Node>,
+    facts: &Facts,
+    api: &Mutex<Option<slate_api::ServerHandle>>,
+    why: &str,
+) -> Option<SequenceError> {
+    let reason = format!("/var is locked: {why}");
+    node.journal.error(format_args!("{reason}"));
+    *node.last_failure.lock().unwrap_or_else(|p| p.into_inner()) = Some(slate_api::Failure {
+        version: node.version.clone(),
+        reason,
+    });
+    node.set_stage(Stage::Failed);
+    let sequence = sequences::locked(node, facts, |_ctx| {
+        let handle = start_api(node)?;
+        let addr = handle.local_addr();
+        *api.lock().unwrap_or_else(|p| p.into_inner()) = Some(handle);
+        Ok(addr)
+    });
+    match node.lock.run(sequence, node.journal.as_ref()) {
+        Ok(()) => None,
+        Err(err) => dispose(node, err),
     }
 }
 

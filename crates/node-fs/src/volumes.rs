@@ -31,6 +31,18 @@ pub enum VolumeError {
     },
     #[error("cancelled while waiting for the partition labelled {0}")]
     Cancelled(String),
+    /// A LUKS volume where a plain filesystem is expected (a `tpm2` /var's, now under another
+    /// mode): never checked, formatted or mounted.
+    #[error(
+        "{label} ({}) holds a LUKS volume (a tpm2 /var): /var mode {mode} does not open it and \
+         nothing was written to it; set [var] mode = \"tpm2\" again, or `slate reset` to wipe it",
+        device.display()
+    )]
+    Encrypted {
+        label: String,
+        device: PathBuf,
+        mode: &'static str,
+    },
 }
 
 /// What a volume needs before it is mounted, from its head and superblock alone.
@@ -102,7 +114,19 @@ pub fn mount_volume_as(
     sleep: &dyn Fn(Duration) -> bool,
 ) -> Result<&'static str, VolumeError> {
     let part = wait_for_partition(label, disk, sleep)?;
-    let device = &part.device;
+    mount_device_as(label, &part.device, target, afresh, log)
+}
+
+/// [`mount_volume_as`] on a known device: a partition, or an open LUKS2 volume (a `tpm2`
+/// /var's `/dev/mapper/slate-var`), whose inside is formatted when blank: the first boot's,
+/// or one whose first boot was cut short between the token and the filesystem.
+pub fn mount_device_as(
+    label: &str,
+    device: &Path,
+    target: &Path,
+    afresh: bool,
+    log: &dyn Fn(&str),
+) -> Result<&'static str, VolumeError> {
     if afresh {
         log(&format!(
             "{label} ({}): ephemeral: formatting it afresh",
@@ -113,11 +137,19 @@ pub fn mount_volume_as(
         return Ok("formatted (ephemeral)");
     }
     let blank = slate_host::is_blank(device)?;
+    if !blank && slate_host::device_is_luks(device)? {
+        return Err(VolumeError::Encrypted {
+            label: label.to_owned(),
+            device: device.to_owned(),
+            mode: "persistent",
+        });
+    }
     let due = if blank {
         None
     } else {
         slate_host::device_ext_check_due(device)?
     };
+    let device = &device.to_owned();
     let done = match preparation(blank, due) {
         Preparation::Format => {
             log(&format!(
@@ -192,6 +224,26 @@ fn add_journal_when_missing(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_luks_volume_is_never_checked_formatted_or_mounted_as_a_plain_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let device = dir.path().join("ephemeral");
+        let mut head = vec![0u8; 1 << 20];
+        head[..8].copy_from_slice(b"LUKS\xba\xbe\x00\x02");
+        std::fs::write(&device, &head).unwrap();
+        let err = mount_device_as(
+            "EPHEMERAL",
+            &device,
+            &dir.path().join("var"),
+            false,
+            &|_| {},
+        )
+        .unwrap_err();
+        assert!(matches!(err, VolumeError::Encrypted { .. }), "{err}");
+        assert!(err.to_string().contains("holds a LUKS volume"), "{err}");
+        assert_eq!(std::fs::read(&device).unwrap(), head, "nothing written");
+    }
 
     #[test]
     fn blank_is_formatted_whatever_else_and_a_filesystem_is_checked_only_when_due() {

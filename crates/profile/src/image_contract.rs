@@ -36,6 +36,21 @@ image_paths! {
     EXTENSIONS_MANIFEST_PATH, EXTENSIONS_MANIFEST = "extensions/manifest";
 }
 
+/// `cryptsetup` (Debian's cryptsetup-bin), which a `tpm2` /var drives (LUKS2: format, key
+/// slots, token, open, erase): an image whose /var mode is `tpm2` must carry it, in its root or
+/// an extension (`xtask tpm2-ext`).
+pub const CRYPTSETUP: &str = "/usr/sbin/cryptsetup";
+
+/// tpm2-tools' programs a `tpm2` /var runs (seal at the first boot, unseal at every later one);
+/// in Debian each is a link to one multi-call `tpm2`.
+pub const TPM2_TOOLS: &[&str] = &[
+    "/usr/bin/tpm2_createprimary",
+    "/usr/bin/tpm2_createpolicy",
+    "/usr/bin/tpm2_create",
+    "/usr/bin/tpm2_load",
+    "/usr/bin/tpm2_unseal",
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;

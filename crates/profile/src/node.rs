@@ -208,6 +208,9 @@ pub enum VarMode {
     /// Formatted afresh at every boot before anything mounts it: nothing of the last boot's
     /// contents is read.
     Ephemeral,
+    /// Persistent, inside a LUKS2 volume whose key is sealed to the machine's TPM 2.0 (PCR 7:
+    /// the Secure Boot state), unlocked unattended at every boot (docs/node.md, "/var modes").
+    Tpm2,
 }
 
 impl VarMode {
@@ -215,6 +218,7 @@ impl VarMode {
         match self {
             VarMode::Persistent => "persistent",
             VarMode::Ephemeral => "ephemeral",
+            VarMode::Tpm2 => "tpm2",
         }
     }
 }
@@ -473,6 +477,25 @@ mode = "kexec"
             Some(RebootMethod::Kexec)
         );
         assert_eq!(NodeConfig::parse(&node.to_toml()).unwrap(), node);
+    }
+
+    #[test]
+    fn var_modes_parse_by_name_and_an_unknown_one_is_refused() {
+        for (name, mode) in [
+            ("persistent", VarMode::Persistent),
+            ("ephemeral", VarMode::Ephemeral),
+            ("tpm2", VarMode::Tpm2),
+        ] {
+            let config = NodeConfig::parse(&format!("[var]\nmode = \"{name}\"\n")).unwrap();
+            assert_eq!(config.var.as_ref().map(|v| v.mode), Some(mode));
+            assert_eq!(mode.name(), name);
+            assert_eq!(NodeConfig::parse(&config.to_toml()).unwrap(), config);
+        }
+        let e = NodeConfig::parse("[var]\nmode = \"luks\"\n")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("unknown variant `luks`"), "{e}");
+        assert!(e.contains("`tpm2`"), "{e}");
     }
 
     #[test]

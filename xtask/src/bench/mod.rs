@@ -24,6 +24,7 @@ pub(crate) mod rootfs;
 pub(crate) mod services;
 pub(crate) mod snapshot;
 pub(crate) mod summary;
+pub(crate) mod var;
 
 use std::time::{Duration, Instant};
 

@@ -23,6 +23,7 @@ mod stolen;
 mod upgrade;
 mod var_modes;
 mod var_powercut;
+mod var_tpm2;
 mod workload;
 
 use std::fs;
@@ -39,6 +40,7 @@ use identity::{explain_disk, hook_order, node_identity, said_line};
 use lifecycle::{fatal_boot_task, node_lifecycle};
 pub(crate) use upgrade::upgrade_went_through;
 use upgrade::{build_upgrade_story, offline_upgrade, online_upgrade, upgrade_commit_and_revert};
+pub(crate) use var_tpm2::{require_tools as require_tpm2_tools, tpm2_bundle};
 
 const BOOT_TIMEOUT: Duration = Duration::from_secs(240);
 const RUNNING: &str = "[slate] [machined] stage Running";
@@ -361,6 +363,9 @@ pub fn vm_test(only: &[String]) -> Result<()> {
         // About 6 boots: v1, v2 committed, v3 and its rollback, v4's panic and v2 again.
         ("btrfs_snapshot_grub", snapshot_grub::btrfs_snapshot_grub),
         ("upgrade_commit_and_revert", upgrade_commit_and_revert),
+        // About 9 boots with swtpm as the TPM: seal, unlock, another TPM, none, v2, v3
+        // reverted, reset (issue 40).
+        ("tpm2_var", var_tpm2::tpm2_var),
         ("fleet_lock_updates", fleet::fleet_lock_updates),
         // Two boots: v1, then v2 pulled by delta from a registry by the update agent.
         ("delta_upgrade", delta::delta_upgrade),

@@ -19,6 +19,8 @@ pub struct Facts {
     pub image_services: Vec<slate_services::ServiceSpec>,
     /// How the image says /var lives (its `[var] mode`; the machine configuration's wins).
     pub image_var: slate_profile::VarMode,
+    /// Why /var was refused at this boot (the node then waits in maintenance mode).
+    pub var_refused: Mutex<Option<String>>,
     /// This boot is an upgrade by replacement's first: its data partitions start afresh.
     pub replace: Mutex<Option<slate_meta::replace::ReplaceOnBoot>>,
 }

@@ -16,7 +16,9 @@ use crate::base::paths::{EPHEMERAL_MOUNT, STATE_MOUNT};
 use crate::base::task::{failed, task};
 use crate::boot::drain::{drain, DrainReason};
 use crate::boot::facts::Facts;
-use crate::boot::volumes::{mount_var, mount_volume, wait_for_partition, wipe_head};
+use crate::boot::volumes::{
+    erase_var, mount_var, mount_volume, refused_status, wait_for_partition, wipe_head, VarRefused,
+};
 
 pub fn initialize<'a>(node: &'a Node, facts: &'a Facts) -> Sequence<'a> {
     PhaseListBuilder::new()
@@ -245,7 +247,19 @@ pub fn boot<'a>(
                     .current()
                     .and_then(|c| c.var)
                     .map_or(facts.image_var, |v| v.mode);
-                let var = mount_var(ctx, disk2.as_deref(), mode)?;
+                let var = match mount_var(ctx, disk2.as_deref(), mode) {
+                    Ok(var) => var,
+                    Err(Err(err)) => return Err(err),
+                    // Rebooting would find the same volume and the same TPM: the node waits
+                    // in maintenance mode (`locked`, after this sequence) for its owner.
+                    Err(Ok(VarRefused(why))) => {
+                        *node.var.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some(refused_status(mode));
+                        *facts.var_refused.lock().unwrap_or_else(|p| p.into_inner()) =
+                            Some(why.clone());
+                        return Err(failed(format!("/var was not mounted: {why}")));
+                    }
+                };
                 *node.var.lock().unwrap_or_else(|p| p.into_inner()) = Some(var);
                 Ok(())
             })],
@@ -308,6 +322,36 @@ pub fn boot<'a>(
         .into_sequence(SequenceKind::Boot)
 }
 
+/// Maintenance mode after /var was refused (a tpm2 volume this machine's TPM does not unlock,
+/// no TPM, a volume the mode does not open): the network and the node API, nothing that could
+/// write to /var — no setup hooks, no services, no commit. The operator reads why in `slate
+/// status` and reboots, resets, or opens the disk elsewhere with the recovery key.
+pub fn locked<'a>(
+    node: &'a Node,
+    facts: &'a Facts,
+    start_api: impl FnOnce(&TaskContext<'_>) -> Result<SocketAddr, TaskError> + Send + 'a,
+) -> Sequence<'a> {
+    PhaseListBuilder::new()
+        .append(
+            "network",
+            [task(node, "network", move |ctx| {
+                crate::boot::network::network(ctx, node, facts)
+            })],
+        )
+        .append(
+            "api",
+            [task(node, "startApi", move |ctx| {
+                let addr = start_api(ctx)?;
+                ctx.log(&format!(
+                    "maintenance mode: /var is locked; API listening on {addr} (slate status \
+                     says why; slate reset wipes it)"
+                ));
+                Ok(())
+            })],
+        )
+        .into_sequence(SequenceKind::Boot)
+}
+
 pub fn reboot(node: &Node, mode: RebootMode) -> Sequence<'_> {
     drain(node, PhaseListBuilder::new(), DrainReason::Reboot)
         .append(
@@ -362,6 +406,8 @@ pub fn reset(node: &Node) -> Sequence<'_> {
             [
                 task(node, "wipeState", |ctx| wipe_head(ctx, "STATE", None)),
                 task(node, "wipeEphemeral", |ctx| {
+                    // A tpm2 /var's key slots go first: a cryptographic erase.
+                    erase_var(ctx, None)?;
                     wipe_head(ctx, "EPHEMERAL", None)
                 }),
             ],

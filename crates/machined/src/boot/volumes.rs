@@ -6,6 +6,7 @@ use std::path::Path;
 
 use slate_disk::{Disk, FileDisk, PartitionView};
 use slate_host::BlockPartition;
+use slate_node_fs::var_crypt::{self, CryptError};
 use slate_node_fs::volumes::{self, VolumeError};
 use slate_sequencer::{TaskContext, TaskError};
 
@@ -44,34 +45,87 @@ pub fn mount_volume(
 fn task_error(err: VolumeError) -> TaskError {
     match err {
         VolumeError::Cancelled(_) => TaskError::Cancelled,
-        VolumeError::Check { .. } => failed(err.to_string()),
+        VolumeError::Check { .. } | VolumeError::Encrypted { .. } => failed(err.to_string()),
         other => other.into(),
     }
 }
 
+/// Why /var was not mounted at this boot, for the node to wait in maintenance mode instead of
+/// rebooting: a `tpm2` volume this machine's TPM cannot unlock, no TPM, or a volume the mode
+/// does not open. Nothing was written to the partition.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VarRefused(pub String);
+
 /// EPHEMERAL on /var as `mode` says (docs/node.md, "/var modes"): `persistent` as any volume
 /// (formatted when blank, checked when its superblock asks); `ephemeral` formatted afresh at
-/// every boot before it is mounted, so nothing of the last boot's contents is ever read.
+/// every boot before it is mounted, so nothing of the last boot's contents is ever read;
+/// `tpm2` opened with the key the TPM unseals (set up first when blank). A refusal is
+/// `Err(Ok(VarRefused))`; any other failure `Err(Err(_))`.
 pub fn mount_var(
     ctx: &TaskContext<'_>,
     disk: Option<&Path>,
     mode: VarMode,
-) -> Result<VarStatus, TaskError> {
-    let prepared = volumes::mount_volume_as(
-        "EPHEMERAL",
-        disk,
-        Path::new(EPHEMERAL_MOUNT),
-        mode == VarMode::Ephemeral,
-        &|line| ctx.log(line),
-        &|d| ctx.sleep(d).is_ok(),
-    )
-    .map_err(task_error)?;
-    Ok(VarStatus {
+) -> Result<VarStatus, Result<VarRefused, TaskError>> {
+    let log = |line: &str| ctx.log(line);
+    let target = Path::new(EPHEMERAL_MOUNT);
+    let status = |prepared: &str, unlocked: Option<String>| VarStatus {
         mode: mode.name().to_owned(),
-        encrypted: false,
-        unlocked: None,
+        encrypted: mode == VarMode::Tpm2,
+        unlocked,
         prepared: prepared.to_owned(),
-    })
+    };
+    let refused_or_failed = |err: VolumeError| match err {
+        VolumeError::Encrypted { .. } => Ok(VarRefused(err.to_string())),
+        other => Err(task_error(other)),
+    };
+    if mode != VarMode::Tpm2 {
+        let prepared = volumes::mount_volume_as(
+            "EPHEMERAL",
+            disk,
+            target,
+            mode == VarMode::Ephemeral,
+            &log,
+            &|d| ctx.sleep(d).is_ok(),
+        )
+        .map_err(refused_or_failed)?;
+        return Ok(status(prepared, None));
+    }
+    let part = wait_for_partition(ctx, "EPHEMERAL", disk).map_err(Err)?;
+    let opened = var_crypt::open(&part.device, "EPHEMERAL", &var_crypt::Setting::node(), &log)
+        .map_err(|err| match err {
+            CryptError::Refused(why) => Ok(VarRefused(why)),
+            other => Err(failed(other.to_string())),
+        })?;
+    let prepared = volumes::mount_device_as("EPHEMERAL", &opened.device, target, false, &log)
+        .map_err(refused_or_failed)?;
+    Ok(status(prepared, Some(opened.how)))
+}
+
+/// The status of a /var that was refused: encrypted, locked, not mounted.
+pub fn refused_status(mode: VarMode) -> VarStatus {
+    VarStatus {
+        mode: mode.name().to_owned(),
+        encrypted: mode == VarMode::Tpm2,
+        unlocked: None,
+        prepared: "not mounted: locked".to_owned(),
+    }
+}
+
+/// A reset's cryptographic erase of a `tpm2` /var: the open volume closed and every key slot
+/// destroyed before the head is zeroed (`wipe_head`), so a copy of the disk taken before
+/// the reset decrypts nothing either.
+pub fn erase_var(ctx: &TaskContext<'_>, disk: Option<&Path>) -> Result<(), TaskError> {
+    let part = wait_for_partition(ctx, "EPHEMERAL", disk)?;
+    if var_crypt::erase(&part.device, &var_crypt::Setting::node())
+        .map_err(|e| failed(e.to_string()))?
+    {
+        ctx.log(&format!(
+            "EPHEMERAL ({}): LUKS2 key slots destroyed (cryptsetup erase): its contents can no \
+             longer be decrypted",
+            part.device.display()
+        ));
+    }
+    Ok(())
 }
 
 /// Zero the first MiB of the partition labelled `label` (on `disk`, when known): the next
