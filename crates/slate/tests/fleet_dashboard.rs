@@ -9,6 +9,8 @@
 //! Run with `CI=true` to make a missing chromium, chromedriver, etcd or registry a failure.
 #![cfg(feature = "etcd")]
 
+mod fleet_support;
+
 #[path = "../../transport/tests/support/registry.rs"]
 #[allow(dead_code)]
 mod registry;
@@ -16,10 +18,10 @@ mod registry;
 #[path = "dashboard_browser/browser.rs"]
 mod browser;
 
+use fleet_support::{free_port, release, wait_for, Daemon, ToOperator};
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -27,9 +29,8 @@ use browser::Browser;
 use registry::TestRegistry;
 use serde_json::Value;
 use slate_api::{Client, Role};
-use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, Identities, Reporter};
-use slate_release::{Channel, Release, ReleaseIndex};
-use slate_rollout::NodeReport;
+use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, Identities};
+use slate_release::ReleaseIndex;
 use slate_transport::{store_release_index, Options, Reference};
 
 const POLICY: &str = r#"
@@ -39,60 +40,6 @@ max_unavailable = "20%"
 waves = [{ percent = 25, soak = "6s" }, { percent = 100 }]
 failure_budget = 10
 "#;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn release(version: &str) -> Release {
-    Release {
-        version: version.into(),
-        digest: format!("sha256:{}", "ab".repeat(32)),
-        created: "2026-12-01T00:00:00Z".into(),
-        channel: Channel::Stable,
-        official: true,
-        min_from: None,
-        yanked: None,
-    }
-}
-
-/// Each node reports as itself, to the one replica.
-struct ToOperator {
-    addr: String,
-    identities: Identities,
-}
-
-impl Reporter for ToOperator {
-    fn report(&self, report: &NodeReport) -> Result<(), String> {
-        let client = self.identities.heartbeat_client(&report.id, &self.addr)?;
-        client
-            .call::<Value, _>("POST", "/v1/fleet/heartbeat", Some(report))
-            .map(drop)
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// A child process, killed on drop.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(200));
-    }
-}
 
 /// `slate fleet status --output json`, as a reader.
 fn cli_status(addr: &str, certs: &Path) -> Value {

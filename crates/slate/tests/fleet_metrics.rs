@@ -8,22 +8,24 @@
 //! refused.
 #![cfg(feature = "etcd")]
 
+mod fleet_support;
+
 #[path = "../../transport/tests/support/registry.rs"]
 #[allow(dead_code)]
 mod registry;
 
+use fleet_support::{free_port, release, wait_for, Daemon, ToOperator};
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use registry::TestRegistry;
 use slate_api::{client_cert_file, client_key_file, Client, Role};
-use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, Identities, Reporter};
-use slate_release::{Channel, Release, ReleaseIndex};
-use slate_rollout::NodeReport;
+use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, Identities};
+use slate_release::ReleaseIndex;
 use slate_testkit::prometheus::{https_get, promtool_check, require_prometheus, Prometheus};
 use slate_transport::{store_release_index, Options, Reference};
 
@@ -36,60 +38,6 @@ max_unavailable = "50%"
 waves = [{ percent = 10, soak = "1s" }, { percent = 100 }]
 failure_budget = 3
 "#;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn release(version: &str) -> Release {
-    Release {
-        version: version.into(),
-        digest: format!("sha256:{}", "ab".repeat(32)),
-        created: "2026-12-01T00:00:00Z".into(),
-        channel: Channel::Stable,
-        official: true,
-        min_from: None,
-        yanked: None,
-    }
-}
-
-/// Each node reports as itself, to the one replica.
-struct ToOperator {
-    addr: String,
-    identities: Identities,
-}
-
-impl Reporter for ToOperator {
-    fn report(&self, report: &NodeReport) -> Result<(), String> {
-        let client = self.identities.heartbeat_client(&report.id, &self.addr)?;
-        client
-            .call::<serde_json::Value, _>("POST", "/v1/fleet/heartbeat", Some(report))
-            .map(drop)
-            .map_err(|e| e.to_string())
-    }
-}
-
-/// A child process, killed on drop.
-struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(250));
-    }
-}
 
 /// `POST path` to the FleetLock server: the status.
 fn lock_request(addr: SocketAddr, path: &str, id: &str) -> u16 {

@@ -12,22 +12,24 @@
 //! 3. v3 is yanked and v4 published; `slate fleet resume` moves every group on to v4.
 #![cfg(feature = "etcd")]
 
+mod fleet_support;
+
 #[path = "../../transport/tests/support/registry.rs"]
 #[allow(dead_code)]
 mod registry;
 
+use fleet_support::{free_port, release, wait_for};
 use std::collections::BTreeMap;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use registry::TestRegistry;
 use slate_api::{Client, Role};
 use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, Identities, Reporter, SimEventKind};
-use slate_release::{Channel, Release, ReleaseIndex};
+use slate_release::ReleaseIndex;
 use slate_rollout::NodeReport;
 use slate_transport::{store_release_index, Options, Reference};
 
@@ -52,26 +54,6 @@ name = "edge-fresh"
 groups = ["edge"]
 strategy = "replace"
 "#;
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn release(version: &str) -> Release {
-    Release {
-        version: version.into(),
-        digest: format!("sha256:{}", "ab".repeat(32)),
-        created: "2026-12-01T00:00:00Z".into(),
-        channel: Channel::Stable,
-        official: true,
-        min_from: None,
-        yanked: None,
-    }
-}
 
 /// Heartbeats to whichever replica answers.
 /// Each node as itself: a client certificate naming the node it reports about.
@@ -147,18 +129,6 @@ fn fleet_cli(certs: &Path, replica: &str, args: &[&str]) -> String {
     );
     assert!(out.status.success(), "slate fleet {args:?}: {text}");
     text
-}
-
-fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !done() {
-        assert!(
-            start.elapsed() < timeout,
-            "timed out after {timeout:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(250));
-    }
-    eprintln!("{what}: {:.1} s", start.elapsed().as_secs_f64());
 }
 
 fn status(certs: &Path, replica: &str) -> serde_json::Value {
