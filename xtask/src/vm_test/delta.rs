@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 
-use super::{build_v1_v2, demo_keys, ensure_logged, running, Node, Prepared};
+use super::{build_v1_v2, ensure_logged, running, Node, Prepared};
 use crate::registry::Registry;
 use crate::util::output;
 use crate::vm::Vm;
@@ -67,18 +67,7 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
     let config_path = work.join("delta1.machine.toml");
     fs::write(&config_path, config)?;
     let image = work.join("delta.raw");
-    fs::File::create(&image)?.set_len(256 << 20)?;
-    output(
-        Command::new(slate)
-            .args(["installer", "install", "--disk"])
-            .arg(&image)
-            .arg("--bundle")
-            .arg(&v1)
-            .arg("--trusted-keys")
-            .arg(demo_keys())
-            .arg("--config")
-            .arg(&config_path),
-    )?;
+    super::install_blank_disk_of(256, slate, &image, &v1, "1.0.0", &config_path)?;
 
     let mut vm = Vm::new(&image, &work.join("vm-delta"))?;
     let node = Node {

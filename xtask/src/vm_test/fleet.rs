@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 
-use super::{build_bundle, demo_keys, running, Node, Prepared};
+use super::{build_bundle, running, Node, Prepared};
 use crate::registry::Registry;
 use crate::util::{output, repo_root, run};
 use crate::vm::{Running, Vm};
@@ -196,18 +196,7 @@ pub fn fleet_lock_updates(prepared: &Prepared, work: &Path) -> Result<String> {
     let config_path = work.join("fleet1.machine.toml");
     fs::write(&config_path, config)?;
     let image = work.join("fleet.raw");
-    fs::File::create(&image)?.set_len(256 << 20)?;
-    output(
-        Command::new(slate)
-            .args(["installer", "install", "--disk"])
-            .arg(&image)
-            .arg("--bundle")
-            .arg(&v1)
-            .arg("--trusted-keys")
-            .arg(demo_keys())
-            .arg("--config")
-            .arg(&config_path),
-    )?;
+    super::install_blank_disk_of(256, slate, &image, &v1, "1.0.0", &config_path)?;
 
     let mut vm = Vm::new(&image, &work.join("vm-fleet"))?;
     let node = Node {

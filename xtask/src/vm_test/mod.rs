@@ -113,7 +113,19 @@ pub(crate) fn install_blank_disk(
     version: &str,
     config: &Path,
 ) -> Result<()> {
-    fs::File::create(image)?.set_len(512 << 20)?;
+    install_blank_disk_of(512, slate, image, bundle, version, config)
+}
+
+/// [`install_blank_disk`] on a disk of `size_mib` MiB.
+pub(crate) fn install_blank_disk_of(
+    size_mib: u64,
+    slate: &Path,
+    image: &Path,
+    bundle: &Path,
+    version: &str,
+    config: &Path,
+) -> Result<()> {
+    fs::File::create(image)?.set_len(size_mib << 20)?;
     let installed = output(
         Command::new(slate)
             .args(["installer", "install", "--disk"])

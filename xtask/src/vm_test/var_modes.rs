@@ -19,7 +19,7 @@ const MARKER: &str = "\n[[services]]\nname = \"marker\"\ncommand = ['/bin/sh', '
                       = [\"var\"]\n";
 
 /// What the marker service said at this boot (waits for it).
-fn marker_said(node: &Node<'_>) -> Result<&'static str> {
+pub(super) fn marker_said(node: &Node<'_>) -> Result<&'static str> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let logs = node.ok(&["logs", "--service", "marker"])?;
@@ -36,7 +36,8 @@ fn marker_said(node: &Node<'_>) -> Result<&'static str> {
     }
 }
 
-fn reboot(node: &Node<'_>, vm: &mut Vm, mut boot: Running) -> Result<Running> {
+/// `slate reboot`, and the next boot running.
+pub(super) fn reboot(node: &Node<'_>, vm: &mut Vm, mut boot: Running) -> Result<Running> {
     node.ok(&["reboot"])?;
     boot.wait_exit(Duration::from_secs(90))?;
     running(vm)

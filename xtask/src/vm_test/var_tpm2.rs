@@ -13,11 +13,12 @@ use std::fs;
 use std::io::{Read as _, Seek as _};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::{ensure, Context as _, Result};
 use sha2::{Digest as _, Sha256};
 
+use super::var_modes::{marker_said, reboot};
 use super::{install_blank_disk, node_config, online_upgrade, rollback, running, Node, Prepared};
 use crate::tpm2_ext::tpm2_ext;
 use crate::util::{output, repo_root};
@@ -42,24 +43,6 @@ fn marker_service() -> String {
          -lt 64 ]; do echo {head}\"\"{tail}; i=$((i+1)); done > $f; sync; fi']\nrestart = \
          \"never\"\ndepends_on = [\"var\"]\n"
     )
-}
-
-/// What the marker service said at this boot (waits for it).
-fn marker_said(node: &Node<'_>) -> Result<&'static str> {
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let logs = node.ok(&["logs", "--service", "marker"])?;
-        for said in ["marker found", "marker absent"] {
-            if logs.contains(&format!("marker: {said}")) {
-                return Ok(said);
-            }
-        }
-        ensure!(
-            Instant::now() < deadline,
-            "the marker service said nothing: {logs}"
-        );
-        std::thread::sleep(Duration::from_millis(500));
-    }
 }
 
 /// profiles/tpm2.toml with its paths absolute and `extension` in place of its own.
@@ -129,12 +112,6 @@ fn header_hash(image: &Path) -> Result<String> {
     let mut head = vec![0u8; 16 << 20];
     file.read_exact(&mut head)?;
     Ok(format!("{:x}", Sha256::digest(&head)))
-}
-
-fn reboot(node: &Node<'_>, vm: &mut Vm, mut boot: Running) -> Result<Running> {
-    node.ok(&["reboot"])?;
-    boot.wait_exit(Duration::from_secs(90))?;
-    running(vm)
 }
 
 fn shut_down(node: &Node<'_>, mut boot: Running) -> Result<()> {
