@@ -45,8 +45,8 @@ pub struct Vm {
 #[derive(Debug)]
 pub struct Running {
     child: Child,
-    /// This boot's swtpm (started before QEMU, stopped with it).
-    swtpm: Option<Child>,
+    /// This boot's swtpm (started before QEMU, stopped with it) and its control socket.
+    swtpm: Option<Swtpm>,
     /// The human monitor's input (`-monitor stdio`; what it answers goes nowhere).
     monitor: Option<ChildStdin>,
     log: PathBuf,
@@ -105,12 +105,12 @@ impl Vm {
     }
 
     /// swtpm for the boot whose log is `log`, and QEMU's arguments for it.
-    fn start_swtpm(&self, log: &Path) -> Result<Option<(Child, Vec<String>)>> {
+    fn start_swtpm(&self, log: &Path) -> Result<Option<(Swtpm, Vec<String>)>> {
         let Some(state) = &self.tpm else {
             return Ok(None);
         };
         fs::create_dir_all(state).with_context(|| format!("creating {}", state.display()))?;
-        let socket = log.with_extension("swtpm.sock");
+        let socket = swtpm_socket();
         let _ = fs::remove_file(&socket);
         let child = Command::new("swtpm")
             .args(["socket", "--tpm2", "--terminate"])
@@ -150,7 +150,7 @@ impl Vm {
             "-device".to_owned(),
             "tpm-crb,tpmdev=tpm0".to_owned(),
         ];
-        Ok(Some((child, args.to_vec())))
+        Ok(Some(((child, socket), args.to_vec())))
     }
 
     /// Boot with OVMF's Secure Boot firmware (empty variables: setup mode until keys are
@@ -315,11 +315,24 @@ impl Running {
         let _ = self.child.wait();
         // `--terminate` ends swtpm when QEMU's connection closes; this is for a QEMU that
         // never connected.
-        if let Some(mut swtpm) = self.swtpm.take() {
+        if let Some((mut swtpm, socket)) = self.swtpm.take() {
             let _ = swtpm.kill();
             let _ = swtpm.wait();
+            let _ = fs::remove_file(socket);
         }
     }
+}
+
+/// A boot's swtpm process and its control socket.
+type Swtpm = (Child, PathBuf);
+
+/// A path for swtpm's control socket. Not beside the boot's log: a Unix socket's path is at
+/// most 107 bytes, and a run of several named scenarios has a long work directory (swtpm
+/// refused to listen there). Unique per process and boot; removed when the boot ends.
+fn swtpm_socket() -> PathBuf {
+    static SOCKETS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = SOCKETS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    std::env::temp_dir().join(format!("slate-swtpm-{}-{n}.sock", std::process::id()))
 }
 
 impl Drop for Running {
