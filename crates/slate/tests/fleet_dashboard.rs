@@ -18,10 +18,10 @@ mod registry;
 #[path = "dashboard_browser/browser.rs"]
 mod browser;
 
-use fleet_support::{free_port, release, wait_for, Daemon, ToOperator};
+use fleet_support::{start_operator, wait_for, Index, ToOperator};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -30,8 +30,6 @@ use registry::TestRegistry;
 use serde_json::Value;
 use slate_api::{Client, Role};
 use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, Identities};
-use slate_release::ReleaseIndex;
-use slate_transport::{store_release_index, Options, Reference};
 
 const POLICY: &str = r#"
 [[policy]]
@@ -174,35 +172,15 @@ fn the_dashboard_shows_the_rollout_and_acts_by_role() {
     let certs = dir.path().join("certs");
     slate_api::gen_certs(&certs, &[]).unwrap();
     let image = registry.image("slate/os");
-    let repo = Reference::parse(&image).unwrap();
-    let options = Options {
-        insecure: true,
-        ..Options::default()
-    };
-    let mut index = ReleaseIndex::default();
-    index.publish(release("1")).unwrap();
-    store_release_index(&repo, &index, &options).unwrap();
-
-    let op_addr = format!("127.0.0.1:{}", free_port());
-    let _operator = Daemon(
-        Command::new(env!("CARGO_BIN_EXE_slate"))
-            .args(["operator", "run", "--etcd", &etcd.endpoints().join(",")])
-            .args(["--listen", &op_addr, "--name", "op-a", "--image", &image])
-            .arg("--certs")
-            .arg(&certs)
-            .args(["--insecure-registry", "--tick", "500ms", "--lease", "2s"])
-            .args(["--release-refresh", "1s", "--stale-after", "30s"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("operator.log")).unwrap())
-            .spawn()
-            .unwrap(),
+    let mut index = Index::new(&image);
+    index.publish("1");
+    let (_operator, op_addr) = start_operator(
+        &etcd.endpoints(),
+        &certs,
+        &image,
+        &dir.path().join("operator.log"),
     );
     let admin = || Client::from_dir(&op_addr, &certs, Role::Admin).unwrap();
-    wait_for("the operator API", Duration::from_secs(30), || {
-        admin()
-            .call::<Value, ()>("GET", "/v1/fleet/policy", None)
-            .is_ok()
-    });
     admin()
         .call::<Value, _>(
             "POST",
@@ -243,8 +221,7 @@ fn the_dashboard_shows_the_rollout_and_acts_by_role() {
     let role = operator.js("return document.querySelector('[data-role]').dataset.role;");
     assert_eq!(role, "operator", "the page knows the certificate's role");
 
-    index.publish(release("2")).unwrap();
-    store_release_index(&repo, &index, &options).unwrap();
+    index.publish("2");
     wait_for("the rollouts to start", Duration::from_secs(60), || {
         let s = cli_status(&op_addr, &certs);
         rollout_state(&s, "web") == "running" && rollout_state(&s, "db") == "running"

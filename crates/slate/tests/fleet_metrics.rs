@@ -14,7 +14,7 @@ mod fleet_support;
 #[allow(dead_code)]
 mod registry;
 
-use fleet_support::{free_port, release, wait_for, Daemon, ToOperator};
+use fleet_support::{start_operator, Daemon, Index, ToOperator};
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
@@ -25,9 +25,7 @@ use std::time::Duration;
 use registry::TestRegistry;
 use slate_api::{client_cert_file, client_key_file, Client, Role};
 use slate_fleet_sim::{Behaviour, Fleet, FleetSpec, Identities};
-use slate_release::ReleaseIndex;
 use slate_testkit::prometheus::{https_get, promtool_check, require_prometheus, Prometheus};
-use slate_transport::{store_release_index, Options, Reference};
 
 const NODES: usize = 30;
 
@@ -124,35 +122,15 @@ fn prometheus_follows_a_rollout_and_the_lock_server() {
     let certs = dir.path().join("certs");
     slate_api::gen_certs(&certs, &[]).unwrap();
     let image = registry.image("slate/os");
-    let repo = Reference::parse(&image).unwrap();
-    let options = Options {
-        insecure: true,
-        ..Options::default()
-    };
-    let mut index = ReleaseIndex::default();
-    index.publish(release("1")).unwrap();
-    store_release_index(&repo, &index, &options).unwrap();
-
-    let op_addr = format!("127.0.0.1:{}", free_port());
-    let _operator = Daemon(
-        Command::new(env!("CARGO_BIN_EXE_slate"))
-            .args(["operator", "run", "--etcd", &etcd.endpoints().join(",")])
-            .args(["--listen", &op_addr, "--name", "op-a", "--image", &image])
-            .arg("--certs")
-            .arg(&certs)
-            .args(["--insecure-registry", "--tick", "500ms", "--lease", "2s"])
-            .args(["--release-refresh", "1s", "--stale-after", "30s"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(dir.path().join("operator.log")).unwrap())
-            .spawn()
-            .unwrap(),
+    let mut index = Index::new(&image);
+    index.publish("1");
+    let (_operator, op_addr) = start_operator(
+        &etcd.endpoints(),
+        &certs,
+        &image,
+        &dir.path().join("operator.log"),
     );
     let admin = || Client::from_dir(&op_addr, &certs, Role::Admin).unwrap();
-    wait_for("the operator API", Duration::from_secs(30), || {
-        admin()
-            .call::<serde_json::Value, ()>("GET", "/v1/fleet/policy", None)
-            .is_ok()
-    });
     admin()
         .call::<serde_json::Value, _>(
             "POST",
@@ -209,8 +187,7 @@ fn prometheus_follows_a_rollout_and_the_lock_server() {
     .unwrap();
 
     // Version 2 is published: the leader rolls it out, and the gauge follows.
-    index.publish(release("2")).unwrap();
-    store_release_index(&repo, &index, &options).unwrap();
+    index.publish("2");
     let samples = prom
         .wait_for(
             "sum by (version) (slate_operator_nodes{group=\"web\"})",

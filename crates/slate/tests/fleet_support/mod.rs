@@ -71,3 +71,61 @@ pub fn wait_for(what: &str, timeout: Duration, mut done: impl FnMut() -> bool) {
     }
     eprintln!("{what}: {:.1} s", start.elapsed().as_secs_f64());
 }
+
+/// The release index of a test registry's image, published to as a rollout needs.
+pub struct Index {
+    repo: slate_transport::Reference,
+    options: slate_transport::Options,
+    index: slate_release::ReleaseIndex,
+}
+
+impl Index {
+    /// An empty index for `image` (an insecure test registry).
+    pub fn new(image: &str) -> Index {
+        Index {
+            repo: slate_transport::Reference::parse(image).unwrap(),
+            options: slate_transport::Options {
+                insecure: true,
+                ..slate_transport::Options::default()
+            },
+            index: slate_release::ReleaseIndex::default(),
+        }
+    }
+
+    /// [`release`] `version` published and the index stored in the registry.
+    pub fn publish(&mut self, version: &str) {
+        self.index.publish(release(version)).unwrap();
+        slate_transport::store_release_index(&self.repo, &self.index, &self.options).unwrap();
+    }
+}
+
+/// `slate operator run` over `etcd` on a free loopback port, serving with `certs`, its log in
+/// `log`; returned once its API answers an admin, with its address.
+pub fn start_operator(
+    etcd: &[String],
+    certs: &std::path::Path,
+    image: &str,
+    log: &std::path::Path,
+) -> (Daemon, String) {
+    let addr = format!("127.0.0.1:{}", free_port());
+    let operator = Daemon(
+        std::process::Command::new(env!("CARGO_BIN_EXE_slate"))
+            .args(["operator", "run", "--etcd", &etcd.join(",")])
+            .args(["--listen", &addr, "--name", "op-a", "--image", image])
+            .arg("--certs")
+            .arg(certs)
+            .args(["--insecure-registry", "--tick", "500ms", "--lease", "2s"])
+            .args(["--release-refresh", "1s", "--stale-after", "30s"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    wait_for("the operator API", Duration::from_secs(30), || {
+        slate_api::Client::from_dir(&addr, certs, slate_api::Role::Admin)
+            .unwrap()
+            .call::<serde_json::Value, ()>("GET", "/v1/fleet/policy", None)
+            .is_ok()
+    });
+    (operator, addr)
+}
