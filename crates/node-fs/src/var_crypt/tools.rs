@@ -77,6 +77,28 @@ impl Drop for Scratch {
     }
 }
 
+/// `bytes` into `path` durably and readable by root alone: its directory made 0700, a
+/// temporary file (0600) written and synced, renamed over `path`, the directory synced — a
+/// power cut leaves the old file or the new one, never a torn key.
+pub fn write_secret(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    fs::create_dir_all(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let temp = dir.join(format!(".{name}.new"));
+    let _ = fs::remove_file(&temp);
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)?;
+    std::io::Write::write_all(&mut file, bytes)?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(&temp, path)?;
+    fs::File::open(dir)?.sync_all()
+}
+
 /// Overwrite every file in `dir` with zeros, then remove it all.
 fn wipe_dir(dir: &Path) {
     if let Ok(entries) = fs::read_dir(dir) {
