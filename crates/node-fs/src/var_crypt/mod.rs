@@ -5,6 +5,7 @@
 //! the key and opens the volume without anyone typing. Whatever cannot be opened is refused,
 //! and a refusal has written nothing to the partition.
 
+mod reseal;
 pub mod token;
 mod tools;
 
@@ -13,6 +14,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use slate_host::HostError;
+
+pub use reseal::{reseal, Resealed};
 
 use token::{classify, find_token, luks2_label, Found, Token};
 use tools::{brief, cryptsetup, Scratch, Tpm, Unseal, PBKDF_ARGS};
@@ -253,28 +256,7 @@ fn set_up(
     let started = Instant::now();
     let scratch = Scratch::new(&setting.scratch)?;
     let key = scratch.write("key", &random32()?)?;
-    let tpm = setting.tpm();
-    let sealed = tpm.seal(&scratch, &key).map_err(|e| {
-        let why = match &e {
-            CryptError::Host(e) => brief(e),
-            other => other.to_string(),
-        };
-        CryptError::Refused(format!(
-            "the TPM did not seal /var's key ({why}); nothing was written to {label}"
-        ))
-    })?;
-    let token = Token::new(0, &sealed.policy, &sealed.public, &sealed.private);
-    let unsealed = tpm.unseal(&scratch, &token).map_err(|e| {
-        CryptError::Refused(format!(
-            "the key just sealed did not unseal ({}); nothing was written to {label}",
-            unseal_error(&e)
-        ))
-    })?;
-    if scratch.read("key")? != std::fs::read(&unsealed).unwrap_or_default() {
-        return Err(CryptError::Refused(format!(
-            "the TPM unsealed another key than it sealed; nothing was written to {label}"
-        )));
-    }
+    let (token, unsealed) = seal_checked(setting, &scratch, &key, 0, label)?;
     let recovery_key = match recovery {
         Recovery::None => None,
         _ => Some(token::recovery_key(&random32()?)),
@@ -342,6 +324,45 @@ fn set_up(
         slot: 0,
         how: "TPM (sealed at this boot, PCR 7)".into(),
     })
+}
+
+/// Seal `key` (a file in `scratch`) to the TPM under the PCR policy, as the token of
+/// `keyslot`, and unseal it again as a check: the token and the unsealed copy. Every failure
+/// is a refusal, and comes before anything is written to `label`.
+fn seal_checked(
+    setting: &Setting,
+    scratch: &Scratch,
+    key: &Path,
+    keyslot: u32,
+    label: &str,
+) -> Result<(Token, PathBuf), CryptError> {
+    let tpm = setting.tpm();
+    let sealed = tpm.seal(scratch, key).map_err(|e| {
+        let why = match &e {
+            CryptError::Host(e) => brief(e),
+            other => other.to_string(),
+        };
+        CryptError::Refused(format!(
+            "the TPM did not seal /var's key ({why}); nothing was written to {label}"
+        ))
+    })?;
+    let token = Token::new(keyslot, &sealed.policy, &sealed.public, &sealed.private);
+    let unsealed = tpm.unseal(scratch, &token).map_err(|e| {
+        CryptError::Refused(format!(
+            "the key just sealed did not unseal ({}); nothing was written to {label}",
+            unseal_error(&e)
+        ))
+    })?;
+    let wanted = std::fs::read(key).map_err(|source| CryptError::Io {
+        path: key.to_owned(),
+        source,
+    })?;
+    if wanted != std::fs::read(&unsealed).unwrap_or_default() {
+        return Err(CryptError::Refused(format!(
+            "the TPM unsealed another key than it sealed; nothing was written to {label}"
+        )));
+    }
+    Ok((token, unsealed))
 }
 
 /// The key slot the recovery key opens.

@@ -128,11 +128,12 @@ impl Tpm<'_> {
 
     /// Run a tool. The kernel's resource manager flushes what a tool left loaded when its
     /// connection closes; a TPM reached without one (a test's swtpm) keeps it and runs out of
-    /// object slots after three, so there slate flushes the transient objects itself.
+    /// object and session slots after three, so there slate flushes transient objects and
+    /// sessions itself (a failed policy session stays loaded).
     fn run(&self, mut cmd: Command) -> Result<(), HostError> {
         let result = slate_host::run_command(&mut cmd).map(drop);
         if !self.tcti.starts_with("device:/dev/tpmrm") {
-            for kind in ["-t", "-s"] {
+            for kind in ["-t", "-l", "-s"] {
                 let mut flush = self.command("tpm2_flushcontext");
                 let _ = slate_host::run_command(flush.arg(kind));
             }
