@@ -205,7 +205,7 @@ pub fn key_slots(metadata: &str) -> Result<Vec<u32>, TokenError> {
         .map(|k| {
             k.parse::<u32>()
                 .ok()
-                .filter(|n| k.len() <= 2 && *n < MAX_KEY_SLOTS)
+                .filter(|n| *k == n.to_string() && *n < MAX_KEY_SLOTS)
                 .ok_or_else(|| TokenError::Metadata(format!("key slot {k:?} is not a slot number")))
         })
         .collect::<Result<Vec<_>, _>>()?;
@@ -413,6 +413,7 @@ mod tests {
         assert!(key_slots(r#"{"keyslots":{"x":{}}}"#).is_err());
         assert!(key_slots(r#"{"keyslots":{"32":{}}}"#).is_err());
         assert!(key_slots(r#"{"keyslots":{"007":{}}}"#).is_err());
+        assert!(key_slots(r#"{"keyslots":{"01":{},"1":{}}}"#).is_err());
         let plan = |used: &[u32], token| plan_reseal(used, token, 1);
         assert_eq!(
             plan(&[0, 1], 0),
