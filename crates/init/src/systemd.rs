@@ -188,7 +188,7 @@ fn var_mode(
     let machine = machine.and_then(|text| {
         text.map(|t| {
             slate_machine_config::parse(&t)
-                .map(|p| p.config.var.map(|v| v.mode))
+                .map(|p| p.config.var_mode())
                 .map_err(|e| format!("the machine configuration: {e}"))
         })
         .transpose()

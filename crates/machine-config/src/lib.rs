@@ -58,9 +58,57 @@ pub struct MachineConfig {
     /// `[drain]`: what the node runs before it stops its services on every way down.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub drain: Option<Drain>,
-    /// `[var] mode`: how /var lives on this node (the image's when absent).
+    /// `[var]`: how /var lives on this node (the image's mode when absent) and where a `tpm2`
+    /// volume's recovery key goes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub var: Option<slate_profile::Var>,
+    pub var: Option<Var>,
+}
+
+/// `[var]` (docs/node.md, "/var modes"). Each field left out keeps what the image says, so a
+/// document that only names where the recovery key goes never turns an image's `tpm2` /var
+/// into a `persistent` one.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Var {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mode: Option<slate_profile::VarMode>,
+    /// Where a `tpm2` volume's recovery key goes when the volume is set up (the console when
+    /// absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recovery_key: Option<RecoveryKey>,
+}
+
+/// Where a `tpm2` /var's recovery key goes, once, when the volume is set up.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum RecoveryKey {
+    /// Printed to the console and the journal.
+    #[default]
+    Console,
+    /// Written to [`RECOVERY_KEY_STATE_PATH`] on STATE, readable by root alone, and not
+    /// printed. STATE is not encrypted: the file is there to be collected, then deleted.
+    State,
+    /// No recovery key slot is made: only this machine's TPM, under the same Secure Boot
+    /// state, ever opens the volume.
+    None,
+}
+
+/// Where `recovery_key = "state"` writes the key, relative to STATE's mount point.
+pub const RECOVERY_KEY_STATE_PATH: &str = "recovery/var.key";
+
+impl MachineConfig {
+    /// The `[var] mode` this document sets, if any.
+    pub fn var_mode(&self) -> Option<slate_profile::VarMode> {
+        self.var.as_ref().and_then(|v| v.mode)
+    }
+
+    /// Where a `tpm2` /var's recovery key goes (the console unless this document says).
+    pub fn recovery_key(&self) -> RecoveryKey {
+        self.var
+            .as_ref()
+            .and_then(|v| v.recovery_key)
+            .unwrap_or_default()
+    }
 }
 
 /// `[drain]`: a command run first in every drain — before an upgrade is installed, a reboot,

@@ -404,16 +404,49 @@ fn the_var_mode_takes_tpm2_refuses_an_unknown_one_and_a_change_takes_a_reboot() 
     let tpm2 = parse(&format!("{V1}\n[var]\nmode = \"tpm2\"\n"))
         .unwrap()
         .config;
-    assert_eq!(
-        tpm2.var.as_ref().map(|v| v.mode),
-        Some(slate_profile::VarMode::Tpm2)
-    );
+    assert_eq!(tpm2.var_mode(), Some(slate_profile::VarMode::Tpm2));
+    assert_eq!(tpm2.recovery_key(), RecoveryKey::Console);
     assert_eq!(parse(&tpm2.to_toml()).unwrap().config, tpm2);
     let e = refused(&format!("{V1}\n[var]\nmode = \"luks\"\n"));
     assert_eq!(e.field(), Some("var.mode"), "{e}");
     let change = change(&parse(V1).unwrap().config, &tpm2);
     assert_eq!(change.changed, ["var"]);
     assert!(change.reboot_required);
+}
+
+#[test]
+fn the_recovery_key_goes_where_the_document_says_and_nothing_else_is_taken() {
+    for (name, to) in [
+        ("console", RecoveryKey::Console),
+        ("state", RecoveryKey::State),
+        ("none", RecoveryKey::None),
+    ] {
+        let c = parse(&format!("{V1}\n[var]\nrecovery_key = \"{name}\"\n"))
+            .unwrap()
+            .config;
+        assert_eq!(c.recovery_key(), to);
+        // Naming the key's destination alone leaves the image's mode in force.
+        assert_eq!(c.var_mode(), None);
+        assert_eq!(parse(&c.to_toml()).unwrap().config, c);
+    }
+    for bad in [
+        "\"State\"",
+        "\"state:/root/key\"",
+        "\"file\"",
+        "\"\"",
+        "true",
+        "[\"state\"]",
+    ] {
+        let e = refused(&format!("{V1}\n[var]\nrecovery_key = {bad}\n"));
+        assert_eq!(e.field(), Some("var.recovery_key"), "{bad}: {e}");
+    }
+    let e = refused(&format!("{V1}\n[var]\nrecovery_key = \"stdout\"\n"));
+    assert!(
+        e.to_string().contains("console") && e.to_string().contains("state"),
+        "a refusal says what is accepted: {e}"
+    );
+    let e = refused(&format!("{V1}\n[var]\nrecovery = \"state\"\n"));
+    assert_eq!(e.field(), Some("var.recovery"), "{e}");
 }
 
 #[test]

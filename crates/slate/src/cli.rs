@@ -167,6 +167,9 @@ pub enum Command {
         #[arg(long)]
         dry_run: bool,
     },
+    /// A `tpm2` /var on this machine (root, on the node).
+    #[command(subcommand)]
+    Var(crate::var_cmd::VarCommand),
     /// Reset the node: wipe STATE and EPHEMERAL, reboot.
     Reset {
         #[arg(long)]
@@ -273,6 +276,7 @@ pub fn run(cli: Cli) -> Result<()> {
             true => slate_machined::run_under_systemd(),
         },
         Command::SetupHooks => slate_init::systemd::setup_hooks(),
+        Command::Var(cmd) => crate::var_cmd::run(cmd),
         Command::Installer(cmd) => installer_cmd::run(cmd),
         Command::Gen(GenCommand::Certs { out, sans, dry_run }) => {
             node_cmd::gen_certs(out, sans, dry_run)

@@ -24,6 +24,7 @@ mod snapshot_cmd;
 mod transport_cmd;
 mod trust_cmd;
 mod upgrade_cmd;
+mod var_cmd;
 mod wait;
 
 use std::ffi::OsString;

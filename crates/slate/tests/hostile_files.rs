@@ -250,6 +250,11 @@ fn every_file_argument_refuses_a_fifo_dev_zero_a_directory_and_a_dangling_link()
         named_by_file(&build("stub", "uki"), img.join("h-stub")),
         named_by_file(&build("sd-boot", "installer"), img.join("h-sd-boot")),
         named_by_file(&build("slate", "installer"), img.join("h-slate")),
+        // `slate var reseal`'s recovery key file, read before the disk is looked at.
+        case(
+            &format!("var reseal --recovery-key-file {{}} --device {d} --dry-run"),
+            false,
+        ),
         // TLS files: FleetLock's flags, and a `--certs` directory's CA.
         case(
             &format!("fleetlock serve --listen 127.0.0.1:0 --store {store} --tls-cert {{}} --tls-key {key}"),

@@ -38,6 +38,18 @@ pub(super) fn read_state_file(disk: &Path, work: &Path, path: &str) -> Result<St
     Ok(out)
 }
 
+/// What `debugfs` says of `path` in STATE's ext4 on `disk` (`stat`: its mode, owner, size).
+pub(super) fn stat_state_file(disk: &Path, work: &Path, path: &str) -> Result<String> {
+    let (image, _) = state_image(disk, work)?;
+    let out = output(
+        Command::new("debugfs")
+            .args(["-R", &format!("stat {path}")])
+            .arg(&image),
+    )?;
+    fs::remove_file(&image)?;
+    Ok(out)
+}
+
 /// STATE copied out of `disk` into `work/state.ext4`, and where it lies on the disk.
 fn state_image(disk: &Path, work: &Path) -> Result<(PathBuf, slate_layout::PartitionInfo)> {
     let file = slate_disk::FileDisk::open_read_only(disk)?;

@@ -1,7 +1,9 @@
 //! tpm2_var (issue 40): profiles/tpm2.toml — the demo with `[var] mode = "tpm2"` and the tpm2
 //! extension — on a VM whose TPM is Debian's swtpm (QEMU's tpm-crb). The first boot sets /var
 //! up (LUKS2, key sealed under PCR 7, recovery key shown once) and loses its power as the key
-//! is shown; the next finishes or restarts the job, and a service leaves a marker;
+//! is shown; the next finishes or restarts the job, and a service leaves a marker; the
+//! machine configuration sends the recovery key to STATE (`[var] recovery_key = "state"`), so
+//! the console never shows it and the host reads it from the powered-off disk;
 //! the next boot unlocks it unattended and finds the marker. From the host, with the VM off:
 //! the partition is LUKS2 with slate's token and no plaintext of the marker. The same disk
 //! with a fresh swtpm state (another TPM) and with no TPM at all is refused — console, status,
@@ -18,6 +20,7 @@ use std::time::Duration;
 use anyhow::{ensure, Context as _, Result};
 use sha2::{Digest as _, Sha256};
 
+use super::stolen::{read_state_file, stat_state_file};
 use super::var_modes::{marker_said, reboot};
 use super::{install_blank_disk, node_config, online_upgrade, rollback, running, Node, Prepared};
 use crate::tpm2_ext::tpm2_ext;
@@ -30,6 +33,9 @@ const EXT_VERSION: &str = "2.6.1-1";
 /// configuration (on STATE, which is not encrypted) never holds it whole.
 const MARKER: &str = "SLATE-TPM2-MARKER-c0ffee";
 const RECOVERY_LINE: &str = "recovery key for /var";
+/// Where `[var] recovery_key = "state"` puts it, on STATE and on the node.
+const RECOVERY_FILE: &str = "/recovery/var.key";
+const RECOVERY_WRITTEN: &str = "written to /system/state/recovery/var.key (root only";
 const UNLOCKED_LINE: &str = "EPHEMERAL: unlocked with the TPM (PCR 7, key slot 0)";
 const LOCKED_LINE: &str = "maintenance mode: /var is locked";
 
@@ -138,10 +144,23 @@ fn line_with(boot: &Running, needle: &str) -> Result<String> {
         .to_owned())
 }
 
-/// The recovery key at the end of its console line.
-fn recovery_key(line: &str) -> Result<String> {
-    let key = line.rsplit(' ').next().unwrap_or_default().to_owned();
-    ensure!(key.len() == 71, "a recovery key: {line}");
+/// The recovery key as the node wrote it to STATE (read from the powered-off disk): 8 groups
+/// of 8 hex digits, readable by root alone, never on the console.
+fn recovery_key_on_state(image: &Path, work: &Path, consoles: &[String]) -> Result<String> {
+    let key = read_state_file(image, work, RECOVERY_FILE)?;
+    ensure!(
+        key.len() == 71 && key.split('-').all(|g| g.len() == 8),
+        "a recovery key in {RECOVERY_FILE}: {key:?}"
+    );
+    let stat = stat_state_file(image, work, RECOVERY_FILE)?;
+    ensure!(
+        stat.contains("Mode:  0600") && stat.contains("User:     0"),
+        "{RECOVERY_FILE} readable by root alone: {stat}"
+    );
+    ensure!(
+        consoles.iter().all(|serial| !serial.contains(&key)),
+        "the recovery key was printed on the console"
+    );
     Ok(key)
 }
 
@@ -232,6 +251,11 @@ pub(super) fn tpm2_var(prepared: &Prepared, work: &Path) -> Result<String> {
     rollback::build(slate, &profile, "installer", "3.0.0", &broken, &bundles[2])?;
     let config = node_config(slate, work, "node1")?;
     let mut text = fs::read_to_string(&config)?;
+    ensure!(
+        !text.contains("[var]"),
+        "the node's configuration has a [var]"
+    );
+    text.push_str("\n[var]\nrecovery_key = \"state\"\n");
     text.push_str(&marker_service());
     fs::write(&config, text)?;
     let image = work.join("tpm2.raw");
@@ -254,19 +278,20 @@ pub(super) fn tpm2_var(prepared: &Prepared, work: &Path) -> Result<String> {
         "the first boot's setup",
     )?;
     cut.kill();
-    let first_key = recovery_key(&line_with(&cut, RECOVERY_LINE)?)?;
+    let written = line_with(&cut, RECOVERY_LINE)?;
+    ensure!(written.contains(RECOVERY_WRITTEN), "{written}");
+    let mut consoles = vec![cut.serial()];
     drop(cut);
     let boot = running(&mut vm)?;
     let after_cut = line_with(&boot, "setup was cut short")
         .or_else(|_| line_with(&boot, UNLOCKED_LINE))
         .context("after the power cut: set up again, or opened")?;
-    let (sealed, recovery) = if after_cut.contains("cut short") {
-        (
-            line_with(&boot, "tpm2: LUKS2 set up")?,
-            recovery_key(&line_with(&boot, RECOVERY_LINE)?)?,
-        )
+    let sealed = if after_cut.contains("cut short") {
+        let again = line_with(&boot, RECOVERY_LINE)?;
+        ensure!(again.contains(RECOVERY_WRITTEN), "{again}");
+        line_with(&boot, "tpm2: LUKS2 set up")?
     } else {
-        (line_with(&boot, UNLOCKED_LINE)?, first_key)
+        line_with(&boot, UNLOCKED_LINE)?
     };
     ensure!(marker_said(&node)? == "marker absent", "a first marker");
     let text = node.ok(&["status"])?;
@@ -274,10 +299,13 @@ pub(super) fn tpm2_var(prepared: &Prepared, work: &Path) -> Result<String> {
         text.contains("var:      tpm2, encrypted, unlocked by TPM ("),
         "{text}"
     );
+    consoles.push(boot.serial());
     let boot = reboot(&node, &mut vm, boot)?;
     unlocked_with_marker(&node, &boot)?;
     let unlocked = line_with(&boot, UNLOCKED_LINE)?;
+    consoles.push(boot.serial());
     shut_down(&node, boot)?;
+    let recovery = recovery_key_on_state(&image, work, &consoles)?;
 
     // From the host: LUKS2 with slate's token, no plaintext.
     let dump = {
@@ -361,7 +389,8 @@ pub(super) fn tpm2_var(prepared: &Prepared, work: &Path) -> Result<String> {
         ensure!(!is_luks.success(), "a LUKS header after the reset");
     }
     Ok(format!(
-        "power cut at the first boot's recovery key, then `{after_cut}`; `{sealed}`; \
+        "power cut at the first boot's recovery key (`{written}`), then `{after_cut}`; \
+         `{sealed}`; the key in {RECOVERY_FILE} on STATE (0600, root), never on the console; \
          `{unlocked}`; luksDump shows token slate-tpm2, no plaintext marker; \
          another TPM: `{foreign}`; no TPM: `{none}` (header hash unchanged both times); the \
          recovery key opens key slot 1; v2 and v3's revert unlocked with the marker; reset: \

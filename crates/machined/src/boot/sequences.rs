@@ -242,12 +242,13 @@ pub fn boot<'a>(
             image_root,
             "var",
             [task(node, "mountEphemeral", move |ctx| {
-                let mode = node
-                    .machine
-                    .current()
-                    .and_then(|c| c.var)
-                    .map_or(facts.image_var, |v| v.mode);
-                let var = match mount_var(ctx, disk2.as_deref(), mode) {
+                let config = node.machine.current();
+                let mode = config
+                    .as_ref()
+                    .and_then(|c| c.var_mode())
+                    .unwrap_or(facts.image_var);
+                let recovery_key = config.map(|c| c.recovery_key()).unwrap_or_default();
+                let var = match mount_var(ctx, disk2.as_deref(), mode, recovery_key) {
                     Ok(var) => var,
                     Err(Err(err)) => return Err(err),
                     // Rebooting would find the same volume and the same TPM: the node waits

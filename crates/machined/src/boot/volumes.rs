@@ -11,6 +11,7 @@ use slate_node_fs::volumes::{self, VolumeError};
 use slate_sequencer::{TaskContext, TaskError};
 
 use slate_api::VarStatus;
+use slate_machine_config::{RecoveryKey, RECOVERY_KEY_STATE_PATH};
 use slate_profile::VarMode;
 
 use crate::base::paths::EPHEMERAL_MOUNT;
@@ -65,6 +66,7 @@ pub fn mount_var(
     ctx: &TaskContext<'_>,
     disk: Option<&Path>,
     mode: VarMode,
+    recovery_key: RecoveryKey,
 ) -> Result<VarStatus, Result<VarRefused, TaskError>> {
     let log = |line: &str| ctx.log(line);
     let target = Path::new(EPHEMERAL_MOUNT);
@@ -91,14 +93,29 @@ pub fn mount_var(
         return Ok(status(prepared, None));
     }
     let part = wait_for_partition(ctx, "EPHEMERAL", disk).map_err(Err)?;
-    let opened = var_crypt::open(&part.device, "EPHEMERAL", &var_crypt::Setting::node(), &log)
-        .map_err(|err| match err {
-            CryptError::Refused(why) => Ok(VarRefused(why)),
-            other => Err(failed(other.to_string())),
+    let recovery = recovery_destination(recovery_key);
+    let setting = var_crypt::Setting::node();
+    let opened =
+        var_crypt::open(&part.device, "EPHEMERAL", &setting, &recovery, &log).map_err(|err| {
+            match err {
+                CryptError::Refused(why) => Ok(VarRefused(why)),
+                other => Err(failed(other.to_string())),
+            }
         })?;
     let prepared = volumes::mount_device_as("EPHEMERAL", &opened.device, target, false, &log)
         .map_err(refused_or_failed)?;
     Ok(status(prepared, Some(opened.how)))
+}
+
+/// Where the machine configuration's `[var] recovery_key` puts a new volume's recovery key.
+pub fn recovery_destination(recovery_key: RecoveryKey) -> var_crypt::Recovery {
+    match recovery_key {
+        RecoveryKey::Console => var_crypt::Recovery::Log,
+        RecoveryKey::State => var_crypt::Recovery::File(
+            Path::new(crate::base::paths::STATE_MOUNT).join(RECOVERY_KEY_STATE_PATH),
+        ),
+        RecoveryKey::None => var_crypt::Recovery::None,
+    }
 }
 
 /// The status of a /var that was refused: encrypted, locked, not mounted.

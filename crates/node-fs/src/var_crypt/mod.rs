@@ -5,6 +5,7 @@
 //! the key and opens the volume without anyone typing. Whatever cannot be opened is refused,
 //! and a refusal has written nothing to the partition.
 
+mod reseal;
 pub mod token;
 mod tools;
 
@@ -14,7 +15,9 @@ use std::time::Instant;
 
 use slate_host::HostError;
 
-use token::{classify, find_token, luks2_label, recovery_key, Found, Token};
+pub use reseal::{reseal, Resealed};
+
+use token::{classify, find_token, luks2_label, Found, Token};
 use tools::{brief, cryptsetup, Scratch, Tpm, Unseal, PBKDF_ARGS};
 
 /// The device-mapper name of the open volume (`/dev/mapper/slate-var`).
@@ -90,6 +93,19 @@ pub struct Opened {
 /// The recovery key's console line begins so (the tests read it there).
 pub const RECOVERY_LINE: &str = "recovery key for /var";
 
+/// Where the recovery key goes when the volume is set up (the machine configuration's
+/// `[var] recovery_key`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recovery {
+    /// In the log's line: the console and the journal.
+    Log,
+    /// Into this file (mode 0600, its directory 0700), written and synced before anything is
+    /// written to the partition; not logged.
+    File(PathBuf),
+    /// No recovery key slot at all.
+    None,
+}
+
 /// Open EPHEMERAL (`device`) as a `tpm2` /var, setting it up first when it is blank (or its
 /// setup was cut short before its token was stored). `log` gets each step, and once the
 /// recovery key.
@@ -97,9 +113,10 @@ pub fn open(
     device: &Path,
     label: &str,
     setting: &Setting,
+    recovery: &Recovery,
     log: &dyn Fn(&str),
 ) -> Result<Opened, CryptError> {
-    let unlocked = unlock(device, label, setting, log)?;
+    let unlocked = unlock(device, label, setting, recovery, log)?;
     open_with(device, setting, unlocked.slot, &unlocked.key).map_err(|e| match e {
         CryptError::Host(HostError::CommandFailed { output, .. })
             if output.contains("No key available") =>
@@ -149,6 +166,7 @@ pub fn unlock(
     device: &Path,
     label: &str,
     setting: &Setting,
+    recovery: &Recovery,
     log: &dyn Fn(&str),
 ) -> Result<Unlocked, CryptError> {
     if let Some(tpm) = &setting.tpm_device {
@@ -183,7 +201,7 @@ pub fn unlock(
                  (PCR 7) (first boot)",
                 device.display()
             ));
-            set_up(device, label, setting, log)
+            set_up(device, label, setting, recovery, log)
         }
         Found::SetupInterrupted => {
             log(&format!(
@@ -191,7 +209,7 @@ pub fn unlock(
                  was stored (nothing was ever formatted inside): setting it up again",
                 device.display()
             ));
-            set_up(device, label, setting, log)
+            set_up(device, label, setting, recovery, log)
         }
         Found::Sealed(slot, token) => unseal(label, setting, slot, &token, log),
         Found::Other(what) => Err(CryptError::Refused(format!(
@@ -225,38 +243,35 @@ fn random32() -> Result<[u8; 32], CryptError> {
     Ok(bytes)
 }
 
-/// Seal a fresh key (and check it unseals) before the first write; then LUKS2 with the key in
-/// slot 0, the recovery key in slot 1, the recovery key shown, and last the token.
+/// Seal a fresh key (and check it unseals) and write the recovery key where it goes before
+/// the first write to the partition; then LUKS2 with the key in slot 0, the recovery key in
+/// slot 1, the recovery key shown (or where it was written said), and last the token.
 fn set_up(
     device: &Path,
     label: &str,
     setting: &Setting,
+    recovery: &Recovery,
     log: &dyn Fn(&str),
 ) -> Result<Unlocked, CryptError> {
     let started = Instant::now();
     let scratch = Scratch::new(&setting.scratch)?;
     let key = scratch.write("key", &random32()?)?;
-    let tpm = setting.tpm();
-    let sealed = tpm.seal(&scratch, &key).map_err(|e| {
-        let why = match &e {
-            CryptError::Host(e) => brief(e),
-            other => other.to_string(),
-        };
-        CryptError::Refused(format!(
-            "the TPM did not seal /var's key ({why}); nothing was written to {label}"
-        ))
-    })?;
-    let token = Token::new(0, &sealed.policy, &sealed.public, &sealed.private);
-    let unsealed = tpm.unseal(&scratch, &token).map_err(|e| {
-        CryptError::Refused(format!(
-            "the key just sealed did not unseal ({}); nothing was written to {label}",
-            unseal_error(&e)
-        ))
-    })?;
-    if scratch.read("key")? != std::fs::read(&unsealed).unwrap_or_default() {
-        return Err(CryptError::Refused(format!(
-            "the TPM unsealed another key than it sealed; nothing was written to {label}"
-        )));
+    let (token, unsealed) = seal_checked(setting, &scratch, &key, 0, label)?;
+    let recovery_key = match recovery {
+        Recovery::None => None,
+        _ => Some(token::recovery_key(&random32()?)),
+    };
+    if let (Recovery::File(path), Some(secret)) = (recovery, &recovery_key) {
+        // Before the partition is touched: a STATE that cannot take it refuses the setup
+        // with nothing written, and a power cut after this leaves a file the next setup
+        // overwrites (its key opens nothing).
+        tools::write_secret(path, secret.as_bytes()).map_err(|e| {
+            CryptError::Refused(format!(
+                "the recovery key could not be written to {} ({e}); nothing was written to \
+                 {label}",
+                path.display()
+            ))
+        })?;
     }
     let mut format = vec![
         "luksFormat",
@@ -273,23 +288,27 @@ fn set_up(
     format.push(&key_arg);
     format.extend_from_slice(PBKDF_ARGS);
     cryptsetup(&format, &[device])?;
-    let recovery = recovery_key(&random32()?);
-    let recovery_file = scratch.write("recovery", recovery.as_bytes())?;
-    let mut add = vec![
-        "luksAddKey",
-        "--batch-mode",
-        "--key-slot",
-        "1",
-        "--key-file",
-        &key_arg,
-    ];
-    add.extend_from_slice(PBKDF_ARGS);
-    cryptsetup(&add, &[device, &recovery_file])?;
-    // Shown before the token makes the volume slate's: a power cut after this line starts
+    if let Some(secret) = &recovery_key {
+        let recovery_file = scratch.write("recovery", secret.as_bytes())?;
+        add_key(device, &key_arg, RECOVERY_SLOT, &recovery_file)?;
+    }
+    // Said before the token makes the volume slate's: a power cut after this line starts
     // the setup again (with another key), one before it leaves no volume anyone needs it for.
-    log(&format!(
-        "{RECOVERY_LINE} ({label}, key slot 1; shown once — keep it off this machine): {recovery}"
-    ));
+    match (recovery, &recovery_key) {
+        (Recovery::File(path), Some(_)) => log(&format!(
+            "{RECOVERY_LINE} ({label}, key slot {RECOVERY_SLOT}) written to {} (root only; \
+             STATE is not encrypted — copy it off this machine, then delete it)",
+            path.display()
+        )),
+        (_, Some(secret)) => log(&format!(
+            "{RECOVERY_LINE} ({label}, key slot {RECOVERY_SLOT}; shown once — keep it off \
+             this machine): {secret}"
+        )),
+        (_, None) => log(&format!(
+            "no {RECOVERY_LINE} ({label}): [var] recovery_key = \"none\" — only this \
+             machine's TPM, under this Secure Boot state, opens it"
+        )),
+    }
     let token_file = scratch.write("token.json", token.to_json().as_bytes())?;
     cryptsetup(&["token", "import", "--json-file"], &[&token_file, device])?;
     cryptsetup(&["config", "--label", token::LABEL], &[device])?;
@@ -305,6 +324,64 @@ fn set_up(
         slot: 0,
         how: "TPM (sealed at this boot, PCR 7)".into(),
     })
+}
+
+/// Seal `key` (a file in `scratch`) to the TPM under the PCR policy, as the token of
+/// `keyslot`, and unseal it again as a check: the token and the unsealed copy. Every failure
+/// is a refusal, and comes before anything is written to `label`.
+fn seal_checked(
+    setting: &Setting,
+    scratch: &Scratch,
+    key: &Path,
+    keyslot: u32,
+    label: &str,
+) -> Result<(Token, PathBuf), CryptError> {
+    let tpm = setting.tpm();
+    let sealed = tpm.seal(scratch, key).map_err(|e| {
+        let why = match &e {
+            CryptError::Host(e) => brief(e),
+            other => other.to_string(),
+        };
+        CryptError::Refused(format!(
+            "the TPM did not seal /var's key ({why}); nothing was written to {label}"
+        ))
+    })?;
+    let token = Token::new(keyslot, &sealed.policy, &sealed.public, &sealed.private);
+    let unsealed = tpm.unseal(scratch, &token).map_err(|e| {
+        CryptError::Refused(format!(
+            "the key just sealed did not unseal ({}); nothing was written to {label}",
+            unseal_error(&e)
+        ))
+    })?;
+    let wanted = std::fs::read(key).map_err(|source| CryptError::Io {
+        path: key.to_owned(),
+        source,
+    })?;
+    if wanted != std::fs::read(&unsealed).unwrap_or_default() {
+        return Err(CryptError::Refused(format!(
+            "the TPM unsealed another key than it sealed; nothing was written to {label}"
+        )));
+    }
+    Ok((token, unsealed))
+}
+
+/// The key slot the recovery key opens.
+pub const RECOVERY_SLOT: u32 = 1;
+
+/// `luksAddKey`: `new_key` into `slot`, authorised by the passphrase in `existing`.
+fn add_key(device: &Path, existing: &str, slot: u32, new_key: &Path) -> Result<(), CryptError> {
+    let slot = slot.to_string();
+    let mut add = vec![
+        "luksAddKey",
+        "--batch-mode",
+        "--key-slot",
+        &slot,
+        "--key-file",
+        existing,
+    ];
+    add.extend_from_slice(PBKDF_ARGS);
+    cryptsetup(&add, &[device, new_key])?;
+    Ok(())
 }
 
 fn unseal_error(e: &Unseal) -> String {

@@ -152,20 +152,25 @@ impl Token {
 struct Metadata {
     #[serde(default)]
     tokens: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    keyslots: BTreeMap<String, serde_json::Value>,
 }
 
-/// slate's token in a LUKS2 metadata dump, with its token id: `None` when there is none. A
-/// token of slate's type that does not read as this layout is an error, never skipped: the
-/// caller must not take the volume for one without a token (and set it up again).
-pub fn find_token(metadata: &str) -> Result<Option<(u32, Token)>, TokenError> {
+fn parse_metadata(metadata: &str) -> Result<Metadata, TokenError> {
     if metadata.len() > MAX_METADATA {
         return Err(TokenError::Metadata(format!(
             "{} bytes (at most {MAX_METADATA})",
             metadata.len()
         )));
     }
-    let parsed: Metadata =
-        serde_json::from_str(metadata).map_err(|e| TokenError::Metadata(e.to_string()))?;
+    serde_json::from_str(metadata).map_err(|e| TokenError::Metadata(e.to_string()))
+}
+
+/// slate's token in a LUKS2 metadata dump, with its token id: `None` when there is none. A
+/// token of slate's type that does not read as this layout is an error, never skipped: the
+/// caller must not take the volume for one without a token (and set it up again).
+pub fn find_token(metadata: &str) -> Result<Option<(u32, Token)>, TokenError> {
+    let parsed = parse_metadata(metadata)?;
     let mut found = Vec::new();
     for (id, value) in parsed.tokens {
         if value.get("type").and_then(|t| t.as_str()) != Some(TOKEN_TYPE) {
@@ -189,6 +194,68 @@ pub fn find_token(metadata: &str) -> Result<Option<(u32, Token)>, TokenError> {
         1 => Ok(found.pop()),
         n => Err(TokenError::Several(n)),
     }
+}
+
+/// The key slots a LUKS2 metadata dump holds, in increasing order.
+pub fn key_slots(metadata: &str) -> Result<Vec<u32>, TokenError> {
+    let parsed = parse_metadata(metadata)?;
+    let mut slots = parsed
+        .keyslots
+        .keys()
+        .map(|k| {
+            k.parse::<u32>()
+                .ok()
+                .filter(|n| *k == n.to_string() && *n < MAX_KEY_SLOTS)
+                .ok_or_else(|| TokenError::Metadata(format!("key slot {k:?} is not a slot number")))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    slots.sort_unstable();
+    Ok(slots)
+}
+
+/// LUKS2 has 32 key slots.
+const MAX_KEY_SLOTS: u32 = 32;
+
+/// Which slot a reseal puts the new key in, and which slots a reseal cut short left behind.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ResealPlan {
+    pub new_slot: u32,
+    pub leftovers: Vec<u32>,
+}
+
+/// The plan for a volume whose key slots are `used`, whose token names `token_slot` and
+/// whose recovery key is in `recovery_slot`: the new key goes to the lowest slot that is none
+/// of those two (a leftover of a cut reseal is destroyed first, so it may be reused). No
+/// recovery slot: refused (the recovery key is what authorises a reseal).
+pub fn plan_reseal(
+    used: &[u32],
+    token_slot: u32,
+    recovery_slot: u32,
+) -> Result<ResealPlan, String> {
+    if !used.contains(&recovery_slot) {
+        return Err(format!(
+            "the volume has no recovery key slot ({recovery_slot}): it was set up with \
+             [var] recovery_key = \"none\", and only its TPM under the Secure Boot state it \
+             was sealed to opens it"
+        ));
+    }
+    if token_slot == recovery_slot {
+        return Err(format!(
+            "its token names key slot {token_slot}, the recovery key's: not a volume slate set up"
+        ));
+    }
+    let leftovers: Vec<u32> = used
+        .iter()
+        .copied()
+        .filter(|s| *s != token_slot && *s != recovery_slot)
+        .collect();
+    let new_slot = (0..MAX_KEY_SLOTS)
+        .find(|s| *s != token_slot && *s != recovery_slot)
+        .unwrap_or(0);
+    Ok(ResealPlan {
+        new_slot,
+        leftovers,
+    })
 }
 
 /// The label of a LUKS2 binary header (its first 72 bytes at least): `None` when `head` is
@@ -336,6 +403,42 @@ mod tests {
         ] {
             assert!(matches!(other, Found::Other(_)), "{other:?}");
         }
+    }
+
+    #[test]
+    fn key_slots_are_read_as_numbers_and_a_reseal_plans_around_the_two_in_use() {
+        let dump = r#"{"keyslots":{"1":{},"0":{},"2":{}},"tokens":{}}"#;
+        assert_eq!(key_slots(dump).unwrap(), [0, 1, 2]);
+        assert_eq!(key_slots(r#"{"tokens":{}}"#).unwrap(), Vec::<u32>::new());
+        assert!(key_slots(r#"{"keyslots":{"x":{}}}"#).is_err());
+        assert!(key_slots(r#"{"keyslots":{"32":{}}}"#).is_err());
+        assert!(key_slots(r#"{"keyslots":{"007":{}}}"#).is_err());
+        assert!(key_slots(r#"{"keyslots":{"01":{},"1":{}}}"#).is_err());
+        let plan = |used: &[u32], token| plan_reseal(used, token, 1);
+        assert_eq!(
+            plan(&[0, 1], 0),
+            Ok(ResealPlan {
+                new_slot: 2,
+                leftovers: vec![]
+            })
+        );
+        assert_eq!(
+            plan(&[1, 2], 2),
+            Ok(ResealPlan {
+                new_slot: 0,
+                leftovers: vec![]
+            })
+        );
+        // A reseal cut after its new slot was added and before the token moved.
+        assert_eq!(
+            plan(&[0, 1, 2], 0),
+            Ok(ResealPlan {
+                new_slot: 2,
+                leftovers: vec![2]
+            })
+        );
+        assert!(plan(&[0], 0).unwrap_err().contains("no recovery key slot"));
+        assert!(plan(&[0, 1], 1).unwrap_err().contains("the recovery key's"));
     }
 
     #[test]

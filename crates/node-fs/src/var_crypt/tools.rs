@@ -77,6 +77,28 @@ impl Drop for Scratch {
     }
 }
 
+/// `bytes` into `path` durably and readable by root alone: its directory made 0700, a
+/// temporary file (0600) written and synced, renamed over `path`, the directory synced — a
+/// power cut leaves the old file or the new one, never a torn key.
+pub fn write_secret(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().unwrap_or(Path::new("/"));
+    fs::create_dir_all(dir)?;
+    fs::set_permissions(dir, fs::Permissions::from_mode(0o700))?;
+    let name = path.file_name().unwrap_or_default().to_string_lossy();
+    let temp = dir.join(format!(".{name}.new"));
+    let _ = fs::remove_file(&temp);
+    let mut file = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temp)?;
+    std::io::Write::write_all(&mut file, bytes)?;
+    file.sync_all()?;
+    drop(file);
+    fs::rename(&temp, path)?;
+    fs::File::open(dir)?.sync_all()
+}
+
 /// Overwrite every file in `dir` with zeros, then remove it all.
 fn wipe_dir(dir: &Path) {
     if let Ok(entries) = fs::read_dir(dir) {
@@ -106,11 +128,12 @@ impl Tpm<'_> {
 
     /// Run a tool. The kernel's resource manager flushes what a tool left loaded when its
     /// connection closes; a TPM reached without one (a test's swtpm) keeps it and runs out of
-    /// object slots after three, so there slate flushes the transient objects itself.
+    /// object and session slots after three, so there slate flushes transient objects and
+    /// sessions itself (a failed policy session stays loaded).
     fn run(&self, mut cmd: Command) -> Result<(), HostError> {
         let result = slate_host::run_command(&mut cmd).map(drop);
         if !self.tcti.starts_with("device:/dev/tpmrm") {
-            for kind in ["-t", "-s"] {
+            for kind in ["-t", "-l", "-s"] {
                 let mut flush = self.command("tpm2_flushcontext");
                 let _ = slate_host::run_command(flush.arg(kind));
             }
