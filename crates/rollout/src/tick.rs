@@ -111,9 +111,8 @@ impl<'t, 'd> GroupTick<'t, 'd> {
                 None => return,
             },
         };
-        let before = previous.cloned();
         if self.target_withdrawn(&mut rollout) {
-            self.finish(rollout, before);
+            self.finish(rollout, previous);
             return;
         }
         self.follow_nodes(&mut rollout);
@@ -130,11 +129,11 @@ impl<'t, 'd> GroupTick<'t, 'd> {
             }
         }
         self.resend_unconfirmed(&rollout);
-        self.finish(rollout, before);
+        self.finish(rollout, previous);
     }
 
-    fn finish(&mut self, rollout: Rollout, before: Option<Rollout>) {
-        if before.as_ref() != Some(&rollout) {
+    fn finish(&mut self, rollout: Rollout, before: Option<&Rollout>) {
+        if before != Some(&rollout) {
             self.out.rollouts.insert(self.group.to_owned(), rollout);
         }
     }
