@@ -261,7 +261,8 @@ pub fn bench_fleetlock(quick: bool) -> Result<Vec<Comparison>> {
         etcd_version(),
         cluster.dir().display()
     );
-    let mut comparisons = Vec::new();
+    // First: the figure (100 clients against `etcdctl txn`).
+    let mut comparisons = vec![many_clients(one, &endpoints, quick)?];
     for &n in sizes {
         let variants = [
             ("sequential", "seq", 1, one),
@@ -287,7 +288,6 @@ pub fn bench_fleetlock(quick: bool) -> Result<Vec<Comparison>> {
             comparisons.push(c);
         }
     }
-    comparisons.push(many_clients(&addrs[..1], &endpoints, quick)?);
     for server in servers {
         server.shutdown()?;
     }
@@ -357,7 +357,9 @@ fn etcdctl_series(endpoints: &[String], count: usize, clients: usize) -> Result<
 /// same swaps by `etcdctl txn`, with the raw etcd-client transaction beside them.
 fn many_clients(server: &[SocketAddr], endpoints: &[String], quick: bool) -> Result<Comparison> {
     let count = if quick { 300 } else { 2_000 };
-    let rt = tokio::runtime::Builder::new_current_thread()
+    // The client's channel runs its workers on the runtime it was made on: one that runs.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
         .enable_all()
         .build()?;
     let raw = rt.block_on(Client::connect(endpoints, None))?;
@@ -379,12 +381,8 @@ fn many_clients(server: &[SocketAddr], endpoints: &[String], quick: bool) -> Res
     let baseline = Side::new("etcdctl txn lock+unlock", |_| {
         etcdctl_series(endpoints, count, MANY).map(|s| rate(s, false))
     });
-    let multi = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()?;
     let direct = Side::new("raw etcd Txn (etcd-client), 2 per round trip", |_| {
-        raw_series(&multi, &raw, 2 * count, MANY).map(|s| {
+        raw_series(&rt, &raw, 2 * count, MANY).map(|s| {
             // Two swaps make a round trip: the rate of pairs, the latency of one swap.
             let pairs = s.latencies.len() as f64 / 2.0 / s.wall.as_secs_f64();
             s.sample(false).with("round_trips_per_s", "/s", pairs)
