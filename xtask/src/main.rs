@@ -128,6 +128,25 @@ enum Task {
         /// The scrape's cost only (no rollout).
         #[arg(long)]
         scrape_only: bool,
+        /// Measured rollouts (each starts its own cluster and fleet; minutes at 10,000 nodes).
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Leave out the rollout whose leader is killed halfway.
+        #[arg(long)]
+        no_failover: bool,
+    },
+    /// One operator replica for bench-operator (its own process: its memory is measured and it
+    /// is killed to fail over). Not for use by hand.
+    #[command(hide = true)]
+    BenchOperatorReplica {
+        #[arg(long)]
+        etcd: String,
+        #[arg(long)]
+        listen: std::net::SocketAddr,
+        #[arg(long)]
+        certs: PathBuf,
+        #[arg(long)]
+        name: String,
     },
     /// Benchmark: `slate snapshot upgrade --command CMD` vs CMD chrooted on a copy of the root
     /// (a loop-mounted Btrfs pool; root), and the bytes a snapshot adds for a one-file change.
@@ -219,9 +238,18 @@ fn main() -> Result<()> {
         Task::BenchServices => bench::services::bench_services().map(drop),
         Task::BenchApply => bench::apply::bench_apply().map(drop),
         Task::BenchFleetlock { quick } => bench::fleetlock::bench_fleetlock(quick).map(drop),
-        Task::BenchOperator { nodes, scrape_only } => {
-            bench::operator::bench_operator(nodes, scrape_only).map(drop)
-        }
+        Task::BenchOperator {
+            nodes,
+            scrape_only,
+            runs,
+            no_failover,
+        } => bench::operator::bench_operator(nodes, scrape_only, runs, !no_failover).map(drop),
+        Task::BenchOperatorReplica {
+            etcd,
+            listen,
+            certs,
+            name,
+        } => bench::operator_replica::serve(&etcd, listen, &certs, &name),
         Task::BenchSnapshot { slate } => {
             bench::snapshot::bench_snapshot(slate.as_deref()).map(drop)
         }

@@ -47,6 +47,7 @@
 
 mod election;
 mod last;
+mod watch;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -60,6 +61,7 @@ use slate_etcd_call::{transient, CallError, CallRuntime};
 
 pub use election::Leadership;
 pub use slate_etcd_call::{CONNECT_TIMEOUT, REQUEST_TIMEOUT, RETRY_BUDGET};
+pub use watch::{Mirror, Mirrored, Snapshot};
 
 /// Where the operator's keys are unless configured otherwise.
 pub const DEFAULT_PREFIX: &str = "/slate/operator/";
@@ -294,10 +296,13 @@ impl EtcdState {
     pub fn list(&self, key_prefix: &str) -> Result<Vec<Entry>, StateError> {
         let start = format!("{}{key_prefix}", self.shared.prefix);
         let from = start.clone().into_bytes();
-        let found = self.shared.run(
-            || format!("listing the keys under {start}"),
-            move |client| read_range(client, from.clone()),
-        )?;
+        let found = self
+            .shared
+            .run(
+                || format!("listing the keys under {start}"),
+                move |client| read_range(client, from.clone()),
+            )?
+            .0;
         let prefix = self.shared.prefix.as_bytes();
         found
             .into_iter()
@@ -421,8 +426,9 @@ fn describe(commit: &Commit, prefix: &str) -> String {
     format!("a transaction on {}", shown.join(", "))
 }
 
-/// `(key, value, mod_revision)` of every key starting with `start`, at one revision.
-async fn read_range(client: Client, start: Vec<u8>) -> Result<Vec<RawEntry>, EtcdError> {
+/// `(key, value, mod_revision)` of every key starting with `start`, at one revision, and
+/// that revision.
+async fn read_range(client: Client, start: Vec<u8>) -> Result<(Vec<RawEntry>, i64), EtcdError> {
     let end = prefix_end(&start);
     let mut kv = client.kv_client().max_decoding_message_size(MAX_ANSWER);
     let mut attempt = 1;
@@ -459,7 +465,7 @@ async fn read_range(client: Client, start: Vec<u8>) -> Result<Vec<RawEntry>, Etc
                     from = last.clone();
                     from.push(0);
                 }
-                _ => return Ok(found),
+                _ => return Ok((found, revision)),
             }
         }
     }

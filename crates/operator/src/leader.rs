@@ -1,7 +1,8 @@
 //! The leader: campaign, then tick until the leadership is lost or the replica stops.
 //!
-//! A tick reads everything from etcd (nothing is carried in memory from one tick to the next,
-//! so a new leader starts exactly where the old one stopped), decides with
+//! A tick reads everything from etcd (the inventory through the replica's watch of `nodes/`,
+//! the rest afresh; nothing the leader decided is carried from one tick to the next, so a new
+//! leader starts exactly where the old one stopped), decides with
 //! [`slate_rollout::tick`], stores the new rollouts fenced by the leadership, and only then
 //! sends the upgrade orders. A node is therefore recorded as upgrading before it is asked: a
 //! leader that dies after storing and before sending leaves an unconfirmed start, which the
@@ -44,6 +45,11 @@ pub struct LeaderConfig {
 
 /// How often the leader deletes the events older than the retention.
 const PRUNE_EVERY: Duration = Duration::from_secs(60);
+/// With the inventory mirrored, a node's news starts the next tick early, but not sooner than
+/// this after the last one began: a node that commits is followed (and the next one started)
+/// within a fraction of the tick, while a fleet reporting all the time costs at most a few
+/// ticks a second.
+const REACT_GAP: Duration = Duration::from_millis(250);
 
 /// Where releases come from (the registry; a fixed index in tests).
 pub trait ReleaseSource: Send + Sync {
@@ -90,6 +96,7 @@ pub fn run(
     config: &LeaderConfig,
     driver: &dyn NodeDriver,
     releases: &dyn ReleaseSource,
+    nodes: Option<&state::Nodes>,
     stop: &AtomicBool,
     log: &Log,
     observer: Option<&TickObserver>,
@@ -111,6 +118,9 @@ pub fn run(
         metrics.set_leader(true);
         let fence = leadership.fence();
         let mut pruned: Option<Instant> = None;
+        // Rollouts as last read or written under this leadership: a tick reads again only
+        // those whose revision moved (a pause, another replica's write).
+        let mut held = state::RolloutCache::new();
         while !stop.load(Ordering::Relaxed) && !leadership.is_lost() {
             let started = Instant::now();
             if pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
@@ -118,11 +128,14 @@ pub fn run(
                 prune_events(state, config, &fence, log);
             }
             let mut timing = TickTiming::default();
+            let mut seen = None;
             let led = lead_once(
                 state,
                 config,
                 driver,
                 releases,
+                (nodes, &mut seen),
+                &mut held,
                 &cache,
                 &fence,
                 log,
@@ -145,8 +158,20 @@ pub fn run(
                 }
                 Err(e) => log(&format!("tick failed: {e}")),
             }
-            if let Some(rest) = config.tick.checked_sub(started.elapsed()) {
-                std::thread::sleep(rest);
+            match nodes.zip(seen) {
+                Some((nodes, generation)) => {
+                    if let Some(rest) = REACT_GAP.min(config.tick).checked_sub(started.elapsed()) {
+                        std::thread::sleep(rest);
+                    }
+                    if let Some(rest) = config.tick.checked_sub(started.elapsed()) {
+                        nodes.wait_change(generation, rest);
+                    }
+                }
+                None => {
+                    if let Some(rest) = config.tick.checked_sub(started.elapsed()) {
+                        std::thread::sleep(rest);
+                    }
+                }
             }
         }
         log(&format!("{} is no longer the leader", config.name));
@@ -207,6 +232,8 @@ fn lead_once(
     config: &LeaderConfig,
     driver: &dyn NodeDriver,
     releases: &dyn ReleaseSource,
+    (nodes, seen): (Option<&state::Nodes>, &mut Option<u64>),
+    held_rollouts: &mut state::RolloutCache,
     cache: &IndexCache,
     fence: &Fence,
     log: &Log,
@@ -218,29 +245,31 @@ fn lead_once(
         e.to_string()
     };
     let started = Instant::now();
-    let inventory = state::inventory(state).map_err(|e| etcd(&e))?;
+    let (held, generation) = state::inventory_from(state, nodes).map_err(|e| etcd(&e))?;
+    *seen = generation;
+    let inventory: &slate_rollout::Inventory = &held;
     let policies = PolicySet::parse(&state::policies_text(state).map_err(|e| etcd(&e))?)
         .map_err(|e| format!("the stored policies are refused: {e}"))?;
-    let stored = state::rollouts(state).map_err(|e| etcd(&e))?;
+    state::refresh_rollouts(state, held_rollouts).map_err(|e| etcd(&e))?;
     let Some(index) = cache.get(releases, config.release_refresh, log) else {
         return Ok(Led::Ticked);
     };
-    let rollouts: BTreeMap<String, Rollout> = stored
-        .iter()
-        .map(|(g, s)| (g.clone(), s.value.clone()))
+    let rollouts: BTreeMap<String, Rollout> = held_rollouts
+        .values()
+        .map(|s| (s.value.group.clone(), s.value.clone()))
         .collect();
-    let read_at: BTreeMap<String, i64> = stored
-        .iter()
-        .map(|(g, s)| (g.clone(), s.revision))
+    let read_at: BTreeMap<String, i64> = held_rollouts
+        .values()
+        .map(|s| (s.value.group.clone(), s.revision))
         .collect();
     timing.read = started.elapsed();
     timing.nodes = inventory.len();
     let probes =
-        crate::probe::probe_soaking(&policies, &inventory, &rollouts, config.parallel_orders);
+        crate::probe::probe_soaking(&policies, inventory, &rollouts, config.parallel_orders);
     let decided = Instant::now();
     let decision = tick(&Tick {
         now: now_unix(),
-        inventory: &inventory,
+        inventory,
         policies: &policies,
         index: &index,
         repository: &config.repository,
@@ -261,7 +290,10 @@ fn lead_once(
     .map_err(|e| etcd(&e))?;
     timing.commit = committed.elapsed();
     match outcome {
-        Outcome::Committed { .. } => metrics.events_written(decision.events.len()),
+        Outcome::Committed { revision } => {
+            state::remember_rollouts(held_rollouts, &decision.rollouts, revision);
+            metrics.events_written(decision.events.len());
+        }
         Outcome::Conflict => return Ok(Led::Conflict), // a pause or resume got in: decide again
         Outcome::Deposed => return Ok(Led::Deposed),
     }
@@ -274,7 +306,7 @@ fn lead_once(
     let sent = Instant::now();
     timing.orders = decision.orders.len();
     let answers = send(driver, &decision.orders, config.parallel_orders);
-    let recorded = record_answers(state, fence, &answers, log, metrics);
+    let recorded = record_answers(state, fence, &answers, held_rollouts, log, metrics);
     timing.send = sent.elapsed();
     recorded
 }
@@ -324,6 +356,7 @@ fn record_answers(
     state: &EtcdState,
     fence: &Fence,
     answers: &[(Order, Result<(), DriveError>)],
+    held: &mut state::RolloutCache,
     log: &Log,
     metrics: &OperatorMetrics,
 ) -> Result<Led, String> {
@@ -340,7 +373,11 @@ fn record_answers(
         }
     }
     for _ in 0..5 {
-        let stored = state::rollouts(state).map_err(|e| etcd(&e))?;
+        state::refresh_rollouts(state, held).map_err(|e| etcd(&e))?;
+        let stored: BTreeMap<String, state::Stored<Rollout>> = held
+            .values()
+            .map(|s| (s.value.group.clone(), s.clone()))
+            .collect();
         let mut changed = BTreeMap::new();
         let mut read_at = BTreeMap::new();
         let mut events = Vec::new();
@@ -383,7 +420,8 @@ fn record_answers(
         match state::commit_rollouts(state, Some(fence), &changed, &read_at, &events, now_ms())
             .map_err(|e| etcd(&e))?
         {
-            Outcome::Committed { .. } => {
+            Outcome::Committed { revision } => {
+                state::remember_rollouts(held, &changed, revision);
                 metrics.events_written(events.len());
                 return Ok(Led::Ticked);
             }

@@ -50,6 +50,29 @@ impl ReleaseSource for RegistryReleases {
     }
 }
 
+/// The release index read again at most every `refresh`: the API's status, plan and
+/// dashboard need it for each answer, and a dashboard refreshing every 3 s would otherwise
+/// fetch it from the registry each time. A failed read is not kept.
+struct CachedReleases {
+    source: Arc<dyn ReleaseSource>,
+    refresh: std::time::Duration,
+    held: std::sync::Mutex<Option<(std::time::Instant, ReleaseIndex)>>,
+}
+
+impl ReleaseSource for CachedReleases {
+    fn index(&self) -> Result<ReleaseIndex, String> {
+        let mut held = self.held.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((at, index)) = held.as_ref() {
+            if at.elapsed() < self.refresh {
+                return Ok(index.clone());
+            }
+        }
+        let index = self.source.index()?;
+        *held = Some((std::time::Instant::now(), index.clone()));
+        Ok(index)
+    }
+}
+
 /// Everything `slate operator run` needs.
 pub struct Operator {
     pub state: Arc<EtcdState>,
@@ -78,15 +101,26 @@ pub fn run(op: Operator, stop: &AtomicBool) -> Result<(), String> {
     let config = slate_api::ServerConfig::from_dir(op.listen, &op.certs)
         .map_err(|e| format!("operator certificates in {}: {e}", op.certs.display()))?;
     let metrics = Arc::new(OperatorMetrics::new());
+    // One watch of `nodes/` per replica: the leader's ticks and the heartbeats it serves read
+    // the inventory from memory instead of listing it.
+    let nodes = Arc::new(
+        state::NodeStore::start(op.state.clone())
+            .map_err(|e| format!("watching the inventory: {e}"))?,
+    );
     let service = OperatorService {
         state: op.state.clone(),
-        releases: op.releases.clone(),
+        releases: Arc::new(CachedReleases {
+            source: op.releases.clone(),
+            refresh: op.leader.release_refresh,
+            held: Default::default(),
+        }),
         repository: op.leader.repository.clone(),
         stale_after: op.leader.stale_after,
         log: op.log.clone(),
         heartbeats: Default::default(),
         metrics: metrics.clone(),
         node_certs: Some(op.certs.clone()),
+        nodes: Some(nodes.clone()),
     };
     let server = slate_api::spawn_service(config, Arc::new(service))
         .map_err(|e| format!("cannot serve the operator API on {}: {e}", op.listen))?;
@@ -97,6 +131,7 @@ pub fn run(op: Operator, stop: &AtomicBool) -> Result<(), String> {
         &op.leader,
         &driver,
         op.releases.as_ref(),
+        Some(&nodes.mirror),
         stop,
         &op.log,
         op.observer.as_ref(),

@@ -150,8 +150,14 @@ impl OperatorMetrics {
     /// inventory, the rollouts, the policies). When etcd cannot be read the fleet's gauges are
     /// left out and `slate_operator_state_readable` is 0.
     pub fn scrape(&self, state: &EtcdState) -> String {
+        self.scrape_with(state, None)
+    }
+
+    /// [`OperatorMetrics::scrape`] with the inventory from the replica's watch while it is
+    /// synced.
+    pub fn scrape_with(&self, state: &EtcdState, nodes: Option<&state::Nodes>) -> String {
         let scrape = Scrape::new();
-        let read = state::inventory(state).and_then(|inventory| {
+        let read = state::inventory_from(state, nodes).and_then(|(inventory, _)| {
             let rollouts = state::rollouts(state)?;
             Ok((inventory, rollouts, state::policies_text(state)?))
         });

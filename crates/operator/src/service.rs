@@ -24,13 +24,6 @@ pub const HEARTBEAT_WRITE_EVERY: Duration = Duration::from_secs(15);
 /// is not ignored for long.
 pub const STALE_REPORT_GRACE: Duration = Duration::from_secs(60);
 
-/// Equal but for when they were taken.
-fn same_but_time(a: &NodeReport, b: &NodeReport) -> bool {
-    let mut b = b.clone();
-    b.sent_at_ms = a.sent_at_ms;
-    *a == b
-}
-
 /// A node's report about itself: a node certificate (under the fleet CA, through the node's
 /// issuing CA) naming the node the report is about; no client role is a node.
 pub const HEARTBEAT: ServiceRoute = ServiceRoute::new("POST", "/v1/fleet/heartbeat", Role::Node);
@@ -118,6 +111,13 @@ impl std::fmt::Debug for OperatorService {
     }
 }
 
+/// What one answer reads of the fleet.
+pub(crate) struct Fleet {
+    pub inventory: Arc<slate_rollout::Inventory>,
+    pub rollouts: BTreeMap<String, Rollout>,
+    pub policies_text: String,
+}
+
 /// The operator API over the state in etcd.
 pub struct OperatorService {
     pub state: Arc<EtcdState>,
@@ -132,6 +132,9 @@ pub struct OperatorService {
     /// The certificate directory the dashboard's node page asks nodes with (`operator.crt`,
     /// as orders are sent); `None`: it shows only what etcd holds.
     pub node_certs: Option<std::path::PathBuf>,
+    /// The inventory as this replica's watch holds it: a heartbeat compares with it instead
+    /// of reading its node's record from etcd (`None`: it reads).
+    pub nodes: Option<Arc<state::NodeStore>>,
 }
 
 fn failed(e: impl std::fmt::Display) -> BackendError {
@@ -206,7 +209,7 @@ impl JsonService for OperatorService {
     }
 
     fn metrics(&self) -> Option<String> {
-        Some(self.metrics.scrape(&self.state))
+        Some(self.metrics.scrape_with(&self.state, self.mirror()))
     }
 }
 
@@ -242,16 +245,25 @@ impl OperatorService {
                 }
             }
         };
-        for _ in 0..5 {
+        for attempt in 0..5 {
             let now = now_unix();
-            let stored = state::node(&self.state, &report.id).map_err(failed)?;
+            // The mirror on the first try; after a lost swap, etcd itself.
+            let mirrored = self
+                .nodes
+                .as_ref()
+                .filter(|_| attempt == 0)
+                .and_then(|nodes| nodes.mirror.get(&report.id));
+            let stored = match mirrored {
+                Some(held) => held.map(|(value, revision)| state::Stored { value, revision }),
+                None => state::node(&self.state, &report.id).map_err(failed)?,
+            };
             if let Some(s) = &stored {
                 let recent = s.value.last_seen + STALE_REPORT_GRACE.as_secs() > now;
                 if !by_hand && recent && s.value.report.sent_at_ms > report.sent_at_ms {
                     tally(false);
                     return Ok(json!({ "written": false, "stale": true }));
                 }
-                let unchanged = same_but_time(&s.value.report, &report);
+                let unchanged = state::same_but_time(&s.value.report, &report);
                 if !by_hand
                     && unchanged
                     && s.value.last_seen + HEARTBEAT_WRITE_EVERY.as_secs() > now
@@ -266,7 +278,11 @@ impl OperatorService {
                 last_seen: now,
             };
             let expect = stored.map_or(Expect::Absent, |s| Expect::ModRevision(s.revision));
-            match state::put_node_if(&self.state, &record, expect).map_err(failed)? {
+            let outcome = match &self.nodes {
+                Some(nodes) => nodes.put_if(&record, expect).map_err(failed)?,
+                None => state::put_node_if(&self.state, &record, expect).map_err(failed)?,
+            };
+            match outcome {
                 Outcome::Committed { .. } => {
                     tally(true);
                     if let Some(line) = news {
@@ -283,23 +299,50 @@ impl OperatorService {
         )))
     }
 
+    fn mirror(&self) -> Option<&state::Nodes> {
+        self.nodes.as_deref().map(|n| &n.mirror)
+    }
+
     fn index(&self) -> Result<slate_release::ReleaseIndex, BackendError> {
         self.releases
             .index()
             .map_err(|e| failed(format!("cannot read the release index: {e}")))
     }
 
+    /// The inventory (from the replica's watch when it is synced), the rollouts and the
+    /// policy file, read once for one answer.
+    pub(crate) fn read_fleet(&self) -> Result<Fleet, BackendError> {
+        let (inventory, _) = state::inventory_from(&self.state, self.mirror()).map_err(failed)?;
+        Ok(Fleet {
+            inventory,
+            rollouts: state::rollouts(&self.state)
+                .map_err(failed)?
+                .into_iter()
+                .map(|(g, s)| (g, s.value))
+                .collect(),
+            policies_text: state::policies_text(&self.state).map_err(failed)?,
+        })
+    }
+
     pub(crate) fn status(&self) -> Result<FleetStatus, BackendError> {
-        let inventory = state::inventory(&self.state).map_err(failed)?;
-        let rollouts = state::rollouts(&self.state).map_err(failed)?;
+        self.status_of(&self.read_fleet()?)
+    }
+
+    pub(crate) fn status_of(&self, fleet: &Fleet) -> Result<FleetStatus, BackendError> {
         let now = now_unix();
         // Waves are shown when the plan can be made (policies set, the index readable).
-        let rows: Vec<PlanRow> = self.tick_rows().unwrap_or_default();
-        let nodes = inventory
+        let waves: BTreeMap<String, usize> = self
+            .tick_rows(fleet)
+            .unwrap_or_default()
+            .into_iter()
+            .filter_map(|row| Some((row.node, row.wave?)))
+            .collect();
+        let nodes = fleet
+            .inventory
             .values()
             .map(|rec| {
                 let r = &rec.report;
-                let rollout = rollouts.get(&r.group).map(|s| &s.value);
+                let rollout = fleet.rollouts.get(&r.group);
                 let progress = rollout.and_then(|ro| ro.nodes.get(&r.id));
                 let last_error = match progress.map(|p| &p.step) {
                     Some(slate_rollout::Step::Failed { reason, .. }) => Some(reason.clone()),
@@ -316,10 +359,7 @@ impl OperatorService {
                         .filter(|ro| ro.state.is_active())
                         .map(|ro| ro.target.clone()),
                     state: progress.map_or("idle", |p| p.step.name()).to_owned(),
-                    wave: rows
-                        .iter()
-                        .find(|row| row.node == r.id)
-                        .and_then(|row| row.wave),
+                    wave: waves.get(&r.id).copied(),
                     silent_for: now.saturating_sub(rec.last_seen),
                     last_error,
                 }
@@ -327,29 +367,22 @@ impl OperatorService {
             .collect();
         Ok(FleetStatus {
             leader: self.state.leader(ELECTION).map_err(failed)?,
-            rollouts: rollouts.into_values().map(|s| s.value).collect(),
+            rollouts: fleet.rollouts.values().cloned().collect(),
             nodes,
             events: state::events(&self.state, 20).map_err(failed)?,
         })
     }
 
-    fn tick_rows(&self) -> Result<Vec<PlanRow>, BackendError> {
-        let inventory = state::inventory(&self.state).map_err(failed)?;
-        let text = state::policies_text(&self.state).map_err(failed)?;
-        let policies = PolicySet::parse(&text).map_err(failed)?;
-        let rollouts = state::rollouts(&self.state)
-            .map_err(failed)?
-            .into_iter()
-            .map(|(g, s)| (g, s.value))
-            .collect();
+    fn tick_rows(&self, fleet: &Fleet) -> Result<Vec<PlanRow>, BackendError> {
+        let policies = PolicySet::parse(&fleet.policies_text).map_err(failed)?;
         let index = self.index()?;
         Ok(plan(&Tick {
             now: now_unix(),
-            inventory: &inventory,
+            inventory: &fleet.inventory,
             policies: &policies,
             index: &index,
             repository: &self.repository,
-            rollouts: &rollouts,
+            rollouts: &fleet.rollouts,
             stale_after: self.stale_after.as_secs(),
             // The plan probes nothing: a probed soak shows as not yet ended.
             probes: &BTreeMap::new(),
@@ -357,7 +390,7 @@ impl OperatorService {
     }
 
     fn plan(&self) -> Result<Vec<PlanRow>, BackendError> {
-        self.tick_rows()
+        self.tick_rows(&self.read_fleet()?)
     }
 
     /// Pause, resume or abort each matching active rollout by compare-and-swap (the leader

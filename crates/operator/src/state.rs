@@ -10,13 +10,17 @@
 //! | `leader/<lease>` | the leader's name | etcd's election |
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde::Serialize;
-use slate_rollout::{Event, Inventory, NodeRecord, Rollout};
+use slate_rollout::{Event, Inventory, NodeRecord, NodeReport, Rollout};
 
-use crate::etcd::{Commit, EtcdState, Expect, Fence, Outcome, StateError};
+use crate::etcd::{Commit, EtcdState, Expect, Fence, Mirror, Mirrored, Outcome, StateError};
 
+mod node_store;
 pub mod rollout_value;
+
+pub use node_store::{NodeStore, MAX_BATCH};
 
 pub const NODES: &str = "nodes/";
 pub const POLICIES: &str = "policies";
@@ -63,10 +67,73 @@ pub struct Stored<T> {
 pub fn inventory(state: &EtcdState) -> Result<Inventory, ReadError> {
     let mut out = Inventory::new();
     for entry in state.list(NODES)? {
-        let record: NodeRecord = parse(&entry.key, &entry.value, "node record")?;
+        let id = entry.key.strip_prefix(NODES).unwrap_or(&entry.key);
+        let record = NodeRecords::parse(id, &entry.value).map_err(|reason| ReadError::Corrupt {
+            key: entry.key.clone(),
+            what: "node record",
+            reason,
+        })?;
         out.insert(record.report.id.clone(), record);
     }
     Ok(out)
+}
+
+/// Equal but for when they were taken.
+pub fn same_but_time(a: &NodeReport, b: &NodeReport) -> bool {
+    let mut b = b.clone();
+    b.sent_at_ms = a.sent_at_ms;
+    *a == b
+}
+
+/// `nodes/` as [`Mirror`] reads it: a waiter wakes when a report changes, not when only its
+/// `last_seen` or `sent_at_ms` moved.
+#[derive(Debug)]
+pub struct NodeRecords;
+
+impl Mirrored for NodeRecords {
+    type Value = NodeRecord;
+
+    fn parse(key: &str, value: &[u8]) -> Result<NodeRecord, String> {
+        let record: NodeRecord = serde_json::from_slice(value).map_err(|e| e.to_string())?;
+        if record.report.id != key {
+            return Err(format!("the record is about node {:?}", record.report.id));
+        }
+        Ok(record)
+    }
+
+    fn wakes(old: Option<&NodeRecord>, new: Option<&NodeRecord>) -> bool {
+        match (old, new) {
+            (Some(a), Some(b)) => !same_but_time(&a.report, &b.report),
+            _ => true,
+        }
+    }
+}
+
+/// The inventory held in memory from a watch (`etcd/watch.rs`).
+pub type Nodes = Mirror<NodeRecords>;
+
+pub fn mirror_nodes(state: &EtcdState) -> Result<Nodes, StateError> {
+    state.mirror(NODES)
+}
+
+/// The inventory from the mirror while it is synced (and its generation), else listed from
+/// etcd (generation `None`). A record that does not parse refuses the whole inventory either
+/// way.
+pub fn inventory_from(
+    state: &EtcdState,
+    nodes: Option<&Nodes>,
+) -> Result<(Arc<Inventory>, Option<u64>), ReadError> {
+    if let Some(snapshot) = nodes.and_then(Nodes::snapshot) {
+        if let Some((key, reason)) = snapshot.corrupt {
+            return Err(ReadError::Corrupt {
+                key: format!("{NODES}{key}"),
+                what: "node record",
+                reason,
+            });
+        }
+        return Ok((snapshot.values, Some(snapshot.generation)));
+    }
+    Ok((Arc::new(inventory(state)?), None))
 }
 
 pub fn node(state: &EtcdState, id: &str) -> Result<Option<Stored<NodeRecord>>, ReadError> {
@@ -114,6 +181,56 @@ pub fn rollouts(state: &EtcdState) -> Result<BTreeMap<String, Stored<Rollout>>, 
         );
     }
     Ok(out)
+}
+
+/// The rollouts by etcd key (`rollouts/<group>`), as a leader keeps them between its ticks.
+pub type RolloutCache = BTreeMap<String, Stored<Rollout>>;
+
+/// Brings `cache` up to etcd, as [`rollouts`] would read it: one read of the keys'
+/// revisions, then only the rollouts whose revision moved (or that are new) are read and
+/// decoded again.
+pub fn refresh_rollouts(state: &EtcdState, cache: &mut RolloutCache) -> Result<(), ReadError> {
+    let revisions: BTreeMap<String, i64> = state.revisions(ROLLOUTS)?.into_iter().collect();
+    cache.retain(|key, held| revisions.get(key) == Some(&held.revision));
+    for key in revisions.keys() {
+        if cache.contains_key(key) {
+            continue;
+        }
+        // Gone between the two reads: the next refresh sees it so.
+        let Some(entry) = state.get(key)? else {
+            continue;
+        };
+        let rollout = rollout_value::decode(&entry.value).map_err(|reason| ReadError::Corrupt {
+            key: key.clone(),
+            what: "rollout",
+            reason,
+        })?;
+        cache.insert(
+            key.clone(),
+            Stored {
+                value: rollout,
+                revision: entry.mod_revision,
+            },
+        );
+    }
+    Ok(())
+}
+
+/// Records in `cache` the rollouts a commit at `revision` has just stored.
+pub fn remember_rollouts(
+    cache: &mut RolloutCache,
+    changed: &BTreeMap<String, Rollout>,
+    revision: i64,
+) {
+    for (group, rollout) in changed {
+        cache.insert(
+            format!("{ROLLOUTS}{group}"),
+            Stored {
+                value: rollout.clone(),
+                revision,
+            },
+        );
+    }
 }
 
 /// The policy file as stored (empty when none was set).

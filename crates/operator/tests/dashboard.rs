@@ -210,6 +210,7 @@ fn pages_escape_what_they_show_and_refuse_bad_input_clearly() {
         metrics: Arc::new(OperatorMetrics::new()),
         // The nodes' endpoints lead nowhere: the node page says the node did not answer.
         node_certs: Some(certs.clone()),
+        nodes: None,
     };
     let listen = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()

@@ -76,6 +76,8 @@ pub(crate) struct GroupTick<'t, 'd> {
     pub(crate) t: &'t Tick<'t>,
     group: &'t str,
     covered: Vec<&'t NodeRecord>,
+    /// `covered` in wave order, sorted once per tick.
+    ordered: Vec<&'t NodeRecord>,
     views: Vec<PolicyView<'t>>,
     out: &'d mut Decision,
 }
@@ -87,16 +89,19 @@ impl<'t, 'd> GroupTick<'t, 'd> {
         covered: Vec<&'t NodeRecord>,
         out: &'d mut Decision,
     ) -> Self {
+        let mut ordered = covered.clone();
+        ordered.sort_by_cached_key(|rec| crate::waves::wave_key(&rec.report.id));
         let views = t
             .policies
             .policies
             .iter()
-            .filter_map(|p| PolicyView::new(p, &covered))
+            .filter_map(|p| PolicyView::of_ordered(p, &ordered))
             .collect();
         GroupTick {
             t,
             group,
             covered,
+            ordered,
             views,
             out,
         }
@@ -111,9 +116,8 @@ impl<'t, 'd> GroupTick<'t, 'd> {
                 None => return,
             },
         };
-        let before = previous.cloned();
         if self.target_withdrawn(&mut rollout) {
-            self.finish(rollout, before);
+            self.finish(rollout, previous);
             return;
         }
         self.follow_nodes(&mut rollout);
@@ -130,11 +134,11 @@ impl<'t, 'd> GroupTick<'t, 'd> {
             }
         }
         self.resend_unconfirmed(&rollout);
-        self.finish(rollout, before);
+        self.finish(rollout, previous);
     }
 
-    fn finish(&mut self, rollout: Rollout, before: Option<Rollout>) {
-        if before.as_ref() != Some(&rollout) {
+    fn finish(&mut self, rollout: Rollout, before: Option<&Rollout>) {
+        if before != Some(&rollout) {
             self.out.rollouts.insert(self.group.to_owned(), rollout);
         }
     }
@@ -409,13 +413,12 @@ impl<'t, 'd> GroupTick<'t, 'd> {
                 })
             })
             .collect();
-        let mut candidates: Vec<&NodeRecord> = self
-            .covered
+        let candidates: Vec<&NodeRecord> = self
+            .ordered
             .iter()
             .copied()
             .filter(|rec| !rollout.nodes.contains_key(&rec.report.id))
             .collect();
-        candidates.sort_by_cached_key(|rec| crate::waves::wave_key(&rec.report.id));
         let minute = minute_of_week(now);
         for rec in candidates {
             let r = &rec.report;

@@ -31,7 +31,15 @@ pub(crate) struct PolicyView<'a> {
 impl<'a> PolicyView<'a> {
     /// `None` when the policy covers none of `nodes`.
     pub(crate) fn new(policy: &'a Policy, nodes: &[&'a NodeRecord]) -> Option<Self> {
-        let mut members: Vec<&'a str> = nodes
+        let mut ordered = nodes.to_vec();
+        ordered.sort_by_cached_key(|n| wave_key(&n.report.id));
+        Self::of_ordered(policy, &ordered)
+    }
+
+    /// [`PolicyView::new`] of nodes already in wave order (a tick sorts a group's nodes once
+    /// for all its policies).
+    pub(crate) fn of_ordered(policy: &'a Policy, ordered: &[&'a NodeRecord]) -> Option<Self> {
+        let members: Vec<&'a str> = ordered
             .iter()
             .filter(|n| policy.applies_to(&n.report))
             .map(|n| n.report.id.as_str())
@@ -39,7 +47,6 @@ impl<'a> PolicyView<'a> {
         if members.is_empty() {
             return None;
         }
-        members.sort_by_cached_key(|id| wave_key(id));
         let position = members.iter().enumerate().map(|(i, id)| (*id, i)).collect();
         Some(PolicyView {
             bounds: wave_bounds(

@@ -26,6 +26,9 @@ use crate::bench::{ms, percentile, print_ratios, Bench, Comparison, Sample, Side
 const CLIENTS: usize = 16;
 /// Servers sharing the cluster in the variant where their swaps race each other.
 const SERVERS: usize = 3;
+/// Concurrent clients (and slots: none waits for a slot, only for the swaps) in the variant
+/// measured against `etcdctl txn`.
+const MANY: usize = 100;
 
 /// Latencies of one series, the wall time it took, and how many requests were refused.
 struct Series {
@@ -78,9 +81,9 @@ impl HttpClient {
         })
     }
 
-    /// POSTs `path` for `id` in group `bench`; the status.
-    fn post(&mut self, path: &str, id: &str) -> Result<u16> {
-        let body = format!(r#"{{"client_params":{{"id":"{id}","group":"bench"}}}}"#);
+    /// POSTs `path` for `id` in `group`; the status.
+    fn post(&mut self, path: &str, id: &str, group: &str) -> Result<u16> {
+        let body = format!(r#"{{"client_params":{{"id":"{id}","group":"{group}"}}}}"#);
         write!(
             self.conn.get_mut(),
             "POST {path} HTTP/1.1\r\nhost: {}\r\nfleet-lock-protocol: true\r\n\
@@ -115,12 +118,12 @@ impl HttpClient {
 
     /// Lock, then unlock, each retried after 1 ms while refused (under concurrency a swap
     /// can lose 8 times in a row: "conflict"); the round trip's time and the refusals.
-    fn round_trip(&mut self, id: &str) -> Result<(Duration, usize)> {
+    fn round_trip(&mut self, id: &str, group: &str) -> Result<(Duration, usize)> {
         let start = Instant::now();
         let mut refused = 0;
         for (path, what) in [("/v1/pre-reboot", "lock"), ("/v1/steady-state", "unlock")] {
             let mut tries = 0;
-            while self.post(path, id)? != 200 {
+            while self.post(path, id, group)? != 200 {
                 tries += 1;
                 ensure!(tries < 1000, "{what} of {id} refused 1000 times");
                 std::thread::sleep(Duration::from_millis(1));
@@ -131,13 +134,14 @@ impl HttpClient {
     }
 }
 
-/// `count` lock + unlock round trips spread over `clients` threads, ids `prefix-N`, client
-/// `c` speaking to `addrs[c % len]`.
+/// `count` lock + unlock round trips in `group` spread over `clients` threads, ids
+/// `prefix-N`, client `c` speaking to `addrs[c % len]`.
 fn fleetlock_series(
     addrs: &[SocketAddr],
     prefix: &str,
     count: usize,
     clients: usize,
+    group: &'static str,
 ) -> Result<Series> {
     let start = Instant::now();
     let threads: Vec<_> = (0..clients)
@@ -148,7 +152,7 @@ fn fleetlock_series(
                 let mut client = HttpClient::connect(addr)?;
                 (c..count)
                     .step_by(clients)
-                    .map(|i| client.round_trip(&format!("{prefix}-{i:05}")))
+                    .map(|i| client.round_trip(&format!("{prefix}-{i:05}"), group))
                     .collect()
             })
         })
@@ -224,7 +228,10 @@ pub fn bench_fleetlock(quick: bool) -> Result<Vec<Comparison>> {
     let cluster = EtcdCluster::start(3)?;
     let endpoints = cluster.endpoints();
     let slots = CLIENTS as u64;
-    let groups = Groups::new([format!("bench={slots}").parse::<GroupSpec>()?])?;
+    let groups = Groups::new([
+        format!("bench={slots}").parse::<GroupSpec>()?,
+        format!("wide={MANY}").parse::<GroupSpec>()?,
+    ])?;
     // Each server has its own store (its own etcd client and turns), as separate processes
     // would; the first serves the one-server series.
     let servers = (0..SERVERS)
@@ -254,7 +261,8 @@ pub fn bench_fleetlock(quick: bool) -> Result<Vec<Comparison>> {
         etcd_version(),
         cluster.dir().display()
     );
-    let mut comparisons = Vec::new();
+    // First: the issue's figure (100 clients against `etcdctl txn`).
+    let mut comparisons = vec![many_clients(one, &endpoints, quick)?];
     for &n in sizes {
         let variants = [
             ("sequential", "seq", 1, one),
@@ -263,7 +271,7 @@ pub fn bench_fleetlock(quick: bool) -> Result<Vec<Comparison>> {
         ];
         for (label, tag, clients, servers) in variants {
             let slate = Side::new("FleetLock lock+unlock", |run| {
-                fleetlock_series(servers, &format!("{tag}{n}r{run}"), n, clients)
+                fleetlock_series(servers, &format!("{tag}{n}r{run}"), n, clients, "bench")
                     .map(|s| s.sample(true))
             });
             let baseline = Side::new("raw etcd Txn", |_| {
@@ -285,6 +293,112 @@ pub fn bench_fleetlock(quick: bool) -> Result<Vec<Comparison>> {
     }
     print_ratios(&comparisons);
     Ok(comparisons)
+}
+
+/// Lock + unlock by `etcdctl txn` directly: per round trip two compare-and-swap transactions
+/// (`value(k) = "free"` → `held`, then back), each client on a key of its own so that no swap
+/// loses; each transaction is one `etcdctl` process, as a script would run it.
+fn etcdctl_series(endpoints: &[String], count: usize, clients: usize) -> Result<Series> {
+    let endpoints = endpoints.join(",");
+    let txn = |key: &str, from: &str, to: &str| -> Result<()> {
+        let mut child = std::process::Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &endpoints, "txn"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .context("etcdctl")?;
+        write!(
+            child.stdin.take().context("etcdctl's stdin")?,
+            "value(\"{key}\") = \"{from}\"\n\nput {key} \"{to}\"\n\n\n"
+        )?;
+        let out = child.wait_with_output()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success() && text.starts_with("SUCCESS"),
+            "etcdctl txn on {key} ({from} -> {to}): {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(())
+    };
+    let start = Instant::now();
+    let latencies = std::thread::scope(|scope| -> Result<Vec<Duration>> {
+        let threads: Vec<_> = (0..clients)
+            .map(|c| {
+                let txn = &txn;
+                scope.spawn(move || -> Result<Vec<Duration>> {
+                    let key = format!("bench/ctl/{c}");
+                    (c..count)
+                        .step_by(clients)
+                        .map(|_| {
+                            let start = Instant::now();
+                            txn(&key, "free", "held")?;
+                            txn(&key, "held", "free")?;
+                            Ok(start.elapsed())
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        let mut all = Vec::with_capacity(count);
+        for t in threads {
+            all.extend(
+                t.join()
+                    .map_err(|_| anyhow::anyhow!("a client thread panicked"))??,
+            );
+        }
+        Ok(all)
+    })?;
+    Ok(Series::new(latencies, start.elapsed(), 0))
+}
+
+/// 100 clients, lock + unlock round trips per second and their p99: FleetLock against the
+/// same swaps by `etcdctl txn`, with the raw etcd-client transaction beside them.
+fn many_clients(server: &[SocketAddr], endpoints: &[String], quick: bool) -> Result<Comparison> {
+    let count = if quick { 300 } else { 2_000 };
+    // The client's channel runs its workers on the runtime it was made on: one that runs.
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    let raw = rt.block_on(Client::connect(endpoints, None))?;
+    let mut free = raw.clone();
+    rt.block_on(async {
+        for c in 0..MANY {
+            free.put(format!("bench/ctl/{c}"), "free", None).await?;
+        }
+        Ok::<_, etcd_client::Error>(())
+    })?;
+    let rate = |s: Series, refusals: bool| {
+        let per_s = s.latencies.len() as f64 / s.wall.as_secs_f64();
+        s.sample(refusals).with("round_trips_per_s", "/s", per_s)
+    };
+    let slate = Side::new("FleetLock lock+unlock", |run| {
+        fleetlock_series(server, &format!("many{count}r{run}"), count, MANY, "wide")
+            .map(|s| rate(s, true))
+    });
+    let baseline = Side::new("etcdctl txn lock+unlock", |_| {
+        etcdctl_series(endpoints, count, MANY).map(|s| rate(s, false))
+    });
+    let direct = Side::new("raw etcd Txn (etcd-client), 2 per round trip", |_| {
+        raw_series(&rt, &raw, 2 * count, MANY).map(|s| {
+            // Two swaps make a round trip: the rate of pairs, the latency of one swap.
+            let pairs = s.latencies.len() as f64 / 2.0 / s.wall.as_secs_f64();
+            s.sample(false).with("round_trips_per_s", "/s", pairs)
+        })
+    });
+    let c = Bench::new(&format!("fleetlock {count} ids, {MANY} clients"), "s")
+        .about(format!(
+            "{count} lock + unlock round trips by {MANY} concurrent clients through one server \
+             ({MANY} slots, so none waits for a slot; all swap the group's one key); the \
+             baseline: the same two swaps per round trip by `etcdctl txn`, one process per \
+             transaction, each client on a key of its own; figure: the series' wall time, \
+             round_trips_per_s and p99 (of a round trip) beside it"
+        ))
+        .run(slate, baseline, vec![direct])?;
+    c.print();
+    Ok(c)
 }
 
 fn etcd_version() -> String {

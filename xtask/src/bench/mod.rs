@@ -17,6 +17,7 @@ pub(crate) mod boot;
 pub(crate) mod delta;
 pub(crate) mod fleetlock;
 pub(crate) mod operator;
+pub(crate) mod operator_replica;
 pub(crate) mod operator_scrape;
 pub(crate) mod pull;
 pub(crate) mod reboot;
@@ -245,6 +246,13 @@ impl Bench {
             runs: RUNS,
             no_warm_up: None,
         }
+    }
+
+    /// Measured runs of each side instead of [`RUNS`] (a benchmark that takes minutes a run,
+    /// told by hand).
+    pub fn runs(mut self, runs: usize) -> Bench {
+        self.runs = runs.max(1);
+        self
     }
 
     /// A line printed under the name: what is measured, on what.

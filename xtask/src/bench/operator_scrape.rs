@@ -184,6 +184,20 @@ pub fn bench_scrape(nodes: usize) -> Result<Comparison> {
     index.publish(release("1"))?;
     index.publish(release("2"))?;
     let listen = TcpListener::bind("127.0.0.1:0")?.local_addr()?;
+    // The inventory from a watch, as `slate operator run` serves it.
+    let nodes = Arc::new(slate_operator::state::NodeStore::start(state.clone())?);
+    let synced = Instant::now();
+    while nodes
+        .mirror
+        .snapshot()
+        .is_none_or(|s| s.values.len() < total)
+    {
+        ensure!(
+            synced.elapsed() < Duration::from_secs(120),
+            "the inventory's watch did not sync"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let service = OperatorService {
         state: state.clone(),
         releases: Arc::new(Fixed(index)),
@@ -193,6 +207,7 @@ pub fn bench_scrape(nodes: usize) -> Result<Comparison> {
         heartbeats: Default::default(),
         metrics: Arc::new(OperatorMetrics::new()),
         node_certs: None,
+        nodes: Some(nodes),
     };
     let config = slate_api::ServerConfig::from_dir(listen, &certs)?;
     let server = slate_api::spawn_service(config, Arc::new(service))?;
@@ -221,16 +236,28 @@ pub fn bench_scrape(nodes: usize) -> Result<Comparison> {
                 .map_err(Into::into)
         })?))
     });
+    let page = reader.get_text("/ui")?;
+    ensure!(
+        page.contains("g0") && page.contains("<svg"),
+        "the dashboard lacks the group g0 or its timeline"
+    );
+    let ui = Side::new("GET /ui (dashboard HTML)", |_| {
+        Ok(Sample::new(median_ms(|| {
+            reader.get_text("/ui").map(drop).map_err(Into::into)
+        })?)
+        .with("bytes", "B", page.len() as f64))
+    });
     let mut c = Bench::new(&format!("operator scrape, {total} nodes"), "ms")
         .about(format!(
             "{total} nodes in {GROUPS} groups stored in a 3-member etcd, a rollout half done \
-             in each; the operator API alone on loopback, mutual TLS, a reader certificate"
+             in each; the operator API alone on loopback (the inventory from its watch, as \
+             `slate operator run` has it), mutual TLS, a reader certificate; /ui also shown"
         ))
         .about(format!(
             "each run: the median of {REQUESTS} requests, one connection each; the issue's \
              target for /metrics: {TARGET_MS} ms"
         ))
-        .run(scrape, status, vec![])?;
+        .run(scrape, status, vec![ui])?;
     let median = c.slate.stats().median;
     c.extra(
         "scrape_target",

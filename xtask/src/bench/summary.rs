@@ -41,7 +41,7 @@ fn run_one(name: &str, operator_nodes: usize) -> Result<Vec<Comparison>> {
         "services" => crate::bench::services::bench_services(),
         // The 1,000-id series: the 10,000-id ones add minutes and say the same.
         "fleetlock" => crate::bench::fleetlock::bench_fleetlock(true),
-        "operator" => crate::bench::operator::bench_operator(operator_nodes, false),
+        "operator" => crate::bench::operator::bench_operator(operator_nodes, false, 3, true),
         "snapshot" => crate::bench::snapshot::bench_snapshot(None),
         _ => bail!("no benchmark {name}: one of {}", ALL.join(", ")),
     }

@@ -19,7 +19,7 @@ pub mod timeline;
 use std::collections::BTreeMap;
 
 use slate_api::{BackendError, Caller, Page, Role, ServiceRoute};
-use slate_rollout::{progress, Event, GroupProgress, NodeRecord, PolicySet, Rollout};
+use slate_rollout::{progress, Event, GroupProgress, PolicySet, Rollout};
 
 use crate::leader::now_unix;
 use crate::service::{FleetStatus, OperatorService};
@@ -51,7 +51,7 @@ pub struct View {
     pub status: FleetStatus,
     pub progress: Vec<GroupProgress>,
     pub policies: PolicySet,
-    pub inventory: BTreeMap<String, NodeRecord>,
+    pub inventory: std::sync::Arc<slate_rollout::Inventory>,
     pub rollouts: BTreeMap<String, Rollout>,
     /// The last events, oldest first, as many as the page asked for.
     pub events: Vec<Event>,
@@ -73,19 +73,14 @@ impl View {
         caller: &Caller,
         events: usize,
     ) -> Result<View, BackendError> {
-        let status = service.status()?;
-        let inventory = state::inventory(&service.state).map_err(failed)?;
-        let rollouts: BTreeMap<String, Rollout> = state::rollouts(&service.state)
-            .map_err(failed)?
-            .into_iter()
-            .map(|(g, s)| (g, s.value))
-            .collect();
+        let fleet = service.read_fleet()?;
+        let status = service.status_of(&fleet)?;
         // Stored policies were checked when set; unreadable ones cover nothing here, as in
         // the metrics.
-        let policies = PolicySet::parse(&state::policies_text(&service.state).map_err(failed)?)
-            .unwrap_or(PolicySet {
-                policies: Vec::new(),
-            });
+        let policies = PolicySet::parse(&fleet.policies_text).unwrap_or(PolicySet {
+            policies: Vec::new(),
+        });
+        let (inventory, rollouts) = (fleet.inventory, fleet.rollouts);
         Ok(View {
             now: now_unix(),
             progress: progress(&inventory, &policies, &rollouts),

@@ -1,8 +1,12 @@
 //! The newest keys under a prefix: one bounded read, however many keys there are (the event
 //! log is read this way, so `fleet events` costs the same whether etcd holds a day of events
-//! or a month).
+//! or a month); and the keys under a prefix with their revisions but not their values (the
+//! leader's check of which rollouts changed since it last read them).
 
 use etcd_client::{Client, Error as EtcdError, GetOptions, SortOrder, SortTarget};
+
+/// The most keys [`EtcdState::revisions`] answers (it lists one key per node group).
+const MAX_REVISIONS: i64 = 100_000;
 
 use super::{prefix_end, Entry, EtcdState, RawEntry, StateError, MAX_ANSWER};
 
@@ -31,6 +35,49 @@ impl EtcdState {
                     .map_err(|_| {
                         self.shared.corrupt(
                             format!("reading the last keys under {start}"),
+                            format!("key {} is not UTF-8", String::from_utf8_lossy(&key)),
+                        )
+                    })
+            })
+            .collect()
+    }
+}
+
+impl EtcdState {
+    /// Every key under `key_prefix` (relative, as [`EtcdState::list`] answers them) with its
+    /// `mod_revision`, values left out; at most 100,000 keys.
+    pub fn revisions(&self, key_prefix: &str) -> Result<Vec<(String, i64)>, StateError> {
+        let start = format!("{}{key_prefix}", self.shared.prefix);
+        let from = start.clone().into_bytes();
+        let found = self.shared.run(
+            || format!("reading the revisions of the keys under {start}"),
+            move |client| {
+                let from = from.clone();
+                async move {
+                    let mut kv = client.kv_client();
+                    let options = GetOptions::new()
+                        .with_range(prefix_end(&from))
+                        .with_keys_only()
+                        .with_limit(MAX_REVISIONS);
+                    let resp = kv.get(from, Some(options)).await?;
+                    Ok(resp
+                        .kvs()
+                        .iter()
+                        .map(|kv| (kv.key().to_vec(), kv.mod_revision()))
+                        .collect::<Vec<_>>())
+                }
+            },
+        )?;
+        let prefix = self.shared.prefix.as_bytes();
+        found
+            .into_iter()
+            .map(|(key, revision)| {
+                let relative = key.strip_prefix(prefix).unwrap_or(&key);
+                String::from_utf8(relative.to_vec())
+                    .map(|key| (key, revision))
+                    .map_err(|_| {
+                        self.shared.corrupt(
+                            format!("reading the revisions of the keys under {start}"),
                             format!("key {} is not UTF-8", String::from_utf8_lossy(&key)),
                         )
                     })
