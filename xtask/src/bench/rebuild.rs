@@ -106,9 +106,24 @@ fn cache_count(said: &str, label: &str) -> Result<f64> {
 }
 
 pub fn bench_rebuild(slate: Option<&Path>) -> Result<Vec<Comparison>> {
-    let prepared = crate::vm_test::prepare()?;
-    let slate = slate.map_or(prepared.slate.clone(), Path::to_path_buf);
+    // What the demo profile names, as vm-prep makes it (not the Debian root it also makes).
+    crate::kernel::kernel(false)?;
+    let static_slate = crate::slate_static::slate_static()?;
+    let keys = crate::vm_test::demo_keys();
+    if !keys.join("slate.pub").exists() {
+        let _ = fs::remove_dir_all(&keys);
+        run(Command::new(&static_slate)
+            .args(["keygen", "--out"])
+            .arg(&keys))?;
+    }
     let repo = repo_root();
+    crate::base_rootfs::base_rootfs(
+        &repo.join("target/demo/rootfs"),
+        "0",
+        Some(&static_slate),
+        true,
+    )?;
+    let slate = slate.map_or(static_slate, Path::to_path_buf);
     let work = repo.join("target/bench/rebuild");
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work).with_context(|| format!("creating {}", work.display()))?;
