@@ -99,6 +99,13 @@ enum Task {
     Demo,
     /// Benchmark: slate's squashfs builder vs mksquashfs (all cores; one core as a reference).
     BenchRootfs,
+    /// Benchmark (issue 43): the demo bundle rebuilt with the build cache after one file of
+    /// the root changed vs a clean build (byte-identical, checked every run), with mksquashfs.
+    BenchRebuild {
+        /// The slate binary that builds the bundles (the static one vm-prep builds by default).
+        #[arg(long)]
+        slate: Option<PathBuf>,
+    },
     /// Benchmark: kernel start to machined Running vs a busybox /init mounting the same root.
     BenchBoot,
     /// Benchmark: reboot to machined Running by kexec vs through the firmware (one VM).
@@ -189,8 +196,8 @@ enum Task {
     /// Every benchmark (or those named), each side measured 3 times; writes
     /// target/bench/summary-<commit>.json and target/bench/latest.json.
     Bench {
-        /// rootfs, apply, pull, boot, reboot, services, fleetlock, operator, snapshot (all when
-        /// none is named).
+        /// rootfs, rebuild, apply, pull, boot, reboot, services, fleetlock, operator, snapshot
+        /// (all when none is named).
         only: Vec<String>,
         /// Simulated nodes for the operator benchmark.
         #[arg(long, default_value_t = bench::summary::OPERATOR_NODES)]
@@ -232,6 +239,7 @@ fn main() -> Result<()> {
         Task::VmTest { only } => vm_test::vm_test(&only),
         Task::Demo => vm_test::demo(),
         Task::BenchRootfs => bench::rootfs::bench_rootfs().map(drop),
+        Task::BenchRebuild { slate } => bench::rebuild::bench_rebuild(slate.as_deref()).map(drop),
         Task::BenchBoot => bench::boot::bench_boot().map(drop),
         Task::BenchPull => bench::pull::bench_pull().map(drop),
         Task::BenchReboot => bench::reboot::bench_reboot().map(drop),

@@ -10,7 +10,7 @@ use flate2::write::GzEncoder;
 use flate2::Compression;
 use slate_cpio::{concat_initrds, CpioWriter};
 use slate_profile::image_contract;
-use slate_rootfs::{build_squashfs_with_progress, SquashfsOptions};
+use slate_rootfs::{build_squashfs_cached, build_squashfs_with_progress, SquashfsOptions};
 use slate_uki::{UkiBuilder, UKI_SBAT_LINE};
 
 use crate::extension::{extension_nodes, read_extension};
@@ -78,9 +78,11 @@ pub fn build_rootfs(
         ..SquashfsOptions::default()
     };
     let mut out = Cursor::new(Vec::new());
-    build_squashfs_with_progress(tree.path(), &mut out, &opts, &mut |done, total| {
-        progress(Progress::Files { done, total })
-    })?;
+    let mut files = |done, total| progress(Progress::Files { done, total });
+    match &inputs.cache {
+        Some(cache) => build_squashfs_cached(tree.path(), &mut out, &opts, cache, &mut files)?,
+        None => build_squashfs_with_progress(tree.path(), &mut out, &opts, &mut files)?,
+    };
     Ok(out.into_inner())
 }
 
@@ -218,7 +220,15 @@ pub fn build_boot_initramfs(
     rootfs: Option<&[u8]>,
 ) -> Result<Vec<u8>, ImagerError> {
     let parts = initramfs_parts(inputs, rootfs, true)?;
-    let main = compress_initramfs(&parts.main)?;
+    let main = match &inputs.cache {
+        Some(cache) => {
+            let key = crate::cache::initramfs_key(INITRAMFS_ZSTD_LEVEL, &parts.main);
+            cache.get_or_make(crate::Stage::Initramfs, &key, || {
+                compress_initramfs(&parts.main)
+            })?
+        }
+        None => compress_initramfs(&parts.main)?,
+    };
     Ok(join_parts(main, parts.root, parts.extensions))
 }
 

@@ -129,6 +129,9 @@ pub struct Inputs {
     pub secure_boot: Option<crate::SecureBootInputs>,
     /// Every timestamp in every artifact.
     pub source_date_epoch: u64,
+    /// Where the outputs of costly stages are kept between builds (`--cache`); the artifact is
+    /// the same bytes with or without it.
+    pub cache: Option<crate::StageCache>,
 }
 
 fn must_exist(what: &'static str, path: &Path) -> Result<(), ImagerError> {
@@ -233,6 +236,7 @@ impl Inputs {
             trusted_keys: Vec::new(),
             secure_boot: None,
             source_date_epoch,
+            cache: None,
             profile,
         };
         inputs.check(base)

@@ -9,6 +9,7 @@
 mod artifacts;
 mod btrfs_image;
 mod build;
+mod cache;
 mod extension;
 mod inputs;
 mod output;
@@ -24,6 +25,7 @@ pub use btrfs_image::{
     first_snapshot, fstab_text, pool_uuid, BtrfsImageError, POOL_FS_LABEL, POOL_MIN_MIB,
 };
 pub use build::{build, plan};
+pub use cache::{CacheStats, Stage, StageCache};
 pub use extension::{
     extension_paths, make_extension, plan_extension, resolve_extensions, ExtensionInput,
     ExtensionOutput, ExtensionRequest,

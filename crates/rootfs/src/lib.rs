@@ -15,8 +15,10 @@
 //!   [`HardLinks::Error`] refuses them instead.
 //!
 //! Data blocks are compressed on [`SquashfsOptions::threads`] threads; the image is the same,
-//! byte for byte, whatever their number (see `parallel.rs` for why).
+//! byte for byte, whatever their number (see `parallel.rs` for why), and whether or not a
+//! [`BlockCache`] gave some of them (see `cache.rs`).
 
+mod cache;
 mod parallel;
 mod tree_file;
 
@@ -36,6 +38,7 @@ use backhand::{
     MAX_BLOCK_SIZE, MIN_BLOCK_SIZE,
 };
 
+pub use cache::{block_key, BlockCache};
 use tree_file::{Shared, TreeFile};
 
 /// Block compression of the image.
@@ -185,7 +188,20 @@ pub fn build_squashfs_with_progress<W: Write + Seek>(
     opts: &SquashfsOptions,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<Stats, RootfsError> {
-    build(src_dir, out, opts, progress).map(|(stats, _)| stats)
+    build(src_dir, out, opts, None, progress).map(|(stats, _)| stats)
+}
+
+/// [`build_squashfs_with_progress`], with data blocks and fragments taken from `cache` when
+/// it holds their frame, and the others kept there once compressed. The image is the same
+/// bytes as without a cache.
+pub fn build_squashfs_cached<W: Write + Seek>(
+    src_dir: &Path,
+    out: W,
+    opts: &SquashfsOptions,
+    cache: &dyn BlockCache,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Stats, RootfsError> {
+    build(src_dir, out, opts, Some(cache), progress).map(|(stats, _)| stats)
 }
 
 /// The build, with how the parallel compression's prediction fared (for the tests).
@@ -193,6 +209,7 @@ fn build<W: Write + Seek>(
     src_dir: &Path,
     mut out: W,
     opts: &SquashfsOptions,
+    cache: Option<&dyn BlockCache>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(Stats, parallel::Report), RootfsError> {
     let compressor = compressor(opts)?;
@@ -239,6 +256,7 @@ fn build<W: Write + Seek>(
         block_size: opts.block_size as usize,
         // Checked to be 1..=22 by `compressor`.
         zstd_level: level as i32,
+        cache,
         threads: opts.threads.map_or_else(
             || thread::available_parallelism().map_or(1, NonZeroUsize::get),
             NonZeroUsize::get,

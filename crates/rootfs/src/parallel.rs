@@ -52,6 +52,8 @@ pub(crate) struct Plan<'a> {
     pub files: &'a [PathBuf],
     pub block_size: usize,
     pub zstd_level: i32,
+    /// Frames kept from earlier builds, and where new ones go.
+    pub cache: Option<&'a dyn crate::BlockCache>,
     /// Compression workers (the reader is one more thread).
     pub threads: usize,
 }
@@ -132,11 +134,11 @@ pub(crate) fn with_workers<R>(
     thread::scope(|scope| {
         for _ in 0..threads {
             let queue = &work_rx;
-            let level = plan.zstd_level;
+            let (level, cache) = (plan.zstd_level, plan.cache);
             // On failure, returning drops `work_tx`, so the workers already started end.
             thread::Builder::new()
                 .name("rootfs-zstd".into())
-                .spawn_scoped(scope, move || compress_blocks(queue, level))?;
+                .spawn_scoped(scope, move || compress_blocks(queue, level, cache))?;
         }
         let (files, block_size) = (plan.files, plan.block_size);
         let reader = ReadAhead::new(block_size, event_tx, work_tx);
@@ -446,7 +448,7 @@ mod tests {
                 ..SquashfsOptions::default()
             };
             let mut out = io::Cursor::new(Vec::new());
-            let (_, report) = crate::build(root, &mut out, &opts, &mut |_, _| {}).unwrap();
+            let (_, report) = crate::build(root, &mut out, &opts, None, &mut |_, _| {}).unwrap();
             assert!(report.jobs > 10, "{report:?}");
             assert_eq!(report.hits, report.jobs, "{report:?}");
             assert_eq!(report.stale, 0, "{report:?}");

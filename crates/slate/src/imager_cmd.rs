@@ -62,6 +62,11 @@ pub struct BuildArgs {
     /// Append a kernel argument to the profile's (repeatable).
     #[arg(long = "kernel-arg", value_name = "ARG")]
     kernel_args: Vec<String>,
+    /// Keep the outputs of costly stages (the root's compressed blocks, the compressed
+    /// initramfs) in this directory and take them from it when their inputs recur: a rebuild
+    /// after a small change is faster and writes the same bytes as a build without it.
+    #[arg(long, value_name = "DIR")]
+    cache: Option<PathBuf>,
     /// Check the inputs and print the plan without building.
     #[arg(long)]
     dry_run: bool,
@@ -139,7 +144,7 @@ fn bytes_in(path: &std::path::Path) -> u64 {
 
 fn build(args: BuildArgs) -> Result<()> {
     let kind = OutputKind::parse(&args.kind)?;
-    let inputs = Inputs::resolve(
+    let mut inputs = Inputs::resolve(
         &args.profile,
         args.version.as_deref(),
         &args.kernel_args,
@@ -158,7 +163,15 @@ fn build(args: BuildArgs) -> Result<()> {
         for step in slate_imager::plan(&inputs) {
             println!("  - {step}");
         }
+        if let Some(dir) = &args.cache {
+            println!("  - stage cache in {}", dir.display());
+        }
         return Ok(());
+    }
+    if let Some(dir) = &args.cache {
+        let cache = slate_imager::StageCache::open(dir)
+            .with_context(|| format!("opening the build cache {}", dir.display()))?;
+        inputs.cache = Some(cache);
     }
     let bar = ProgressBar::new_spinner();
     bar.enable_steady_tick(Duration::from_millis(120));
@@ -186,6 +199,19 @@ fn build(args: BuildArgs) -> Result<()> {
         kind.name(),
         out.display()
     );
+    if let Some(cache) = &inputs.cache {
+        let s = cache.stats();
+        println!(
+            "build cache: {} reused, {} stored, {} damaged entries rebuilt{}",
+            s.hits,
+            s.stored,
+            s.corrupt,
+            match s.write_errors {
+                0 => String::new(),
+                n => format!(", {n} could not be written"),
+            }
+        );
+    }
     Ok(())
 }
 

@@ -344,3 +344,113 @@ fn bad_profiles_fail_clearly_and_leave_nothing_behind() {
         .collect();
     assert_eq!(left, ["file"], "no artifact or temporary left behind");
 }
+
+/// `--cache` (issue 43): a rebuild after one file of the root changed takes blocks and the
+/// initramfs from the cache and writes the bundle a clean build of the changed tree writes; a
+/// damaged entry is found by its digest and made again, never used.
+#[test]
+fn a_cached_rebuild_writes_what_a_clean_build_writes() {
+    let fx = Fixture::new();
+    // Enough root for several data blocks and fragments: text that compresses, in files larger
+    // and smaller than a 128 KiB block.
+    let root = fx.path("rootfs");
+    fs::create_dir_all(root.join("usr/share/doc")).unwrap();
+    for i in 0..8 {
+        let text: String = (0..(40_000 * i + 900))
+            .map(|n| format!("line {} of file {i}\n", n % 977))
+            .collect();
+        fs::write(root.join(format!("usr/share/doc/file{i}.txt")), text).unwrap();
+    }
+    let cache = fx.path("cache");
+    let build = |name: &str, cached: bool| -> (Vec<u8>, String) {
+        let out = fx.path("out").join(name);
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_slate"));
+        cmd.args(["imager", "build", "--profile"])
+            .arg(fx.path("profile.toml"))
+            .args(["--output", "installer", "--out"])
+            .arg(&out)
+            .env("SOURCE_DATE_EPOCH", "1700000000");
+        if cached {
+            cmd.arg("--cache").arg(&cache);
+        }
+        let result = cmd.output().unwrap();
+        let said = String::from_utf8_lossy(&result.stdout).into_owned();
+        assert!(
+            result.status.success(),
+            "{name}: {said}{}",
+            String::from_utf8_lossy(&result.stderr)
+        );
+        (hash_tree(&out), said)
+    };
+    // A count of the CLI's "build cache: N reused, M stored, K damaged entries rebuilt" line.
+    let count = |said: &str, label: &str| -> u64 {
+        let line = said
+            .lines()
+            .find(|l| l.starts_with("build cache:"))
+            .unwrap();
+        let part = line["build cache: ".len()..]
+            .split(", ")
+            .find(|p| p.ends_with(label))
+            .unwrap_or_else(|| panic!("no {label:?} in {line:?}"));
+        part.split(' ').next().unwrap().parse().unwrap()
+    };
+    let reused = |said: &str| count(said, "reused");
+
+    let (clean, _) = build("clean-1", false);
+    let (first, said) = build("cached-1", true);
+    assert_eq!(
+        first, clean,
+        "a build with an empty cache writes the same bytes"
+    );
+    assert_eq!(reused(&said), 0, "{said}");
+
+    fs::write(root.join("usr/share/doc/file5.txt"), "changed\n").unwrap();
+    let (rebuilt, said) = build("cached-2", true);
+    let (clean_changed, _) = build("clean-2", false);
+    assert_ne!(clean_changed, clean, "the change reaches the bundle");
+    assert_eq!(
+        rebuilt, clean_changed,
+        "the cached rebuild is the clean build"
+    );
+    let reused_before = reused(&said);
+    assert!(
+        reused_before >= 5,
+        "unchanged blocks and the initramfs reused: {said}"
+    );
+
+    // Every entry damaged (one bit of each payload, and one cut short): each is found, removed
+    // and made again, and the bundle is still the clean one.
+    let mut damaged = 0;
+    for stage in ["squashfs-block", "initramfs-zstd"] {
+        for entry in walk(&cache.join("v1").join(stage)) {
+            let mut bytes = fs::read(&entry).unwrap();
+            if damaged == 0 {
+                bytes.truncate(10);
+            } else {
+                *bytes.last_mut().unwrap() ^= 0x40;
+            }
+            fs::write(&entry, bytes).unwrap();
+            damaged += 1;
+        }
+    }
+    assert!(damaged >= 5, "{damaged} entries");
+    let (again, said) = build("cached-3", true);
+    assert_eq!(
+        again, clean_changed,
+        "damaged entries never reach the bundle"
+    );
+    assert_eq!(reused(&said), 0, "{said}");
+    // Every entry the rebuild looked up is damaged: each counted, and made and kept again.
+    let found = count(&said, "damaged entries rebuilt");
+    assert!(
+        found >= reused_before && found <= damaged,
+        "{found} of {damaged}: {said}"
+    );
+    assert_eq!(count(&said, "stored"), found, "{said}");
+    let (healed, said) = build("cached-4", true);
+    assert_eq!(healed, clean_changed);
+    assert!(
+        reused(&said) >= 5,
+        "the rebuilt entries are used again: {said}"
+    );
+}

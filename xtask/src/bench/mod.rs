@@ -21,6 +21,7 @@ pub(crate) mod operator_replica;
 pub(crate) mod operator_scrape;
 pub(crate) mod pull;
 pub(crate) mod reboot;
+pub(crate) mod rebuild;
 pub(crate) mod rootfs;
 pub(crate) mod services;
 pub(crate) mod snapshot;

@@ -25,7 +25,7 @@ fn slate_rootfs(tree: &Path, out: &Path) -> Result<()> {
     Ok(())
 }
 
-fn mksquashfs(tree: &Path, out: &Path, processors: Option<u32>) -> Result<()> {
+pub(crate) fn mksquashfs(tree: &Path, out: &Path, processors: Option<u32>) -> Result<()> {
     let mut cmd = Command::new("mksquashfs");
     cmd.arg(tree)
         .arg(out)

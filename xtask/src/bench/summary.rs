@@ -19,8 +19,9 @@ use crate::util::{output, repo_root, write_atomic};
 pub const OPERATOR_NODES: usize = 2_000;
 
 /// Every benchmark, by the name `xtask bench` takes, in the order it runs them.
-const ALL: [&str; 9] = [
+const ALL: [&str; 10] = [
     "rootfs",
+    "rebuild",
     "apply",
     "pull",
     "boot",
@@ -34,6 +35,7 @@ const ALL: [&str; 9] = [
 fn run_one(name: &str, operator_nodes: usize) -> Result<Vec<Comparison>> {
     match name {
         "rootfs" => crate::bench::rootfs::bench_rootfs(),
+        "rebuild" => crate::bench::rebuild::bench_rebuild(None),
         "apply" => crate::bench::apply::bench_apply(),
         "pull" => crate::bench::pull::bench_pull(),
         "boot" => crate::bench::boot::bench_boot(),

@@ -11,8 +11,13 @@ use super::{Bytes, Event, Job, Work};
 /// Small files sent in one event, at most (empty files carry no bytes to count).
 const BATCH_FILES: usize = 256;
 
-/// A worker: compresses blocks until the reader is done and the queue empty.
-pub(super) fn compress_blocks(queue: &Mutex<Receiver<Work>>, level: i32) {
+/// A worker: compresses blocks until the reader is done and the queue empty; with a cache, a
+/// block whose frame it holds is not compressed again.
+pub(super) fn compress_blocks(
+    queue: &Mutex<Receiver<Work>>,
+    level: i32,
+    cache: Option<&dyn crate::BlockCache>,
+) {
     // One context per worker, reused: backhand makes a fresh one per block, which gives the
     // same frame and only costs more to set up.
     let mut zstd = zstd::bulk::Compressor::new(level);
@@ -22,9 +27,19 @@ pub(super) fn compress_blocks(queue: &Mutex<Receiver<Work>>, level: i32) {
             Err(_) => return,
         };
         let Ok(work) = next else { return };
-        let output = match &mut zstd {
-            Ok(zstd) => zstd.compress(&work.input),
-            Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+        let key = cache.map(|_| crate::block_key(level, &work.input));
+        let output = match cache.zip(key.as_ref()).and_then(|(c, key)| c.get(key)) {
+            Some(frame) => Ok(frame),
+            None => {
+                let made = match &mut zstd {
+                    Ok(zstd) => zstd.compress(&work.input),
+                    Err(e) => Err(io::Error::new(e.kind(), e.to_string())),
+                };
+                if let (Some(cache), Some(key), Ok(frame)) = (cache, &key, &made) {
+                    cache.put(key, frame);
+                }
+                made
+            }
         };
         // Nobody waits for it if the writer stopped on an error.
         let _ = work.reply.send(output);
