@@ -19,7 +19,7 @@ use crate::util::{output, repo_root, write_atomic};
 pub const OPERATOR_NODES: usize = 2_000;
 
 /// Every benchmark, by the name `xtask bench` takes, in the order it runs them.
-const ALL: [&str; 9] = [
+const ALL: [&str; 10] = [
     "rootfs",
     "apply",
     "pull",
@@ -29,6 +29,7 @@ const ALL: [&str; 9] = [
     "fleetlock",
     "operator",
     "snapshot",
+    "node-scrape",
 ];
 
 fn run_one(name: &str, operator_nodes: usize) -> Result<Vec<Comparison>> {
@@ -39,6 +40,7 @@ fn run_one(name: &str, operator_nodes: usize) -> Result<Vec<Comparison>> {
         "boot" => crate::bench::boot::bench_boot(),
         "reboot" => crate::bench::reboot::bench_reboot(),
         "services" => crate::bench::services::bench_services(),
+        "node-scrape" => crate::bench::node_scrape::bench_node_scrape(),
         // The 1,000-id series: the 10,000-id ones add minutes and say the same.
         "fleetlock" => crate::bench::fleetlock::bench_fleetlock(true),
         "operator" => crate::bench::operator::bench_operator(operator_nodes, false),
