@@ -70,7 +70,10 @@ impl NodeScrape {
             .wait_for(promql, WITHIN, |s| s.len() == 1 && s[0].1 == value)
             .map_err(|e| anyhow!("{e}\nprometheus log: {}", self.log_tail()))
             .with_context(|| format!("Prometheus asked `{promql}` for {value}"))?;
-        Ok(format!("`{promql}` = {}", samples[0].1))
+        let answer = format!("`{promql}` = {}", samples[0].1);
+        // As it comes: the story is long, and a later failure should not hide what passed.
+        println!("upgrade_commit_and_revert: Prometheus: {answer}");
+        Ok(answer)
     }
 
     /// One sample's value of `promql` now (e.g. a counter before an event).

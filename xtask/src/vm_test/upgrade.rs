@@ -383,10 +383,6 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
     ensure!(bad.contains("is marked bad"), "a bad entry: {bad}");
     ensure!(boot.is_running(), "a refused reboot left the node running");
     boot.kill();
-    println!("upgrade_commit_and_revert: Prometheus answered:");
-    for line in &metrics {
-        println!("  {line}");
-    }
     Ok(format!(
         "{}; Prometheus scraping the node: {}; unsigned bundle refused by the node; v1 -> v2 by `slate upgrade --image \
          127.0.0.1:PORT/slate/installer:2.0.0` (real registry; signed; the bundle's own \
