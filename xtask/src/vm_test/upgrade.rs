@@ -335,9 +335,12 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
             "slate_node_boots_total{outcome=\"committed\"}",
             boots_before + 5.0,
         ),
-        // Seven boots, and not one counter went down in Prometheus' eyes.
+        // Seven boots, and not one counter went down in Prometheus' eyes (one `resets` per
+        // family: it drops the name, and the families share outcome labels).
         (
-            "sum(resets({__name__=~\"slate_node_(upgrades|rollbacks|boots)_total\"}[1h]))",
+            "sum(resets(slate_node_upgrades_total[1h])) + \
+             sum(resets(slate_node_rollbacks_total[1h])) + \
+             sum(resets(slate_node_boots_total[1h]))",
             0.0,
         ),
     ] {
