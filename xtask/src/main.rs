@@ -125,6 +125,10 @@ enum Task {
         #[arg(long)]
         quick: bool,
     },
+    /// Benchmark (issue 42): the CPU a Prometheus scrape of a node costs machined, in a VM:
+    /// 30 scrapes of `/metrics` vs an idle node over the same window, per scrape and as % CPU
+    /// at a 15 s interval.
+    BenchNodeScrape,
     /// Benchmark: the rollout operator over simulated nodes (3-member etcd): the rollout's
     /// wall time vs the policy's theoretical minimum, the leader's decision latency per tick,
     /// etcd writes per node upgrade. Each of the runs starts its own cluster and fleet. First,
@@ -245,6 +249,7 @@ fn main() -> Result<()> {
         Task::BenchReboot => bench::reboot::bench_reboot().map(drop),
         Task::BenchServices => bench::services::bench_services().map(drop),
         Task::BenchApply => bench::apply::bench_apply().map(drop),
+        Task::BenchNodeScrape => bench::node_scrape::bench_node_scrape().map(drop),
         Task::BenchFleetlock { quick } => bench::fleetlock::bench_fleetlock(quick).map(drop),
         Task::BenchOperator {
             nodes,

@@ -196,14 +196,20 @@ pub trait NodeBackend: Send + Sync {
 }
 
 /// A node's counters and measurements that its status does not carry, for `GET /metrics`.
-/// Counters count since machined started (they reset with each boot).
+/// The outcome counters (upgrades, rollbacks, boots) outlive a boot (machined keeps them on
+/// STATE); the others count since machined started.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct NodeMetrics {
-    /// Upgrades that ended, by outcome (machined: `installed`, `failed`, `staged`,
-    /// `stage_failed`).
-    pub upgrades: Vec<(&'static str, u64)>,
-    /// Rollbacks asked through the API, by outcome (`done`, `failed`).
-    pub rollbacks: Vec<(&'static str, u64)>,
+    /// Upgrades by outcome (machined: `installed`, `failed`, `staged`, `stage_failed`,
+    /// `committed`, `reverted`).
+    pub upgrades: Vec<(String, u64)>,
+    /// Returns to an older version by outcome (`done`, `failed` through the API; `reverted`,
+    /// `fallback` at boot).
+    pub rollbacks: Vec<(String, u64)>,
+    /// Boots by how they ended (`committed`, `failed`).
+    pub boots: Vec<(String, u64)>,
+    /// CPU time machined has used (user and system), in seconds.
+    pub cpu_seconds: Option<f64>,
     /// The last upgrade's phases and how long each took, in seconds (this boot's).
     pub last_upgrade_phases: Vec<(String, f64)>,
     /// Bytes of bundles downloaded (pulled) and reused from the cache.

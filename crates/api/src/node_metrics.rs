@@ -76,22 +76,41 @@ pub fn node_metrics(status: &Status, counted: &NodeMetrics) -> String {
     }
     let upgrades = s.counter_vec(
         "slate_node_upgrades_total",
-        "Upgrade sequences since machined started, by outcome: installed (the new version \
-         is set to boot on trial), failed, staged (for the next boot), stage_failed.",
+        "Upgrades by outcome, kept across boots: installed (the new version set to boot on \
+         trial), failed, staged (for the next boot), stage_failed, committed (a version on \
+         trial committed at its boot), reverted (it did not stay: the older version is back).",
         &["outcome"],
     );
     for (outcome, n) in &counted.upgrades {
-        upgrades.with_label_values(&[outcome]).inc_by(*n);
+        upgrades.with_label_values(&[&label(outcome)]).inc_by(*n);
     }
     let rollbacks = s.counter_vec(
         "slate_node_rollbacks_total",
-        "Rollbacks asked through the API since machined started, by outcome: done (the \
-         older version set to boot), failed. A revert at boot shows as \
-         slate_node_last_rollback_timestamp_seconds.",
+        "Returns to an older version by outcome, kept across boots: done and failed (asked \
+         through the API), reverted (a failing boot of a version on trial went back), \
+         fallback (boot counting brought the older version back).",
         &["outcome"],
     );
     for (outcome, n) in &counted.rollbacks {
-        rollbacks.with_label_values(&[outcome]).inc_by(*n);
+        rollbacks.with_label_values(&[&label(outcome)]).inc_by(*n);
+    }
+    if !counted.boots.is_empty() {
+        let boots = s.counter_vec(
+            "slate_node_boots_total",
+            "Boots by how they ended, kept across boots: committed (settled at stage \
+             Running), failed (the fatal path).",
+            &["outcome"],
+        );
+        for (outcome, n) in &counted.boots {
+            boots.with_label_values(&[&label(outcome)]).inc_by(*n);
+        }
+    }
+    if let Some(cpu) = counted.cpu_seconds {
+        s.float_counter(
+            "process_cpu_seconds_total",
+            "CPU time machined has used, user and system, in seconds.",
+            cpu,
+        );
     }
     if !counted.last_upgrade_phases.is_empty() {
         let phases = s.gauge_vec(

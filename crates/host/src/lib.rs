@@ -73,8 +73,8 @@ pub use mount::{
 };
 pub use net::{add_default_route, hardware_address, ipv4_addresses, set_ipv4_address, set_link_up};
 pub use process::{
-    reap_zombies, resident_kib, run_command, run_command_logged, spawn_line_reader, spawn_reaper,
-    CommandEnd, GuardedChild,
+    process_cpu_time, reap_zombies, resident_kib, run_command, run_command_logged,
+    spawn_line_reader, spawn_reaper, CommandEnd, GuardedChild,
 };
 pub use random_seed::{consume_random_seed, save_random_seed, SeedOutcome, RANDOM_SEED_LEN};
 pub use reaper::ProcessExit;

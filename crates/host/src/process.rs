@@ -258,6 +258,18 @@ pub fn resident_kib() -> Result<u64> {
     })
 }
 
+/// The CPU time this process has used so far, every thread, user and system
+/// (`CLOCK_PROCESS_CPUTIME_ID`: nanoseconds, where /proc's utime and stime count 10 ms ticks).
+pub fn process_cpu_time() -> Result<Duration> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_PROCESS_CPUTIME_ID).map_err(
+        |source| HostError::Device {
+            what: "CLOCK_PROCESS_CPUTIME_ID".into(),
+            reason: source.to_string(),
+        },
+    )?;
+    Ok(Duration::from(t))
+}
+
 /// `VmRSS:   1234 kB` of a /proc/PID/status text.
 fn resident_kib_of(status: &str) -> Option<u64> {
     status

@@ -324,14 +324,18 @@ impl NodeBackend for Backend {
         let result = self.rollback_now(req);
         if !dry_run {
             let outcome = if result.is_ok() { "done" } else { "failed" };
-            self.0.journal.counters.rollback(outcome);
+            let journal = &self.0.journal;
+            journal.not_kept(journal.counters.rollback(outcome));
         }
         result
     }
 
     fn metrics(&self) -> slate_api::NodeMetrics {
         let journal = &self.0.journal;
-        journal.counters.snapshot(journal.dropped())
+        let cpu = slate_host::process_cpu_time().ok();
+        journal
+            .counters
+            .snapshot(journal.dropped(), cpu.map(|t| t.as_secs_f64()))
     }
 
     fn pin(&self, req: PinRequest) -> Result<PinResult, BackendError> {

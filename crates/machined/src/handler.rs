@@ -192,6 +192,8 @@ pub fn fatal(node: &Node, error: &(dyn std::error::Error + 'static)) -> ! {
     if let Err(err) = crate::settle::transaction::settle(node, Phase::Fatal) {
         node.journal.error(format_args!("revert failed: {err}"));
     }
+    node.journal
+        .count(&[(slate_metrics::node_counters::BOOTS, "failed")]);
     // Stopped as a drain stops them (signal, grace), not by the teardown's kill of everything.
     if let Some(services) = node.services.get() {
         services.stop_all("the boot failed");

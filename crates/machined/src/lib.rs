@@ -28,6 +28,7 @@ use std::time::Duration;
 use anyhow::{bail, Result};
 use slate_api::{EventKind, ServerConfig, Stage};
 use slate_host::KmsgLogger;
+use slate_metrics::node_counters as kept;
 use slate_sequencer::{
     run_boot, BootOutcome, Disposition, RebootMode, Sequence, SequenceError, TaskError,
 };
@@ -166,6 +167,7 @@ fn boot_and_serve(
             if let Err(err) = transaction::settle(node, Phase::Running { health }) {
                 return not_committed(err);
             }
+            node.journal.count(&[(kept::BOOTS, "committed")]);
             node.set_committed();
             _feeder = watchdog.map(|dog| watchdog::feed(node, dog));
             settle::boot_options::ensure(node);
@@ -285,7 +287,10 @@ fn run_published(
         sequence: name.clone(),
     });
     let result = sequence.run(guard.token(), node.journal.as_ref());
-    node.journal.counters.finished(&name, result.is_ok());
+    // An upgrade that did its work ends by asking for the reboot into the new version.
+    let ok = matches!(result, Ok(()) | Err(SequenceError::Reboot { .. }));
+    node.journal
+        .not_kept(node.journal.counters.finished(&name, ok));
     node.publish(EventKind::SequenceFinished {
         sequence: name,
         error: result.as_ref().err().map(|e| e.to_string()),

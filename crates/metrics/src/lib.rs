@@ -12,6 +12,8 @@
 //! `_bytes`), `_total` on counters, `_info` on gauges whose labels are the value. No label
 //! takes values from an unbounded set (no node ids on the node's own metrics).
 
+pub mod node_counters;
+
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 pub use prometheus::{
@@ -157,6 +159,15 @@ impl Scrape {
             IntCounter::with_opts(Opts::new(name, help)).expect("a valid metric name"),
         );
         counter.inc_by(value);
+    }
+
+    /// A counter without labels whose value is not a whole number (CPU seconds).
+    pub fn float_counter(&self, name: &str, help: &str, value: f64) {
+        let counter = register(
+            &self.registry,
+            prometheus::Counter::with_opts(Opts::new(name, help)).expect("a valid metric name"),
+        );
+        counter.inc_by(value.max(0.0));
     }
 
     /// Counters by `labels` that the daemon keeps elsewhere, to be set by the caller.

@@ -16,6 +16,7 @@ mod apply_bare;
 pub(crate) mod boot;
 pub(crate) mod delta;
 pub(crate) mod fleetlock;
+pub(crate) mod node_scrape;
 pub(crate) mod operator;
 pub(crate) mod operator_replica;
 pub(crate) mod operator_scrape;

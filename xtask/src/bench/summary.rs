@@ -30,6 +30,7 @@ const ALL: [&str; 10] = [
     "fleetlock",
     "operator",
     "snapshot",
+    "node-scrape",
 ];
 
 fn run_one(name: &str, operator_nodes: usize) -> Result<Vec<Comparison>> {
@@ -41,6 +42,7 @@ fn run_one(name: &str, operator_nodes: usize) -> Result<Vec<Comparison>> {
         "boot" => crate::bench::boot::bench_boot(),
         "reboot" => crate::bench::reboot::bench_reboot(),
         "services" => crate::bench::services::bench_services(),
+        "node-scrape" => crate::bench::node_scrape::bench_node_scrape(),
         // The 1,000-id series: the 10,000-id ones add minutes and say the same.
         "fleetlock" => crate::bench::fleetlock::bench_fleetlock(true),
         "operator" => crate::bench::operator::bench_operator(operator_nodes, false, 3, true),

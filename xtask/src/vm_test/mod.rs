@@ -12,6 +12,7 @@ mod identity;
 mod kernel_start;
 mod kexec;
 mod lifecycle;
+mod node_scrape;
 mod operator;
 mod powercut;
 mod rollback;

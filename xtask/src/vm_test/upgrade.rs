@@ -1,6 +1,7 @@
 //! The upgrade story: v1 installed from its bundle, v2 uploaded over the API and committed, a
 //! broken v3 reverted unattended, and one boot of another entry by `slate reboot --entry`.
 
+use super::node_scrape::NodeScrape;
 use super::*;
 
 /// The upgrade story's artifacts: v1, v2 and a broken v3 (a setup hook fails) as installer
@@ -166,6 +167,16 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
         Duration::from_secs(30),
         "v1 blessed",
     )?;
+    // Prometheus scrapes the node from here to the end: its counters are asked below, after
+    // each commit and revert, and must never go down across the reboots.
+    let scrape = NodeScrape::start(&node, work)?;
+    let families = scrape.promtool()?;
+    let mut metrics = vec![
+        format!("promtool check metrics: v1's /metrics passes ({families} families)"),
+        scrape.expect("slate_node_version_info{version=\"1.0.0\"}", 1.0)?,
+        scrape.expect("slate_node_upgrades_total{outcome=\"committed\"}", 0.0)?,
+    ];
+    let boots_before = scrape.value("slate_node_boots_total{outcome=\"committed\"}")?;
     // The workload: v1's web service answers, and the node answers for it.
     let web_v1 = workload::serves_version(vm.web_port, "1.0.0")?;
     let services = workload::services_answer(&node, vm.web_port)?;
@@ -227,6 +238,12 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
         "commit line: {committed}"
     );
     ensure!(node.status()?["version"] == "2.0.0");
+    // The upgrade counted twice: installed (just before its reboot) and committed (at v2's
+    // boot); both outlived the reboot. The version info moved with it.
+    metrics.push(scrape.expect("slate_node_upgrades_total{outcome=\"committed\"}", 1.0)?);
+    metrics.push(scrape.expect("slate_node_upgrades_total{outcome=\"installed\"}", 1.0)?);
+    metrics.push(scrape.expect("slate_node_version_info{version=\"2.0.0\"}", 1.0)?);
+    metrics.push(scrape.expect("count(slate_node_version_info)", 1.0)?);
     let web_v2 = workload::serves_version(vm.web_port, "2.0.0")?;
     // A new version: /etc reset to v2's, keeping machine-id; v2's hooks ran once, in order.
     let reset = said_line(&boot, "/etc reset from 1.0.0 to 2.0.0: kept machine-id")?;
@@ -305,6 +322,34 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
     let mut boot = running(&mut vm)?;
     let status = node.status()?;
     ensure!(status["version"] == "2.0.0", "after the revert: {status}");
+    // The revert was counted on v3's fatal path (kept on STATE), and v2 reports it.
+    for (query, value) in [
+        ("slate_node_rollbacks_total{outcome=\"reverted\"}", 1.0),
+        ("slate_node_upgrades_total{outcome=\"reverted\"}", 1.0),
+        ("slate_node_upgrades_total{outcome=\"installed\"}", 2.0),
+        ("slate_node_upgrades_total{outcome=\"committed\"}", 1.0),
+        ("slate_node_boots_total{outcome=\"failed\"}", 1.0),
+        ("slate_node_version_info{version=\"2.0.0\"}", 1.0),
+        // v2's commit, its reboot, v1 once and v2 again, v2 after the revert.
+        (
+            "slate_node_boots_total{outcome=\"committed\"}",
+            boots_before + 5.0,
+        ),
+        // Seven boots, and not one counter went down in Prometheus' eyes (one `resets` per
+        // family: it drops the name, and the families share outcome labels).
+        (
+            "sum(resets(slate_node_upgrades_total[1h])) + \
+             sum(resets(slate_node_rollbacks_total[1h])) + \
+             sum(resets(slate_node_boots_total[1h]))",
+            0.0,
+        ),
+    ] {
+        metrics.push(scrape.expect(query, value)?);
+    }
+    let families = scrape.promtool()?;
+    metrics.push(format!(
+        "promtool check metrics: v2's /metrics after the revert passes ({families} families)"
+    ));
     let web_reverted = workload::serves_version(vm.web_port, "2.0.0")?;
     // The VM's real choice is the one explained; the node explains the same online.
     ensure!(
@@ -342,7 +387,7 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
     ensure!(boot.is_running(), "a refused reboot left the node running");
     boot.kill();
     Ok(format!(
-        "{}; unsigned bundle refused by the node; v1 -> v2 by `slate upgrade --image \
+        "{}; Prometheus scraping the node: {}; unsigned bundle refused by the node; v1 -> v2 by `slate upgrade --image \
          127.0.0.1:PORT/slate/installer:2.0.0` (real registry; signed; the bundle's own \
          installer), committed \
          (blessed, marker dropped), still v2 after a reboot; `{reset}`, hooks 10-stamp then \
@@ -353,6 +398,7 @@ pub(super) fn upgrade_commit_and_revert(prepared: &Prepared, work: &Path) -> Res
          v2 {web_v2}; after the \
          revert {web_reverted}",
         identity.summary,
+        metrics.join(", "),
         mid["next_boot"],
         mid["upgrade_tag"],
         after["next_boot"],

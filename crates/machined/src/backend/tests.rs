@@ -174,8 +174,9 @@ fn metrics_are_served_to_a_reader_and_pass_promtool() {
     }
     let (backend, _requests) = backend("");
     let journal = &backend.0.journal;
-    journal.counters.finished("upgrade", true);
-    journal.counters.finished("upgrade", false);
+    journal.counters.finished("upgrade", true).unwrap();
+    journal.counters.finished("upgrade", false).unwrap();
+    journal.counters.rollback("done").unwrap();
     journal
         .counters
         .health(vec![("tcp 127.0.0.1:9".into(), true)]);
@@ -208,6 +209,10 @@ fn metrics_are_served_to_a_reader_and_pass_promtool() {
     for line in [
         "slate_node_upgrades_total{outcome=\"installed\"} 1",
         "slate_node_upgrades_total{outcome=\"failed\"} 1",
+        "slate_node_upgrades_total{outcome=\"committed\"} 0",
+        "slate_node_rollbacks_total{outcome=\"done\"} 1",
+        "slate_node_rollbacks_total{outcome=\"reverted\"} 0",
+        "slate_node_boots_total{outcome=\"failed\"} 0",
         "slate_node_health_check_passing{check=\"tcp 127.0.0.1:9\"} 1",
         "slate_node_watchdog_timeout_seconds 60",
         "slate_node_committed 0",
@@ -215,6 +220,13 @@ fn metrics_are_served_to_a_reader_and_pass_promtool() {
     ] {
         assert!(text.contains(&format!("{line}\n")), "{line} in\n{text}");
     }
+    // The test process' own CPU time: it has run this far, so more than nothing.
+    let cpu: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("process_cpu_seconds_total "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("process_cpu_seconds_total in\n{text}"));
+    assert!(cpu > 0.0, "{cpu}");
     slate_testkit::prometheus::promtool_check(&text).unwrap();
     let (status, text) = get("/metrics?name=x");
     assert_eq!(status, 400, "{text}");

@@ -48,6 +48,24 @@ impl Journal {
         self.lines.lock().unwrap_or_else(|p| p.into_inner()).bytes
     }
 
+    /// One more of each (family, outcome) of the outcome counters ([`Counters::count`]); a
+    /// count that could not be kept across boots is logged.
+    ///
+    /// [`Counters::count`]: crate::base::metrics::Counters::count
+    pub fn count(&self, counted: &[(&str, &str)]) {
+        self.not_kept(self.counters.count(counted));
+    }
+
+    /// Logs a count that could not be written to STATE (it stays in memory and goes with the
+    /// next one).
+    pub fn not_kept(&self, kept: Result<bool, String>) {
+        if let Err(err) = kept {
+            self.error(format_args!(
+                "a counter for /metrics is not kept across boots: {err}"
+            ));
+        }
+    }
+
     /// Lines dropped from the kept tail since machined started (the oldest, past the bound).
     pub fn dropped(&self) -> u64 {
         self.lines.lock().unwrap_or_else(|p| p.into_inner()).first

@@ -13,6 +13,15 @@ use crate::boot::facts::Facts;
 /// applies one.
 pub fn machine_config(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), TaskError> {
     let path = crate::boot::maintenance::config_path();
+    // STATE is mounted (the configuration is read from it): from here the outcome counters
+    // are kept there.
+    for note in node
+        .journal
+        .counters
+        .attach(&crate::base::paths::state_dir())
+    {
+        node.journal.error(note);
+    }
     let parsed =
         match crate::boot::machine::load(&crate::base::paths::state_dir()).map_err(failed)? {
             Some(parsed) => parsed,

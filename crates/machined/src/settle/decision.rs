@@ -10,6 +10,7 @@
 //! (`slate-2.0.0+2-1.efi`, `slate-1.0.0.efi`), GRUB slot labels (`A`, `B`).
 
 use slate_bootspec::{BootState, EntryName, IdStyle};
+use slate_metrics::node_counters as kept;
 
 /// When machined decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -123,6 +124,25 @@ pub enum Upgrade {
     AlreadyFailed { fallback: String },
     /// An empty marker, deleted with the commit.
     EmptyMarker,
+}
+
+/// What a revert adds to the node's kept outcome counters (`/metrics`): the version on trial
+/// did not stay, and a failing boot went back.
+pub const REVERT_COUNTED: &[(&str, &str)] =
+    &[(kept::UPGRADES, "reverted"), (kept::ROLLBACKS, "reverted")];
+
+impl Upgrade {
+    /// What this commit adds to the node's kept outcome counters: the version on trial
+    /// stayed, or the older one came back in its stead (boot counting's fallback).
+    pub fn counted(&self) -> &'static [(&'static str, &'static str)] {
+        match self {
+            Upgrade::Succeeded { .. } => &[(kept::UPGRADES, "committed")],
+            Upgrade::AlreadyFailed { .. } => {
+                &[(kept::UPGRADES, "reverted"), (kept::ROLLBACKS, "fallback")]
+            }
+            Upgrade::NonePending | Upgrade::EmptyMarker => &[],
+        }
+    }
 }
 
 /// Why nothing is written.

@@ -428,3 +428,29 @@ fn a_counted_systemd_boot_snapshot_entry_keeps_its_own_counter() {
         }
     );
 }
+
+/// What a commit and a revert add to the kept outcome counters (`/metrics`).
+#[test]
+fn a_commit_and_a_revert_say_what_they_count() {
+    let fallback = || "slate-1.0.0.efi".to_owned();
+    assert_eq!(
+        Upgrade::Succeeded {
+            fallback: fallback()
+        }
+        .counted(),
+        &[("upgrades", "committed")]
+    );
+    assert_eq!(
+        Upgrade::AlreadyFailed {
+            fallback: fallback()
+        }
+        .counted(),
+        &[("upgrades", "reverted"), ("rollbacks", "fallback")]
+    );
+    assert!(Upgrade::NonePending.counted().is_empty());
+    assert!(Upgrade::EmptyMarker.counted().is_empty());
+    assert_eq!(
+        REVERT_COUNTED,
+        &[("upgrades", "reverted"), ("rollbacks", "reverted")]
+    );
+}

@@ -9,7 +9,9 @@ use slate_snapshot_engine::{self as engine, Pool, VerifyPolicy};
 
 use crate::base::node::Node;
 use crate::base::snapshot_root::{open_pool, SnapshotRoot};
-use crate::settle::decision::{decide, BootFacts, Decision, Idle, LoaderFacts, Phase, Refusal};
+use crate::settle::decision::{
+    decide, BootFacts, Decision, Idle, LoaderFacts, Phase, Refusal, REVERT_COUNTED,
+};
 use crate::settle::SettleError;
 
 /// What a rollback after a failed boot checks of the snapshot it goes back to: a mismatch
@@ -78,10 +80,19 @@ pub fn settle(node: &Node, root: &SnapshotRoot, phase: Phase) -> Result<(), Sett
             ));
             Ok(())
         }
-        Decision::Commit { .. } => commit(node, root, &pool()?),
-        Decision::Revert { .. }
-        | Decision::KeepFallback { .. }
-        | Decision::DropEmptyMarker { .. } => rollback(node, root, &pool()?),
+        Decision::Commit { upgrade, .. } => {
+            commit(node, root, &pool()?)?;
+            node.journal.count(upgrade.counted());
+            Ok(())
+        }
+        Decision::Revert { .. } => {
+            rollback(node, root, &pool()?)?;
+            node.journal.count(REVERT_COUNTED);
+            Ok(())
+        }
+        Decision::KeepFallback { .. } | Decision::DropEmptyMarker { .. } => {
+            rollback(node, root, &pool()?)
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use slate_sequencer::error_chain;
 
 use crate::base::node::Node;
 use crate::settle::decision::{
-    decide, BootFacts, Decision, Idle, LoaderFacts, Phase, Refusal, Upgrade,
+    decide, BootFacts, Decision, Idle, LoaderFacts, Phase, Refusal, Upgrade, REVERT_COUNTED,
 };
 use crate::settle::SettleError;
 
@@ -275,6 +275,7 @@ pub fn settle(node: &Node, phase: Phase) -> Result<(), SettleError> {
         Decision::Refuse(refusal) => Err(SettleError::Failed(refusal.to_string())),
         Decision::Commit { entry, upgrade } => {
             commit(node, loader()?, &entry, &counted).map_err(SettleError::Failed)?;
+            node.journal.count(upgrade.counted());
             if let Upgrade::AlreadyFailed { .. } = upgrade {
                 if let Some(failed) = failed_version(&entries, &entry, &node.version) {
                     let reason = match failure_reason(node, &failed) {
@@ -298,6 +299,7 @@ pub fn settle(node: &Node, phase: Phase) -> Result<(), SettleError> {
         }
         Decision::Revert { failed, to } => {
             revert(node, loader()?, &failed).map_err(SettleError::Failed)?;
+            node.journal.count(REVERT_COUNTED);
             let to = version_of(&entries, &to).unwrap_or(to);
             let reason =
                 failure_reason(node, &node.version).unwrap_or_else(|| "its boot failed".to_owned());
