@@ -19,7 +19,7 @@ use crate::util::{output, repo_root, write_atomic};
 pub const OPERATOR_NODES: usize = 2_000;
 
 /// Every benchmark, by the name `xtask bench` takes, in the order it runs them.
-const ALL: [&str; 10] = [
+const ALL: [&str; 11] = [
     "rootfs",
     "rebuild",
     "apply",
