@@ -8,9 +8,10 @@
 //! With faults on the way, no extra boot (`delta_faults`): v2's UKI is served with one chunk
 //! corrupted, so the first attempt refuses that chunk by its digest, falls back to the whole
 //! blob, refuses that too and installs nothing; the registry repaired, the next attempt resumes
-//! from the chunks the first one kept and fetches exactly the corrupted one. Then v2's UKI on
-//! the ESP gets a flipped byte while the VM is off: v3's delta fetches exactly that chunk more
-//! than the signed indexes alone would say, and the assembled UKI still passes its digest.
+//! from the chunks the first one kept and fetches exactly the corrupted one. v3's delta fetches
+//! exactly the chunks the two signed indexes differ by. (A running UKI corrupted on the ESP is
+//! not here yet: a byte no loader reads must lie in a chunk v3 shares with v2, and the PE
+//! header's chunk is not one — `kept_index` and `slate_delta`'s host tests cover it.)
 
 use std::fs;
 use std::path::Path;
@@ -196,15 +197,7 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
         &boot,
         "the chunk index of 2.0.0 is kept in /system/state/delta/",
     )?;
-    // v2's UKI on the ESP rots while the VM is off.
-    let rotten = faults::corrupt_running_uki(&image, "2.0.0", &uki2)?;
     let clean: Vec<Chunk> = faults::to_fetch(&uki3, &[&index2]);
-    ensure!(
-        uki3.chunks.iter().any(|c| c.digest == rotten.digest)
-            && !clean.iter().any(|c| c.digest == rotten.digest),
-        "v3's UKI should reuse the chunk at {} of v2's",
-        rotten.offset
-    );
 
     let mut boot = running(&mut vm)?;
     boot.expect(
@@ -222,11 +215,9 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
     )?;
     let clean_bytes: u64 = clean.iter().map(|c| u64::from(c.length)).sum();
     ensure!(
-        faults::planned(&planned3)? == (clean_bytes + u64::from(rotten.length), clean.len() + 1),
-        "v3's UKI should cost its {} new chunks ({clean_bytes} bytes) and the rotten one ({} \
-         bytes): {planned3}",
-        clean.len(),
-        rotten.length
+        faults::planned(&planned3)? == (clean_bytes, clean.len()),
+        "v3's UKI should cost its {} new chunks ({clean_bytes} bytes): {planned3}",
+        clean.len()
     );
     let downloaded3 = boot.expect(
         &["update agent: 3.0.0 downloaded and verified ("],
@@ -270,16 +261,12 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
          refused by its digest, the whole blob refused, nothing installed; \
          repaired, the next attempt fetched 1 chunk of the UKI's {first_chunks} ({first_bytes} \
          bytes planned at first), in all {fetched} ({:.2} %), reused {reused}; v2 -> v3 (v2's \
-         signed index kept on STATE, v2's UKI on the ESP with a flipped byte at chunk {}..{}) \
-         fetched {fetched3} ({:.2} %), reused {reused3}, the UKI's plan {} chunks = {} new + \
-         the rotten one; all committed",
+         signed index kept on STATE) fetched {fetched3} ({:.2} %), reused {reused3}, the UKI's \
+         plan its {} new chunks; all committed",
         corrupt.offset,
         corrupt.offset + u64::from(corrupt.length),
         percent(fetched),
-        rotten.offset,
-        rotten.offset + u64::from(rotten.length),
         percent(fetched3),
-        clean.len() + 1,
         clean.len()
     ))
 }
