@@ -61,6 +61,26 @@ pub fn kernel(force: bool) -> Result<()> {
     report(&cache)
 }
 
+/// A kernel cache like `.cache/kernel` in `cache`, of `package` at `version` (bench-delta's
+/// older kernel), made unless its stamp says it is there.
+pub fn kernel_at(cache: &Path, package: &str, version: &str) -> Result<()> {
+    let stamp_text = format!("{package} {version}\n");
+    let stamp = cache.join("STAMP");
+    if fs::read_to_string(&stamp).is_ok_and(|s| s == stamp_text)
+        && ["vmlinuz", "modules"]
+            .iter()
+            .all(|f| cache.join(f).exists())
+    {
+        return Ok(());
+    }
+    println!(
+        "building a kernel cache from {package} {version} in {}",
+        cache.display()
+    );
+    build(cache, package, version)?;
+    util::write_atomic(&stamp, &stamp_text)
+}
+
 /// `linux-image-amd64` is a metapackage; the kernel is in the package it depends on.
 fn versioned_package() -> Result<String> {
     let depends = output(Command::new("apt-cache").args(["depends", "linux-image-amd64"]))?;

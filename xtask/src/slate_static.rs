@@ -14,10 +14,29 @@ use crate::util::{self, run};
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 
 pub fn slate_static() -> Result<PathBuf> {
+    build(None)
+}
+
+/// bench-delta's pair (d): slate built with `SLATE_BENCH_SMALL_CHANGE` set, one statement more
+/// in its `main` (only the `slate` crate is compiled again). Build [`slate_static`] after it:
+/// the binary is where the checkout's own goes.
+pub fn slate_static_changed() -> Result<PathBuf> {
+    build(Some((
+        "SLATE_BENCH_SMALL_CHANGE",
+        "built with a small change (bench-delta)",
+    )))
+}
+
+fn build(env: Option<(&str, &str)>) -> Result<PathBuf> {
     let root = util::repo_root();
     let target_dir = root.join("target/static");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    run(Command::new(cargo)
+    let mut cargo = Command::new(cargo);
+    match env {
+        Some((name, value)) => cargo.env(name, value),
+        None => cargo.env_remove("SLATE_BENCH_SMALL_CHANGE"),
+    };
+    run(cargo
         .current_dir(&root)
         // A separate target dir: the flags differ from normal builds, which would otherwise
         // rebuild everything each time one or the other runs.

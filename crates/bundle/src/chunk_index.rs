@@ -16,8 +16,11 @@ use crate::{Bundle, BundleError};
 pub use slate_delta::CHUNK_INDEX_MEDIA_TYPE;
 
 /// Blobs from this size on are listed in the index slate writes: below it, a whole download
-/// costs about what the index and the requests would.
-pub const INDEXED_MIN: u64 = 1 << 20;
+/// costs about what the index and the requests would. systemd-boot (about 100 KiB, a few
+/// chunks and some 200 bytes of index) is above it: unchanged between versions, it was a third
+/// of a version-only delta's download before it was listed. An issue-41 slate that holds no
+/// seed for it plans nothing to reuse and downloads it whole, as before.
+pub const INDEXED_MIN: u64 = 64 << 10;
 
 /// The index of `blobs` (those of at least [`INDEXED_MIN`] bytes), or `None` when none is that
 /// large.

@@ -1,22 +1,24 @@
 //! Assembling a blob from its signed chunk list: chunks the node already holds (a seed — the
 //! running version's blob, listed by the running bundle's own signed index — or the chunk
-//! cache) are re-hashed before use and dropped when they do not match; the others are fetched
-//! in parallel into the cache, each refused unless its digest matches; then the blob is written
-//! in order and its full digest checked.
+//! cache) are re-hashed before use (on every core) and dropped when they do not match; the
+//! others are fetched in parallel into the cache, each refused unless its digest matches; then
+//! the blob is written in order while a second thread hashes it, and its full digest checked.
 //!
 //! Fetched chunks go to the cache before anything is written, so an interrupted assembly
 //! resumes with what it had fetched. Where bytes are read and fetched from is the caller's
 //! ([`ReadAt`], [`ChunkCache`], [`Remote`]); this module does no IO of its own.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::Write;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 use crate::index::{BlobChunks, Chunk};
 use crate::{sha256, Sha256};
 
-/// Positional reads of a local file (the running UKI on the ESP, the running installer).
-pub trait ReadAt {
+/// Positional reads of a local file (the running UKI on the ESP, the running installer). Shared
+/// by the threads that check a seed's chunks.
+pub trait ReadAt: Sync {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()>;
 }
 
@@ -83,32 +85,16 @@ impl Plan {
 }
 
 /// Plan `target` from `seeds` and `cache`: each seed chunk whose digest the target lists is
-/// read and re-hashed (a chunk of a seed that does not match its own signed digest is not used),
-/// and so is each cached chunk. Reads nothing else.
+/// read and re-hashed (a chunk of a seed that does not match its own signed digest is not used:
+/// the next seed listing that digest is tried), and so is each cached chunk. Reads nothing
+/// else. The seeds' chunks are checked on up to [`HASH_THREADS`] threads: hashing every reused
+/// byte is most of an assembly's work.
 pub fn plan(
     target: &BlobChunks,
     seeds: &[Seed<'_>],
     cache: Option<&dyn ChunkCache>,
 ) -> Result<Plan, AssembleError> {
-    let mut found: HashMap<Sha256, Source> = HashMap::new();
-    let wanted: std::collections::HashSet<Sha256> =
-        target.chunks.iter().map(|c| c.digest).collect();
-    for (s, seed) in seeds.iter().enumerate() {
-        for chunk in &seed.chunks.chunks {
-            if !wanted.contains(&chunk.digest) || found.contains_key(&chunk.digest) {
-                continue;
-            }
-            if read_seed(seed, chunk).is_ok() {
-                found.insert(
-                    chunk.digest,
-                    Source::Seed {
-                        seed: s,
-                        offset: chunk.offset,
-                    },
-                );
-            }
-        }
-    }
+    let mut found = first_matching(target, seeds);
     let mut sources = Vec::with_capacity(target.chunks.len());
     let (mut fetch_bytes, mut fetch_chunks, mut reuse_bytes, mut reuse_chunks) = (0, 0, 0, 0);
     for chunk in &target.chunks {
@@ -143,6 +129,59 @@ pub fn plan(
     })
 }
 
+/// Threads that hash local chunks while planning.
+pub const HASH_THREADS: usize = 4;
+
+/// For each digest the target lists, the first seed chunk (in seed order) whose bytes match it.
+fn first_matching(target: &BlobChunks, seeds: &[Seed<'_>]) -> HashMap<Sha256, Source> {
+    let wanted: HashSet<Sha256> = target.chunks.iter().map(|c| c.digest).collect();
+    let mut order: Vec<Sha256> = Vec::new();
+    let mut candidates: HashMap<Sha256, Vec<(usize, Chunk)>> = HashMap::new();
+    for (s, seed) in seeds.iter().enumerate() {
+        for chunk in seed
+            .chunks
+            .chunks
+            .iter()
+            .filter(|c| wanted.contains(&c.digest))
+        {
+            let list = candidates.entry(chunk.digest).or_default();
+            if list.is_empty() {
+                order.push(chunk.digest);
+            }
+            list.push((s, *chunk));
+        }
+    }
+    let next = AtomicUsize::new(0);
+    let found = Mutex::new(HashMap::new());
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .clamp(1, HASH_THREADS)
+        .min(order.len().max(1));
+    std::thread::scope(|s| {
+        for _ in 0..threads {
+            s.spawn(|| loop {
+                let Some(digest) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
+                    return;
+                };
+                let good = candidates[digest]
+                    .iter()
+                    .find(|(seed, chunk)| read_seed(&seeds[*seed], chunk).is_ok());
+                if let Some((seed, chunk)) = good {
+                    let source = Source::Seed {
+                        seed: *seed,
+                        offset: chunk.offset,
+                    };
+                    found
+                        .lock()
+                        .expect("no panics hold it")
+                        .insert(*digest, source);
+                }
+            });
+        }
+    });
+    found.into_inner().expect("no panics hold it")
+}
+
 /// Why an assembly stopped. Nothing it wrote should be used then: the caller discards it.
 #[derive(Debug, thiserror::Error)]
 pub enum AssembleError {
@@ -164,7 +203,7 @@ pub enum AssembleError {
     },
     #[error("the chunk cache")]
     Cache(#[source] std::io::Error),
-    #[error("a local chunk changed between planning and writing (sha256:{0})")]
+    #[error("a local chunk went missing between planning and writing (sha256:{0})")]
     LocalChanged(String),
     #[error("writing the assembled blob")]
     Write(#[source] std::io::Error),
@@ -181,8 +220,8 @@ pub struct Assembled {
 }
 
 /// Carry out `plan` (from [`plan`], with the same seeds and cache): fetch its missing chunks on
-/// up to `parallel` threads into `cache`, then write the target blob to `out` in order,
-/// re-hashing every chunk as it is written, and check the whole digest.
+/// up to `parallel` threads into `cache`, then write the target blob to `out` in order and check
+/// its whole digest, hashed on a second thread as it is written.
 pub fn assemble(
     target: &BlobChunks,
     plan: &Plan,
@@ -194,7 +233,7 @@ pub fn assemble(
 ) -> Result<Assembled, AssembleError> {
     let blob = target.oci_digest();
     let mut missing: Vec<usize> = Vec::new();
-    let mut seen = std::collections::HashSet::new();
+    let mut seen = HashSet::new();
     for (i, source) in plan.sources.iter().enumerate() {
         if *source == Source::Fetch && seen.insert(target.chunks[i].digest) {
             missing.push(i);
@@ -221,21 +260,24 @@ pub fn assemble(
     if let Some(e) = failure.into_inner().expect("no panics hold it") {
         return Err(e);
     }
-    let mut whole = <sha2::Sha256 as sha2::Digest>::new();
-    for (chunk, source) in target.chunks.iter().zip(&plan.sources) {
-        let bytes = match *source {
-            Source::Seed { seed, offset } => {
-                read_seed(&seeds[seed], &Chunk { offset, ..*chunk })
-                    .map_err(|_| AssembleError::LocalChanged(hex::encode(chunk.digest)))?
+    // The whole digest is computed on its own thread from the chunks as they are written, so
+    // the write waits for neither. The chunks were checked by `plan` (local) or as they arrived
+    // (fetched); what changed since is caught by this digest before the caller uses a byte.
+    let (chunks_out, chunks_in) = std::sync::mpsc::sync_channel::<Vec<u8>>(16);
+    let (written, actual) = std::thread::scope(|s| {
+        let hasher = s.spawn(move || {
+            let mut whole = <sha2::Sha256 as sha2::Digest>::new();
+            for bytes in chunks_in {
+                sha2::Digest::update(&mut whole, &bytes);
             }
-            Source::Cache | Source::Fetch => cached(cache, chunk)?
-                .ok_or_else(|| AssembleError::LocalChanged(hex::encode(chunk.digest)))?,
-        };
-        sha2::Digest::update(&mut whole, &bytes);
-        out.write_all(&bytes).map_err(AssembleError::Write)?;
-    }
-    out.flush().map_err(AssembleError::Write)?;
-    let actual: Sha256 = sha2::Digest::finalize(whole).into();
+            let digest: Sha256 = sha2::Digest::finalize(whole).into();
+            digest
+        });
+        let written = write_in_order(target, plan, seeds, cache, out, &chunks_out);
+        drop(chunks_out);
+        (written, hasher.join().expect("the hasher does not panic"))
+    });
+    written?;
     if actual != target.digest {
         return Err(AssembleError::Digest {
             expected: hex::encode(target.digest),
@@ -247,6 +289,39 @@ pub fn assemble(
         fetched_chunks: plan.fetch_chunks,
         reused_bytes: plan.reuse_bytes,
     })
+}
+
+/// The target's chunks, in order, into `out` and to the hasher.
+fn write_in_order(
+    target: &BlobChunks,
+    plan: &Plan,
+    seeds: &[Seed<'_>],
+    cache: &dyn ChunkCache,
+    out: &mut dyn Write,
+    hasher: &std::sync::mpsc::SyncSender<Vec<u8>>,
+) -> Result<(), AssembleError> {
+    for (chunk, source) in target.chunks.iter().zip(&plan.sources) {
+        let changed = || AssembleError::LocalChanged(hex::encode(chunk.digest));
+        let bytes = match *source {
+            Source::Seed { seed, offset } => {
+                let mut buf = vec![0; chunk.length as usize];
+                seeds[seed]
+                    .file
+                    .read_at(offset, &mut buf)
+                    .map_err(|_| changed())?;
+                buf
+            }
+            Source::Cache | Source::Fetch => cache
+                .get(&chunk.digest)
+                .map_err(AssembleError::Cache)?
+                .filter(|b| b.len() == chunk.length as usize)
+                .ok_or_else(changed)?,
+        };
+        out.write_all(&bytes).map_err(AssembleError::Write)?;
+        // The hasher ends only when the sender is dropped; had it died, the digest is wrong.
+        let _ = hasher.send(bytes);
+    }
+    out.flush().map_err(AssembleError::Write)
 }
 
 fn fetch_one(

@@ -138,6 +138,18 @@ fn a_corrupted_local_chunk_is_not_reused() {
     let mut out = Vec::new();
     assemble(&new, &plan, &seeds, &Cache::default(), &remote, 2, &mut out).unwrap();
     assert_eq!(out, v2);
+    // A second seed listing the same chunks (the running installer in the root and in the
+    // bundle) stands in for the rotten one: nothing more is fetched.
+    let both = [
+        seeds[0],
+        Seed {
+            chunks: &old,
+            file: &clean,
+        },
+    ];
+    let plan = super::plan(&new, &both, None).unwrap();
+    assert_eq!(plan.fetch_chunks, baseline.fetch_chunks);
+    assert_eq!(plan.sources[0], Source::Seed { seed: 1, offset: 0 });
     // A cached chunk whose bytes rotted is fetched again, not used.
     let cache = Cache::default();
     cache.put(&new.chunks[0].digest, b"not the chunk").unwrap();

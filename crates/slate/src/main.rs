@@ -61,6 +61,12 @@ fn bare_machined(args: &[OsString]) -> bool {
 }
 
 fn main() -> ExitCode {
+    // bench-delta's pair (d), "slate rebuilt with a small source change": the build it makes
+    // with this variable set differs from every other build by this one statement; unset, it
+    // compiles to nothing (xtask/src/slate_static.rs).
+    if let Some(note) = option_env!("SLATE_BENCH_SMALL_CHANGE") {
+        eprintln!("slate: {note}");
+    }
     let args: Vec<OsString> = std::env::args_os().collect();
     let result = if bare_machined(&args) {
         slate_machined::run()

@@ -15,6 +15,7 @@ pub(crate) mod apply;
 mod apply_bare;
 pub(crate) mod boot;
 pub(crate) mod delta;
+mod delta_inputs;
 pub(crate) mod fleetlock;
 pub(crate) mod node_scrape;
 pub(crate) mod operator;

@@ -4,6 +4,14 @@
 //! chunks by range requests on the registry's blobs. slate's own counters (the agent's download
 //! line) say what went over the wire, against the bundle's whole size; v2 commits, and its
 //! signed documents are kept on STATE, so v3 is then planned from v2's signed index.
+//!
+//! With faults on the way, no extra boot (`delta_faults`): v2's UKI is served with one chunk
+//! corrupted, so the first attempt refuses that chunk by its digest, falls back to the whole
+//! blob, refuses that too and installs nothing; the registry repaired, the next attempt resumes
+//! from the chunks the first one kept and fetches exactly the corrupted one. v3's delta fetches
+//! exactly the chunks the two signed indexes differ by. (A running UKI corrupted on the ESP is
+//! not here yet: a byte no loader reads must lie in a chunk v3 shares with v2, and the PE
+//! header's chunk is not one — `kept_index` and `slate_delta`'s host tests cover it.)
 
 use std::fs;
 use std::path::Path;
@@ -12,6 +20,10 @@ use std::time::Duration;
 
 use anyhow::{ensure, Context, Result};
 
+use slate_bundle::{Bundle, UKI_ROLE};
+use slate_delta::{BlobChunks, Chunk, ChunkIndex};
+
+use super::delta_faults as faults;
 use super::{build_v1_v2, ensure_logged, running, Node, Prepared};
 use crate::registry::Registry;
 use crate::util::output;
@@ -38,12 +50,28 @@ fn moved(line: &str) -> Result<(u64, u64)> {
 
 pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> {
     let slate = &prepared.slate;
-    let (v1, v2, _) = build_v1_v2(slate, work)?;
-    let total: u64 = slate_bundle::Bundle::open(&v2, None)?
-        .image_blobs()
-        .iter()
-        .map(|(_, size)| size)
-        .sum();
+    let (v1, v2, v3) = build_v1_v2(slate, work)?;
+    super::build_bundle(slate, "3.0.0", &[], &v3)?;
+    let open = |dir: &Path| -> Result<(Bundle, ChunkIndex)> {
+        let bundle = Bundle::open(dir, None)?;
+        let index = bundle.chunk_index()?.context("no chunk index")?;
+        Ok((bundle, index))
+    };
+    let ((_, index1), (bundle2, index2), (bundle3, index3)) = (open(&v1)?, open(&v2)?, open(&v3)?);
+    let uki_of = |bundle: &Bundle, index: &ChunkIndex| -> Result<BlobChunks> {
+        let digest = &bundle.blob_ref(UKI_ROLE)?.digest;
+        index
+            .blob(digest)
+            .cloned()
+            .context("the UKI is not in the index")
+    };
+    let (uki2, uki3) = (uki_of(&bundle2, &index2)?, uki_of(&bundle3, &index3)?);
+    let total: u64 = bundle2.image_blobs().iter().map(|(_, size)| size).sum();
+    // The node on v1 chunks its own UKI and binary as the imager chunked v1's.
+    let corrupt = *faults::to_fetch(&uki2, &[&index1])
+        .last()
+        .context("v2's UKI has nothing to fetch")?;
+
     let registry = Registry::start(&work.join("registry"))?;
     let repo = format!("{}/slate/os", registry.host);
     let port = registry.host.rsplit(':').next().unwrap_or_default();
@@ -81,14 +109,71 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
         Duration::from_secs(60),
         "v1 committed",
     )?;
+    // v2's blobs reach the registry before its release does, so the chunk is bad before the
+    // node can ask for it: publishing finds the blobs there and pushes only documents.
+    output(
+        Command::new(slate)
+            .args(["push", "--bundle"])
+            .arg(&v2)
+            .args(["--image", &format!("{repo}:2.0.0")]),
+    )?;
+    let stored = faults::registry_blob(&work.join("registry/storage"), &uki2.oci_digest())?;
+    let bad_byte = corrupt.offset + u64::from(corrupt.length) / 2;
+    faults::flip(&stored, bad_byte)?;
     publish(&v2)?;
+    let uki_line = format!("pull 2.0.0: blob {} (", uki2.oci_digest());
     // Before a byte of the UKI is fetched, the agent's log says what it will cost.
-    let planned = boot.expect(
-        &["pull 2.0.0: blob sha256:"],
+    let planned = faults::nth_line(
+        &boot,
+        &uki_line,
+        1,
         Duration::from_secs(120),
         "the delta's plan in the journal",
     )?;
-    ensure!(planned.contains("by delta:"), "the plan: {planned}");
+    let (first_bytes, first_chunks) = faults::planned(&planned)?;
+    let refused = boot.expect(
+        &[&format!(
+            "pull 2.0.0: blob {} is downloaded whole",
+            uki2.oci_digest()
+        )],
+        Duration::from_secs(120),
+        "the corrupted chunk refused",
+    )?;
+    ensure!(
+        refused.contains("does not match its signed digest")
+            && refused.contains(&format!("bytes {}..", corrupt.offset)),
+        "the corrupted chunk at {} should be refused by its digest: {refused}",
+        corrupt.offset
+    );
+    boot.expect(
+        &["update agent: downloading 2.0.0: "],
+        Duration::from_secs(240),
+        "the whole download refused too",
+    )?;
+    // Repaired before the agent's next try (10 s later), then: nothing of v2 was installed.
+    faults::flip(&stored, bad_byte)?;
+    let status = node.status()?;
+    let explain = node.ok(&["boot", "explain"])?;
+    ensure!(
+        status["version"] == "1.0.0"
+            && status["staged_image"].is_null()
+            && !explain.contains("2.0.0"),
+        "a refused download must leave nothing behind: {status}\n{explain}"
+    );
+    let resumed = faults::nth_line(
+        &boot,
+        &uki_line,
+        2,
+        Duration::from_secs(120),
+        "the second attempt's plan",
+    )?;
+    ensure!(
+        faults::planned(&resumed)? == (u64::from(corrupt.length), 1),
+        "the second attempt should fetch only the chunk refused before ({} bytes), the \
+         first's {} other chunks kept: {resumed}",
+        corrupt.length,
+        first_chunks - 1
+    );
     let downloaded = boot.expect(
         &["update agent: 2.0.0 downloaded and verified ("],
         Duration::from_secs(180),
@@ -112,6 +197,7 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
         &boot,
         "the chunk index of 2.0.0 is kept in /system/state/delta/",
     )?;
+    let clean: Vec<Chunk> = faults::to_fetch(&uki3, &[&index2]);
 
     let mut boot = running(&mut vm)?;
     boot.expect(
@@ -121,19 +207,34 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
     )?;
     ensure!(node.status()?["version"] == "2.0.0");
     // v2 came by an upgrade, so v3 is planned from v2's signed index kept on STATE.
-    let v3 = work.join("bundle-v3");
-    super::build_bundle(slate, "3.0.0", &[], &v3)?;
     publish(&v3)?;
+    let planned3 = boot.expect(
+        &[&format!("pull 3.0.0: blob {} (", uki3.oci_digest())],
+        Duration::from_secs(120),
+        "v3's plan",
+    )?;
+    let clean_bytes: u64 = clean.iter().map(|c| u64::from(c.length)).sum();
+    ensure!(
+        faults::planned(&planned3)? == (clean_bytes, clean.len()),
+        "v3's UKI should cost its {} new chunks ({clean_bytes} bytes): {planned3}",
+        clean.len()
+    );
     let downloaded3 = boot.expect(
         &["update agent: 3.0.0 downloaded and verified ("],
         Duration::from_secs(180),
         "v3 downloaded",
     )?;
+    let serial = boot.serial();
     ensure!(
-        !boot
-            .serial()
-            .contains("no chunk index is kept for the running 2.0.0"),
+        !serial.contains("no chunk index is kept for the running 2.0.0"),
         "v2's kept index was not used"
+    );
+    let whole = serial
+        .lines()
+        .find(|l| l.contains("pull 3.0.0: blob ") && l.contains("is downloaded whole"));
+    ensure!(
+        whole.is_none(),
+        "v3 should come by delta alone, its UKI assembled to its digest: {whole:?}"
     );
     let (fetched3, reused3) = moved(&downloaded3)?;
     ensure!(
@@ -156,10 +257,16 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
     let percent = |n: u64| n as f64 * 100.0 / total as f64;
     Ok(format!(
         "version-only upgrades by the update agent through a registry, of {total} bytes whole: \
-         v1 -> v2 (v1's chunks listed by the node) fetched {fetched} ({:.2} %), reused \
-         {reused}; v2 -> v3 (v2's signed index kept on STATE) fetched {fetched3} ({:.2} %), \
-         reused {reused3}; both committed",
+         v1 -> v2 (v1's chunks listed by the node): UKI chunk {}..{} corrupted in the registry \
+         refused by its digest, the whole blob refused, nothing installed; \
+         repaired, the next attempt fetched 1 chunk of the UKI's {first_chunks} ({first_bytes} \
+         bytes planned at first), in all {fetched} ({:.2} %), reused {reused}; v2 -> v3 (v2's \
+         signed index kept on STATE) fetched {fetched3} ({:.2} %), reused {reused3}, the UKI's \
+         plan its {} new chunks; all committed",
+        corrupt.offset,
+        corrupt.offset + u64::from(corrupt.length),
         percent(fetched),
-        percent(fetched3)
+        percent(fetched3),
+        clean.len()
     ))
 }

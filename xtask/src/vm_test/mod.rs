@@ -4,6 +4,7 @@
 mod containerd;
 mod debian;
 mod delta;
+mod delta_faults;
 mod drain;
 mod fleet;
 mod flood;

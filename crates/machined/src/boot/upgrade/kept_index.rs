@@ -14,7 +14,7 @@
 use std::fs;
 use std::path::{Path, PathBuf};
 
-use slate_bundle::{Bundle, INSTALLER_ROLE, UKI_ROLE};
+use slate_bundle::{Bundle, INSTALLER_ROLE, SYSTEMD_BOOT_ROLE, UKI_ROLE};
 use slate_delta::ChunkIndex;
 use slate_sequencer::error_chain as chain;
 use slate_transport::chunks::FileSeed;
@@ -129,27 +129,33 @@ pub fn running_index(
     }
 }
 
-/// The seeds of a delta: the running UKI's bytes (read from the ESP) and the running installer
-/// (this binary), each listed by the running bundle's signed index. A role the index does not
-/// list, or whose bytes are missing, gives no seed.
-pub fn seeds(
-    running: &Bundle,
-    index: &ChunkIndex,
-    uki: Option<Vec<u8>>,
-    installer: Option<fs::File>,
-) -> Vec<SeedBlob> {
+/// What a node holds of its running version, as seeds: the UKI's and the boot loader's bytes
+/// (read from the ESP) and the installer (this binary).
+#[derive(Debug, Default)]
+pub struct Running {
+    pub uki: Option<Vec<u8>>,
+    pub loader: Option<Vec<u8>>,
+    pub installer: Option<fs::File>,
+}
+
+/// The seeds of a delta: `held`, each listed by the running bundle's signed index. A role the
+/// index does not list (systemd-boot, before bundles listed it), or whose bytes are missing,
+/// gives no seed.
+pub fn seeds(running: &Bundle, index: &ChunkIndex, held: Running) -> Vec<SeedBlob> {
     let listed = |role: &str| {
         let blob = running.manifest().blobs.get(role)?;
         index.blob(&blob.digest).cloned()
     };
     let mut seeds = Vec::new();
-    if let (Some(chunks), Some(bytes)) = (listed(UKI_ROLE), uki) {
-        seeds.push(SeedBlob {
-            chunks,
-            file: Box::new(MemSeed(bytes)),
-        });
+    for (role, bytes) in [(UKI_ROLE, held.uki), (SYSTEMD_BOOT_ROLE, held.loader)] {
+        if let (Some(chunks), Some(bytes)) = (listed(role), bytes) {
+            seeds.push(SeedBlob {
+                chunks,
+                file: Box::new(MemSeed(bytes)),
+            });
+        }
     }
-    if let (Some(chunks), Some(file)) = (listed(INSTALLER_ROLE), installer) {
+    if let (Some(chunks), Some(file)) = (listed(INSTALLER_ROLE), held.installer) {
         seeds.push(SeedBlob {
             chunks,
             file: Box::new(FileSeed(file)),
@@ -159,16 +165,16 @@ pub fn seeds(
 }
 
 /// Seeds without a kept index (a node installed from an image, or whose kept documents were
-/// refused): the running UKI and installer chunked here as the imager chunks. Nothing vouches
-/// for these chunk lists, so nothing of them is trusted: a chunk is used only where its bytes
-/// hash to a digest the target's signed index lists.
-pub fn unlisted_seeds(uki: Option<Vec<u8>>, installer: Option<fs::File>) -> Vec<SeedBlob> {
-    let installer = installer.and_then(|mut file| {
+/// refused): what the node holds, chunked here as the imager chunks. Nothing vouches for these
+/// chunk lists, so nothing of them is trusted: a chunk is used only where its bytes hash to a
+/// digest the target's signed index lists.
+pub fn unlisted_seeds(held: Running) -> Vec<SeedBlob> {
+    let installer = held.installer.and_then(|mut file| {
         let mut bytes = Vec::new();
         std::io::Read::read_to_end(&mut file, &mut bytes).ok()?;
         Some(bytes)
     });
-    [uki, installer]
+    [held.uki, held.loader, installer]
         .into_iter()
         .flatten()
         .map(|bytes| SeedBlob {

@@ -144,7 +144,15 @@ fn seeds_are_the_roles_the_running_index_lists() {
             .join(&v1.blob_ref(INSTALLER_ROLE).unwrap().digest["sha256:".len()..]),
     )
     .unwrap();
-    let both = seeds(&v1, &index, Some(uki), Some(installer));
+    let both = seeds(
+        &v1,
+        &index,
+        Running {
+            uki: Some(uki),
+            loader: None,
+            installer: Some(installer),
+        },
+    );
     let listed: Vec<String> = both.iter().map(|s| s.chunks.oci_digest()).collect();
     assert_eq!(
         listed,
@@ -153,5 +161,5 @@ fn seeds_are_the_roles_the_running_index_lists() {
             v1.blob_ref(INSTALLER_ROLE).unwrap().digest.clone()
         ]
     );
-    assert!(seeds(&v1, &index, None, None).is_empty());
+    assert!(seeds(&v1, &index, Running::default()).is_empty());
 }

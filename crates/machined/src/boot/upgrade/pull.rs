@@ -122,7 +122,7 @@ pub fn pull(
     ))
 }
 
-/// The running UKI and installer as seeds of a delta: listed by the running version's signed
+/// The running UKI, systemd-boot and installer as seeds of a delta: listed by the running version's signed
 /// index kept on STATE when there is one (a chunk whose bytes no longer match it is not used);
 /// otherwise chunked here, and then a chunk is used only where the target's signed index lists
 /// its digest — which is every chunk's last check anyway (`slate_delta::plan`).
@@ -145,14 +145,16 @@ pub fn delta_seeds(node: &Node) -> Vec<SeedBlob> {
     };
     // The running installer is this binary: the imager puts the same slate binary in the
     // root and in the bundle. If it is not, its chunks just do not match.
-    let installer = std::fs::File::open("/proc/self/exe").ok();
+    let held = super::kept_index::Running {
+        uki,
+        loader: running_loader(),
+        installer: std::fs::File::open("/proc/self/exe").ok(),
+    };
     let found = super::trusted_keys().and_then(|keys| {
         super::kept_index::running_index(&crate::base::paths::state_dir(), &node.version, &keys)
     });
     let why = match found {
-        Ok(Some((running, index))) => {
-            return super::kept_index::seeds(&running, &index, uki, installer)
-        }
+        Ok(Some((running, index))) => return super::kept_index::seeds(&running, &index, held),
         Ok(None) => format!("no chunk index is kept for the running {}", node.version),
         Err(e) => e,
     };
@@ -160,7 +162,17 @@ pub fn delta_seeds(node: &Node) -> Vec<SeedBlob> {
         "{why}: the running UKI and installer are chunked here, and a chunk of theirs is used \
          only where the target's signed index lists its digest"
     ));
-    super::kept_index::unlisted_seeds(uki, installer)
+    super::kept_index::unlisted_seeds(held)
+}
+
+/// systemd-boot as the ESP holds it (none on a GRUB disk): a seed, so an unchanged loader costs
+/// no download. Only a hint: its chunks are checked like any seed's.
+fn running_loader() -> Option<Vec<u8>> {
+    let meta = crate::base::system_disk::meta_partition().ok()?;
+    let disk = slate_disk::FileDisk::open_read_only(&meta.disk).ok()?;
+    slate_esp::session::read_file(&disk, slate_esp::SYSTEMD_BOOT_PATH)
+        .ok()
+        .flatten()
 }
 
 /// What the node holds to reuse, as one chunk index (`GET /v1/image`'s `held_chunks`, for
