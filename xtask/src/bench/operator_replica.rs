@@ -21,7 +21,8 @@ use slate_release::{Channel, Release, ReleaseIndex};
 
 pub const TICK: Duration = Duration::from_secs(1);
 
-struct Fixed(ReleaseIndex);
+/// A release index that never changes (the benches' fleets roll out to fixed versions).
+pub(crate) struct Fixed(pub(crate) ReleaseIndex);
 
 impl ReleaseSource for Fixed {
     fn index(&self) -> Result<ReleaseIndex, String> {
@@ -29,7 +30,7 @@ impl ReleaseSource for Fixed {
     }
 }
 
-fn release(version: &str) -> Release {
+pub(crate) fn release(version: &str) -> Release {
     Release {
         version: version.into(),
         digest: format!("sha256:{}", "cd".repeat(32)),

@@ -13,11 +13,12 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context as _, Result};
 use slate_api::{Client, Role};
 use slate_operator::etcd::Commit;
-use slate_operator::{EtcdState, OperatorMetrics, OperatorService, ReleaseSource};
-use slate_release::{Channel, Release, ReleaseIndex};
+use slate_operator::{EtcdState, OperatorMetrics, OperatorService};
+use slate_release::ReleaseIndex;
 use slate_rollout::{NodeProgress, NodeRecord, NodeReport, Rollout, RolloutState, Step, Strategy};
 use slate_testkit::etcd::EtcdCluster;
 
+use crate::bench::operator_replica::{release, Fixed};
 use crate::bench::{Bench, Comparison, Sample, Side};
 
 const GROUPS: usize = 10;
@@ -33,26 +34,6 @@ max_unavailable = "10%"
 waves = [{ percent = 1, soak = "10s" }, { percent = 10, soak = "10s" }, { percent = 100 }]
 failure_budget = 50
 "#;
-
-struct Fixed(ReleaseIndex);
-
-impl ReleaseSource for Fixed {
-    fn index(&self) -> Result<ReleaseIndex, String> {
-        Ok(self.0.clone())
-    }
-}
-
-fn release(version: &str) -> Release {
-    Release {
-        version: version.into(),
-        digest: format!("sha256:{}", "cd".repeat(32)),
-        created: "2026-12-01T00:00:00Z".into(),
-        channel: Channel::Stable,
-        official: true,
-        min_from: None,
-        yanked: None,
-    }
-}
 
 fn now() -> u64 {
     slate_operator::leader::now_unix()
