@@ -203,6 +203,17 @@ fn build_demo(
     )
 }
 
+/// The imager's stage cache every scenario's builds share (`slate imager build --cache`,
+/// formats.md §6.7): the versions a scenario builds differ from each other, and from other
+/// scenarios' builds of the same profile, in a few files of the root, so most squashfs blocks
+/// and the compressed initramfs come from the cache (a rebuild after a one-file change took
+/// 0.10× a clean build). Entries are content-addressed and written under a temporary name,
+/// so the scenarios running side by side share it safely. Outside `target/vm-test`, which
+/// each run deletes: entries from earlier runs are as good as new ones.
+pub(crate) fn imager_cache() -> PathBuf {
+    repo_root().join("target/imager-cache")
+}
+
 /// A disk image of the demo profile.
 pub fn build_image(slate: &Path, version: &str, extra_args: &[&str], out: &Path) -> Result<()> {
     build_demo(slate, "image", version, extra_args, out)

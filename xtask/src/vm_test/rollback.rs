@@ -88,6 +88,8 @@ pub(super) fn build(
         .arg(profile)
         .args(["--version", version, "--output", kind, "--out"])
         .arg(out)
+        .arg("--cache")
+        .arg(super::imager_cache())
         .env("SOURCE_DATE_EPOCH", "1700000000");
     for arg in extra_args {
         cmd.args(["--kernel-arg", arg]);

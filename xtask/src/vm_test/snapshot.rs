@@ -149,6 +149,8 @@ pub(super) fn build_configured_btrfs_image(
             .arg(profile)
             .args(["--version", "1.0.0", "--output", "btrfs-image", "--out"])
             .arg(image)
+            .arg("--cache")
+            .arg(super::imager_cache())
             .env("SOURCE_DATE_EPOCH", "1700000000"),
     )?;
     configure_disk(slate, image, config)
