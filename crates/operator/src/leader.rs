@@ -254,18 +254,12 @@ fn lead_once(
     let Some(index) = cache.get(releases, config.release_refresh, log) else {
         return Ok(Led::Ticked);
     };
-    let rollouts: BTreeMap<String, Rollout> = held_rollouts
-        .values()
-        .map(|s| (s.value.group.clone(), s.value.clone()))
-        .collect();
-    let read_at: BTreeMap<String, i64> = held_rollouts
-        .values()
-        .map(|s| (s.value.group.clone(), s.revision))
-        .collect();
+    let rollouts = held_rollouts.rollouts();
+    let read_at = held_rollouts.revisions();
     timing.read = started.elapsed();
     timing.nodes = inventory.len();
     let probes =
-        crate::probe::probe_soaking(&policies, inventory, &rollouts, config.parallel_orders);
+        crate::probe::probe_soaking(&policies, inventory, rollouts, config.parallel_orders);
     let decided = Instant::now();
     let decision = tick(&Tick {
         now: now_unix(),
@@ -273,11 +267,14 @@ fn lead_once(
         policies: &policies,
         index: &index,
         repository: &config.repository,
-        rollouts: &rollouts,
+        rollouts,
         stale_after: config.stale_after.as_secs(),
         probes: &probes,
     });
     timing.decide = decided.elapsed();
+    // Let the watch go on without copying: while a snapshot is held, its next change copies
+    // the whole inventory (`Arc::make_mut`), and sending the orders can take seconds.
+    drop(held);
     let committed = Instant::now();
     let outcome = state::commit_rollouts(
         state,
@@ -291,7 +288,7 @@ fn lead_once(
     timing.commit = committed.elapsed();
     match outcome {
         Outcome::Committed { revision } => {
-            state::remember_rollouts(held_rollouts, &decision.rollouts, revision);
+            state::remember_rollouts(held_rollouts, decision.rollouts, revision);
             metrics.events_written(decision.events.len());
         }
         Outcome::Conflict => return Ok(Led::Conflict), // a pause or resume got in: decide again
@@ -374,25 +371,21 @@ fn record_answers(
     }
     for _ in 0..5 {
         state::refresh_rollouts(state, held).map_err(|e| etcd(&e))?;
-        let stored: BTreeMap<String, state::Stored<Rollout>> = held
-            .values()
-            .map(|s| (s.value.group.clone(), s.clone()))
-            .collect();
         let mut changed = BTreeMap::new();
         let mut read_at = BTreeMap::new();
         let mut events = Vec::new();
         let now = now_unix();
         for (order, answer) in answers {
-            let Some(s) = stored.get(&order.group) else {
+            let Some((stored, revision)) = held.get(&order.group) else {
                 continue;
             };
-            if s.value.id != order.rollout {
+            if stored.id != order.rollout {
                 continue;
             }
             let rollout: &mut Rollout = changed
                 .entry(order.group.clone())
-                .or_insert_with(|| s.value.clone());
-            read_at.insert(order.group.clone(), s.revision);
+                .or_insert_with(|| stored.clone());
+            read_at.insert(order.group.clone(), revision);
             let Some(progress) = rollout.nodes.get_mut(&order.node) else {
                 continue;
             };
@@ -416,12 +409,12 @@ fn record_answers(
                 Err(DriveError::Unreachable(_)) => {}
             }
         }
-        changed.retain(|g, r| stored.get(g).is_some_and(|s| s.value != *r));
+        changed.retain(|g, r| held.get(g).is_some_and(|(s, _)| s != r));
         match state::commit_rollouts(state, Some(fence), &changed, &read_at, &events, now_ms())
             .map_err(|e| etcd(&e))?
         {
             Outcome::Committed { revision } => {
-                state::remember_rollouts(held, &changed, revision);
+                state::remember_rollouts(held, changed, revision);
                 metrics.events_written(events.len());
                 return Ok(Led::Ticked);
             }

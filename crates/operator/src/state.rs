@@ -183,17 +183,61 @@ pub fn rollouts(state: &EtcdState) -> Result<BTreeMap<String, Stored<Rollout>>, 
     Ok(out)
 }
 
-/// The rollouts by etcd key (`rollouts/<group>`), as a leader keeps them between its ticks.
-pub type RolloutCache = BTreeMap<String, Stored<Rollout>>;
+/// The rollouts as a leader keeps them between its ticks: by group, to be lent to each tick
+/// as they are (a tick used to read a copy of every rollout, ten thousand nodes' progress),
+/// with the revision each was read or written at.
+#[derive(Debug, Default)]
+pub struct RolloutCache {
+    /// By etcd key (`rollouts/<group>`): the group its value is about, and its revision.
+    keys: BTreeMap<String, (String, i64)>,
+    /// By group.
+    rollouts: BTreeMap<String, Rollout>,
+}
+
+impl RolloutCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The rollouts by group.
+    pub fn rollouts(&self) -> &BTreeMap<String, Rollout> {
+        &self.rollouts
+    }
+
+    /// Each group's revision: what a compare-and-swap of its rollout expects.
+    pub fn revisions(&self) -> BTreeMap<String, i64> {
+        self.keys.values().cloned().collect()
+    }
+
+    /// A group's rollout and its revision.
+    pub fn get(&self, group: &str) -> Option<(&Rollout, i64)> {
+        let revision = self.keys.get(&format!("{ROLLOUTS}{group}"))?.1;
+        Some((self.rollouts.get(group)?, revision))
+    }
+
+    fn forget(&mut self, key: &str) {
+        if let Some((group, _)) = self.keys.remove(key) {
+            self.rollouts.remove(&group);
+        }
+    }
+}
 
 /// Brings `cache` up to etcd, as [`rollouts`] would read it: one read of the keys'
 /// revisions, then only the rollouts whose revision moved (or that are new) are read and
 /// decoded again.
 pub fn refresh_rollouts(state: &EtcdState, cache: &mut RolloutCache) -> Result<(), ReadError> {
     let revisions: BTreeMap<String, i64> = state.revisions(ROLLOUTS)?.into_iter().collect();
-    cache.retain(|key, held| revisions.get(key) == Some(&held.revision));
+    let moved: Vec<String> = cache
+        .keys
+        .iter()
+        .filter(|(key, (_, held))| revisions.get(*key) != Some(held))
+        .map(|(key, _)| key.clone())
+        .collect();
+    for key in moved {
+        cache.forget(&key);
+    }
     for key in revisions.keys() {
-        if cache.contains_key(key) {
+        if cache.keys.contains_key(key) {
             continue;
         }
         // Gone between the two reads: the next refresh sees it so.
@@ -205,13 +249,10 @@ pub fn refresh_rollouts(state: &EtcdState, cache: &mut RolloutCache) -> Result<(
             what: "rollout",
             reason,
         })?;
-        cache.insert(
-            key.clone(),
-            Stored {
-                value: rollout,
-                revision: entry.mod_revision,
-            },
-        );
+        cache
+            .keys
+            .insert(key.clone(), (rollout.group.clone(), entry.mod_revision));
+        cache.rollouts.insert(rollout.group.clone(), rollout);
     }
     Ok(())
 }
@@ -219,17 +260,14 @@ pub fn refresh_rollouts(state: &EtcdState, cache: &mut RolloutCache) -> Result<(
 /// Records in `cache` the rollouts a commit at `revision` has just stored.
 pub fn remember_rollouts(
     cache: &mut RolloutCache,
-    changed: &BTreeMap<String, Rollout>,
+    changed: BTreeMap<String, Rollout>,
     revision: i64,
 ) {
     for (group, rollout) in changed {
-        cache.insert(
-            format!("{ROLLOUTS}{group}"),
-            Stored {
-                value: rollout.clone(),
-                revision,
-            },
-        );
+        let key = format!("{ROLLOUTS}{group}");
+        cache.forget(&key);
+        cache.keys.insert(key, (group.clone(), revision));
+        cache.rollouts.insert(group, rollout);
     }
 }
 

@@ -5,7 +5,8 @@
 //! - [`PolicySet`]: the policy file, checked whole.
 //! - [`Rollout`]: one group's move to one version, and each node's [`Step`].
 //! - [`tick`]: follow the nodes, pause on a spent failure budget, start the nodes every
-//!   applicable policy allows, complete.
+//!   applicable policy allows, complete; [`tick_explained`] also says why each waiting node
+//!   waits.
 //! - [`pause`], [`resume`], [`abort`]: what `slate fleet pause|resume|abort` do to a rollout.
 //! - [`plan`]: the dry run: which node in which wave, not before when.
 //! - [`progress`]: each group's rollout as numbers (the operator's metrics).
@@ -17,6 +18,7 @@ mod plan;
 mod policy;
 mod progress;
 mod rollout;
+mod start;
 mod tick;
 mod waves;
 
@@ -31,5 +33,5 @@ pub use progress::{progress, GroupProgress};
 pub use rollout::{
     Event, EventKind, NodeProgress, Order, Rollout, RolloutState, Step, RATE_MEMORY_SECONDS,
 };
-pub use tick::{tick, Decision, Tick, RESEND_AFTER};
+pub use tick::{tick, tick_explained, Decision, Tick, RESEND_AFTER};
 pub use waves::{wave_bounds, wave_key};

@@ -1,13 +1,37 @@
 //! What each policy allows in a group: its running totals (unavailable, healthy and up,
 //! recent starts, the open wave) and why it blocks a node from starting now.
 
-use std::collections::BTreeSet;
-
 use slate_machine_config::minutes_until_open;
 
+use crate::node::NodeRecord;
 use crate::policy::Policy;
 use crate::rollout::{Rollout, Step};
 use crate::waves::PolicyView;
+
+/// A node's [`Step`] without its details: what a tick keeps per covered node, so that the
+/// counts read a vector instead of looking each node up in the rollout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Upgrading,
+    Soaking,
+    Done,
+    Failed,
+}
+
+impl Phase {
+    pub(crate) fn of(step: &Step) -> Phase {
+        match step {
+            Step::Upgrading { .. } => Phase::Upgrading,
+            Step::Soaking { .. } => Phase::Soaking,
+            Step::Done { .. } => Phase::Done,
+            Step::Failed { .. } => Phase::Failed,
+        }
+    }
+
+    pub(crate) fn is_finished(self) -> bool {
+        matches!(self, Phase::Done | Phase::Failed)
+    }
+}
 
 /// One policy's running totals over its members in a group, kept up to date as the tick
 /// starts nodes.
@@ -23,41 +47,42 @@ pub(crate) struct Counts {
 }
 
 impl Counts {
-    /// The counts of `view`'s members at `now`; `up`: whether a node reports, healthy and idle.
+    /// The counts of `view`'s members at `now`. `phases`: where each member stands in the
+    /// rollout, in `view.members`' order; `up`: whether a node reports, healthy and idle.
     pub(crate) fn of(
         view: &PolicyView<'_>,
+        phases: impl Iterator<Item = Option<Phase>>,
         rollout: &Rollout,
         now: u64,
-        up: impl Fn(&str) -> bool,
+        up: impl Fn(&NodeRecord) -> bool,
     ) -> Counts {
         let mut unavailable = 0;
         let mut healthy_up = 0;
-        for id in &view.members {
-            let upgrading = matches!(
-                rollout.nodes.get(*id).map(|p| &p.step),
-                Some(Step::Upgrading { .. })
-            );
-            if upgrading || !up(id) {
+        let mut first_unfinished = None;
+        for (i, (phase, record)) in phases.zip(&view.records).enumerate() {
+            if phase == Some(Phase::Upgrading) || !up(record) {
                 unavailable += 1;
             } else {
                 healthy_up += 1;
             }
+            if first_unfinished.is_none() && !phase.is_some_and(Phase::is_finished) {
+                first_unfinished = Some(i);
+            }
         }
-        let members: BTreeSet<&str> = view.members.iter().copied().collect();
         let recent_starts = view.policy.rate.map_or(0, |rate| {
             rollout
                 .recent_starts
                 .iter()
-                .filter(|(id, at)| members.contains(id.as_str()) && at + rate.per_seconds > now)
+                .filter(|(id, at)| {
+                    at + rate.per_seconds > now && view.position.contains_key(id.as_str())
+                })
                 .count()
         });
-        let open_wave =
-            view.open_wave(|id| rollout.nodes.get(id).is_some_and(|p| p.step.is_finished()));
         Counts {
             unavailable,
             healthy_up,
             recent_starts,
-            open_wave,
+            open_wave: view.open_wave_before(first_unfinished.unwrap_or(view.members.len())),
         }
     }
 

@@ -8,8 +8,8 @@ use slate_machine_config::{minute_of_week, minutes_until_open};
 
 use crate::node::NodeRecord;
 use crate::rollout::Rollout;
-use crate::tick::{tick, Tick};
-use crate::waves::{wave_key, PolicyView};
+use crate::tick::{tick_explained, Tick};
+use crate::waves::{sort_in_waves, PolicyView};
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlanRow {
@@ -34,7 +34,7 @@ pub struct PlanRow {
 
 /// What one tick would do, node by node (in each group in wave order).
 pub fn plan(t: &Tick<'_>) -> Vec<PlanRow> {
-    let decision = tick(t);
+    let decision = tick_explained(t);
     let mut groups: BTreeMap<&str, Vec<&NodeRecord>> = BTreeMap::new();
     for record in t.inventory.values() {
         if t.policies.for_node(&record.report).next().is_some() {
@@ -55,7 +55,7 @@ pub fn plan(t: &Tick<'_>) -> Vec<PlanRow> {
             .iter()
             .filter_map(|p| PolicyView::new(p, &nodes))
             .collect();
-        nodes.sort_by_cached_key(|n| wave_key(&n.report.id));
+        sort_in_waves(&mut nodes);
         for rec in nodes {
             let id = rec.report.id.as_str();
             let wave = views.iter().find_map(|v| v.wave_of(id));

@@ -5,13 +5,13 @@
 //! order, so a node is marked upgrading before it is asked, and a new leader never asks again
 //! a node that may have been asked (see [`RESEND_AFTER`] for the one exception).
 
+use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
-use slate_machine_config::minute_of_week;
 use slate_release::{choose, compare, Choice, Policy as ChoicePolicy, Release, ReleaseIndex};
 
-use crate::limits::Counts;
+use crate::limits::Phase;
 use crate::node::{Inventory, NodeRecord};
 use crate::policy::PolicySet;
 use crate::rollout::{
@@ -53,12 +53,28 @@ pub struct Decision {
     pub events: Vec<Event>,
     /// Upgrades to send once `rollouts` are stored.
     pub orders: Vec<Order>,
-    /// Why each covered node that could move is waiting.
+    /// Why each covered node that could move is waiting: filled by [`tick_explained`] only
+    /// (the leader never reads it; `slate fleet plan` and the status do).
     pub waiting: BTreeMap<String, String>,
 }
 
-/// One tick over every group.
+/// One tick over every group; `waiting` is left empty.
+///
+/// The leader calls this every tick, so it only builds what changes hands: a rollout is
+/// copied only when a node in it moves, and once a policy has refused one node this tick it
+/// refuses every later one of its members without another word (its counts only grow as
+/// nodes start, its window is the same for all, later members are in the same or a later
+/// wave), so the waiting nodes past it cost nothing.
 pub fn tick(t: &Tick<'_>) -> Decision {
+    tick_with(t, false)
+}
+
+/// [`tick`], and why each covered node that could move is waiting. Decides the same.
+pub fn tick_explained(t: &Tick<'_>) -> Decision {
+    tick_with(t, true)
+}
+
+fn tick_with(t: &Tick<'_>, explain: bool) -> Decision {
     let mut groups: BTreeMap<&str, Vec<&NodeRecord>> = BTreeMap::new();
     for record in t.inventory.values() {
         if t.policies.for_node(&record.report).next().is_some() {
@@ -66,20 +82,34 @@ pub fn tick(t: &Tick<'_>) -> Decision {
         }
     }
     let mut decision = Decision::default();
-    for (group, covered) in groups {
-        GroupTick::new(t, group, covered, &mut decision).run();
+    for (group, mut covered) in groups {
+        // In id order, as the rollout's nodes are (a tick walks both side by side): so the
+        // inventory is when each record sits under its own id, as the operator keeps it.
+        if !covered.is_sorted_by(|a, b| a.report.id <= b.report.id) {
+            covered.sort_by(|a, b| a.report.id.cmp(&b.report.id));
+        }
+        GroupTick::new(t, group, covered, explain, &mut decision).run();
     }
     decision
 }
 
 pub(crate) struct GroupTick<'t, 'd> {
     pub(crate) t: &'t Tick<'t>,
-    group: &'t str,
-    covered: Vec<&'t NodeRecord>,
-    /// `covered` in wave order, sorted once per tick.
-    ordered: Vec<&'t NodeRecord>,
-    views: Vec<PolicyView<'t>>,
-    out: &'d mut Decision,
+    pub(crate) group: &'t str,
+    /// In id order.
+    pub(crate) covered: Vec<&'t NodeRecord>,
+    /// `covered` in wave order, sorted once per tick, and each one's index in `covered`.
+    pub(crate) ordered: Vec<(&'t NodeRecord, usize)>,
+    pub(crate) views: Vec<PolicyView<'t>>,
+    /// Each view's members' indexes in `covered`, in the view's order.
+    pub(crate) members_at: Vec<Vec<usize>>,
+    /// Where each covered node stands in the rollout (none: not in it), by its index in
+    /// `covered`: read from the rollout once, by walking both in id order, and kept up to
+    /// date as the tick moves nodes.
+    pub(crate) phases: Vec<Option<Phase>>,
+    /// Fill `out.waiting`.
+    pub(crate) explain: bool,
+    pub(crate) out: &'d mut Decision,
 }
 
 impl<'t, 'd> GroupTick<'t, 'd> {
@@ -87,32 +117,50 @@ impl<'t, 'd> GroupTick<'t, 'd> {
         t: &'t Tick<'t>,
         group: &'t str,
         covered: Vec<&'t NodeRecord>,
+        explain: bool,
         out: &'d mut Decision,
     ) -> Self {
-        let mut ordered = covered.clone();
-        ordered.sort_by_cached_key(|rec| crate::waves::wave_key(&rec.report.id));
-        let views = t
-            .policies
-            .policies
-            .iter()
-            .filter_map(|p| PolicyView::of_ordered(p, &ordered))
-            .collect();
+        let mut order: Vec<usize> = (0..covered.len()).collect();
+        order.sort_by_cached_key(|&i| {
+            let id = covered[i].report.id.as_str();
+            (crate::waves::wave_hash(id), id)
+        });
+        let ordered: Vec<(&NodeRecord, usize)> = order.iter().map(|&i| (covered[i], i)).collect();
+        let records: Vec<&NodeRecord> = ordered.iter().map(|(rec, _)| *rec).collect();
+        let mut views = Vec::new();
+        let mut members_at = Vec::new();
+        for policy in &t.policies.policies {
+            if let Some(view) = PolicyView::of_ordered(policy, &records) {
+                views.push(view);
+                members_at.push(
+                    ordered
+                        .iter()
+                        .filter(|(rec, _)| policy.applies_to(&rec.report))
+                        .map(|(_, i)| *i)
+                        .collect(),
+                );
+            }
+        }
         GroupTick {
             t,
             group,
+            phases: vec![None; covered.len()],
             covered,
             ordered,
             views,
+            members_at,
+            explain,
             out,
         }
     }
 
     fn run(mut self) {
         let previous = self.t.rollouts.get(self.group);
-        let mut rollout = match previous {
-            Some(r) if r.state.is_active() => r.clone(),
+        // Borrowed until something in it changes: most ticks change nothing in most groups.
+        let mut rollout: Cow<'t, Rollout> = match previous {
+            Some(r) if r.state.is_active() => Cow::Borrowed(r),
             _ => match self.new_rollout(previous) {
-                Some(r) => r,
+                Some(r) => Cow::Owned(r),
                 None => return,
             },
         };
@@ -124,7 +172,7 @@ impl<'t, 'd> GroupTick<'t, 'd> {
         if rollout.state == RolloutState::Running {
             if let Some(reason) = self.over_budget(&rollout) {
                 self.event(&rollout, None, EventKind::Paused, reason.clone());
-                rollout.state = RolloutState::Paused {
+                rollout.to_mut().state = RolloutState::Paused {
                     reason,
                     since: self.t.now,
                 };
@@ -133,17 +181,28 @@ impl<'t, 'd> GroupTick<'t, 'd> {
                 self.complete_if_done(&mut rollout);
             }
         }
+        // The phases kept up to date through the tick are what reading the rollout afresh gives.
+        #[cfg(test)]
+        assert_eq!(self.phases, join(&self.covered, &rollout.nodes));
         self.resend_unconfirmed(&rollout);
         self.finish(rollout, previous);
     }
 
-    fn finish(&mut self, rollout: Rollout, before: Option<&Rollout>) {
-        if before != Some(&rollout) {
-            self.out.rollouts.insert(self.group.to_owned(), rollout);
+    fn finish(&mut self, rollout: Cow<'t, Rollout>, before: Option<&Rollout>) {
+        if let Cow::Owned(rollout) = rollout {
+            if before != Some(&rollout) {
+                self.out.rollouts.insert(self.group.to_owned(), rollout);
+            }
         }
     }
 
-    fn event(&mut self, r: &Rollout, node: Option<&str>, kind: EventKind, detail: String) {
+    pub(crate) fn event(
+        &mut self,
+        r: &Rollout,
+        node: Option<&str>,
+        kind: EventKind,
+        detail: String,
+    ) {
         self.out.events.push(Event {
             at: self.t.now,
             group: r.group.clone(),
@@ -225,7 +284,7 @@ impl<'t, 'd> GroupTick<'t, 'd> {
 
     /// A running rollout whose target was yanked (or removed) ends; the next tick starts the
     /// next release. A paused one waits for `resume`, which does the same.
-    fn target_withdrawn(&mut self, rollout: &mut Rollout) -> bool {
+    fn target_withdrawn(&mut self, rollout: &mut Cow<'t, Rollout>) -> bool {
         if rollout.state != RolloutState::Running {
             return false;
         }
@@ -233,7 +292,7 @@ impl<'t, 'd> GroupTick<'t, 'd> {
             return false;
         };
         self.event(rollout, None, EventKind::Aborted, reason.clone());
-        rollout.state = RolloutState::Aborted {
+        rollout.to_mut().state = RolloutState::Aborted {
             reason,
             at: self.t.now,
         };
@@ -250,13 +309,19 @@ impl<'t, 'd> GroupTick<'t, 'd> {
 
     /// Moves every started node along by what it last reported, and marks covered nodes found
     /// on the target (or past it) as done.
-    fn follow_nodes(&mut self, rollout: &mut Rollout) {
+    fn follow_nodes(&mut self, rollout: &mut Cow<'t, Rollout>) {
         let now = self.t.now;
-        let target = rollout.target.clone();
-        let ids: Vec<String> = rollout.nodes.keys().cloned().collect();
-        for id in ids {
-            let record = self.record(&id);
-            let progress = &rollout.nodes[&id];
+        self.phases = join(&self.covered, &rollout.nodes);
+        let target = rollout.target.as_str();
+        // Decided over the rollout as it stands, applied after: the rollout is copied only
+        // when a node moves.
+        let mut moves: Vec<(String, Step)> = Vec::new();
+        for (id, progress) in &rollout.nodes {
+            if progress.step.is_finished() {
+                continue;
+            }
+            let id = id.as_str();
+            let record = self.record(id);
             let started = progress.started.unwrap_or(0);
             let next = match (&progress.step, record) {
                 (Step::Upgrading { prior_failure, .. }, Some(rec)) => {
@@ -306,13 +371,13 @@ impl<'t, 'd> GroupTick<'t, 'd> {
                             Some(failed(now, format!("unhealthy while soaking on {target}")))
                         }
                         None => Some(failed(now, "left the inventory while soaking".into())),
-                        Some(_) if self.t.probes.get(&id) == Some(&false) => Some(failed(
+                        Some(_) if self.t.probes.get(id) == Some(&false) => Some(failed(
                             now,
                             format!("its probe failed while soaking on {target}"),
                         )),
                         Some(_)
-                            if now >= committed + self.soak_of(&id)
-                                && (!self.probed(&id) || self.t.probes.get(&id) == Some(&true)) =>
+                            if now >= committed + self.soak_of(id)
+                                && (!self.probed(id) || self.t.probes.get(id) == Some(&true)) =>
                         {
                             Some(Step::Done { at: now })
                         }
@@ -322,25 +387,48 @@ impl<'t, 'd> GroupTick<'t, 'd> {
                 (Step::Done { .. } | Step::Failed { .. }, _) => None,
             };
             if let Some(step) = next {
-                let kind = match &step {
-                    Step::Soaking { .. } => EventKind::Committed,
-                    Step::Done { .. } => EventKind::Soaked,
-                    _ => EventKind::Failed,
-                };
-                let detail = match &step {
-                    Step::Failed { reason, .. } => reason.clone(),
-                    _ => String::new(),
-                };
-                self.event(rollout, Some(&id), kind, detail);
-                if let Some(p) = rollout.nodes.get_mut(&id) {
-                    p.step = step;
-                }
+                moves.push((id.to_owned(), step));
             }
         }
-        for rec in &self.covered {
+        for (id, step) in moves {
+            let kind = match &step {
+                Step::Soaking { .. } => EventKind::Committed,
+                Step::Done { .. } => EventKind::Soaked,
+                _ => EventKind::Failed,
+            };
+            let detail = match &step {
+                Step::Failed { reason, .. } => reason.clone(),
+                _ => String::new(),
+            };
+            self.event(rollout, Some(&id), kind, detail);
+            if let Ok(i) = self
+                .covered
+                .binary_search_by(|rec| rec.report.id.as_str().cmp(&id))
+            {
+                self.phases[i] = Some(Phase::of(&step));
+            }
+            if let Some(p) = rollout.to_mut().nodes.get_mut(&id) {
+                p.step = step;
+            }
+        }
+        // A fleet runs few versions: each is compared with the target once a tick.
+        let mut reached: Vec<(&str, bool)> = Vec::new();
+        for (i, rec) in self.covered.iter().enumerate() {
             let r = &rec.report;
-            if !rollout.nodes.contains_key(&r.id) && compare(&r.version, &target).is_ge() {
-                rollout.nodes.insert(
+            if self.phases[i].is_some() {
+                continue;
+            }
+            let at_or_past = match reached.iter().find(|(v, _)| *v == r.version) {
+                Some((_, known)) => *known,
+                None => {
+                    let known = compare(&r.version, &rollout.target).is_ge();
+                    reached.push((&r.version, known));
+                    known
+                }
+            };
+            if at_or_past {
+                self.phases[i] = Some(Phase::Done);
+                rollout.to_mut().nodes.insert(
                     r.id.clone(),
                     NodeProgress {
                         from: None,
@@ -371,131 +459,38 @@ impl<'t, 'd> GroupTick<'t, 'd> {
 
     /// The first policy whose failure budget is spent, as a reason.
     fn over_budget(&self, rollout: &Rollout) -> Option<String> {
-        self.views.iter().find_map(|view| {
-            let budget = view.policy.failure_budget? as usize;
-            let failed: Vec<&str> = view
-                .members
-                .iter()
-                .filter(|id| {
-                    matches!(
-                        rollout.nodes.get(**id).map(|p| &p.step),
-                        Some(Step::Failed { .. })
-                    ) && !rollout.acknowledged(id)
-                })
-                .copied()
-                .collect();
-            (failed.len() >= budget).then(|| {
-                format!(
-                    "policy {:?}: {} of its nodes failed on {} ({}), its failure budget is {}",
-                    view.policy.name,
-                    failed.len(),
-                    rollout.target,
-                    failed.join(", "),
-                    budget
-                )
-            })
-        })
-    }
-
-    fn start_nodes(&mut self, rollout: &mut Rollout) {
-        let now = self.t.now;
-        let Some(release) = self.t.index.get(&rollout.target).cloned() else {
-            return;
+        let failed = |at: &[usize]| -> Vec<&str> {
+            at.iter()
+                .filter(|&&i| self.phases[i] == Some(Phase::Failed))
+                .map(|&i| self.covered[i].report.id.as_str())
+                .filter(|id| !rollout.acknowledged(id))
+                .collect()
         };
-        let mut counts: Vec<Counts> = self
-            .views
+        self.views
             .iter()
-            .map(|v| {
-                Counts::of(v, rollout, self.t.now, |id| {
-                    self.record(id).is_some_and(|rec| {
-                        !self.stale(rec) && rec.report.healthy && !rec.report.busy
-                    })
+            .zip(&self.members_at)
+            .find_map(|(view, at)| {
+                let budget = view.policy.failure_budget? as usize;
+                let failed = failed(at);
+                (failed.len() >= budget).then(|| {
+                    format!(
+                        "policy {:?}: {} of its nodes failed on {} ({}), its failure budget is {}",
+                        view.policy.name,
+                        failed.len(),
+                        rollout.target,
+                        failed.join(", "),
+                        budget
+                    )
                 })
             })
-            .collect();
-        let candidates: Vec<&NodeRecord> = self
-            .ordered
-            .iter()
-            .copied()
-            .filter(|rec| !rollout.nodes.contains_key(&rec.report.id))
-            .collect();
-        let minute = minute_of_week(now);
-        for rec in candidates {
-            let r = &rec.report;
-            let own = if self.stale(rec) {
-                Some(format!(
-                    "silent for {} s",
-                    now.saturating_sub(rec.last_seen)
-                ))
-            } else if r.busy {
-                Some("busy with another sequence".into())
-            } else if !r.healthy || !r.committed {
-                Some("not healthy and committed".into())
-            } else if !release.reachable_from(&r.version) {
-                Some(format!(
-                    "{} upgrades only from {} or newer",
-                    release.version,
-                    release.min_from.as_deref().unwrap_or("?")
-                ))
-            } else {
-                None
-            };
-            let blocked = own.or_else(|| {
-                self.views
-                    .iter()
-                    .zip(&counts)
-                    .filter(|(v, _)| v.position.contains_key(r.id.as_str()))
-                    .find_map(|(v, c)| c.blocks(v, &r.id, minute))
-            });
-            if let Some(reason) = blocked {
-                self.out.waiting.insert(r.id.clone(), reason);
-                continue;
-            }
-            for (v, c) in self.views.iter().zip(counts.iter_mut()) {
-                if v.position.contains_key(r.id.as_str()) {
-                    c.unavailable += 1;
-                    c.healthy_up = c.healthy_up.saturating_sub(1);
-                    c.recent_starts += 1;
-                }
-            }
-            let strategy = self.t.policies.strategy_of(r);
-            rollout.nodes.insert(
-                r.id.clone(),
-                NodeProgress {
-                    from: Some(r.version.clone()),
-                    started: Some(now),
-                    strategy,
-                    step: Step::Upgrading {
-                        issued: false,
-                        prior_failure: r.last_failure.clone(),
-                    },
-                },
-            );
-            rollout.recent_starts.push((r.id.clone(), now));
-            let detail = format!("{} → {}", r.version, rollout.target);
-            self.event(rollout, Some(&r.id), EventKind::Started, detail);
-            self.out.orders.push(Order {
-                group: rollout.group.clone(),
-                rollout: rollout.id,
-                node: r.id.clone(),
-                endpoint: r.endpoint.clone(),
-                image: rollout.image.clone(),
-                strategy,
-            });
-        }
-        rollout
-            .recent_starts
-            .retain(|(_, at)| at + RATE_MEMORY_SECONDS > now);
     }
 
-    fn complete_if_done(&mut self, rollout: &mut Rollout) {
-        let all_finished = self.covered.iter().all(|rec| {
-            rollout
-                .nodes
-                .get(&rec.report.id)
-                .is_some_and(|p| p.step.is_finished())
-        });
-        if !all_finished {
+    fn complete_if_done(&mut self, rollout: &mut Cow<'t, Rollout>) {
+        if !self
+            .phases
+            .iter()
+            .all(|p| p.is_some_and(Phase::is_finished))
+        {
             return;
         }
         let failed = rollout
@@ -509,7 +504,7 @@ impl<'t, 'd> GroupTick<'t, 'd> {
             rollout.target
         );
         self.event(rollout, None, EventKind::Completed, detail);
-        rollout.state = RolloutState::Completed { at: self.t.now };
+        rollout.to_mut().state = RolloutState::Completed { at: self.t.now };
     }
 
     fn resend_unconfirmed(&mut self, rollout: &Rollout) {
@@ -557,4 +552,26 @@ pub(crate) fn withdrawn(index: &ReleaseIndex, target: &str) -> Option<String> {
             .as_ref()
             .map(|why| format!("{target} was yanked: {why}")),
     }
+}
+
+#[cfg(test)]
+#[path = "tick_tests.rs"]
+mod tests;
+
+/// Where each of `covered` (in id order) stands in `nodes`, by one walk of both in id order.
+pub(crate) fn join(
+    covered: &[&NodeRecord],
+    nodes: &BTreeMap<String, NodeProgress>,
+) -> Vec<Option<Phase>> {
+    let mut entries = nodes.iter().peekable();
+    covered
+        .iter()
+        .map(|rec| {
+            let id = rec.report.id.as_str();
+            while entries.next_if(|(key, _)| key.as_str() < id).is_some() {}
+            entries
+                .next_if(|(key, _)| key.as_str() == id)
+                .map(|(_, p)| Phase::of(&p.step))
+        })
+        .collect()
 }

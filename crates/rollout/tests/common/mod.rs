@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use slate_release::{Channel, Release, ReleaseIndex};
 use slate_rollout::{
-    tick, Decision, Event, FailureReport, Inventory, NodeRecord, NodeReport, PolicySet, Rollout,
-    Tick,
+    tick, tick_explained, Decision, Event, FailureReport, Inventory, NodeRecord, NodeReport,
+    PolicySet, Rollout, Tick,
 };
 
 pub const REPO: &str = "registry.example/slate";
@@ -118,8 +118,20 @@ impl World {
     }
 
     /// One leader tick: store the rollouts (through JSON, as etcd does), deliver the orders.
+    /// Every tick of every test also checks that the leader's [`tick`], which skips the
+    /// waiting nodes' reasons and the nodes past a refusing policy, decides exactly what
+    /// [`tick_explained`], which walks every node, does.
     pub fn tick(&mut self) -> Decision {
-        let decision = tick(&self.tick_input());
+        let decision = tick_explained(&self.tick_input());
+        let fast = tick(&self.tick_input());
+        assert_eq!(
+            fast,
+            Decision {
+                waiting: BTreeMap::new(),
+                ..decision.clone()
+            },
+            "tick and tick_explained decided differently"
+        );
         for (group, rollout) in &decision.rollouts {
             let json = serde_json::to_string(rollout).unwrap();
             self.rollouts
