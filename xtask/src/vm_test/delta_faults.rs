@@ -259,4 +259,49 @@ mod tests {
             .collect();
         assert_eq!(fetched, [10, 20]);
     }
+
+    #[test]
+    fn the_rotted_chunk_is_one_only_the_running_blob_holds_and_the_next_shares() {
+        let chunk = |offset, digest| Chunk {
+            offset,
+            length: 10,
+            digest: [digest; 32],
+        };
+        let blob = |digest, chunks: Vec<Chunk>| BlobChunks {
+            digest: [digest; 32],
+            size: 10 * chunks.len() as u64,
+            chunks,
+        };
+        // 2 is also in the installer, 3 is listed twice by the next UKI, 5 is not in the next
+        // one: of 1, 4 and 6, 4 is nearest the middle.
+        let running = blob(
+            9,
+            vec![
+                chunk(0, 1),
+                chunk(10, 2),
+                chunk(20, 3),
+                chunk(30, 4),
+                chunk(40, 5),
+                chunk(50, 6),
+            ],
+        );
+        let index = ChunkIndex {
+            params: slate_delta::DEFAULT_PARAMS,
+            blobs: vec![running.clone(), blob(8, vec![chunk(0, 2)])],
+        };
+        let next = blob(
+            7,
+            vec![
+                chunk(0, 1),
+                chunk(10, 2),
+                chunk(20, 3),
+                chunk(30, 3),
+                chunk(40, 4),
+                chunk(50, 6),
+            ],
+        );
+        assert_eq!(shared_chunk(&running, &index, &next), Some(chunk(30, 4)));
+        let unrelated = blob(6, vec![chunk(0, 7)]);
+        assert_eq!(shared_chunk(&running, &index, &unrelated), None);
+    }
 }
