@@ -73,6 +73,18 @@ pub struct Plan {
     pub reuse_chunks: usize,
     /// The whole blob's size.
     pub full_bytes: u64,
+    /// Seed chunks whose bytes did not match the digest their own signed index lists (rot or
+    /// tampering on the ESP, a changed binary): not used, and worth telling the node's owner.
+    pub refused: Vec<Refused>,
+}
+
+/// A seed's chunk that failed its digest while planning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Refused {
+    /// Which seed (index into the `seeds` given to [`plan`]).
+    pub seed: usize,
+    /// The chunk as the seed's index lists it (its offset in the seed).
+    pub chunk: Chunk,
 }
 
 impl Plan {
@@ -94,7 +106,8 @@ pub fn plan(
     seeds: &[Seed<'_>],
     cache: Option<&dyn ChunkCache>,
 ) -> Result<Plan, AssembleError> {
-    let mut found = first_matching(target, seeds);
+    let (mut found, mut refused) = first_matching(target, seeds);
+    refused.sort_by_key(|r| (r.seed, r.chunk.offset));
     let mut sources = Vec::with_capacity(target.chunks.len());
     let (mut fetch_bytes, mut fetch_chunks, mut reuse_bytes, mut reuse_chunks) = (0, 0, 0, 0);
     for chunk in &target.chunks {
@@ -126,14 +139,19 @@ pub fn plan(
         reuse_bytes,
         reuse_chunks,
         full_bytes: target.size,
+        refused,
     })
 }
 
 /// Threads that hash local chunks while planning.
 pub const HASH_THREADS: usize = 4;
 
-/// For each digest the target lists, the first seed chunk (in seed order) whose bytes match it.
-fn first_matching(target: &BlobChunks, seeds: &[Seed<'_>]) -> HashMap<Sha256, Source> {
+/// For each digest the target lists, the first seed chunk (in seed order) whose bytes match it;
+/// and the seed chunks read on the way that did not match.
+fn first_matching(
+    target: &BlobChunks,
+    seeds: &[Seed<'_>],
+) -> (HashMap<Sha256, Source>, Vec<Refused>) {
     let wanted: HashSet<Sha256> = target.chunks.iter().map(|c| c.digest).collect();
     let mut order: Vec<Sha256> = Vec::new();
     let mut candidates: HashMap<Sha256, Vec<(usize, Chunk)>> = HashMap::new();
@@ -153,6 +171,7 @@ fn first_matching(target: &BlobChunks, seeds: &[Seed<'_>]) -> HashMap<Sha256, So
     }
     let next = AtomicUsize::new(0);
     let found = Mutex::new(HashMap::new());
+    let refused = Mutex::new(Vec::new());
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .clamp(1, HASH_THREADS)
@@ -163,9 +182,16 @@ fn first_matching(target: &BlobChunks, seeds: &[Seed<'_>]) -> HashMap<Sha256, So
                 let Some(digest) = order.get(next.fetch_add(1, Ordering::Relaxed)) else {
                     return;
                 };
-                let good = candidates[digest]
-                    .iter()
-                    .find(|(seed, chunk)| read_seed(&seeds[*seed], chunk).is_ok());
+                let good = candidates[digest].iter().find(|(seed, chunk)| {
+                    let ok = read_seed(&seeds[*seed], chunk).is_ok();
+                    if !ok {
+                        refused.lock().expect("no panics hold it").push(Refused {
+                            seed: *seed,
+                            chunk: *chunk,
+                        });
+                    }
+                    ok
+                });
                 if let Some((seed, chunk)) = good {
                     let source = Source::Seed {
                         seed: *seed,
@@ -179,7 +205,10 @@ fn first_matching(target: &BlobChunks, seeds: &[Seed<'_>]) -> HashMap<Sha256, So
             });
         }
     });
-    found.into_inner().expect("no panics hold it")
+    (
+        found.into_inner().expect("no panics hold it"),
+        refused.into_inner().expect("no panics hold it"),
+    )
 }
 
 /// Why an assembly stopped. Nothing it wrote should be used then: the caller discards it.

@@ -134,6 +134,15 @@ fn a_corrupted_local_chunk_is_not_reused() {
     let plan = plan(&new, &seeds, None).unwrap();
     assert_eq!(plan.sources[0], Source::Fetch);
     assert_eq!(plan.fetch_chunks, baseline.fetch_chunks + 1);
+    // Said, so the node can tell its owner which bytes of the running blob went bad.
+    assert!(baseline.refused.is_empty());
+    assert_eq!(
+        plan.refused,
+        [Refused {
+            seed: 0,
+            chunk: old.chunks[0]
+        }]
+    );
     let remote = Blob::new(v2.clone());
     let mut out = Vec::new();
     assemble(&new, &plan, &seeds, &Cache::default(), &remote, 2, &mut out).unwrap();
@@ -150,6 +159,7 @@ fn a_corrupted_local_chunk_is_not_reused() {
     let plan = super::plan(&new, &both, None).unwrap();
     assert_eq!(plan.fetch_chunks, baseline.fetch_chunks);
     assert_eq!(plan.sources[0], Source::Seed { seed: 1, offset: 0 });
+    assert_eq!(plan.refused.len(), 1);
     // A cached chunk whose bytes rotted is fetched again, not used.
     let cache = Cache::default();
     cache.put(&new.chunks[0].digest, b"not the chunk").unwrap();

@@ -13,7 +13,8 @@ mod estimate;
 mod index;
 
 pub use assemble::{
-    assemble, plan, AssembleError, Assembled, ChunkCache, Plan, ReadAt, Remote, Seed, Source,
+    assemble, plan, AssembleError, Assembled, ChunkCache, Plan, ReadAt, Refused, Remote, Seed,
+    Source,
 };
 #[cfg(test)]
 mod test_data;

@@ -72,6 +72,13 @@ impl TransferBars {
                     eprintln!("{}: downloading it whole ({reason})", short(digest));
                 }
             }
+            // Rot in a blob this machine holds is news whether or not a terminal watches.
+            Event::SeedChunkRefused {
+                seed, offset, end, ..
+            } => eprintln!(
+                "{}: bytes {offset}..{end} do not match their signed digest: not reused",
+                short(seed)
+            ),
             Event::BlobPresent { .. } | Event::Manifest { .. } => {}
         }
     }

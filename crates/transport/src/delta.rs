@@ -175,6 +175,15 @@ pub(crate) fn fetch_by_delta(
             return Ok(Delivered::default());
         }
     };
+    for refused in &plan.refused {
+        let seed = delta.seeds[refused.seed].chunks.oci_digest();
+        progress(Event::SeedChunkRefused {
+            digest: &digest,
+            seed: &seed,
+            offset: refused.chunk.offset,
+            end: refused.chunk.offset + u64::from(refused.chunk.length),
+        });
+    }
     progress(Event::DeltaStart {
         digest: &digest,
         size: chunks.size,

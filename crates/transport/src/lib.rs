@@ -116,6 +116,16 @@ pub enum Event<'a> {
     /// The blob is downloaded whole after all, and why (the delta would not be smaller, or it
     /// failed: a chunk refused by its digest, a registry that does not answer ranges).
     DeltaFallback { digest: &'a str, reason: &'a str },
+    /// While planning the blob `digest`: the bytes `offset..end` of the held blob `seed` (the
+    /// running UKI on the ESP, say) do not hash to the digest its own signed index lists for
+    /// them, so they are not used (another seed's copy, or a fetch, stands in). Comes before
+    /// the blob's `DeltaStart`, whose counts already leave them out.
+    SeedChunkRefused {
+        digest: &'a str,
+        seed: &'a str,
+        offset: u64,
+        end: u64,
+    },
 }
 
 /// Registry credentials (basic, or exchanged for a bearer token). `Debug` hides the password.

@@ -139,6 +139,16 @@ fn a_seed_chunk_that_rotted_is_fetched_not_reused() {
         "exactly the rotten chunk is fetched besides the delta"
     );
     assert!(counter.fallbacks.iter().all(|(d, _)| *d != uki_blob(&v2)));
+    // The pull says which bytes of the running UKI it refused.
+    assert_eq!(
+        counter.refused,
+        [(
+            uki_blob(&v2),
+            uki_blob(&v1),
+            first.offset,
+            first.offset + u64::from(first.length)
+        )]
+    );
     assert!(cached(dir.path(), &uki_blob(&v2)) == Some(v2_uki));
     assert_only_verified_blobs(dir.path());
 }

@@ -420,6 +420,7 @@ fn progress_reports_each_blob() {
                 Event::BlobPresent { .. } => "present".into(),
                 Event::DeltaStart { .. } => "delta".into(),
                 Event::DeltaFallback { .. } => "whole".into(),
+                Event::SeedChunkRefused { .. } => "refused".into(),
             })
         },
     )

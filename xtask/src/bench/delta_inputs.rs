@@ -6,7 +6,8 @@
 //! - (c) the root with Debian's libc6 of an older build (2.36-9+deb12u7, still in bookworm's
 //!   archive) in place of the current one: the old version of the pair;
 //! - (d) slate built again with `SLATE_BENCH_SMALL_CHANGE` set, which adds one statement to its
-//!   `main` (crates/slate/src/main.rs): the new version of the pair;
+//!   `main` (crates/slate/src/main.rs), both as the installer and as the root's
+//!   `/usr/bin/slate` (a release carries the same binary in both): the new version of the pair;
 //! - (e) the kernel of the previous point release (linux-image-amd64 6.1.176-1's), unpacked
 //!   like `xtask kernel`'s under .cache/bench-kernel: the old version of the pair.
 
@@ -108,14 +109,18 @@ pub(super) fn prepare(inputs: &Path) -> Result<[Inputs; 4]> {
     Ok([plain, plus, old_libc, old_kernel])
 }
 
-/// Pair (d)'s new inputs: `plain` with slate built again with one statement more. Last of the
+/// Pair (d)'s new inputs: `plain` with slate built again with one statement more, as the
+/// installer and in the root. Last of the
 /// pairs, since it compiles: target/static is built again as it was afterwards.
 pub(super) fn changed_slate(plain: &Inputs, inputs: &Path) -> Result<Inputs> {
     let mut changed = plain.clone();
     changed.static_dir = inputs.join("static-changed");
+    changed.root = inputs.join("rootfs-slate");
     fs::create_dir_all(&changed.static_dir)?;
     let variant = crate::slate_static::slate_static_changed()?;
     fs::copy(&variant, changed.static_dir.join("slate"))?;
+    copy_root(&plain.root, &changed.root)?;
+    fs::copy(&variant, changed.root.join("usr/bin/slate"))?;
     let same = fs::read(&variant)? == fs::read(plain.static_dir.join("slate"))?;
     fs::copy(
         plain.static_dir.join("slate-init"),

@@ -9,9 +9,10 @@
 //! corrupted, so the first attempt refuses that chunk by its digest, falls back to the whole
 //! blob, refuses that too and installs nothing; the registry repaired, the next attempt resumes
 //! from the chunks the first one kept and fetches exactly the corrupted one. v3's delta fetches
-//! exactly the chunks the two signed indexes differ by. (A running UKI corrupted on the ESP is
-//! not here yet: a byte no loader reads must lie in a chunk v3 shares with v2, and the PE
-//! header's chunk is not one — `kept_index` and `slate_delta`'s host tests cover it.)
+//! exactly the chunks the two signed indexes differ by, plus one: while v2 runs, a byte of its
+//! UKI on the ESP is flipped in the disk image, inside a chunk v3 shares with v2, and the pull
+//! says that chunk failed its signed digest and fetches it instead of reusing it; v3's UKI is
+//! still assembled to its digest (on the ESP afterwards, byte for byte) and commits.
 
 use std::fs;
 use std::path::Path;
@@ -206,18 +207,37 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
         "v2 committed",
     )?;
     ensure!(node.status()?["version"] == "2.0.0");
+    // Rot on the ESP, while v2 runs: one byte of a chunk v3 would otherwise reuse from it.
+    let rot = faults::shared_chunk(&uki2, &index2, &uki3)
+        .context("v3's UKI shares no chunk with v2's that only v2's UKI holds")?;
+    let (rot_file, rot_at) = faults::esp_uki_byte(&image, "2.0.0", &rot)?;
+    faults::flip(&image, rot_at)?;
+    let rot_end = rot.offset + u64::from(rot.length);
     // v2 came by an upgrade, so v3 is planned from v2's signed index kept on STATE.
     publish(&v3)?;
+    let refused3 = boot.expect(
+        &[&format!(
+            "pull 3.0.0: blob {}: bytes {}..{rot_end} of the held blob {} do not match their \
+             signed digest",
+            uki3.oci_digest(),
+            rot.offset,
+            uki2.oci_digest()
+        )],
+        Duration::from_secs(120),
+        "the ESP's rotten chunk refused",
+    )?;
     let planned3 = boot.expect(
         &[&format!("pull 3.0.0: blob {} (", uki3.oci_digest())],
-        Duration::from_secs(120),
+        Duration::from_secs(60),
         "v3's plan",
     )?;
     let clean_bytes: u64 = clean.iter().map(|c| u64::from(c.length)).sum();
     ensure!(
-        faults::planned(&planned3)? == (clean_bytes, clean.len()),
-        "v3's UKI should cost its {} new chunks ({clean_bytes} bytes): {planned3}",
-        clean.len()
+        faults::planned(&planned3)? == (clean_bytes + u64::from(rot.length), clean.len() + 1),
+        "v3's UKI should cost its {} new chunks ({clean_bytes} bytes) and the one rotten on \
+         the ESP ({} bytes): {planned3}",
+        clean.len(),
+        rot.length
     );
     let downloaded3 = boot.expect(
         &["update agent: 3.0.0 downloaded and verified ("],
@@ -253,6 +273,12 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
         Duration::from_secs(60),
         "v3 committed",
     )?;
+    // What the assembly wrote is v3's signed UKI, whatever the ESP's rot offered it.
+    ensure!(
+        faults::esp_uki_digest(&image, "3.0.0")? == uki3.digest,
+        "v3's UKI on the ESP is not the signed blob {}",
+        uki3.oci_digest()
+    );
     drop(registry);
     let percent = |n: u64| n as f64 * 100.0 / total as f64;
     Ok(format!(
@@ -262,11 +288,14 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
          repaired, the next attempt fetched 1 chunk of the UKI's {first_chunks} ({first_bytes} \
          bytes planned at first), in all {fetched} ({:.2} %), reused {reused}; v2 -> v3 (v2's \
          signed index kept on STATE) fetched {fetched3} ({:.2} %), reused {reused3}, the UKI's \
-         plan its {} new chunks; all committed",
+         plan its {} new chunks and chunk {}..{rot_end} of v2's UKI, refused for a byte \
+         flipped at disk offset {rot_at} in {rot_file} (`{}`); all committed",
         corrupt.offset,
         corrupt.offset + u64::from(corrupt.length),
         percent(fetched),
         percent(fetched3),
-        clean.len()
+        clean.len(),
+        rot.offset,
+        refused3.trim()
     ))
 }

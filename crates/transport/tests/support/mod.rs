@@ -169,6 +169,8 @@ pub struct Counter {
     pub deltas: Vec<(String, u64, u64)>,
     /// `(digest, reason)` of every delta given up for a whole download.
     pub fallbacks: Vec<(String, String)>,
+    /// `(target digest, seed digest, offset, end)` of every seed chunk refused by its digest.
+    pub refused: Vec<(String, String, u64, u64)>,
 }
 
 impl Counter {
@@ -194,6 +196,14 @@ impl Counter {
             Event::DeltaFallback { digest, reason } => {
                 self.fallbacks.push((digest.to_owned(), reason.to_owned()))
             }
+            Event::SeedChunkRefused {
+                digest,
+                seed,
+                offset,
+                end,
+            } => self
+                .refused
+                .push((digest.to_owned(), seed.to_owned(), offset, end)),
         }
     }
 }

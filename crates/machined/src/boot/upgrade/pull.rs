@@ -92,6 +92,18 @@ pub fn pull(
         Event::DeltaFallback { digest, reason } => node.journal.info(format_args!(
             "pull {version}: blob {digest} is downloaded whole: {reason}"
         )),
+        // The running UKI or installer no longer holds what its signed index says: rot or
+        // tampering on the ESP or STATE, which the owner should hear of even though the pull
+        // goes on without those bytes.
+        Event::SeedChunkRefused {
+            digest,
+            seed,
+            offset,
+            end,
+        } => node.journal.info(format_args!(
+            "pull {version}: blob {digest}: bytes {offset}..{end} of the held blob {seed} do \
+             not match their signed digest: not reused, fetched or taken from another copy"
+        )),
         _ => {}
     };
     let pulled = slate_transport::Client::new(options.clone())
