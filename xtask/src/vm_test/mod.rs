@@ -424,7 +424,8 @@ pub fn vm_test(only: &[String]) -> Result<()> {
         // reverted, reset (issue 40).
         ("tpm2_var", var_tpm2::tpm2_var),
         ("fleet_lock_updates", fleet::fleet_lock_updates),
-        // Two boots: v1, then v2 pulled by delta from a registry by the update agent.
+        // Three boots: v1, v2 pulled by delta from a registry by the update agent, then v3
+        // pulled with a byte of the running UKI on the ESP rotten.
         ("delta_upgrade", delta::delta_upgrade),
         ("staged_upgrades", staged::staged_upgrades),
         (
