@@ -29,6 +29,9 @@ use crate::types::{
 };
 use crate::upload::{ChannelWriter, UPLOAD_CHANNEL};
 
+mod shared;
+pub use shared::ClientTls;
+
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(120);
 const MAX_RESPONSE: usize = 16 << 20;
@@ -81,7 +84,8 @@ pub enum ClientError {
 /// until the stream ends or the callback breaks. Calls block the thread: do not use from
 /// inside an async runtime.
 pub struct Client {
-    rt: tokio::runtime::Runtime,
+    /// Shared by the clients of one [`ClientTls`]; a client of its own otherwise.
+    rt: Arc<tokio::runtime::Runtime>,
     connector: TlsConnector,
     host: String,
     port: u16,
@@ -147,7 +151,7 @@ impl Client {
                 message: format!("cannot start the I/O runtime: {e}"),
             })?;
         Ok(Client {
-            rt,
+            rt: Arc::new(rt),
             connector: TlsConnector::from(Arc::new(config)),
             host,
             port,

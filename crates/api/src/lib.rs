@@ -73,7 +73,7 @@ pub use certs::{
     client_cert_file, client_key_file, gen_certs, issue_client_cert, CertError, GeneratedCerts,
     CA_CERT, CA_KEY, CLIENT_CA_CERT, CLIENT_CA_KEY, SERVICE_CERT, SERVICE_KEY,
 };
-pub use client::{Client, ClientError};
+pub use client::{Client, ClientError, ClientTls};
 pub use handlers::MAINTENANCE_TOKEN_HEADER;
 pub use identity::{
     fingerprint, generate_key_pem, issue_node_client_cert, issue_serving_cert, self_signed_cert,

@@ -116,6 +116,7 @@ pub fn run(
         };
         log(&format!("{} is the leader", config.name));
         metrics.set_leader(true);
+        driver.new_term();
         let fence = leadership.fence();
         let mut pruned: Option<Instant> = None;
         // Rollouts as last read or written under this leadership: a tick reads again only
