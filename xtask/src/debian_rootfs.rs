@@ -84,7 +84,7 @@ const VAR_BOOTS_SCRIPT: &str = "#!/bin/sh\n\
     f=/var/lib/slate/var-boots\n\
     mkdir -p /var/lib/slate\n\
     id=$(cat /proc/sys/kernel/random/boot_id)\n\
-    echo \"var-boots: this boot $id; earlier on this /var: $(tr '\\n' ' ' < $f 2>/dev/null)\"\n\
+    echo \"var-boots: this boot $id; earlier on this /var: $(cat $f 2>/dev/null | tr '\\n' ' ')\"\n\
     echo \"$id\" >> $f\n\
     sync $f\n";
 /// DHCP on the first Ethernet link, by systemd-networkd.
