@@ -9,7 +9,9 @@
 //! `systemctl kexec` with no firmware; a v3 whose health check fails is reverted to v2
 //! unattended, and a v4
 //! staged (`--stage`) whose init cannot execute systemd falls back to v2 by systemd-boot's
-//! boot counting.
+//! boot counting. `[var] mode = "ephemeral"` then starts /var afresh, and `[var] mode =
+//! "tpm2"` on a blank EPHEMERAL with swtpm as the TPM (issue 40): set up at one boot, unlocked
+//! unattended at the next, and from the host LUKS2 with slate's token and no plaintext.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
