@@ -10,13 +10,13 @@ use anyhow::{ensure, Context as _, Result};
 
 use super::{Prepared, Scenario};
 
-/// How many scenarios run at once unless `SLATE_VM_PARALLEL` says otherwise. Each VM is one TCG
-/// vCPU and these machines have two cores, but a scenario's VMs are idle for much of its run
-/// (the guest halts while the host uploads, waits for a soak, a watchdog, an etcd election or
-/// the other node): sampled from each QEMU thread's schedstat on 2026-12-05, a QEMU was
-/// neither on a CPU nor waiting for one during about half its life. A third lane fills those
-/// gaps; the lane's CPU use is printed at the end (`cpu busy`) to check the choice.
-const PARALLEL_SCENARIOS: usize = 3;
+/// How many scenarios run at once unless `SLATE_VM_PARALLEL` says otherwise: each VM is one TCG
+/// vCPU and these machines have two cores. Three lanes were tried in a fresh-clone run
+/// (2026-12-05): every scenario took 1.4–1.8× its two-lane time, so the lane as a whole did
+/// no better — the boots are CPU-bound (firmware and the kernel's XZ decompression under
+/// emulation) and the guests' idle time, large under a loaded machine, is small on a quiet
+/// one. The run's CPU use is printed at the end (`cpu busy`) to check this again.
+const PARALLEL_SCENARIOS: usize = 2;
 
 /// The lanes: `SLATE_VM_PARALLEL` (1–8), else [`PARALLEL_SCENARIOS`].
 fn parallel_scenarios() -> Result<usize> {
