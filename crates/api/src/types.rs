@@ -405,6 +405,11 @@ pub struct SnapshotUpgradeRequest {
     pub reboot: bool,
     #[serde(default)]
     pub dry_run: bool,
+    /// Boot-counting tries for the new snapshot's entry on systemd-boot (3 when absent; 1 to
+    /// 15). GRUB starts a new snapshot once, so a node with GRUB refuses anything but 1.
+    /// Absent from the body when `None`, so a node from before this field still reads it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tries: Option<u32>,
 }
 
 /// `POST /v1/pins` body (admin): pin or unpin one version.

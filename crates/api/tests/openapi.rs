@@ -243,6 +243,7 @@ fn schemas_match_the_types() {
         command: "true".into(),
         reboot: true,
         dry_run: false,
+        tries: Some(1),
     };
     let s = schema(&spec, "SnapshotUpgradeRequest");
     assert_eq!(property_names(s), json_keys(&snapshot_upgrade));

@@ -38,6 +38,11 @@ pub enum SnapshotCommand {
         /// With --node: the node reboots into the new snapshot after answering.
         #[arg(long)]
         reboot: bool,
+        /// systemd-boot's boot-counting tries for the new snapshot, 1 to 15 (3 when absent):
+        /// how many failed starts mark it bad before the previous one boots again. GRUB starts
+        /// a new snapshot once, and refuses anything but 1.
+        #[arg(long, value_parser = crate::args::parse_tries)]
+        tries: Option<u32>,
     },
     /// Bless the booted snapshot's entry (it stays the default) and prune.
     Commit {
@@ -175,6 +180,7 @@ pub fn run(pool_args: &PoolArgs, target: &NodeTarget, cmd: SnapshotCommand) -> R
             tree,
             dry_run,
             reboot,
+            tries,
         } => {
             if reboot {
                 bail!("--reboot is for --node; on this machine, reboot through its init");
@@ -191,6 +197,7 @@ pub fn run(pool_args: &PoolArgs, target: &NodeTarget, cmd: SnapshotCommand) -> R
                 dry_run,
                 cmdline,
                 now: None,
+                tries,
             };
             engine::upgrade(&pool, &opts, &mut say).context("slate snapshot upgrade")?;
         }
@@ -343,12 +350,14 @@ fn run_remote(target: &NodeTarget, cmd: SnapshotCommand) -> Result<()> {
             tree: None,
             dry_run,
             reboot,
+            tries,
         } => {
             let client = target.client()?;
             let req = slate_api::SnapshotUpgradeRequest {
                 command,
                 reboot,
                 dry_run,
+                tries,
             };
             let report = client
                 .snapshot_upgrade(&req)

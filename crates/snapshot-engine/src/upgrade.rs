@@ -36,6 +36,9 @@ pub struct UpgradeOptions {
     pub cmdline: String,
     /// Seconds since the epoch the snapshot is named after (now, unless a test says otherwise).
     pub now: Option<u64>,
+    /// systemd-boot's boot-counting tries for the new entry (`None`: [`DEFAULT_TRIES`]).
+    /// GRUB starts a new snapshot once (`next_entry`), so there it can only be 1.
+    pub tries: Option<u32>,
 }
 
 #[derive(Debug, Clone, serde::Serialize)]
@@ -107,9 +110,17 @@ pub fn upgrade(
         Change::Command(c) => format!("run `{c}` chrooted (with /proc, /sys, /dev)"),
         Change::Tree(d) => format!("sync the tree {}", d.display()),
     };
-    let entry_name = entry::entry_name(&new, Some(DEFAULT_TRIES))?;
+    let tries = opts.tries.unwrap_or(DEFAULT_TRIES);
+    slate_bootspec::check_install_tries(tries).map_err(|e| EngineError::Invalid(e.to_string()))?;
+    let entry_name = entry::entry_name(&new, Some(tries))?;
     let esp_now = pool.open_esp_read_only()?;
     let boot = Boot::read(pool)?;
+    if boot.is_grub() && tries != 1 && opts.tries.is_some() {
+        return Err(EngineError::Invalid(format!(
+            "GRUB starts a new snapshot once (grubenv next_entry), so it has no {tries} tries; \
+             leave --tries out (or give 1) on this node"
+        )));
+    }
     if boot.is_grub() {
         // The paths are known after step 3; the checks here do not depend on them.
         let placeholder = grub_entry(
@@ -350,7 +361,8 @@ fn build(
     };
     let text = entry_text(&spec)?;
     let mut disk = pool.open_esp()?;
-    let name = sdboot::register(&mut disk, new, &kernel, &initrd, &text, DEFAULT_TRIES)?;
+    let tries = opts.tries.unwrap_or(DEFAULT_TRIES);
+    let name = sdboot::register(&mut disk, new, &kernel, &initrd, &text, tries)?;
     say(format!(
         "(4) register: ESP:/{}/ ({} + {} bytes), loader/entries/{}",
         entry::esp_dir(new),
@@ -371,8 +383,9 @@ fn build(
         )));
     }
     say(format!(
-        "(6) next boot: {next} (first match of loader.conf default {:?}; default unchanged; 3 failed tries make it bad and the previous entry boots)",
-        scan.loader_conf.as_ref().and_then(|c| c.default.clone()).unwrap_or_default()
+        "(6) next boot: {next} (first match of loader.conf default {:?}; default unchanged; {tries} failed {} make it bad and the previous entry boots)",
+        scan.loader_conf.as_ref().and_then(|c| c.default.clone()).unwrap_or_default(),
+        if tries == 1 { "try" } else { "tries" }
     ));
     Ok(name.file_name().to_owned())
 }

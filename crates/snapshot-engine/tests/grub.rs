@@ -23,6 +23,35 @@ fn state(env: &Env, snapshot: &str) -> (String, bool, bool) {
     (s.state.clone(), s.boots_next, s.fallback)
 }
 
+/// GRUB starts a new snapshot once: asking for more tries is refused before anything is
+/// written, and 1 is what it does anyway.
+#[test]
+fn grub_refuses_more_than_one_try() {
+    if !grub_available() {
+        return;
+    }
+    let env = Env::new_grub();
+    let opts = |tries| slate_snapshot_engine::UpgradeOptions {
+        change: slate_snapshot_engine::Change::Command("true".into()),
+        dry_run: false,
+        cmdline: "quiet".into(),
+        now: Some(T1),
+        tries,
+    };
+    let err = slate_snapshot_engine::upgrade(&env.pool(), &opts(Some(3)), &mut |_| {}).unwrap_err();
+    assert!(
+        err.to_string().contains("GRUB starts a new snapshot once"),
+        "{err}"
+    );
+    assert_eq!(env.subvolumes(), [R0]);
+    assert_eq!(
+        env.grub_editenv("grub/grubenv"),
+        [format!("saved_entry={R0}")]
+    );
+    let report = slate_snapshot_engine::upgrade(&env.pool(), &opts(Some(1)), &mut |_| {}).unwrap();
+    assert_eq!(report.entry, "menuentry root-20260102-000000");
+}
+
 #[test]
 fn grub_upgrade_sets_next_entry_and_commit_moves_saved_entry() {
     if !grub_available() {
@@ -40,6 +69,7 @@ fn grub_upgrade_sets_next_entry_and_commit_moves_saved_entry() {
             dry_run: true,
             cmdline: "quiet".into(),
             now: Some(T1),
+            tries: None,
         },
         &mut |_| {},
     )

@@ -108,6 +108,43 @@ fn the_eight_steps_with_a_command_that_succeeds() {
     assert_eq!(text.as_deref(), Some(&b"kernel 6.2"[..]));
 }
 
+/// `--tries` sets the new entry's boot counter; out of range it is refused before the
+/// snapshot is taken.
+#[test]
+fn tries_set_the_new_entrys_counter_and_zero_is_refused_before_anything_is_written() {
+    if !available() {
+        return;
+    }
+    let env = Env::new();
+    let opts = |tries| slate_snapshot_engine::UpgradeOptions {
+        change: Change::Command("true".into()),
+        dry_run: false,
+        cmdline: String::new(),
+        now: Some(T1),
+        tries,
+    };
+    let mut said = Vec::new();
+    let err = slate_snapshot_engine::upgrade(&env.pool(), &opts(Some(0)), &mut |l| said.push(l))
+        .unwrap_err();
+    assert!(
+        matches!(&err, EngineError::Invalid(why) if why.contains("0 boot-counting tries")),
+        "{err}"
+    );
+    assert_eq!(env.subvolumes(), [R0]);
+    assert!(env.entries().is_empty());
+    assert!(said.is_empty(), "{said:?}");
+
+    let report =
+        slate_snapshot_engine::upgrade(&env.pool(), &opts(Some(1)), &mut |l| said.push(l)).unwrap();
+    let new = "root-20260102-000000";
+    assert_eq!(report.entry, format!("{new}+1.conf"));
+    assert_eq!(env.entries(), [format!("{new}+1.conf")]);
+    assert!(
+        said.iter().any(|l| l.contains("1 failed try make it bad")),
+        "{said:?}"
+    );
+}
+
 #[test]
 fn a_failing_command_leaves_no_snapshot() {
     if !available() {
@@ -253,6 +290,7 @@ fn killed_upgrade_child() {
         dry_run: false,
         cmdline: String::new(),
         now: Some(T1),
+        tries: None,
     };
     let _ = slate_snapshot_engine::upgrade(&pool, &opts, &mut |l| println!("{l}"));
 }

@@ -85,6 +85,7 @@ pub fn upgrade(
         dry_run: req.dry_run,
         cmdline: slate_host::kernel_cmdline().unwrap_or_default(),
         now: None,
+        tries: req.tries,
     };
     let report = engine::upgrade(&pool, &opts, &mut say).map_err(backend_err)?;
     let mut value =

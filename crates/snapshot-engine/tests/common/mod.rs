@@ -167,6 +167,7 @@ impl Env {
             dry_run: false,
             cmdline: "BOOT_IMAGE=/x root=/dev/sda ro quiet".into(),
             now: Some(T1 + hour * 3600),
+            tries: None,
         };
         slate_snapshot_engine::upgrade(&pool, &opts, &mut |l| println!("{l}"))
     }
