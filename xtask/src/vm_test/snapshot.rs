@@ -133,7 +133,12 @@ fn failed_tries(
             );
             return Ok((
                 boot,
-                format!("{} failed tries ({})", tries.len(), tries.join(", ")),
+                format!(
+                    "{} failed {} ({})",
+                    tries.len(),
+                    if tries.len() == 1 { "try" } else { "tries" },
+                    tries.join(", ")
+                ),
             ));
         }
         ensure!(
