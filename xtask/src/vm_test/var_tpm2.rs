@@ -68,7 +68,7 @@ fn profile(work: &Path, extension: &Path) -> Result<PathBuf> {
 }
 
 /// EPHEMERAL's byte range in the disk image (`partx`).
-fn ephemeral_range(image: &Path) -> Result<(u64, u64)> {
+pub(super) fn ephemeral_range(image: &Path) -> Result<(u64, u64)> {
     let table = output(
         Command::new("partx")
             .args(["--show", "--noheadings", "--output", "START,SECTORS,NAME"])
@@ -87,10 +87,10 @@ fn ephemeral_range(image: &Path) -> Result<(u64, u64)> {
 }
 
 /// A read-only loop device over EPHEMERAL, detached on drop.
-struct Loop(String);
+pub(super) struct Loop(pub(super) String);
 
 impl Loop {
-    fn over(image: &Path) -> Result<Loop> {
+    pub(super) fn over(image: &Path) -> Result<Loop> {
         let (offset, size) = ephemeral_range(image)?;
         let dev = output(
             Command::new("losetup")
@@ -111,7 +111,7 @@ impl Drop for Loop {
 }
 
 /// SHA-256 of EPHEMERAL's first 16 MiB (the LUKS2 headers and key slots).
-fn header_hash(image: &Path) -> Result<String> {
+pub(super) fn header_hash(image: &Path) -> Result<String> {
     let (offset, _) = ephemeral_range(image)?;
     let mut file = fs::File::open(image)?;
     file.seek(std::io::SeekFrom::Start(offset))?;
