@@ -8,8 +8,8 @@
 //! and after) and machined's commit only drops the marker; a reboot by kexec goes through
 //! `systemctl kexec` with no firmware; a v3 whose health check fails is reverted to v2
 //! unattended, and a v4
-//! staged (`--stage`) whose init cannot execute systemd falls back to v2 by systemd-boot's
-//! boot counting. `[var] mode = "ephemeral"` then starts /var afresh, and `[var] mode =
+//! staged (`--stage --tries 1`) whose init cannot execute systemd falls back to v2 by
+//! systemd-boot's boot counting after its one try. `[var] mode = "ephemeral"` then starts /var afresh, and `[var] mode =
 //! "tpm2"` on a blank EPHEMERAL with swtpm as the TPM (issue 40): set up at one boot, unlocked
 //! unattended at the next, and from the host LUKS2 with slate's token and no plaintext.
 
@@ -363,12 +363,24 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
     );
 
     // v4, staged (`--stage`: recorded in META, installed by slate-machined at the next boot
-    // before its Boot sequence): init cannot execute systemd, so nothing runs to revert: boot
-    // counting spends its three tries and systemd-boot falls back to v2, which drops the
-    // upgrade's marker.
-    super::staged::stage(&node, &mut boot, &mut vm, &bundles[3], "4.0.0")?;
+    // before its Boot sequence) with one try (`--tries 1`, kept in META with the stage; three
+    // are kernel_cannot_start's): init cannot execute systemd, so nothing runs to revert: boot
+    // counting spends its try and systemd-boot falls back to v2, which drops the upgrade's
+    // marker.
+    let installed = super::staged::stage(
+        &node,
+        &mut boot,
+        &mut vm,
+        &bundles[3],
+        "4.0.0",
+        &["--tries", "1"],
+    )?;
+    ensure!(
+        installed.contains("installed slate-4.0.0+1.efi"),
+        "v4 staged with one try: {installed}"
+    );
     let counting = Instant::now();
-    for attempt in 1..=3 {
+    for attempt in 1..=1 {
         let mut boot = vm.start()?;
         boot.expect(
             &["[slate] [initramfs] rebooting in"],
@@ -387,7 +399,7 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
     let recovered = counting.elapsed();
     ensure!(
         node.status()?["version"] == "2.0.0",
-        "v2 again after v4's tries"
+        "v2 again after v4's try"
     );
 
     // `[var] mode = "ephemeral"` in the machine configuration, applied with a reboot: init
@@ -451,8 +463,8 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
         "built in {:.0} s (UKI {:.1} MB); v1 multi-user and committed {:.0} s after power-on; \
          `{init_line}`; `{not_reset}`; v2 `{installer}`, ESP {on_trial:?} then {blessed:?}, `{user_hook}`, `{skipped}`; \
          bootctl list: {listed_before} then {listed_after}, `{bless}`, `{commit}`; `{kexec}`; \
-         v3 `{check}`, `{fatal}` then v2 again; machine-id {v1_id} kept; v4 by counting: `{dropped}` \
-         {:.0} s after its first try; ephemeral /var: `{afresh}`, `{var_line}`, \
+         v3 `{check}`, `{fatal}` then v2 again; machine-id {v1_id} kept; v4 (`{installed}`) by counting: `{dropped}` \
+         {:.0} s after its one try; ephemeral /var: `{afresh}`, `{var_line}`, \
          `{ephemeral_boots}`; {tpm2}",
         built.as_secs_f64(),
         uki as f64 / 1e6,
