@@ -87,6 +87,17 @@ const VAR_BOOTS_SCRIPT: &str = "#!/bin/sh\n\
     echo \"var-boots: this boot $id; earlier on this /var: $(cat $f 2>/dev/null | tr '\\n' ' ')\"\n\
     echo \"$id\" >> $f\n\
     sync $f\n";
+/// One line on the console once the default target is reached, through journald. systemd's
+/// own `Reached target multi-user.target` status line cannot be relied on: PID 1 stops
+/// printing status while a unit holds the console's TTY, which the serial getty on ttyS0
+/// (= /dev/console) does from the moment it starts — under load, before multi-user.target
+/// was reached, so that line never came (seen as a 240 s wait in debian_boots_systemd).
+const MULTI_USER_REACHED: &str = "[Unit]\n\
+    Description=Say on the console that multi-user.target is reached\n\
+    After=multi-user.target\n\n\
+    [Service]\nType=oneshot\nExecStart=/usr/bin/echo \"multi-user.target reached\"\n\
+    SyslogIdentifier=multi-user\nStandardOutput=journal+console\n\n\
+    [Install]\nWantedBy=multi-user.target\n";
 /// DHCP on the first Ethernet link, by systemd-networkd.
 const NETWORK: &str = "[Match]\nName=en* eth*\n\n[Network]\nDHCP=ipv4\n";
 
@@ -177,6 +188,7 @@ fn finish(root: &Path, slate_bin: &Path) -> Result<()> {
         ("boot-entries-before.service", BOOT_ENTRIES_BEFORE),
         ("boot-entries-after.service", BOOT_ENTRIES_AFTER),
         ("var-boots.service", VAR_BOOTS),
+        ("multi-user-reached.service", MULTI_USER_REACHED),
     ] {
         write(&format!("usr/lib/systemd/system/{name}"), text, 0o644)?;
         // Enabled by the image (a vendor link), not by /etc, which a reset rebuilds.
@@ -203,7 +215,7 @@ fn finish(root: &Path, slate_bin: &Path) -> Result<()> {
 fn recipe() -> String {
     format!(
         "{SUITE} {MIRROR} {SOURCE_DATE_EPOCH} {} {} {NETWORK:?} {IMAGE_HOOK:?} \
-         {BOOT_ENTRIES_BEFORE:?} {BOOT_ENTRIES_AFTER:?} {VAR_BOOTS:?} {VAR_BOOTS_SCRIPT:?} mask systemd-boot-update {}\n",
+         {BOOT_ENTRIES_BEFORE:?} {BOOT_ENTRIES_AFTER:?} {VAR_BOOTS:?} {VAR_BOOTS_SCRIPT:?} {MULTI_USER_REACHED:?} mask systemd-boot-update {}\n",
         PACKAGES.join(","),
         EXCLUDED.join(","),
         MASKED_E2SCRUB.join(",")

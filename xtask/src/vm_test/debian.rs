@@ -25,10 +25,11 @@ use super::{node_config, online_upgrade, rollback, Node, Prepared, BOOT_TIMEOUT}
 use crate::util::{output, repo_root};
 use crate::vm::{Running, Vm};
 
-/// The end of systemd's own line once the default target is reached (`systemd.show_status=true`;
-/// the unit's name before it is coloured: `Reached target \e[0;1;39mmulti-user.target\e[0m -
-/// Multi-User System.`).
-const MULTI_USER: &str = "m - Multi-User System.";
+/// The image's `multi-user-reached.service` (ordered after the default target), through
+/// journald to the console. Not systemd's own `Reached target` status line: PID 1 stops
+/// printing status once the serial getty holds the console's TTY, which may come first.
+/// The line: `[   55.1] multi-user[210]: multi-user.target reached`.
+const MULTI_USER: &str = "]: multi-user.target reached";
 /// The user's hook: it prints the machine ID and which versions' marks /etc holds (one only,
 /// when /etc was reset), then leaves its own mark.
 const USER_HOOK: &str = "#!/bin/sh\n\
