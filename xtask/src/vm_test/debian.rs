@@ -571,15 +571,7 @@ fn tpm2_var(node: &Node<'_>, vm: &mut Vm, image: &Path, work: &Path) -> Result<S
         plain.code() == Some(1),
         "the boot ID written to /var is in plaintext on the raw partition ({plain})"
     );
-    let key = work.join("debian-recovery.key");
-    fs::write(&key, &recovery)?;
-    output(
-        Command::new("cryptsetup")
-            .args(["open", "--test-passphrase", "--key-slot", "1", "--key-file"])
-            .arg(&key)
-            .arg(&dev.0),
-    )
-    .context("the printed recovery key opens key slot 1")?;
+    super::var_tpm2::recovery_key_opens_slot_1(&dev, &work.join("debian-recovery.key"), &recovery)?;
     println!("debian_boots_systemd: cryptsetup luksDump of EPHEMERAL:\n{dump}");
     Ok(format!(
         "tpm2 /var: `{}`, `{}`; `{}`; luksDump shows token slate-tpm2, no plaintext of boot \
