@@ -88,10 +88,9 @@ const VAR_BOOTS_SCRIPT: &str = "#!/bin/sh\n\
     echo \"$id\" >> $f\n\
     sync $f\n";
 /// One line on the console once the default target is reached, through journald. systemd's
-/// own `Reached target multi-user.target` status line cannot be relied on: PID 1 stops
-/// printing status while a unit holds the console's TTY, which the serial getty on ttyS0
-/// (= /dev/console) does from the moment it starts — under load, before multi-user.target
-/// was reached, so that line never came (seen as a 240 s wait in debian_boots_systemd).
+/// own `Reached target multi-user.target` status line cannot be relied on: under load PID 1's
+/// status lines stopped from about when the serial getty started on ttyS0 (= /dev/console)
+/// while journald's went on, so that line never came (a 240 s wait in debian_boots_systemd).
 const MULTI_USER_REACHED: &str = "[Unit]\n\
     Description=Say on the console that multi-user.target is reached\n\
     After=multi-user.target\n\n\

@@ -26,8 +26,8 @@ use crate::util::{output, repo_root};
 use crate::vm::{Running, Vm};
 
 /// The image's `multi-user-reached.service` (ordered after the default target), through
-/// journald to the console. Not systemd's own `Reached target` status line: PID 1 stops
-/// printing status once the serial getty holds the console's TTY, which may come first.
+/// journald to the console. Not systemd's own `Reached target` status line: PID 1's status
+/// lines may stop once the serial getty starts on the console's TTY, before that one.
 /// The line: `[   55.1] multi-user[210]: multi-user.target reached`.
 const MULTI_USER: &str = "]: multi-user.target reached";
 /// The user's hook: it prints the machine ID and which versions' marks /etc holds (one only,
