@@ -35,6 +35,12 @@ const PACKAGES: &[&str] = &[
     // systemd-bless-boot (the counter dropped once boot-complete.target is reached) and
     // bootctl; its systemd-boot-update.service is masked: slate owns the loader on the ESP.
     "systemd-boot",
+    // A `tpm2` /var (docs/node.md, "/var modes"): slate's init runs the root's own cryptsetup
+    // and tpm2-tools before systemd, as machined runs the tpm2 extension's on slate's own OS.
+    // libtss2-tctildr opens its TCTI at run time, so the kernel device's is named.
+    "cryptsetup-bin",
+    "tpm2-tools",
+    "libtss2-tcti-device0",
 ];
 /// Left out of the image: nothing on a node reads them.
 const EXCLUDED: &[&str] = &[
@@ -65,6 +71,32 @@ const BOOT_ENTRIES_AFTER: &str = "[Unit]\n\
     Wants=efi.mount\nAfter=efi.mount systemd-bless-boot.service boot-complete.target\n\n\
     [Service]\nType=oneshot\nExecStart=/usr/bin/bootctl --no-pager list\n\
     StandardOutput=journal+console\n\n[Install]\nWantedBy=multi-user.target\n";
+/// How many boots this /var has seen, on the console: each boot's ID appended to a file on /var
+/// and the earlier ones printed. The image's own diagnostic of /var's mode (persistent and
+/// tpm2 keep the list, ephemeral starts it afresh); the VM test reads it, and greps the raw
+/// partition of a `tpm2` /var for a boot ID it holds.
+const VAR_BOOTS: &str = "[Unit]\n\
+    Description=Boots this /var has seen\n\
+    RequiresMountsFor=/var\n\n\
+    [Service]\nType=oneshot\nExecStart=/usr/lib/slate/var-boots\n\
+    StandardOutput=journal+console\n\n[Install]\nWantedBy=multi-user.target\n";
+const VAR_BOOTS_SCRIPT: &str = "#!/bin/sh\n\
+    f=/var/lib/slate/var-boots\n\
+    mkdir -p /var/lib/slate\n\
+    id=$(cat /proc/sys/kernel/random/boot_id)\n\
+    echo \"var-boots: this boot $id; earlier on this /var: $(cat $f 2>/dev/null | tr '\\n' ' ')\"\n\
+    echo \"$id\" >> $f\n\
+    sync $f\n";
+/// One line on the console once the default target is reached, through journald. systemd's
+/// own `Reached target multi-user.target` status line cannot be relied on: under load PID 1's
+/// status lines stopped from about when the serial getty started on ttyS0 (= /dev/console)
+/// while journald's went on, so that line never came (a 240 s wait in debian_boots_systemd).
+const MULTI_USER_REACHED: &str = "[Unit]\n\
+    Description=Say on the console that multi-user.target is reached\n\
+    After=multi-user.target\n\n\
+    [Service]\nType=oneshot\nExecStart=/usr/bin/echo \"multi-user.target reached\"\n\
+    SyslogIdentifier=multi-user\nStandardOutput=journal+console\n\n\
+    [Install]\nWantedBy=multi-user.target\n";
 /// DHCP on the first Ethernet link, by systemd-networkd.
 const NETWORK: &str = "[Match]\nName=en* eth*\n\n[Network]\nDHCP=ipv4\n";
 
@@ -150,9 +182,12 @@ fn finish(root: &Path, slate_bin: &Path) -> Result<()> {
     fs::set_permissions(&slate, fs::Permissions::from_mode(0o755))?;
     // The image's own setup hook: what a reset of /etc runs first.
     write("usr/lib/slate/setup.d/10-stamp", IMAGE_HOOK, 0o755)?;
+    write("usr/lib/slate/var-boots", VAR_BOOTS_SCRIPT, 0o755)?;
     for (name, text) in [
         ("boot-entries-before.service", BOOT_ENTRIES_BEFORE),
         ("boot-entries-after.service", BOOT_ENTRIES_AFTER),
+        ("var-boots.service", VAR_BOOTS),
+        ("multi-user-reached.service", MULTI_USER_REACHED),
     ] {
         write(&format!("usr/lib/systemd/system/{name}"), text, 0o644)?;
         // Enabled by the image (a vendor link), not by /etc, which a reset rebuilds.
@@ -179,7 +214,7 @@ fn finish(root: &Path, slate_bin: &Path) -> Result<()> {
 fn recipe() -> String {
     format!(
         "{SUITE} {MIRROR} {SOURCE_DATE_EPOCH} {} {} {NETWORK:?} {IMAGE_HOOK:?} \
-         {BOOT_ENTRIES_BEFORE:?} {BOOT_ENTRIES_AFTER:?} mask systemd-boot-update {}\n",
+         {BOOT_ENTRIES_BEFORE:?} {BOOT_ENTRIES_AFTER:?} {VAR_BOOTS:?} {VAR_BOOTS_SCRIPT:?} {MULTI_USER_REACHED:?} mask systemd-boot-update {}\n",
         PACKAGES.join(","),
         EXCLUDED.join(","),
         MASKED_E2SCRUB.join(",")

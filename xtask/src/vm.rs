@@ -2,7 +2,7 @@
 //! node's NVRAM, so EFI variables persist across its reboots), the serial console captured to a
 //! file and watched for what the guest prints, the node API forwarded to 127.0.0.1, an
 //! i6300esb watchdog, QEMU's monitor on its standard input (only this process can write
-//! to it), and optionally a TPM 2.0 (Debian's swtpm, one process per boot over a state
+//! to it; what it answers is kept beside the console log), and optionally a TPM 2.0 (Debian's swtpm, one process per boot over a state
 //! directory that outlives it).
 
 use std::fs;
@@ -47,8 +47,9 @@ pub struct Running {
     child: Child,
     /// This boot's swtpm (started before QEMU, stopped with it) and its control socket.
     swtpm: Option<Swtpm>,
-    /// The human monitor's input (`-monitor stdio`; what it answers goes nowhere).
+    /// The human monitor's input (`-monitor stdio`; its answers go to `monitor_log`).
     monitor: Option<ChildStdin>,
+    monitor_log: PathBuf,
     log: PathBuf,
     started: Instant,
     started_at: std::time::SystemTime,
@@ -165,6 +166,9 @@ impl Vm {
         self.boots += 1;
         let log = self.work.join(format!("boot-{}.log", self.boots));
         let _ = fs::remove_file(&log);
+        let monitor_log = log.with_extension("monitor.log");
+        let monitor_out = fs::File::create(&monitor_log)
+            .with_context(|| format!("creating {}", monitor_log.display()))?;
         let (swtpm, tpm_args) = match self.start_swtpm(&log)? {
             Some((child, args)) => (Some(child), args),
             None => (None, Vec::new()),
@@ -211,12 +215,13 @@ impl Vm {
             .args(["-device", "virtio-net-pci,netdev=net0,romfile="])
             .args(&tpm_args)
             .stdin(Stdio::piped())
-            .stdout(Stdio::null())
+            .stdout(monitor_out)
             .stderr(Stdio::inherit())
             .spawn()
             .context("starting qemu-system-x86_64")?;
         Ok(Running {
             monitor: child.stdin.take(),
+            monitor_log,
             child,
             swtpm,
             log,
@@ -271,8 +276,9 @@ impl Running {
         match self.wait_for(expect, timeout)? {
             Some(line) => Ok(line),
             None => bail!(
-                "{what}: not seen after {:.0?}; console ended with:\n{}",
+                "{what}: not seen after {:.0?}; {}; console ended with:\n{}",
                 self.elapsed(),
+                self.guest_cpu_samples(),
                 tail(&self.serial(), 40)
             ),
         }
@@ -290,6 +296,53 @@ impl Running {
         bail!(
             "the guest did not reboot within {timeout:?}; console ended with:\n{}",
             tail(&self.serial(), 30)
+        )
+    }
+
+    /// Where a guest that went quiet is: its program counter sampled through the monitor, so
+    /// a failure says whether the vCPU was idle (`HLT=1`: waiting for something), spinning in
+    /// the kernel, in user space, or inside the firmware's runtime services.
+    fn guest_cpu_samples(&mut self) -> String {
+        if !self.is_running() {
+            return "QEMU had exited".to_owned();
+        }
+        let Some(monitor) = self.monitor.as_mut() else {
+            return "no monitor".to_owned();
+        };
+        let skip = fs::metadata(&self.monitor_log).map_or(0, |m| m.len() as usize);
+        for _ in 0..8 {
+            if monitor
+                .write_all(b"info registers\n")
+                .and_then(|()| monitor.flush())
+                .is_err()
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(300));
+        }
+        std::thread::sleep(Duration::from_millis(300));
+        let answers = fs::read(&self.monitor_log).unwrap_or_default();
+        let answers = String::from_utf8_lossy(answers.get(skip..).unwrap_or_default());
+        let samples: Vec<String> = answers
+            .lines()
+            .filter_map(|line| {
+                let rip = line.split("RIP=").nth(1)?.split_whitespace().next()?;
+                let cpl = line
+                    .split("CPL=")
+                    .nth(1)
+                    .and_then(|r| r.split_whitespace().next());
+                let halted = line.contains("HLT=1");
+                Some(format!(
+                    "{rip} ({}{})",
+                    where_is(u64::from_str_radix(rip, 16).unwrap_or(0), cpl),
+                    if halted { ", halted" } else { "" }
+                ))
+            })
+            .collect();
+        format!(
+            "guest program counter, {} samples 0.3 s apart: {}",
+            samples.len(),
+            samples.join(", ")
         )
     }
 
@@ -349,6 +402,19 @@ impl Drop for Running {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .push((self.log.clone(), ran));
+    }
+}
+
+/// Which part of an x86-64 Linux guest an instruction address is in: the kernel's text
+/// mapping, the window the kernel maps the firmware's runtime services into (`EFI_VA_END` to
+/// `EFI_VA_START`), user space, or (before the kernel runs) the firmware's identity map.
+fn where_is(rip: u64, cpl: Option<&str>) -> &'static str {
+    match rip {
+        _ if cpl == Some("3") => "user space",
+        0xffff_ffff_8000_0000.. => "kernel text",
+        0xffff_ffef_0000_0000..0xffff_ffff_0000_0000 => "EFI runtime services",
+        0xffff_8000_0000_0000.. => "kernel, other mapping",
+        _ => "firmware or low memory",
     }
 }
 

@@ -22,6 +22,7 @@ use slate_profile::{parse_extensions_manifest, ExtensionEntry};
 mod modules;
 mod parse;
 pub mod systemd;
+mod systemd_var;
 
 pub use modules::{load_in_order, parse_modules_load, Loaded, ModuleToLoad, MAX_LOADERS};
 pub use parse::{block_root, BlockRoot, RootSource};

@@ -4,7 +4,7 @@
 //! `/system/state` and EPHEMERAL on `/var` (formatted when blank, checked when due; afresh at
 //! every boot when /var is ephemeral), then
 //! `/etc` as the per-version overlay (reset when another version last wrote it, machine ID
-//! kept). The setup hooks run later, from `slate-setup-hooks.service`. The logic is
+//! kept). /var's mode and a `tpm2` /var's unlock are `systemd_var`'s. The setup hooks run later, from `slate-setup-hooks.service`. The logic is
 //! `slate_node_fs`'s, shared with machined. docs/node.md, "A systemd image".
 
 use std::io::ErrorKind;
@@ -17,13 +17,13 @@ use slate_node_fs::etc::USER_SETUP_HOOKS_CONFINE;
 use slate_node_fs::etc::{mount_overlay, prepare_upper, state_etc_dir};
 use slate_node_fs::hooks::{hooks_due, run_setup_hooks, HookDir, HookRun};
 use slate_node_fs::var_record::{VarRecord, VAR_RECORD};
-use slate_node_fs::volumes::{
-    mount_volume, mount_volume_as, EPHEMERAL_LABEL, EPHEMERAL_MOUNT, STATE_LABEL, STATE_MOUNT,
-};
+use slate_node_fs::volumes::{mount_volume, EPHEMERAL_MOUNT, STATE_LABEL, STATE_MOUNT};
 use slate_node_fs::{ETC, SETUP_HOOKS_DIR, USER_SETUP_HOOKS_DIR};
 use slate_profile::image_contract::ROOT_INIT;
 use slate_profile::{VarMode, NODE_CONFIG_PATH};
 use slate_sequencer::CancelToken;
+
+use crate::systemd_var::{mount_var, var_choice, VarOutcome, LOCKED};
 
 /// What the root's init is, by the initramfs' marker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,47 +88,56 @@ pub fn prepare(log: &KmsgLogger) -> Result<()> {
     mount_volume(STATE_LABEL, None, Path::new(STATE_MOUNT), &line, &sleep)
         .with_context(|| format!("mounting {STATE_LABEL} on {STATE_MOUNT}"))?;
     // After STATE: the machine configuration's `[var] mode` wins over the image's.
-    let (mode, from) = var_mode(
+    let choice = var_choice(
         read_optional(&Path::new(STATE_MOUNT).join(slate_machine_config::STATE_PATH)),
         read_optional(Path::new(&format!("/{NODE_CONFIG_PATH}"))),
         &|warning| log.warn(warning),
     );
-    let prepared = if mode == VarMode::Tpm2 {
-        // Refused closed: never a plain /var where an encrypted one was asked for, and never a
-        // write to EPHEMERAL, which may hold an encrypted volume. A tmpfs lets systemd and
-        // slate-machined come up, so the node stays reachable and says why.
-        log.warn(format_args!(
-            "[var] mode = \"tpm2\" (the {from}'s) is not available on a systemd image yet: \
-             {EPHEMERAL_LABEL} is left untouched and {EPHEMERAL_MOUNT} is a tmpfs for this boot"
-        ));
-        host::mount(
-            "tmpfs",
-            Path::new(EPHEMERAL_MOUNT),
-            "tmpfs",
-            host::MsFlags::MS_NOSUID | host::MsFlags::MS_NODEV,
-            Some("mode=0755"),
-        )
-        .context("mounting a tmpfs on /var")?;
-        TPM2_REFUSED
-    } else {
-        mount_volume_as(
-            EPHEMERAL_LABEL,
-            None,
-            Path::new(EPHEMERAL_MOUNT),
-            mode == VarMode::Ephemeral,
-            &line,
-            &sleep,
-        )
-        .with_context(|| format!("mounting {EPHEMERAL_LABEL} on {EPHEMERAL_MOUNT}"))?
-    };
-    log.info(format_args!(
-        "/var: {} (the {from}'s mode), {prepared}",
-        mode.name()
-    ));
-    let record = VarRecord {
-        mode: mode.name().to_owned(),
-        from: from.to_owned(),
-        prepared: prepared.to_owned(),
+    let (mode, from) = (choice.mode, choice.from);
+    let record = match mount_var(&choice, &line)? {
+        VarOutcome::Mounted { prepared, unlocked } => {
+            log.info(format_args!(
+                "/var: {} (the {from}'s mode), {prepared}{}",
+                mode.name(),
+                unlocked
+                    .as_deref()
+                    .map(|how| format!(", unlocked by {how}"))
+                    .unwrap_or_default()
+            ));
+            VarRecord {
+                mode: mode.name().to_owned(),
+                from: from.to_owned(),
+                prepared: prepared.to_owned(),
+                encrypted: mode == VarMode::Tpm2,
+                unlocked,
+                locked: None,
+            }
+        }
+        VarOutcome::Locked(why) => {
+            // Refused closed: nothing was written to EPHEMERAL. A tmpfs lets systemd and
+            // slate-machined come up, so the node stays reachable, says why and waits
+            // (no setup hooks, no commit).
+            log.error(format_args!(
+                "/var is locked: {why}; {EPHEMERAL_MOUNT} is a tmpfs for this boot and the \
+                 node waits for its owner (slate status)"
+            ));
+            host::mount(
+                "tmpfs",
+                Path::new(EPHEMERAL_MOUNT),
+                "tmpfs",
+                host::MsFlags::MS_NOSUID | host::MsFlags::MS_NODEV,
+                Some("mode=0755"),
+            )
+            .context("mounting a tmpfs on /var")?;
+            VarRecord {
+                mode: mode.name().to_owned(),
+                from: from.to_owned(),
+                prepared: LOCKED.to_owned(),
+                encrypted: mode == VarMode::Tpm2,
+                unlocked: None,
+                locked: Some(why),
+            }
+        }
     };
     if let Err(err) = record.write(Path::new(VAR_RECORD)) {
         log.warn(format_args!("writing {VAR_RECORD}: {err}"));
@@ -162,10 +171,6 @@ pub fn prepare(log: &KmsgLogger) -> Result<()> {
     Ok(())
 }
 
-/// What init did with /var when a `tpm2` /var was asked for on a systemd image.
-const TPM2_REFUSED: &str =
-    "refused: tpm2 is not available on a systemd image; EPHEMERAL untouched, /var a tmpfs";
-
 /// A file's text, `None` when it does not exist (any other error is the text's absence too,
 /// said by [`var_mode`]'s caller through the parse that follows: an unreadable file is logged).
 fn read_optional(path: &Path) -> Result<Option<String>, String> {
@@ -174,46 +179,6 @@ fn read_optional(path: &Path) -> Result<Option<String>, String> {
         Err(e) if e.kind() == ErrorKind::NotFound => Ok(None),
         Err(e) => Err(format!("reading {}: {e}", path.display())),
     }
-}
-
-/// /var's mode at this boot and whose it is: the machine configuration's `[var] mode` (on
-/// STATE) wins over the image's (`/etc/slate/node.toml`), as machined decides on slate's own
-/// OS. A document that cannot be read or parsed is warned about and skipped: the next in line
-/// decides, and with neither /var stays persistent — the mode that loses nothing.
-fn var_mode(
-    machine: Result<Option<String>, String>,
-    image: Result<Option<String>, String>,
-    warn: &dyn Fn(&str),
-) -> (VarMode, &'static str) {
-    let machine = machine.and_then(|text| {
-        text.map(|t| {
-            slate_machine_config::parse(&t)
-                .map(|p| p.config.var_mode())
-                .map_err(|e| format!("the machine configuration: {e}"))
-        })
-        .transpose()
-        .map(Option::flatten)
-    });
-    let image = image.and_then(|text| {
-        text.map(|t| {
-            slate_profile::NodeConfig::parse(&t)
-                .map(|c| c.var.map(|v| v.mode))
-                .map_err(|e| format!("the image's {NODE_CONFIG_PATH}: {e}"))
-        })
-        .transpose()
-        .map(Option::flatten)
-    });
-    let choose = |found: Result<Option<VarMode>, String>| match found {
-        Ok(mode) => mode,
-        Err(why) => {
-            warn(&format!("{why}; its [var] mode is not used"));
-            None
-        }
-    };
-    if let Some(mode) = choose(machine) {
-        return (mode, "machine configuration");
-    }
-    (choose(image).unwrap_or_default(), "image")
 }
 
 /// How long one setup hook may run before it is killed (machined's limit too).
@@ -225,6 +190,16 @@ pub const HOOK_TIMEOUT: Duration = Duration::from_secs(60);
 /// hook failed or timed out, a user's hook leads out of /var — fails the unit; `hooks.done` is
 /// not written, so the next boot resets /etc again and runs them again.
 pub fn setup_hooks() -> Result<()> {
+    // The user's hooks are on /var: with /var locked (a tmpfs) they cannot run, and
+    // `hooks.done` must not say they did. The unit fails, so boot-complete.target is not
+    // reached and nothing blesses this boot while the node waits.
+    match VarRecord::read(Path::new(VAR_RECORD)) {
+        Ok(Some(VarRecord {
+            locked: Some(why), ..
+        })) => bail!("/var is locked ({why}): the setup hooks wait for it; none ran"),
+        Ok(_) => {}
+        Err(err) => println!("reading {VAR_RECORD}: {err}; running the hooks"),
+    }
     let version = booted_version()?;
     let state_etc_dir = state_etc_dir();
     let out = |line: &str| println!("{line}");
@@ -276,43 +251,5 @@ mod tests {
         assert_eq!(os_release_version(slate).as_deref(), Some("2.0.0-rc1"));
         assert_eq!(os_release_version("IMAGE_VERSION=\nNAME=x\n"), None);
         assert_eq!(os_release_version("IMAGE_VERSION_X=1\n"), None);
-    }
-    #[test]
-    fn the_machine_configurations_var_mode_wins_and_a_bad_document_is_skipped() {
-        let warned = std::cell::RefCell::new(Vec::new());
-        let warn = |w: &str| warned.borrow_mut().push(w.to_owned());
-        const MACHINE: &str = include_str!("../../machine-config/tests/fixtures/node-v1.toml");
-        let machine = |mode: &str| Ok(Some(format!("{MACHINE}\n[var]\nmode = \"{mode}\"\n")));
-        let image = |mode: &str| Ok(Some(format!("[var]\nmode = \"{mode}\"\n")));
-        assert_eq!(
-            var_mode(machine("ephemeral"), image("persistent"), &warn),
-            (VarMode::Ephemeral, "machine configuration")
-        );
-        assert_eq!(
-            var_mode(Ok(Some(MACHINE.into())), image("ephemeral"), &warn),
-            (VarMode::Ephemeral, "image")
-        );
-        assert_eq!(
-            var_mode(Ok(None), Ok(None), &warn),
-            (VarMode::Persistent, "image")
-        );
-        assert!(warned.borrow().is_empty(), "{:?}", warned.borrow());
-        // A machine configuration that does not parse: the image decides, and it is said.
-        assert_eq!(
-            var_mode(machine("sometimes"), image("ephemeral"), &warn),
-            (VarMode::Ephemeral, "image")
-        );
-        assert_eq!(
-            var_mode(Err("reading x: EIO".into()), Ok(None), &warn),
-            (VarMode::Persistent, "image")
-        );
-        let warned = warned.borrow();
-        assert_eq!(warned.len(), 2, "{warned:?}");
-        assert!(
-            warned[0].starts_with("the machine configuration: "),
-            "{}",
-            warned[0]
-        );
-        assert!(warned[1].starts_with("reading x: EIO"), "{}", warned[1]);
     }
 }

@@ -14,12 +14,23 @@ pub const VAR_RECORD: &str = "/run/slate/var.json";
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct VarRecord {
-    /// The mode in force (`persistent`, `ephemeral`).
+    /// The mode in force (`persistent`, `ephemeral`, `tpm2`).
     pub mode: String,
     /// Whose mode it is: `machine configuration` or `image`.
     pub from: String,
-    /// What init did: `formatted (blank)`, `formatted (ephemeral)`, `checked`, `mounted`.
+    /// What init did: `formatted (blank)`, `formatted (ephemeral)`, `checked`, `mounted`, or
+    /// `not mounted: locked`.
     pub prepared: String,
+    /// A `tpm2` /var: inside LUKS2.
+    #[serde(default)]
+    pub encrypted: bool,
+    /// How an encrypted /var was unlocked (`TPM (PCR sha256:7)`).
+    #[serde(default)]
+    pub unlocked: Option<String>,
+    /// Why /var was refused (nothing written to EPHEMERAL; /var is a tmpfs for this boot and
+    /// the node waits for its owner).
+    #[serde(default)]
+    pub locked: Option<String>,
 }
 
 impl VarRecord {
@@ -56,8 +67,27 @@ mod tests {
             mode: "ephemeral".into(),
             from: "machine configuration".into(),
             prepared: "formatted (ephemeral)".into(),
+            encrypted: false,
+            unlocked: None,
+            locked: None,
         };
         record.write(&path).unwrap();
+        assert_eq!(VarRecord::read(&path).unwrap(), Some(record.clone()));
+        let locked = VarRecord {
+            mode: "tpm2".into(),
+            encrypted: true,
+            prepared: "not mounted: locked".into(),
+            locked: Some("needs a TPM 2.0 and this machine has none".into()),
+            ..record.clone()
+        };
+        locked.write(&path).unwrap();
+        assert_eq!(VarRecord::read(&path).unwrap(), Some(locked));
+        // A record of an init before tpm2 on this image: plain, unlocked by nothing.
+        std::fs::write(
+            &path,
+            r#"{"mode":"ephemeral","from":"machine configuration","prepared":"formatted (ephemeral)"}"#,
+        )
+        .unwrap();
         assert_eq!(VarRecord::read(&path).unwrap(), Some(record));
         std::fs::write(
             &path,

@@ -277,14 +277,6 @@ impl Profile {
                 });
             }
             os::validate_for_systemd(self.health.as_ref(), &self.services)?;
-            // slate's init prepares a systemd image's /var; it has no TPM unlock yet (issue 40
-            // builds tpm2 on slate's own OS first).
-            if self.var.as_ref().map(|v| v.mode) == Some(VarMode::Tpm2) {
-                return Err(invalid(
-                    "var.mode",
-                    "tpm2 is not available with [os] init = \"systemd\" yet (slate's own OS only)",
-                ));
-            }
         }
         if self.rootfs.zstd_level == 0 || self.rootfs.zstd_level > 22 {
             return Err(invalid("rootfs.zstd_level", "must be 1 to 22"));

@@ -330,6 +330,25 @@ slate = "slate"
     }
 
     #[test]
+    fn every_var_mode_is_an_image_choice_under_systemd_too() {
+        // slate's init opens a tpm2 /var before executing systemd, as machined does on
+        // slate's own OS (docs/node.md, "A systemd image"); an unknown mode is refused alike.
+        for mode in ["persistent", "ephemeral", "tpm2"] {
+            let p = Profile::parse(&format!(
+                "{BASE}[os]\ninit = \"systemd\"\n[var]\nmode = \"{mode}\"\n"
+            ))
+            .unwrap();
+            assert_eq!(p.var.map(|v| v.mode.name()), Some(mode));
+        }
+        let e = Profile::parse(&format!(
+            "{BASE}[os]\ninit = \"systemd\"\n[var]\nmode = \"tmpfs\"\n"
+        ))
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("tmpfs"), "{e}");
+    }
+
+    #[test]
     fn bad_os_tables_are_refused_naming_the_field() {
         let err = |extra: &str, text: &str| {
             Profile::parse(&format!("{text}{extra}"))

@@ -8,8 +8,10 @@
 //! and after) and machined's commit only drops the marker; a reboot by kexec goes through
 //! `systemctl kexec` with no firmware; a v3 whose health check fails is reverted to v2
 //! unattended, and a v4
-//! staged (`--stage`) whose init cannot execute systemd falls back to v2 by systemd-boot's
-//! boot counting.
+//! staged (`--stage --tries 1`) whose init cannot execute systemd falls back to v2 by
+//! systemd-boot's boot counting after its one try. `[var] mode = "ephemeral"` then starts /var afresh, and `[var] mode =
+//! "tpm2"` on a blank EPHEMERAL with swtpm as the TPM (issue 40): set up at one boot, unlocked
+//! unattended at the next, and from the host LUKS2 with slate's token and no plaintext.
 
 use std::fs;
 use std::os::unix::fs::PermissionsExt as _;
@@ -23,10 +25,11 @@ use super::{node_config, online_upgrade, rollback, Node, Prepared, BOOT_TIMEOUT}
 use crate::util::{output, repo_root};
 use crate::vm::{Running, Vm};
 
-/// The end of systemd's own line once the default target is reached (`systemd.show_status=true`;
-/// the unit's name before it is coloured: `Reached target \e[0;1;39mmulti-user.target\e[0m -
-/// Multi-User System.`).
-const MULTI_USER: &str = "m - Multi-User System.";
+/// The image's `multi-user-reached.service` (ordered after the default target), through
+/// journald to the console. Not systemd's own `Reached target` status line: PID 1's status
+/// lines may stop once the serial getty starts on the console's TTY, before that one.
+/// The line: `[   55.1] multi-user[210]: multi-user.target reached`.
+const MULTI_USER: &str = "]: multi-user.target reached";
 /// The user's hook: it prints the machine ID and which versions' marks /etc holds (one only,
 /// when /etc was reset), then leaves its own mark.
 const USER_HOOK: &str = "#!/bin/sh\n\
@@ -361,12 +364,24 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
     );
 
     // v4, staged (`--stage`: recorded in META, installed by slate-machined at the next boot
-    // before its Boot sequence): init cannot execute systemd, so nothing runs to revert: boot
-    // counting spends its three tries and systemd-boot falls back to v2, which drops the
-    // upgrade's marker.
-    super::staged::stage(&node, &mut boot, &mut vm, &bundles[3], "4.0.0")?;
+    // before its Boot sequence) with one try (`--tries 1`, kept in META with the stage; three
+    // are kernel_cannot_start's): init cannot execute systemd, so nothing runs to revert: boot
+    // counting spends its try and systemd-boot falls back to v2, which drops the upgrade's
+    // marker.
+    let installed = super::staged::stage(
+        &node,
+        &mut boot,
+        &mut vm,
+        &bundles[3],
+        "4.0.0",
+        &["--tries", "1"],
+    )?;
+    ensure!(
+        installed.contains("installed slate-4.0.0+1.efi"),
+        "v4 staged with one try: {installed}"
+    );
     let counting = Instant::now();
-    for attempt in 1..=3 {
+    for attempt in 1..=1 {
         let mut boot = vm.start()?;
         boot.expect(
             &["[slate] [initramfs] rebooting in"],
@@ -385,7 +400,7 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
     let recovered = counting.elapsed();
     ensure!(
         node.status()?["version"] == "2.0.0",
-        "v2 again after v4's tries"
+        "v2 again after v4's try"
     );
 
     // `[var] mode = "ephemeral"` in the machine configuration, applied with a reboot: init
@@ -415,6 +430,20 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
             && var["prepared"] == "formatted (ephemeral) by init, the machine configuration's mode",
         "status.var on an ephemeral /var: {var}"
     );
+    let ephemeral_boots = console_line(&boot, "var-boots: this boot")?;
+    ensure!(
+        ephemeral_boots
+            .trim_end()
+            .ends_with("earlier on this /var:"),
+        "an ephemeral /var remembers no boot: {ephemeral_boots}"
+    );
+    // `[var] mode = "tpm2"` for the next boot (staged: written to STATE, read by init).
+    let tpm2 = work.join("node1-tpm2.machine.toml");
+    fs::write(
+        &tpm2,
+        format!("{}\n[var]\nmode = \"tpm2\"\n", fs::read_to_string(&config)?),
+    )?;
+    node.ok(&["apply-config", &tpm2.to_string_lossy(), "--mode", "staged"])?;
     // On the disk: the user's hooks went with the old /var; init made their directory anew.
     node.ok(&["shutdown"])?;
     boot.wait_exit(Duration::from_secs(120))?;
@@ -429,16 +458,126 @@ pub(super) fn debian_boots_systemd(prepared: &Prepared, work: &Path) -> Result<S
         ensure!(left.is_empty(), "an ephemeral /var kept {left:?}");
         Ok(())
     })?;
+    let tpm2 = tpm2_var(&node, &mut vm, &image, work)?;
 
     Ok(format!(
         "built in {:.0} s (UKI {:.1} MB); v1 multi-user and committed {:.0} s after power-on; \
          `{init_line}`; `{not_reset}`; v2 `{installer}`, ESP {on_trial:?} then {blessed:?}, `{user_hook}`, `{skipped}`; \
          bootctl list: {listed_before} then {listed_after}, `{bless}`, `{commit}`; `{kexec}`; \
-         v3 `{check}`, `{fatal}` then v2 again; machine-id {v1_id} kept; v4 by counting: `{dropped}` \
-         {:.0} s after its first try; ephemeral /var: `{afresh}`, `{var_line}`",
+         v3 `{check}`, `{fatal}` then v2 again; machine-id {v1_id} kept; v4 (`{installed}`) by counting: `{dropped}` \
+         {:.0} s after its one try; ephemeral /var: `{afresh}`, `{var_line}`, \
+         `{ephemeral_boots}`; {tpm2}",
         built.as_secs_f64(),
         uki as f64 / 1e6,
         to_multi_user.as_secs_f64(),
         recovered.as_secs_f64(),
+    ))
+}
+
+/// The console line's text after the kernel's timestamp.
+fn untimed(line: &str) -> &str {
+    line.split_once("] ").map_or(line, |(_, rest)| rest).trim()
+}
+
+/// A `tpm2` /var on the systemd image (issue 40), two boots with swtpm as the TPM: init sets
+/// LUKS2 up on the blank EPHEMERAL with the root's cryptsetup and tpm2-tools and prints the
+/// recovery key; `var-boots.service` leaves this boot's ID on /var; the next boot unlocks it
+/// unattended and finds the ID. From the host, powered off: LUKS2 with slate's token, no
+/// plaintext of the ID, and the recovery key opens its key slot.
+fn tpm2_var(node: &Node<'_>, vm: &mut Vm, image: &Path, work: &Path) -> Result<String> {
+    super::var_tpm2::require_tools()?;
+    // A blank EPHEMERAL, as a new disk's: tpm2 sets up only a blank partition (the ephemeral
+    // /var's ext4 is refused, never formatted over).
+    {
+        let (offset, _) = super::var_tpm2::ephemeral_range(image)?;
+        let mut disk = fs::OpenOptions::new().write(true).open(image)?;
+        std::io::Seek::seek(&mut disk, std::io::SeekFrom::Start(offset))?;
+        std::io::Write::write_all(&mut disk, &vec![0u8; 1 << 20])?;
+        disk.sync_all()?;
+    }
+    vm.set_tpm(Some(&work.join("tpm")));
+    let mut boot = vm.start()?;
+    booted(&mut boot, None)?;
+    let sealed = console_line(&boot, "tpm2: LUKS2 set up, key sealed to the TPM")?;
+    let shown = console_line(
+        &boot,
+        "recovery key for /var (EPHEMERAL, key slot 1; shown once",
+    )?;
+    let recovery = shown
+        .rsplit(": ")
+        .next()
+        .map(str::trim)
+        .filter(|k| k.len() == 71)
+        .with_context(|| format!("a recovery key in {shown:?}"))?
+        .to_owned();
+    let first = console_line(&boot, "var-boots: this boot")?;
+    let boot_id = first
+        .split("this boot ")
+        .nth(1)
+        .and_then(|r| r.split(';').next())
+        .map(str::to_owned)
+        .with_context(|| format!("a boot ID in {first:?}"))?;
+    ensure!(
+        boot_id.len() == 36 && first.trim_end().ends_with("earlier on this /var:"),
+        "a new /var remembers no boot: {first}"
+    );
+    let var = node.status()?["var"].clone();
+    ensure!(
+        var["mode"] == "tpm2"
+            && var["encrypted"] == true
+            && var["unlocked"] == "TPM (sealed at this boot, PCR 7)"
+            && var["prepared"] == "formatted (blank) by init, the machine configuration's mode",
+        "status.var at the tpm2 /var's first boot: {var}"
+    );
+    node.ok(&["reboot"])?;
+    boot.wait_exit(Duration::from_secs(120))?;
+
+    let mut boot = vm.start()?;
+    booted(&mut boot, None)?;
+    let unlocked = console_line(
+        &boot,
+        "EPHEMERAL: unlocked with the TPM (PCR 7, key slot 0)",
+    )?;
+    let second = console_line(&boot, "var-boots: this boot")?;
+    ensure!(
+        second.contains(&format!("earlier on this /var: {boot_id}")),
+        "the tpm2 /var kept the first boot's ID {boot_id}: {second}"
+    );
+    let text = node.ok(&["status"])?;
+    ensure!(
+        text.contains("var:      tpm2, encrypted, unlocked by TPM (PCR sha256:7) (mounted by init")
+            || text.contains(
+                "var:      tpm2, encrypted, unlocked by TPM (PCR sha256:7) (checked by init"
+            ),
+        "slate status on the tpm2 /var: {text}"
+    );
+    ensure!(
+        !boot.serial().contains(&recovery),
+        "the recovery key was shown again"
+    );
+    node.ok(&["shutdown"])?;
+    boot.wait_exit(Duration::from_secs(120))?;
+
+    let dev = super::var_tpm2::Loop::over(image)?;
+    let dump = output(Command::new("cryptsetup").args(["luksDump", &dev.0]))?;
+    ensure!(
+        dump.contains("Version:       \t2") && dump.contains("slate-tpm2"),
+        "luksDump of the Debian node's EPHEMERAL: {dump}"
+    );
+    let plain = Command::new("grep")
+        .args(["-a", "-F", "-q", &boot_id, &dev.0])
+        .status()?;
+    ensure!(
+        plain.code() == Some(1),
+        "the boot ID written to /var is in plaintext on the raw partition ({plain})"
+    );
+    super::var_tpm2::recovery_key_opens_slot_1(&dev, &work.join("debian-recovery.key"), &recovery)?;
+    println!("debian_boots_systemd: cryptsetup luksDump of EPHEMERAL:\n{dump}");
+    Ok(format!(
+        "tpm2 /var: `{}`, `{}`; `{}`; luksDump shows token slate-tpm2, no plaintext of boot \
+         {boot_id}, the printed recovery key opens key slot 1",
+        untimed(&sealed),
+        untimed(&unlocked),
+        untimed(&second),
     ))
 }

@@ -263,12 +263,12 @@ pub(super) fn grub_upgrade_and_revert(prepared: &Prepared, work: &Path) -> Resul
         &["slate.debug.fail-task=network"],
         &v5,
     )?;
-    super::staged::stage(&node, &mut boot, &mut vm, &v4, "4.0.0")?;
+    super::staged::stage(&node, &mut boot, &mut vm, &v4, "4.0.0", &[])?;
     let mut boot = running(&mut vm)?;
     boot.expect(&["committed: "], Duration::from_secs(60), "v4 committed")?;
     ensure!(node.status()?["version"] == "4.0.0", "staged v4 is up");
     step("after staged v4's commit", "saved_entry=A")?;
-    super::staged::stage(&node, &mut boot, &mut vm, &v5, "5.0.0")?;
+    super::staged::stage(&node, &mut boot, &mut vm, &v5, "5.0.0", &[])?;
     let mut broken = vm.start()?;
     broken.expect(
         &["upgrade reverted: the next boot is A"],

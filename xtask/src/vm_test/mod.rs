@@ -381,7 +381,8 @@ pub fn vm_test(only: &[String]) -> Result<()> {
         ("grub_upgrade_and_revert", grub::grub_upgrade_and_revert),
         // Four boots of a 48 MB UKI and two 50 MB uploads.
         ("containerd_workload", containerd::containerd_workload),
-        // Five boots of a 60 MB UKI with systemd as PID 1.
+        // Twelve boots of a 60 MB UKI with systemd as PID 1, the last two with swtpm and a
+        // tpm2 /var (issue 40).
         ("debian_boots_systemd", debian::debian_boots_systemd),
         // About 6 boots: v1, v2 committed, v3 and its rollback, v4's panic and v2 again.
         ("btrfs_snapshot_grub", snapshot_grub::btrfs_snapshot_grub),

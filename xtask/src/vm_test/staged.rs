@@ -21,13 +21,12 @@ pub(super) fn stage(
     vm: &mut Vm,
     bundle: &Path,
     version: &str,
-) -> Result<()> {
-    let answer = node.ok(&[
-        "upgrade",
-        "--stage",
-        "--image",
-        &format!("oci-layout:{}", bundle.display()),
-    ])?;
+    more: &[&str],
+) -> Result<String> {
+    let image = format!("oci-layout:{}", bundle.display());
+    let mut args = vec!["upgrade", "--stage", "--image", &image];
+    args.extend_from_slice(more);
+    let answer = node.ok(&args)?;
     ensure!(
         answer.contains("accepted"),
         "slate upgrade --stage: {answer}"
@@ -50,7 +49,7 @@ pub(super) fn stage(
         BOOT_TIMEOUT,
         "the staged upgrade at boot",
     )?;
-    staged.expect(
+    let installed = staged.expect(
         &["installer: installed"],
         Duration::from_secs(120),
         "the staged installer",
@@ -61,7 +60,7 @@ pub(super) fn stage(
         !staged.serial().contains("stage Running"),
         "the staged upgrade runs before the OS comes up"
     );
-    Ok(())
+    Ok(installed)
 }
 
 /// Runs `slate ARGS` (a `--wait`) beside the VM, powering the VM on again after each guest

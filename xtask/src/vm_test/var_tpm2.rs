@@ -68,7 +68,7 @@ fn profile(work: &Path, extension: &Path) -> Result<PathBuf> {
 }
 
 /// EPHEMERAL's byte range in the disk image (`partx`).
-fn ephemeral_range(image: &Path) -> Result<(u64, u64)> {
+pub(super) fn ephemeral_range(image: &Path) -> Result<(u64, u64)> {
     let table = output(
         Command::new("partx")
             .args(["--show", "--noheadings", "--output", "START,SECTORS,NAME"])
@@ -87,10 +87,24 @@ fn ephemeral_range(image: &Path) -> Result<(u64, u64)> {
 }
 
 /// A read-only loop device over EPHEMERAL, detached on drop.
-struct Loop(String);
+pub(super) struct Loop(pub(super) String);
+
+/// `recovery` (the key a node printed or stored), written to `key_file`, opens key slot 1 of
+/// the LUKS2 volume on `dev` (`cryptsetup open --test-passphrase`: nothing is mapped).
+pub(super) fn recovery_key_opens_slot_1(dev: &Loop, key_file: &Path, recovery: &str) -> Result<()> {
+    fs::write(key_file, recovery)?;
+    output(
+        Command::new("cryptsetup")
+            .args(["open", "--test-passphrase", "--key-slot", "1", "--key-file"])
+            .arg(key_file)
+            .arg(&dev.0),
+    )
+    .context("the recovery key opens key slot 1")?;
+    Ok(())
+}
 
 impl Loop {
-    fn over(image: &Path) -> Result<Loop> {
+    pub(super) fn over(image: &Path) -> Result<Loop> {
         let (offset, size) = ephemeral_range(image)?;
         let dev = output(
             Command::new("losetup")
@@ -111,7 +125,7 @@ impl Drop for Loop {
 }
 
 /// SHA-256 of EPHEMERAL's first 16 MiB (the LUKS2 headers and key slots).
-fn header_hash(image: &Path) -> Result<String> {
+pub(super) fn header_hash(image: &Path) -> Result<String> {
     let (offset, _) = ephemeral_range(image)?;
     let mut file = fs::File::open(image)?;
     file.seek(std::io::SeekFrom::Start(offset))?;
@@ -346,18 +360,7 @@ pub(super) fn tpm2_var(prepared: &Prepared, work: &Path) -> Result<String> {
     );
 
     // The recovery key opens the volume's key slot on the host.
-    {
-        let dev = Loop::over(&image)?;
-        let key = work.join("recovery.key");
-        fs::write(&key, &recovery)?;
-        output(
-            Command::new("cryptsetup")
-                .args(["open", "--test-passphrase", "--key-slot", "1", "--key-file"])
-                .arg(&key)
-                .arg(&dev.0),
-        )
-        .context("the recovery key opens key slot 1")?;
-    }
+    recovery_key_opens_slot_1(&Loop::over(&image)?, &work.join("recovery.key"), &recovery)?;
 
     // Its own TPM again: unlocked; v2 and a broken v3 reverted, the marker there each time.
     vm.set_tpm(Some(&own_tpm));

@@ -269,7 +269,7 @@ pub fn boot<'a>(
             !pid1,
             "var",
             [task(node, "varByInit", move |ctx| {
-                crate::boot::under_systemd::var_by_init(ctx, node)
+                crate::boot::under_systemd::var_by_init(ctx, node, facts)
             })],
         )
         // A snapshot root's /etc is its own, writable and snapshotted with it.
@@ -326,7 +326,8 @@ pub fn boot<'a>(
 /// Maintenance mode after /var was refused (a tpm2 volume this machine's TPM does not unlock,
 /// no TPM, a volume the mode does not open): the network and the node API, nothing that could
 /// write to /var — no setup hooks, no services, no commit. The operator reads why in `slate
-/// status` and reboots, resets, or opens the disk elsewhere with the recovery key.
+/// status` and reboots, resets, or opens the disk elsewhere with the recovery key. Under
+/// systemd, init refused it (/var is a tmpfs) and systemd-networkd has the network.
 pub fn locked<'a>(
     node: &'a Node,
     facts: &'a Facts,
@@ -335,8 +336,9 @@ pub fn locked<'a>(
     PhaseListBuilder::new()
         .append(
             "network",
-            [task(node, "network", move |ctx| {
-                crate::boot::network::network(ctx, node, facts)
+            [task(node, "network", move |ctx| match node.host {
+                Host::Pid1 => crate::boot::network::network(ctx, node, facts),
+                Host::Systemd => crate::boot::under_systemd::addresses(ctx, node),
             })],
         )
         .append(

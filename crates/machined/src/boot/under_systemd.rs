@@ -13,36 +13,63 @@ use slate_sequencer::{TaskContext, TaskError};
 use crate::base::node::Node;
 use crate::base::paths::EPHEMERAL_MOUNT;
 use crate::base::task::failed;
+use crate::boot::facts::Facts;
 
 /// How long the network task waits for systemd-networkd's address (the certificate names it).
 const ADDRESS_WAIT: Duration = Duration::from_secs(60);
 
 /// /var as init left it: mounted in the mode its record names (`/run/slate/var.json`;
-/// persistent without one, as an init older than the record mounted it).
-pub fn var_by_init(ctx: &TaskContext<'_>, node: &Node) -> Result<(), TaskError> {
+/// persistent without one, as an init older than the record mounted it) — or refused, and
+/// then the task fails with init's reason and the node waits in maintenance mode as on
+/// slate's own OS (`facts.var_refused`).
+pub fn var_by_init(ctx: &TaskContext<'_>, node: &Node, facts: &Facts) -> Result<(), TaskError> {
+    let record = VarRecord::read(Path::new(VAR_RECORD))
+        .map_err(|e| failed(format!("reading {VAR_RECORD}: {e}")))?;
+    if let Some(VarRecord {
+        mode,
+        encrypted,
+        locked: Some(why),
+        ..
+    }) = &record
+    {
+        *node.var.lock().unwrap_or_else(|p| p.into_inner()) = Some(slate_api::VarStatus {
+            mode: mode.clone(),
+            encrypted: *encrypted,
+            unlocked: None,
+            prepared: "not mounted: locked".to_owned(),
+        });
+        *facts.var_refused.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.clone());
+        return Err(failed(format!("/var was not mounted by init: {why}")));
+    }
     if !slate_host::is_mount_point(Path::new(EPHEMERAL_MOUNT))? {
         return Err(failed(format!(
             "{EPHEMERAL_MOUNT} is not a mount point: slate's init mounts EPHEMERAL there before \
              systemd starts (was this root booted through slate's initramfs?)"
         )));
     }
-    let record = VarRecord::read(Path::new(VAR_RECORD))
-        .map_err(|e| failed(format!("reading {VAR_RECORD}: {e}")))?;
-    let (mode, prepared) = match record {
+    let (mode, prepared, encrypted, unlocked) = match record {
         Some(r) => (
             r.mode,
             format!("{} by init, the {}'s mode", r.prepared, r.from),
+            r.encrypted,
+            r.unlocked,
         ),
         None => (
             slate_profile::VarMode::Persistent.name().to_owned(),
             "mounted by init".to_owned(),
+            false,
+            None,
         ),
     };
-    ctx.log(&format!("{EPHEMERAL_MOUNT}: {mode}, {prepared}"));
+    let how = unlocked
+        .as_deref()
+        .map(|how| format!(", unlocked by {how}"))
+        .unwrap_or_default();
+    ctx.log(&format!("{EPHEMERAL_MOUNT}: {mode}, {prepared}{how}"));
     *node.var.lock().unwrap_or_else(|p| p.into_inner()) = Some(slate_api::VarStatus {
         mode,
-        encrypted: false,
-        unlocked: None,
+        encrypted,
+        unlocked,
         prepared,
     });
     Ok(())
