@@ -153,8 +153,7 @@ pub struct RollbackRecord {
     pub from: String,
     /// The version it went back to.
     pub to: String,
-    /// Why: the failed health check or task, "did not come up in its boot tries", or
-    /// "asked by hand".
+    /// Why: the failed health check or task, "did not come up in its boot tries", "asked by hand".
     pub reason: String,
     /// Seconds since the Unix epoch, by the node's clock, when it was decided.
     pub time: u64,
@@ -393,8 +392,7 @@ pub struct RollbackRequest {
     pub reboot_mode: RebootMode,
 }
 
-/// `POST /v1/snapshots/upgrade` body (admin): the seed's `upgrade --command` on a node whose
-/// root is a Btrfs snapshot.
+/// `POST /v1/snapshots/upgrade` body (admin): `upgrade --command` on a Btrfs snapshot root.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotUpgradeRequest {
@@ -405,9 +403,8 @@ pub struct SnapshotUpgradeRequest {
     pub reboot: bool,
     #[serde(default)]
     pub dry_run: bool,
-    /// Boot-counting tries for the new snapshot's entry on systemd-boot (3 when absent; 1 to
-    /// 15). GRUB starts a new snapshot once, so a node with GRUB refuses anything but 1.
-    /// Absent from the body when `None`, so a node from before this field still reads it.
+    /// Boot-counting tries for the new snapshot on systemd-boot (3 when absent; 1 to 15; GRUB
+    /// refuses all but 1). Left out of the body when `None`, as nodes before it expect.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tries: Option<u32>,
 }
