@@ -242,6 +242,14 @@ fn orders_leave_the_loop_and_an_old_terms_answer_is_dropped() {
                 )
             },
         );
+        // Had it been taken, it would have been recorded in the same commit as db-1's.
+        assert_eq!(
+            step(&state, "web", &first),
+            Some(Step::Upgrading {
+                issued: false,
+                prior_failure: None
+            })
+        );
         until(
             "the old answer was not dropped",
             Duration::from_secs(10),
@@ -252,13 +260,6 @@ fn orders_leave_the_loop_and_an_old_terms_answer_is_dropped() {
                     .iter()
                     .any(|l| l.contains("answers to an earlier leadership's orders dropped"))
             },
-        );
-        assert_eq!(
-            step(&state, "web", &first),
-            Some(Step::Upgrading {
-                issued: false,
-                prior_failure: None
-            })
         );
         // The old call was never made again by the new term.
         assert_eq!(driver.calls()[&first], 1);
