@@ -4,10 +4,11 @@
 //! the rest afresh; nothing the leader decided is carried from one tick to the next, so a new
 //! leader starts exactly where the old one stopped), decides with
 //! [`slate_rollout::tick`], stores the new rollouts fenced by the leadership, and only then
-//! sends the upgrade orders. A node is therefore recorded as upgrading before it is asked: a
-//! leader that dies after storing and before sending leaves an unconfirmed start, which the
-//! next leader sends again only when the node provably did not take it
-//! ([`slate_rollout::RESEND_AFTER`]).
+//! hands the upgrade orders to the [`Outbox`], whose workers send them while the next ticks
+//! run; a later tick of the same leadership records their answers. A node is therefore
+//! recorded as upgrading before it is asked: a leader that dies after storing and before
+//! sending leaves an unconfirmed start, which the next leader sends again only when the node
+//! provably did not take it ([`slate_rollout::RESEND_AFTER`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -15,11 +16,12 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use slate_release::ReleaseIndex;
-use slate_rollout::{tick, Event, EventKind, Order, PolicySet, Rollout, Step, Tick};
+use slate_rollout::{tick, Event, EventKind, PolicySet, Rollout, Step, Tick};
 
 use crate::drive::{DriveError, NodeDriver};
 use crate::etcd::{EtcdState, Fence, Outcome};
 use crate::metrics::{OperatorMetrics, TickResult};
+use crate::outbox::{Answer, Outbox};
 use crate::state::{self, ELECTION};
 
 /// How the leader works.
@@ -37,7 +39,7 @@ pub struct LeaderConfig {
     pub lease_ttl: Duration,
     /// How often the release index is read from the registry.
     pub release_refresh: Duration,
-    /// Upgrade calls in flight at once.
+    /// Upgrade calls in flight at once (the outbox's workers).
     pub parallel_orders: usize,
     /// Events older than this are deleted by the leader (checked once a minute).
     pub event_retention: Duration,
@@ -68,10 +70,13 @@ pub struct TickTiming {
     pub decide: Duration,
     /// The fenced commit of its decision.
     pub commit: Duration,
-    /// Sending the orders and recording the answers.
+    /// The orders' share of the loop: recording the answers that came back since the last
+    /// tick, and handing this tick's orders to the outbox (the calls themselves run apart).
     pub send: Duration,
     pub nodes: usize,
     pub orders: usize,
+    /// Answers recorded by this tick.
+    pub answers: usize,
 }
 
 /// Called after every tick the leader completes.
@@ -102,7 +107,41 @@ pub fn run(
     observer: Option<&TickObserver>,
     metrics: &OperatorMetrics,
 ) {
+    let outbox = Outbox::new();
+    std::thread::scope(|scope| {
+        // Whatever way the terms end (a panic included), the workers are told to stop, or
+        // the scope would wait for them forever.
+        let _close = CloseOnDrop(&outbox);
+        outbox.spawn_workers(scope, driver, config.parallel_orders);
+        lead_terms(
+            state, config, driver, releases, nodes, stop, log, observer, metrics, &outbox,
+        );
+    });
+}
+
+struct CloseOnDrop<'a>(&'a Outbox);
+
+impl Drop for CloseOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0.close();
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn lead_terms(
+    state: &EtcdState,
+    config: &LeaderConfig,
+    driver: &dyn NodeDriver,
+    releases: &dyn ReleaseSource,
+    nodes: Option<&state::Nodes>,
+    stop: &AtomicBool,
+    log: &Log,
+    observer: Option<&TickObserver>,
+    metrics: &OperatorMetrics,
+    outbox: &Outbox,
+) {
     let cache = IndexCache::default();
+    let mut term = 0;
     while !stop.load(Ordering::Relaxed) {
         let leadership = match state.campaign(ELECTION, &config.name, config.lease_ttl, stop) {
             Ok(Some(l)) => l,
@@ -117,6 +156,8 @@ pub fn run(
         log(&format!("{} is the leader", config.name));
         metrics.set_leader(true);
         driver.new_term();
+        term += 1;
+        outbox.begin_term(term);
         let fence = leadership.fence();
         let mut pruned: Option<Instant> = None;
         // Rollouts as last read or written under this leadership: a tick reads again only
@@ -133,12 +174,11 @@ pub fn run(
             let led = lead_once(
                 state,
                 config,
-                driver,
                 releases,
                 (nodes, &mut seen),
                 &mut held,
                 &cache,
-                &fence,
+                (&fence, outbox),
                 log,
                 &mut timing,
                 metrics,
@@ -175,6 +215,7 @@ pub fn run(
                 }
             }
         }
+        outbox.end_term();
         log(&format!("{} is no longer the leader", config.name));
         metrics.set_leader(false);
         if stop.load(Ordering::Relaxed) {
@@ -231,12 +272,11 @@ impl IndexCache {
 fn lead_once(
     state: &EtcdState,
     config: &LeaderConfig,
-    driver: &dyn NodeDriver,
     releases: &dyn ReleaseSource,
     (nodes, seen): (Option<&state::Nodes>, &mut Option<u64>),
     held_rollouts: &mut state::RolloutCache,
     cache: &IndexCache,
-    fence: &Fence,
+    (fence, outbox): (&Fence, &Outbox),
     log: &Log,
     timing: &mut TickTiming,
     metrics: &OperatorMetrics,
@@ -245,6 +285,27 @@ fn lead_once(
         metrics.etcd_error("leader");
         e.to_string()
     };
+    // First what the nodes answered since the last tick, so that this tick decides on it.
+    let taken = outbox.take_answers();
+    if taken.stale > 0 {
+        log(&format!(
+            "{} answers to an earlier leadership's orders dropped unrecorded",
+            taken.stale
+        ));
+    }
+    if !taken.answers.is_empty() {
+        let recording = Instant::now();
+        timing.answers = taken.answers.len();
+        match record_answers(state, fence, &taken.answers, held_rollouts, log, metrics) {
+            Ok(Led::Deposed) => return Ok(Led::Deposed),
+            Ok(_) => {}
+            Err(e) => {
+                outbox.give_back(taken.answers);
+                return Err(e);
+            }
+        }
+        timing.send += recording.elapsed();
+    }
     let started = Instant::now();
     let (held, generation) = state::inventory_from(state, nodes).map_err(|e| etcd(&e))?;
     *seen = generation;
@@ -298,15 +359,13 @@ fn lead_once(
     for event in &decision.events {
         log(&describe(event));
     }
-    if decision.orders.is_empty() {
-        return Ok(Led::Ticked);
+    if !decision.orders.is_empty() {
+        let handing = Instant::now();
+        timing.orders = decision.orders.len();
+        outbox.submit(decision.orders);
+        timing.send += handing.elapsed();
     }
-    let sent = Instant::now();
-    timing.orders = decision.orders.len();
-    let answers = send(driver, &decision.orders, config.parallel_orders);
-    let recorded = record_answers(state, fence, &answers, held_rollouts, log, metrics);
-    timing.send = sent.elapsed();
-    recorded
+    Ok(Led::Ticked)
 }
 
 /// `group/rollout node: kind detail`.
@@ -324,36 +383,12 @@ pub fn describe(e: &Event) -> String {
     format!("{}#{}{node} {:?}{detail}", e.group, e.rollout, e.kind)
 }
 
-/// Sends every order, `parallel` at a time.
-fn send(
-    driver: &dyn NodeDriver,
-    orders: &[Order],
-    parallel: usize,
-) -> Vec<(Order, Result<(), DriveError>)> {
-    let next = std::sync::atomic::AtomicUsize::new(0);
-    let answers = Mutex::new(Vec::with_capacity(orders.len()));
-    std::thread::scope(|scope| {
-        for _ in 0..parallel.clamp(1, orders.len()) {
-            scope.spawn(|| loop {
-                let i = next.fetch_add(1, Ordering::Relaxed);
-                let Some(order) = orders.get(i) else { break };
-                let answer = driver.upgrade(order);
-                answers
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push((order.clone(), answer));
-            });
-        }
-    });
-    answers.into_inner().unwrap_or_else(|e| e.into_inner())
-}
-
 /// Marks accepted orders confirmed and refused ones failed, by compare-and-swap on the
 /// rollouts as they now stand (a few tries: a pause may get in between).
 fn record_answers(
     state: &EtcdState,
     fence: &Fence,
-    answers: &[(Order, Result<(), DriveError>)],
+    answers: &[Answer],
     held: &mut state::RolloutCache,
     log: &Log,
     metrics: &OperatorMetrics,
@@ -362,8 +397,8 @@ fn record_answers(
         metrics.etcd_error("leader");
         e.to_string()
     };
-    for (order, answer) in answers {
-        if let Err(e) = answer {
+    for Answer { order, result, .. } in answers {
+        if let Err(e) = result {
             log(&format!(
                 "{}: upgrade to {} not sent: {e}",
                 order.node, order.image
@@ -376,7 +411,7 @@ fn record_answers(
         let mut read_at = BTreeMap::new();
         let mut events = Vec::new();
         let now = now_unix();
-        for (order, answer) in answers {
+        for Answer { order, result, .. } in answers {
             let Some((stored, revision)) = held.get(&order.group) else {
                 continue;
             };
@@ -393,7 +428,7 @@ fn record_answers(
             let Step::Upgrading { issued, .. } = &mut progress.step else {
                 continue;
             };
-            match answer {
+            match result {
                 Ok(()) => *issued = true,
                 Err(DriveError::Refused(reason)) => {
                     let reason = format!("refused the upgrade: {reason}");

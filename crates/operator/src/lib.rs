@@ -7,6 +7,7 @@
 //! - [`state`]: the typed keys (inventory, policies, rollouts, events).
 //! - [`leader`]: campaign and tick.
 //! - [`drive`]: upgrade orders through the node API.
+//! - [`outbox`]: the orders sent off the leader's loop, their answers kept for a later tick.
 //! - [`probe`]: the policies' HTTP probes of soaking nodes.
 //! - [`service`]: the operator API, and its `/metrics` ([`metrics`]).
 //! - [`dashboard`]: the rollout dashboard's pages (`/ui`), on the API's listener and roles.
@@ -17,6 +18,7 @@ pub mod drive;
 pub mod etcd;
 pub mod leader;
 pub mod metrics;
+pub mod outbox;
 pub mod probe;
 pub mod service;
 pub mod state;

@@ -79,13 +79,14 @@ pub fn serve(etcd: &str, listen: SocketAddr, certs: &Path, name: &str) -> Result
         observer: Some(Arc::new(move |t: &TickTiming| {
             let us = |d: Duration| d.as_micros();
             say(format!(
-                "tick {} {} {} {} {} {}",
+                "tick {} {} {} {} {} {} {}",
                 us(t.read),
                 us(t.decide),
                 us(t.commit),
                 us(t.send),
                 t.nodes,
-                t.orders
+                t.orders,
+                t.answers
             ));
         })),
     };
@@ -213,7 +214,7 @@ fn parse_tick(rest: &str) -> Option<TickTiming> {
         .split_whitespace()
         .map(|f| f.parse().ok())
         .collect::<Option<_>>()?;
-    let [read, decide, commit, send, nodes, orders] = v[..] else {
+    let [read, decide, commit, send, nodes, orders, answers] = v[..] else {
         return None;
     };
     let us = Duration::from_micros;
@@ -224,5 +225,6 @@ fn parse_tick(rest: &str) -> Option<TickTiming> {
         send: us(send),
         nodes: nodes as usize,
         orders: orders as usize,
+        answers: answers as usize,
     })
 }

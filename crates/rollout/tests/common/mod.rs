@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use slate_release::{Channel, Release, ReleaseIndex};
 use slate_rollout::{
-    tick, tick_explained, Decision, Event, FailureReport, Inventory, NodeRecord, NodeReport,
+    tick, tick_explained, Decision, Event, FailureReport, Inventory, NodeRecord, NodeReport, Order,
     PolicySet, Rollout, Tick,
 };
 
@@ -67,6 +67,12 @@ pub struct World {
     pub step: u64,
     /// The probe answers the leader would have gathered.
     pub probes: BTreeMap<String, bool>,
+    /// Ticks between an order's decision and its call (with its answer recorded at once):
+    /// the operator's outbox sends orders while later ticks run.
+    pub order_delay: u32,
+    /// Orders decided and not yet called, with the ticks left: one per node at most, as the
+    /// outbox keeps a node pending until its answer is taken.
+    pub outbox: Vec<(Order, u32)>,
 }
 
 impl World {
@@ -84,6 +90,8 @@ impl World {
             accepted: Vec::new(),
             step: 10,
             probes: BTreeMap::new(),
+            order_delay: 0,
+            outbox: Vec::new(),
         }
     }
 
@@ -139,6 +147,15 @@ impl World {
         }
         self.events.extend(decision.events.iter().cloned());
         for order in &decision.orders {
+            if !self.outbox.iter().any(|(o, _)| o.node == order.node) {
+                self.outbox.push((order.clone(), self.order_delay));
+            }
+        }
+        let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut self.outbox)
+            .into_iter()
+            .partition(|(_, left)| *left == 0);
+        self.outbox = later.into_iter().map(|(o, left)| (o, left - 1)).collect();
+        for (order, _) in &due {
             let pinned = order.image.split('@').next().unwrap();
             let target = pinned.rsplit(':').next().unwrap().to_owned();
             let rec = self.inventory.get_mut(&order.node).unwrap();
