@@ -34,7 +34,7 @@ pub const MAX_ZTABLE_BYTES: u64 = 16 << 20;
 /// No chunk is longer than FastCDC's largest max.
 pub const MAX_ZCHUNK: u32 = 16 << 20;
 /// The level the imager compresses at: bench-delta's measurement, docs/formats.md §7.8.
-pub const LEVEL: i32 = 12;
+pub const LEVEL: i32 = 9;
 const HEADER: usize = 8 + 32 + 32 + 8 + 4;
 const ENTRY: usize = 1 + 4 + 32;
 
