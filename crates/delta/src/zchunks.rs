@@ -1,24 +1,28 @@
 //! Chunks that travel compressed (docs/formats.md §7.8): each distinct chunk of a bundle's
-//! chunk index zstd-compressed on its own (stored raw where that is not smaller), all of them
+//! chunk index zstd-compressed on its own, the frames of those that came out shorter
 //! concatenated into one blob, and a table — signed with the image manifest like the index —
-//! giving each one's coding, compressed length and compressed SHA-256.
+//! saying per chunk whether it travels compressed and, if so, its frame's length and SHA-256.
+//! A chunk compression does not shorten (the squashfs' blocks, the compressed kernel) is not
+//! stored twice: it is fetched as before, a range of the raw blob.
 //!
 //! ```text
 //! magic "SLZCHNK1" · [32] sha256 of the SLCHUNK1 index · [32] sha256 of the blob · u64 size
-//! · u32 count · per chunk: u8 coding (0 raw, 1 zstd) · u32 length · [32] sha256
+//! · u32 count · per chunk: u8 0 (raw) | u8 1 (zstd) · u32 length · [32] sha256
 //! ```
 //!
-//! A chunk's offset in the blob is the sum of the lengths before it: entries tile the blob in
-//! order, so there is no offset to get wrong (no overlap, no gap, nothing outside the blob)
-//! and 8 bytes a chunk fewer to fetch. Entries follow the index's distinct chunk digests in
-//! order of first appearance, so the table names no raw digest of its own: it is bound to the
-//! one index whose digest it carries.
+//! A frame's offset in the blob is the sum of the lengths of the frames before it: they tile
+//! the blob in order, so there is no offset to get wrong (no overlap, no gap, nothing outside
+//! the blob) and 8 bytes a chunk fewer to fetch. Entries follow the index's distinct chunk
+//! digests in order of first appearance, so the table names no raw digest of its own: it is
+//! bound to the one index whose digest it carries.
 //!
-//! A node checks a fetched compressed chunk's length and digest before zstd sees a byte, then
+//! A node checks a fetched frame's length and digest before zstd sees a byte, then
 //! decompresses it into at most the chunk's raw length (longer output is refused, a bomb
 //! costs nothing), and the assembler checks the raw digest as for any chunk.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
 
 use crate::index::{Chunk, ChunkIndex};
 use crate::{assemble::Remote, sha256, Sha256};
@@ -36,26 +40,32 @@ pub const MAX_ZCHUNK: u32 = 16 << 20;
 /// The level the imager compresses at: bench-delta's measurement, docs/formats.md §7.8.
 pub const LEVEL: i32 = 9;
 const HEADER: usize = 8 + 32 + 32 + 8 + 4;
-const ENTRY: usize = 1 + 4 + 32;
+/// A zstd entry; a raw one is its first byte alone.
+const ZSTD_ENTRY: usize = 1 + 4 + 32;
 
-/// How a chunk is stored in the compressed blob.
+/// How a chunk travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Coding {
-    /// As is: compression did not make it smaller.
-    Raw = 0,
-    /// One zstd frame, no checksum, no dictionary.
-    Zstd = 1,
+pub enum ZChunk {
+    /// As a range of the raw blob: compression did not make it shorter.
+    Raw,
+    /// As one zstd frame (no checksum, no dictionary) in the compressed blob.
+    Zstd {
+        /// Not in the bytes: the sum of the lengths of the frames before it.
+        offset: u64,
+        length: u32,
+        /// SHA-256 of the frame.
+        digest: Sha256,
+    },
 }
 
-/// One chunk's place in the compressed blob.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct ZChunk {
-    pub coding: Coding,
-    /// Not in the bytes: the sum of the lengths before it.
-    pub offset: u64,
-    pub length: u32,
-    /// SHA-256 of the stored bytes.
-    pub digest: Sha256,
+impl ZChunk {
+    /// Bytes on the wire for a chunk of `raw_length`.
+    pub fn wire_bytes(&self, raw_length: u32) -> u64 {
+        match self {
+            ZChunk::Raw => u64::from(raw_length),
+            ZChunk::Zstd { length, .. } => u64::from(*length),
+        }
+    }
 }
 
 /// The table of a bundle's compressed chunks.
@@ -80,11 +90,11 @@ pub enum ZTableError {
     Truncated(String),
     #[error("the compressed chunk table lists {count} chunks, {left} bytes cannot hold them")]
     Count { count: u32, left: usize },
-    #[error("compressed chunk {chunk}: coding {coding} is neither 0 (raw) nor 1 (zstd)")]
+    #[error("chunk {chunk}: coding {coding} is neither 0 (raw) nor 1 (zstd)")]
     BadCoding { chunk: u32, coding: u8 },
     #[error("compressed chunk {chunk}: length {length} is not from 1 to {MAX_ZCHUNK}")]
     BadLength { chunk: u32, length: u32 },
-    #[error("compressed chunks cover {covered} bytes, the compressed blob is {size}")]
+    #[error("the frames cover {covered} bytes, the compressed blob is {size}")]
     SizeMismatch { covered: u64, size: u64 },
     #[error("the compressed chunk table has {0} bytes after its last chunk")]
     Trailing(usize),
@@ -116,16 +126,21 @@ fn take<'a>(
 impl ZTable {
     /// The table's bytes (one spelling: [`ZTable::parse`] of them gives `self` back).
     pub fn to_bytes(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(HEADER + self.chunks.len() * ENTRY);
+        let mut out = Vec::with_capacity(HEADER + self.chunks.len() * ZSTD_ENTRY);
         out.extend_from_slice(ZMAGIC);
         out.extend_from_slice(&self.index);
         out.extend_from_slice(&self.blob);
         out.extend_from_slice(&self.blob_size.to_le_bytes());
         out.extend_from_slice(&(self.chunks.len() as u32).to_le_bytes());
         for c in &self.chunks {
-            out.push(c.coding as u8);
-            out.extend_from_slice(&c.length.to_le_bytes());
-            out.extend_from_slice(&c.digest);
+            match c {
+                ZChunk::Raw => out.push(0),
+                ZChunk::Zstd { length, digest, .. } => {
+                    out.push(1);
+                    out.extend_from_slice(&length.to_le_bytes());
+                    out.extend_from_slice(digest);
+                }
+            }
         }
         out
     }
@@ -147,35 +162,36 @@ impl ZTable {
         let blob_size = u64::from_le_bytes(take(bytes, at, 8, &header)?.try_into().expect("8"));
         let count = u32::from_le_bytes(take(bytes, at, 4, &header)?.try_into().expect("4"));
         let left = bytes.len() - *at;
-        if count as usize > left / ENTRY {
+        // Every entry takes at least its coding byte.
+        if count as usize > left {
             return Err(ZTableError::Count { count, left });
         }
         let mut chunks = Vec::with_capacity(count as usize);
         let mut offset = 0u64;
         for chunk in 0..count {
-            let what = || format!("compressed chunk {chunk}");
-            let entry = take(bytes, at, ENTRY, &what)?;
-            let coding = match entry[0] {
-                0 => Coding::Raw,
-                1 => Coding::Zstd,
+            let what = || format!("chunk {chunk}'s entry");
+            match take(bytes, at, 1, &what)?[0] {
+                0 => chunks.push(ZChunk::Raw),
+                1 => {
+                    let entry = take(bytes, at, ZSTD_ENTRY - 1, &what)?;
+                    let length = u32::from_le_bytes(entry[..4].try_into().expect("4"));
+                    if length == 0 || length > MAX_ZCHUNK {
+                        return Err(ZTableError::BadLength { chunk, length });
+                    }
+                    chunks.push(ZChunk::Zstd {
+                        offset,
+                        length,
+                        digest: entry[4..].try_into().expect("32"),
+                    });
+                    offset += u64::from(length);
+                    if offset > blob_size {
+                        return Err(ZTableError::SizeMismatch {
+                            covered: offset,
+                            size: blob_size,
+                        });
+                    }
+                }
                 coding => return Err(ZTableError::BadCoding { chunk, coding }),
-            };
-            let length = u32::from_le_bytes(entry[1..5].try_into().expect("4"));
-            if length == 0 || length > MAX_ZCHUNK {
-                return Err(ZTableError::BadLength { chunk, length });
-            }
-            chunks.push(ZChunk {
-                coding,
-                offset,
-                length,
-                digest: entry[5..].try_into().expect("32"),
-            });
-            offset += u64::from(length);
-            if offset > blob_size {
-                return Err(ZTableError::SizeMismatch {
-                    covered: offset,
-                    size: blob_size,
-                });
             }
         }
         if offset != blob_size {
@@ -196,8 +212,8 @@ impl ZTable {
     }
 
     /// The table bound to `index`: its digest must be the one the table names, one entry per
-    /// distinct chunk, a raw entry exactly its chunk (length and digest), a zstd one shorter
-    /// than its chunk. The result finds a raw digest's compressed place.
+    /// distinct chunk, a frame shorter than its chunk. The result finds how a raw digest
+    /// travels.
     pub fn check(&self, index: &ChunkIndex) -> Result<ZChunks, ZTableError> {
         let digest = sha256(&index.to_bytes());
         if digest != self.index {
@@ -215,18 +231,14 @@ impl ZTable {
         }
         let mut by_raw = HashMap::with_capacity(distinct.len());
         for (i, (raw, z)) in distinct.iter().zip(&self.chunks).enumerate() {
-            let why = match z.coding {
-                Coding::Raw if z.length != raw.length => Some("stored raw at another length"),
-                Coding::Raw if z.digest != raw.digest => Some("stored raw under another digest"),
-                Coding::Zstd if z.length >= raw.length => Some("compressed, but not shorter"),
-                _ => None,
-            };
-            if let Some(why) = why {
-                return Err(ZTableError::Mismatch {
-                    chunk: i,
-                    raw: hex::encode(raw.digest),
-                    why,
-                });
+            if let ZChunk::Zstd { length, .. } = z {
+                if *length >= raw.length {
+                    return Err(ZTableError::Mismatch {
+                        chunk: i,
+                        raw: hex::encode(raw.digest),
+                        why: "compressed, but not shorter",
+                    });
+                }
             }
             by_raw.insert(raw.digest, *z);
         }
@@ -258,18 +270,15 @@ pub fn distinct_chunks(index: &ChunkIndex) -> Vec<Chunk> {
 }
 
 /// Compress each distinct chunk of `index` (whose blobs are `blobs`, in its order) on its
-/// own at `level`, single-threaded and without checksum or dictionary so the same input gives
-/// the same bytes; a chunk compression does not shorten is stored raw. The table and the blob.
+/// own at `level`, without checksum or dictionary: a frame depends on its chunk and the level
+/// alone, so the chunks are spread over the cores and the output is the same however they
+/// ran. A chunk compression does not shorten stays raw (not in the blob). The table and the
+/// compressed blob.
 pub fn compress(
     index: &ChunkIndex,
     blobs: &[&[u8]],
     level: i32,
 ) -> std::io::Result<(ZTable, Vec<u8>)> {
-    use zstd::zstd_safe::CParameter;
-    let mut z = zstd::bulk::Compressor::new(level)?;
-    z.set_parameter(CParameter::ChecksumFlag(false))?;
-    z.set_parameter(CParameter::ContentSizeFlag(true))?;
-    z.set_parameter(CParameter::DictIdFlag(false))?;
     let mut raw_of: HashMap<Sha256, &[u8]> = HashMap::new();
     for (blob, bytes) in index.blobs.iter().zip(blobs) {
         if bytes.len() as u64 != blob.size {
@@ -285,23 +294,54 @@ pub fn compress(
             raw_of.insert(c.digest, &bytes[start..start + c.length as usize]);
         }
     }
+    let distinct = distinct_chunks(index);
+    let next = AtomicUsize::new(0);
+    let frames: Mutex<Vec<Option<std::io::Result<Vec<u8>>>>> =
+        Mutex::new(distinct.iter().map(|_| None).collect());
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    std::thread::scope(|s| {
+        for _ in 0..threads.min(distinct.len()).max(1) {
+            s.spawn(|| {
+                let mut z = match compressor(level) {
+                    Ok(z) => z,
+                    Err(e) => {
+                        frames.lock().expect("no panics hold it")[0] = Some(Err(e));
+                        return;
+                    }
+                };
+                loop {
+                    let i = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(chunk) = distinct.get(i) else {
+                        return;
+                    };
+                    let frame = z.compress(raw_of[&chunk.digest]);
+                    let failed = frame.is_err();
+                    frames.lock().expect("no panics hold it")[i] = Some(frame);
+                    if failed {
+                        return;
+                    }
+                }
+            });
+        }
+    });
     let mut out = Vec::new();
-    let mut chunks = Vec::new();
-    for chunk in distinct_chunks(index) {
-        let raw = raw_of[&chunk.digest];
-        let packed = z.compress(raw)?;
-        let (coding, stored) = if packed.len() < raw.len() {
-            (Coding::Zstd, &packed[..])
+    let mut chunks = Vec::with_capacity(distinct.len());
+    for (chunk, frame) in distinct
+        .iter()
+        .zip(frames.into_inner().expect("no panics hold it"))
+    {
+        let frame =
+            frame.unwrap_or_else(|| Err(std::io::Error::other("a chunk not compressed")))?;
+        if frame.len() < chunk.length as usize {
+            chunks.push(ZChunk::Zstd {
+                offset: out.len() as u64,
+                length: frame.len() as u32,
+                digest: sha256(&frame),
+            });
+            out.extend_from_slice(&frame);
         } else {
-            (Coding::Raw, raw)
-        };
-        chunks.push(ZChunk {
-            coding,
-            offset: out.len() as u64,
-            length: stored.len() as u32,
-            digest: sha256(stored),
-        });
-        out.extend_from_slice(stored);
+            chunks.push(ZChunk::Raw);
+        }
     }
     Ok((
         ZTable {
@@ -312,6 +352,15 @@ pub fn compress(
         },
         out,
     ))
+}
+
+fn compressor(level: i32) -> std::io::Result<zstd::bulk::Compressor<'static>> {
+    use zstd::zstd_safe::CParameter;
+    let mut z = zstd::bulk::Compressor::new(level)?;
+    z.set_parameter(CParameter::ChecksumFlag(false))?;
+    z.set_parameter(CParameter::ContentSizeFlag(true))?;
+    z.set_parameter(CParameter::DictIdFlag(false))?;
+    Ok(z)
 }
 
 /// Bytes and chunks a node holding `held` fetches for `target` when chunks travel as `z`
@@ -329,7 +378,7 @@ pub fn compressed_fetch(target: &ChunkIndex, held: &[&ChunkIndex], z: &ZChunks) 
             bytes += z
                 .by_raw
                 .get(&c.digest)
-                .map_or(u64::from(c.length), |z| u64::from(z.length));
+                .map_or(u64::from(c.length), |z| z.wire_bytes(c.length));
             count += 1;
         }
     }
@@ -363,38 +412,42 @@ impl Remote for ZRemote<'_> {
                 hex::encode(chunk.digest)
             ))
         })?;
-        let stored = Chunk {
-            offset: z.offset,
-            length: z.length,
-            digest: z.digest,
+        let ZChunk::Zstd {
+            offset,
+            length,
+            digest,
+        } = *z
+        else {
+            return self.inner.fetch(blob, chunk);
         };
-        let bytes = self.inner.fetch(&table.blob, &stored)?;
-        let end = z.offset + u64::from(z.length);
-        if bytes.len() != z.length as usize || sha256(&bytes) != z.digest {
+        let frame = Chunk {
+            offset,
+            length,
+            digest,
+        };
+        let bytes = self.inner.fetch(&table.blob, &frame)?;
+        let end = offset + u64::from(length);
+        if bytes.len() != length as usize || sha256(&bytes) != digest {
             // Checked before zstd sees a byte: a decompressor is parser enough to attack.
             return Err(std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!(
-                    "bytes {}..{end} of the compressed blob {} do not match their signed digest \
-                     sha256:{}: refused before decompression",
-                    z.offset,
+                    "bytes {offset}..{end} of the compressed blob {} do not match their signed \
+                     digest sha256:{}: refused before decompression",
                     table.blob,
-                    hex::encode(z.digest)
+                    hex::encode(digest)
                 ),
             ));
         }
-        match z.coding {
-            Coding::Raw => Ok(bytes),
-            Coding::Zstd => inflate(&bytes, chunk.length as usize).map_err(|e| {
-                std::io::Error::new(
-                    std::io::ErrorKind::InvalidData,
-                    format!(
-                        "bytes {}..{end} of the compressed blob {}: {e}",
-                        z.offset, table.blob
-                    ),
-                )
-            }),
-        }
+        inflate(&bytes, chunk.length as usize).map_err(|e| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!(
+                    "bytes {offset}..{end} of the compressed blob {}: {e}",
+                    table.blob
+                ),
+            )
+        })
     }
 }
 
