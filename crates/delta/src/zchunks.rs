@@ -385,9 +385,10 @@ pub fn compressed_fetch(target: &ChunkIndex, held: &[&ChunkIndex], z: &ZChunks) 
     (bytes, count)
 }
 
-/// A [`Remote`] that fetches a chunk's compressed range of the compressed blob from `inner`
-/// and gives back its raw bytes; without a table, the raw range of the target blob as before
-/// (a bundle built before compressed chunks, or one whose compressed blob is not there).
+/// A [`Remote`] that fetches a chunk's frame from the compressed blob through `inner` and gives
+/// back its raw bytes; a chunk the table keeps raw, or every chunk without a table (a bundle
+/// built before compressed chunks, or one whose compressed blob is not there), is the raw
+/// range of the target blob as before.
 pub struct ZRemote<'a> {
     pub table: Option<&'a ZChunks>,
     pub inner: &'a dyn Remote,
