@@ -11,6 +11,7 @@ pub mod assemble;
 mod chunker;
 mod estimate;
 mod index;
+pub mod zchunks;
 
 pub use assemble::{
     assemble, plan, AssembleError, Assembled, ChunkCache, Plan, ReadAt, Refused, Remote, Seed,
@@ -25,6 +26,7 @@ pub use index::{
     BlobChunks, Chunk, ChunkIndex, ChunkParams, IndexError, CHUNK_INDEX_MEDIA_TYPE, DEFAULT_PARAMS,
     MAGIC, MAX_BLOBS, MAX_INDEX_BYTES,
 };
+pub use zchunks::{ZChunks, ZRemote, ZTable, ZTableError};
 
 /// A SHA-256 digest, raw.
 pub type Sha256 = [u8; 32];

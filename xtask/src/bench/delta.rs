@@ -6,6 +6,11 @@
 //! run; the node-side assembly of each pair against writing the same bytes, with its peak
 //! memory; and the bundle build time beside the time of the index alone.
 //!
+//! Slate's bytes are counted twice: as raw ranges of the new blobs (what a node fetches from
+//! a bundle without compressed chunks), and as its compressed chunks travel (formats.md §7.8:
+//! each missing chunk's stored bytes, plus the compressed chunk table), the table and blob
+//! computed here from the new blobs as the imager would at `slate_delta::zchunks::LEVEL`.
+//!
 //! Pairs (inputs in `delta_inputs`): (a) version only, (b) one 1 MiB file added to the root,
 //! (c) libc6 replaced by another build of it, (d) slate rebuilt with a small source change, (e)
 //! the kernel of the previous point release replaced by the current one.
@@ -111,8 +116,17 @@ pub fn bench_delta(slate: Option<&Path>) -> Result<()> {
         Ok(out)
     };
     println!(
-        "{:<30} {:>12} {:>12} {:>7} {:>7} {:>12} {:>7} {:>7}",
-        "pair", "full B", "slate B", "slate%", "chunks", "casync B", "casync%", "chunks"
+        "{:<30} {:>12} {:>12} {:>7} {:>12} {:>7} {:>7} {:>12} {:>7} {:>7}",
+        "pair",
+        "full B",
+        "slate raw B",
+        "raw%",
+        "slate zst B",
+        "zst%",
+        "chunks",
+        "casync B",
+        "casync%",
+        "chunks"
     );
     let index_secs = index_time(&v2)?;
     let row = |name: &'static str, old: &Path, new: &Path| compare(name, old, new, &work);
@@ -133,11 +147,16 @@ pub fn bench_delta(slate: Option<&Path>) -> Result<()> {
         &v2,
     )?;
     let changed = delta_inputs::changed_slate(&plain, &inputs)?;
-    row(
-        "(d) slate small change",
-        &v1,
-        &made(&changed, "2.0.0", "v2-slate")?,
-    )?;
+    let v2_slate = made(&changed, "2.0.0", "v2-slate")?;
+    row("(d) slate small change", &v1, &v2_slate)?;
+    let zstd_secs = levels(&v1, &v2_slate)?;
+    println!(
+        "bundle build (v1): {build_secs:.2} s; with the compressed chunks at level {} \
+         ({zstd_secs:.2} s, measured above) {:.2} s, {:.3}x of the build",
+        slate_delta::zchunks::LEVEL,
+        build_secs + zstd_secs,
+        (build_secs + zstd_secs) / build_secs
+    );
     println!(
         "bundle build (v1): {build_secs:.2} s; of which the chunk index of its blobs, \
          recomputed here: {index_secs:.2} s (so without it {:.2} s, {:.3}x)",
@@ -165,12 +184,18 @@ fn compare(name: &str, old_dir: &Path, new_dir: &Path, work: &Path) -> Result<()
     let (casync_bytes, casync_chunks) = casync_fetch(&old_store, &store);
     let full = estimate.full_bytes();
     let pct = |n: u64| 100.0 * n as f64 / full as f64;
+    let (ztable, _) = compressed(&new, &index, slate_delta::zchunks::LEVEL)?;
+    let z = ztable.check(&index)?;
+    let (zchunks, _) = slate_delta::zchunks::compressed_fetch(&index, &[&old_index], &z);
+    let zfetch = zchunks + estimate.index_bytes + ztable.to_bytes().len() as u64;
     println!(
-        "{:<30} {:>12} {:>12} {:>6.2}% {:>7} {:>12} {:>6.2}% {:>7}",
+        "{:<30} {:>12} {:>12} {:>6.2}% {:>12} {:>6.2}% {:>7} {:>12} {:>6.2}% {:>7}",
         name,
         full,
         estimate.fetch_bytes(),
         pct(estimate.fetch_bytes()),
+        zfetch,
+        pct(zfetch),
         estimate.fetch_chunks(),
         casync_bytes,
         pct(casync_bytes),
@@ -187,6 +212,59 @@ fn compare(name: &str, old_dir: &Path, new_dir: &Path, work: &Path) -> Result<()
         100.0 * timed.plain_secs / timed.secs
     );
     Ok(())
+}
+
+/// `bundle`'s compressed chunk table and blob at `level` (as the imager would make them).
+fn compressed(
+    bundle: &Bundle,
+    index: &slate_delta::ChunkIndex,
+    level: i32,
+) -> Result<(slate_delta::ZTable, Vec<u8>)> {
+    let blobs: Vec<Vec<u8>> = blob_files(bundle, index)
+        .iter()
+        .map(fs::read)
+        .collect::<Result<_, _>>()?;
+    let refs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
+    Ok(slate_delta::zchunks::compress(index, &refs, level)?)
+}
+
+/// The level's choice, on pair (d): for each candidate level, the seconds of compressing the
+/// new bundle's chunks (single-threaded, median of [`ROUNDS`]), the compressed blob's size, and
+/// what the pair fetches. The seconds at the chosen level are returned.
+fn levels(old_dir: &Path, new_dir: &Path) -> Result<f64> {
+    let old = Bundle::open(old_dir, None)?;
+    let old_index = old.chunk_index()?.context("no chunk index")?;
+    let new = Bundle::open(new_dir, None)?;
+    let index = new.chunk_index()?.context("no chunk index")?;
+    let full: u64 = index.blobs.iter().map(|b| b.size).sum();
+    let mut chosen = None;
+    for level in [3, 6, 9, 12, 19] {
+        let mut secs = Vec::new();
+        let mut made = None;
+        for _ in 0..ROUNDS {
+            let start = Instant::now();
+            let out = compressed(&new, &index, level)?;
+            secs.push(start.elapsed().as_secs_f64());
+            if let Some(before) = &made {
+                anyhow::ensure!(*before == out, "level {level}: not reproducible");
+            }
+            made = Some(out);
+        }
+        let (table, blob) = made.context("rounds")?;
+        let z = table.check(&index)?;
+        let (fetch, _) = slate_delta::zchunks::compressed_fetch(&index, &[&old_index], &z);
+        let secs = median(secs);
+        println!(
+            "    level {level:>2}: compressing the (d) bundle's chunks {secs:.2} s (median of \
+             {ROUNDS}), blob {} of {full} bytes, (d) fetches {fetch} bytes of chunks ({:.2} %)",
+            blob.len(),
+            100.0 * fetch as f64 / full as f64
+        );
+        if level == slate_delta::zchunks::LEVEL {
+            chosen = Some(secs);
+        }
+    }
+    chosen.context("the chosen level is one of the candidates")
 }
 
 /// The seconds of computing `bundle`'s chunk index again from its blobs (as the imager does).
