@@ -345,6 +345,26 @@ impl Bundle {
         )
     }
 
+    /// The blob with `role` from a sealed memfd that the process which verified it handed over
+    /// with the digest it verified (`crate::sealed`): checked for memfd, seals, size and that
+    /// digest, then mapped without hashing it again.
+    pub fn handed_over_blob(
+        &self,
+        role: &str,
+        fd: std::os::fd::OwnedFd,
+        claimed: &Digest,
+    ) -> Result<crate::BlobBytes, BundleError> {
+        let (digest, size) = self.role_digest(role)?;
+        Ok(crate::sealed::handed_over(
+            &format!("the {role} blob"),
+            fd,
+            claimed,
+            &digest,
+            size,
+            &self.verified,
+        )?)
+    }
+
     /// The blob with `role` as a stream, verified as it is read (see [`BlobReader`]): for
     /// copying a large blob out without holding it.
     pub fn open_blob(&self, role: &str) -> Result<BlobReader<'_>, BundleError> {
