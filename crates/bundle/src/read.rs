@@ -381,13 +381,15 @@ impl Bundle {
     /// verified before is only checked for size, and not read.
     pub fn verify_blob(&self, role: &str) -> Result<&BlobRef, BundleError> {
         let (digest, size) = self.role_digest(role)?;
-        if self.chunks.contains_key(&digest) {
-            // By its chunks, on every core, mapped or read as the installers read it.
-            self.map_blob(role)?;
-            return self.blob_ref(role);
-        }
         let mut reader = self.blob_reader(&format!("the {role} blob"), &digest, size)?;
         if !reader.hashes() {
+            // Verified before (or handed over sealed): its size checked at open, not mapped.
+            return self.blob_ref(role);
+        }
+        if self.chunks.contains_key(&digest) {
+            // By its chunks, on every core, mapped or read as the installers read it.
+            drop(reader);
+            self.map_blob(role)?;
             return self.blob_ref(role);
         }
         std::io::copy(&mut reader, &mut std::io::sink())

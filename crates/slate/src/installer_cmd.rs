@@ -289,6 +289,7 @@ fn upgrade(args: UpgradeArgs) -> Result<()> {
         tries: args.tries,
         dry_run: args.dry_run,
         secure_boot_db: args.secureboot_db.as_deref().map(read_db).transpose()?,
+        uki_handover: slate_installer::UkiHandover::from_env()?,
     };
     let report = slate_installer::upgrade(&args.disk, &request, &mut |event| match event {
         UpgradeEvent::Opened(provenance) => print_provenance(provenance),
