@@ -44,7 +44,9 @@ pub use download::Download;
 pub use import::{import_tar, ImportError, Imported, JudgeError, Refusal};
 pub use mapped::BlobBytes;
 pub use read::{is_signature_tag, parse_documents, Bundle, MAX_DOCUMENT_BYTES};
-pub use sealed::{seal_verified, HandoverError, HANDOVER_SEALS};
+pub use sealed::{
+    seal_verified, seal_verified_from, HandoverError, HANDOVER_SEALS, UKI_DIGEST_ENV, UKI_FD_ENV,
+};
 pub use signature::{
     add_signature, parse_signature_manifest, signature_tag, signature_tag_of, SignatureDescriptor,
     SignatureLayer, MAX_SIGNATURES, PUBLIC_KEY_ANNOTATION, SIGNATURE_ANNOTATION,

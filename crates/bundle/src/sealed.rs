@@ -17,7 +17,7 @@
 //! that can already write the target disk directly.
 
 use std::fs::File;
-use std::io::Write as _;
+use std::io::Read;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Mutex;
 
@@ -25,6 +25,12 @@ use rustix::fs::{fcntl_add_seals, fcntl_get_seals, memfd_create, MemfdFlags, Sea
 
 use crate::blob::lock;
 use crate::{BlobBytes, BundleError, Digest, VerifiedBlobs};
+
+/// Where `slate installer upgrade` finds a handed-over UKI (its `handover.rs`): the number of
+/// the inherited descriptor of the sealed memfd, and the digest its bytes were verified
+/// against (`sha256:<hex>`). Here, where both sides of the handover can name them.
+pub const UKI_FD_ENV: &str = "SLATE_INSTALLER_UKI_FD";
+pub const UKI_DIGEST_ENV: &str = "SLATE_INSTALLER_UKI_DIGEST";
 
 /// The seals a handed-over blob must carry, every one of them.
 pub const HANDOVER_SEALS: SealFlags = SealFlags::WRITE
@@ -72,9 +78,15 @@ pub enum HandoverError {
 /// `bytes` (verified by the caller) in a new memfd named `name`, sealed as [`HANDOVER_SEALS`]
 /// says. Close-on-exec: the caller passes it to the one child it is meant for.
 pub fn seal_verified(name: &str, bytes: &[u8]) -> std::io::Result<OwnedFd> {
+    seal_verified_from(name, &mut &bytes[..])
+}
+
+/// [`seal_verified`] of everything `bytes` yields: a blob streamed out of its file, which a
+/// reader of this crate verifies as it goes (or knows verified).
+pub fn seal_verified_from(name: &str, bytes: &mut dyn Read) -> std::io::Result<OwnedFd> {
     let fd = memfd_create(name, MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
     let mut file = File::from(fd);
-    file.write_all(bytes)?;
+    std::io::copy(bytes, &mut file)?;
     let fd = OwnedFd::from(file);
     fcntl_add_seals(&fd, HANDOVER_SEALS)?;
     Ok(fd)

@@ -17,10 +17,7 @@ use std::sync::Arc;
 
 use slate_bundle::{BlobBytes, Bundle, BundleError, Digest, HandoverError};
 
-/// The descriptor number of the sealed memfd holding the new UKI.
-pub const UKI_FD_ENV: &str = "SLATE_INSTALLER_UKI_FD";
-/// The digest its verifier checked its bytes against (`sha256:<hex>`).
-pub const UKI_DIGEST_ENV: &str = "SLATE_INSTALLER_UKI_DIGEST";
+pub use slate_bundle::{UKI_DIGEST_ENV, UKI_FD_ENV};
 
 /// A verified UKI handed over: the sealed memfd and the digest its bytes were checked against.
 #[derive(Debug, Clone)]
