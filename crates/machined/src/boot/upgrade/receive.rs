@@ -88,6 +88,7 @@ pub(super) fn remember(id: &Digest, verified: VerifiedBlobs) {
 fn forget(id: &str) {
     let mut received = RECEIVED.lock().unwrap_or_else(PoisonError::into_inner);
     received.retain(|(kept, _)| kept.hex() != id);
+    super::sealed_uki::forget(id);
 }
 
 /// What the upload of bundle `id` verified in this process, if it was received since the boot.

@@ -370,3 +370,32 @@ fn an_upload_larger_than_the_free_space_is_refused() {
         "{err:?}"
     );
 }
+
+/// An upload's UKI is kept sealed for the installer without hashing it again: the copy passes
+/// the installer's own check (a memfd, every seal, the signed size and digest) and holds the
+/// UKI's bytes; the bundle's installation or removal lets it go.
+#[test]
+fn an_uploads_uki_is_sealed_for_the_installer_without_hashing_it_again() {
+    use super::super::sealed_uki;
+    let src = tempfile::tempdir().unwrap();
+    // A version of its own: the other tests' retention must not forget this one's bundle.
+    let signed = versioned(src.path(), Some(1), true, "2.0.0-sealed");
+    let staging = tempfile::tempdir().unwrap();
+    let received = receive(&export(&signed), staging.path()).unwrap();
+    let id = received.bundle.digest().clone();
+
+    let before = hashed_on_this_thread();
+    sealed_uki::keep(&received.bundle).unwrap();
+    assert_eq!(hashed_on_this_thread(), before, "hashed again to seal it");
+    let (fd, digest) = sealed_uki::of(&id).unwrap();
+    assert_eq!(digest, Digest::of(&uki()));
+    let installer_side = Bundle::open(staging.path(), None).unwrap();
+    let mapped = installer_side
+        .handed_over_blob("uki", fd.try_clone().unwrap(), &digest)
+        .unwrap();
+    assert!(*mapped == *uki());
+    assert!(sealed_uki::of(&Digest::of(b"another bundle")).is_none());
+
+    forget(id.hex());
+    assert!(sealed_uki::of(&id).is_none(), "kept after its bundle went");
+}
