@@ -244,10 +244,11 @@ pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, Backe
     let id = kept.received.bundle.digest().clone();
     let manifest = kept.received.bundle.manifest().clone();
     // Best effort: without it, the installer hashes the UKI's file again.
-    if let Err(e) = sealed_uki::keep(&kept.received.bundle) {
-        node.journal.info(format_args!(
+    match kept.sealed {
+        Ok(sealed) => sealed_uki::keep(sealed),
+        Err(e) => node.journal.info(format_args!(
             "the UKI of bundle {id} is not kept sealed: {e}"
-        ));
+        )),
     }
     node.journal.info(format_args!(
         "received bundle {} {} ({id}, {} bytes, signed by key {})",

@@ -5,7 +5,8 @@
 //! bytes it writes.
 //!
 //! One at a time, the newest upload's: it costs its size in RAM until the upgrade installs it,
-//! another upload replaces it, or the retention rule removes its bundle. A staged upgrade (after
+//! another upload replaces it (both are held while the new one is copied), or the retention
+//! rule removes its bundle. A staged upgrade (after
 //! a reboot) and a pulled bundle have none, and their installer hashes the UKI as before.
 
 use std::os::fd::OwnedFd;
@@ -13,7 +14,8 @@ use std::sync::{Arc, Mutex, PoisonError};
 
 use slate_bundle::{Bundle, Digest, UKI_ROLE};
 
-struct Sealed {
+/// A bundle's UKI in a sealed memfd, and the digest it was verified against.
+pub(super) struct Sealed {
     bundle: Digest,
     uki: Digest,
     fd: Arc<OwnedFd>,
@@ -21,22 +23,31 @@ struct Sealed {
 
 static SEALED: Mutex<Option<Sealed>> = Mutex::new(None);
 
-/// Seal the UKI of the just received `bundle`, which its upload verified (a blob it did not
-/// is hashed as it is copied, and a mismatch seals nothing). Replaces the one kept before.
-pub(super) fn keep(bundle: &Bundle) -> Result<(), String> {
+/// Seal the UKI of the just kept `bundle`, which its upload verified (a blob it did not is
+/// hashed as it is copied, and a mismatch seals nothing).
+pub(super) fn seal(bundle: &Bundle) -> Result<Sealed, String> {
     let uki = Digest::parse(&bundle.blob_ref(UKI_ROLE).map_err(|e| e.to_string())?.digest)
         .map_err(|e| e.to_string())?;
-    // The older one first: two UKIs need not fit in RAM at once.
-    forget_all();
     let mut blob = bundle.open_blob(UKI_ROLE).map_err(|e| e.to_string())?;
     let fd = slate_bundle::seal_verified_from("slate-uki", &mut blob)
         .map_err(|e| format!("sealing the UKI in a memfd: {e}"))?;
-    *lock() = Some(Sealed {
+    Ok(Sealed {
         bundle: bundle.digest().clone(),
         uki,
         fd: Arc::new(fd),
-    });
-    Ok(())
+    })
+}
+
+/// Keep `sealed` for the installer, in place of the one kept before.
+pub(super) fn keep(sealed: Sealed) {
+    *lock() = Some(sealed);
+}
+
+impl Sealed {
+    /// The descriptor and the digest its bytes were verified against.
+    pub(super) fn parts(&self) -> (Arc<OwnedFd>, Digest) {
+        (Arc::clone(&self.fd), self.uki.clone())
+    }
 }
 
 /// The sealed UKI of bundle `id` and the digest it was verified against, if one is kept.
@@ -44,7 +55,7 @@ pub(super) fn of(id: &Digest) -> Option<(Arc<OwnedFd>, Digest)> {
     lock()
         .as_ref()
         .filter(|s| &s.bundle == id)
-        .map(|s| (Arc::clone(&s.fd), s.uki.clone()))
+        .map(Sealed::parts)
 }
 
 /// Bundle `id` was installed or removed: its sealed UKI is not needed any more.
@@ -53,10 +64,6 @@ pub(super) fn forget(id_hex: &str) {
     if sealed.as_ref().is_some_and(|s| s.bundle.hex() == id_hex) {
         *sealed = None;
     }
-}
-
-fn forget_all() {
-    *lock() = None;
 }
 
 fn lock() -> std::sync::MutexGuard<'static, Option<Sealed>> {
