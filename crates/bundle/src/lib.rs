@@ -24,6 +24,7 @@ mod export;
 mod import;
 mod mapped;
 mod read;
+mod sealed;
 mod signature;
 mod write;
 
@@ -43,6 +44,9 @@ pub use download::Download;
 pub use import::{import_tar, ImportError, Imported, JudgeError, Refusal};
 pub use mapped::BlobBytes;
 pub use read::{is_signature_tag, parse_documents, Bundle, MAX_DOCUMENT_BYTES};
+pub use sealed::{
+    seal_verified, seal_verified_from, HandoverError, HANDOVER_SEALS, UKI_DIGEST_ENV, UKI_FD_ENV,
+};
 pub use signature::{
     add_signature, parse_signature_manifest, signature_tag, signature_tag_of, SignatureDescriptor,
     SignatureLayer, MAX_SIGNATURES, PUBLIC_KEY_ANNOTATION, SIGNATURE_ANNOTATION,
@@ -183,6 +187,9 @@ pub enum BundleError {
     /// Not a canonical digest ([`Digest::parse`]): another algorithm, or not 64 lower-case hex.
     #[error("unsupported digest {0:?} (sha256 only, as `sha256:` and 64 lower-case hex digits)")]
     UnsupportedDigest(String),
+    /// A blob handed over by the process that verified it was refused ([`HandoverError`]).
+    #[error(transparent)]
+    Handover(Box<HandoverError>),
 }
 
 /// `sha256:<hex>` of `bytes` as text ([`Digest::of`] for the typed value).

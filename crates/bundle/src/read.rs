@@ -345,6 +345,26 @@ impl Bundle {
         )
     }
 
+    /// The blob with `role` from a sealed memfd that the process which verified it handed over
+    /// with the digest it verified (`crate::sealed`): checked for memfd, seals, size and that
+    /// digest, then mapped without hashing it again.
+    pub fn handed_over_blob(
+        &self,
+        role: &str,
+        fd: std::os::fd::OwnedFd,
+        claimed: &Digest,
+    ) -> Result<crate::BlobBytes, BundleError> {
+        let (digest, size) = self.role_digest(role)?;
+        Ok(crate::sealed::handed_over(
+            &format!("the {role} blob"),
+            fd,
+            claimed,
+            &digest,
+            size,
+            &self.verified,
+        )?)
+    }
+
     /// The blob with `role` as a stream, verified as it is read (see [`BlobReader`]): for
     /// copying a large blob out without holding it.
     pub fn open_blob(&self, role: &str) -> Result<BlobReader<'_>, BundleError> {
@@ -361,13 +381,15 @@ impl Bundle {
     /// verified before is only checked for size, and not read.
     pub fn verify_blob(&self, role: &str) -> Result<&BlobRef, BundleError> {
         let (digest, size) = self.role_digest(role)?;
-        if self.chunks.contains_key(&digest) {
-            // By its chunks, on every core, mapped or read as the installers read it.
-            self.map_blob(role)?;
-            return self.blob_ref(role);
-        }
         let mut reader = self.blob_reader(&format!("the {role} blob"), &digest, size)?;
         if !reader.hashes() {
+            // Verified before (or handed over sealed): its size checked at open, not mapped.
+            return self.blob_ref(role);
+        }
+        if self.chunks.contains_key(&digest) {
+            // By its chunks, on every core, mapped or read as the installers read it.
+            drop(reader);
+            self.map_blob(role)?;
             return self.blob_ref(role);
         }
         std::io::copy(&mut reader, &mut std::io::sink())

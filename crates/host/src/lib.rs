@@ -5,7 +5,7 @@
 //! `nix`'s safe wrappers where they exist; the loop-device and watchdog ioctls, which neither
 //! `nix` nor `libc` describe, and `kexec_file_load`, which `nix` lacks, are the only `unsafe`
 //! code (see `loopdev.rs`, `watchdog.rs`, `kexec.rs`, `btrfs.rs`, `random_seed.rs`, and
-//! `chroot.rs`'s and `supervised.rs`'s `pre_exec`).
+//! `chroot.rs`'s, `supervised.rs`'s and `inherit.rs`'s `pre_exec`).
 //! Every error names the operation and the path it was applied to, so a failed boot reads as a
 //! sentence on the console.
 
@@ -19,6 +19,7 @@ mod dhcp_transport;
 mod efivars;
 mod error;
 mod ext;
+mod inherit;
 mod kexec;
 mod kmsg;
 mod kmsg_read;
@@ -60,6 +61,7 @@ pub use ext::{
     add_ext_journal, check_ext, device_ext_check_due, device_ext_has_journal, ext_check_due,
     ext_has_journal, format_ext, CheckDue, FsckOutcome,
 };
+pub use inherit::inherit_fd;
 pub use kexec::{
     kexec_load, kexec_loaded, kexec_reboot, kexec_unload, lockdown, refusal_hint,
     selected_lockdown, LOCKDOWN_PATH,

@@ -153,7 +153,7 @@ pub fn install(
     request: &InstallRequest,
     progress: &mut dyn FnMut(InstallEvent<'_>),
 ) -> Result<InstallReport, InstallModeError> {
-    let (bundle, provenance) = open_trusted(&request.bundle, &request.trust)?;
+    let (bundle, provenance, _) = open_trusted(&request.bundle, &request.trust, None)?;
     progress(InstallEvent::Opened(&provenance));
     let manifest = bundle.manifest().clone();
     if manifest.arch != NATIVE_ARCH {

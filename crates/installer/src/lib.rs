@@ -23,6 +23,7 @@
 //! opened for writing, and both can stop there (`dry_run`) and report the plan.
 
 mod grub_image;
+mod handover;
 mod image;
 mod install;
 mod pool;
@@ -41,6 +42,7 @@ use slate_meta::MetaError;
 use slate_trust::TrustError;
 
 pub use grub_image::{write_grub_image, GrubImagePlan};
+pub use handover::{HandoverEnvError, UkiHandover, UKI_DIGEST_ENV, UKI_FD_ENV};
 pub use image::{write_image, ImagePlan, ImageStep, CLEARED_HEAD};
 pub use install::{
     install, InstallEvent, InstallModeError, InstallPlan, InstallReport, InstallRequest,
@@ -156,11 +158,26 @@ pub enum OpenBundleError {
 /// mode or not). Each blob is hashed once: the bundle remembers it, and the mode's later read
 /// (`map_blob`, `read_blob`) checks only its size; at 256 MiB the hash is most of an upgrade's
 /// time, and a large layer's is spread over the cores by its chunk digests.
-fn open_trusted(dir: &Path, trust: &Trust) -> Result<(Bundle, Provenance), OpenBundleError> {
+///
+/// A UKI handed over by the process that verified it (`handover.rs`) is taken first, checked
+/// against the manifest's digest and size, and counts as verified: the checks after it do not
+/// read its file. It is returned, mapped, for the mode to write.
+fn open_trusted(
+    dir: &Path,
+    trust: &Trust,
+    handover: Option<&UkiHandover>,
+) -> Result<(Bundle, Provenance, Option<slate_bundle::BlobBytes>), OpenBundleError> {
     let bundle = Bundle::open(dir, None).map_err(|source| OpenBundleError::Read {
         dir: dir.to_owned(),
         source,
     })?;
+    let handed = handover
+        .map(|h| h.take(&bundle))
+        .transpose()
+        .map_err(|source| OpenBundleError::Read {
+            dir: dir.to_owned(),
+            source,
+        })?;
     let provenance = match trust {
         Trust::KeysIn(keys_dir) => {
             let keys = slate_trust::load_trusted_keys(keys_dir).map_err(|source| {
@@ -193,5 +210,5 @@ fn open_trusted(dir: &Path, trust: &Trust) -> Result<(Bundle, Provenance), OpenB
             Provenance::NotVerified
         }
     };
-    Ok((bundle, provenance))
+    Ok((bundle, provenance, handed))
 }

@@ -37,6 +37,9 @@ pub struct UpgradeRequest {
     /// image carries). `None`: whatever the disk's ESP enrols (`db.auth`), if it enrols keys.
     /// The new UKI must be signed by one of them, or nothing is written.
     pub secure_boot_db: Option<crate::TrustedCerts>,
+    /// The new UKI as its verifier handed it over (`handover.rs`): taken from the sealed memfd
+    /// instead of the bundle's file, and not hashed again. `None`: read and hashed here.
+    pub uki_handover: Option<crate::UkiHandover>,
 }
 
 /// What [`upgrade`] is doing, in order.
@@ -148,7 +151,11 @@ pub fn upgrade(
 ) -> Result<UpgradeReport, UpgradeModeError> {
     // First of all: whoever called (CLI, machined, a test) may pass any number.
     check_install_tries(request.tries)?;
-    let (bundle, provenance) = open_trusted(&request.bundle, &request.trust)?;
+    let (bundle, provenance, handed) = open_trusted(
+        &request.bundle,
+        &request.trust,
+        request.uki_handover.as_ref(),
+    )?;
     progress(UpgradeEvent::Opened(&provenance));
     let manifest = bundle.manifest().clone();
     let open_error = |source| UpgradeModeError::Open {
@@ -205,7 +212,10 @@ pub fn upgrade(
         },
     )?;
     // Only a bundle the policy accepts is worth reading: the UKI is the one large blob.
-    let uki = bundle.map_blob(slate_bundle::UKI_ROLE)?;
+    let uki = match handed {
+        Some(uki) => uki,
+        None => bundle.map_blob(slate_bundle::UKI_ROLE)?,
+    };
     let secure_boot_db = match &request.secure_boot_db {
         Some(certs) => Some(certs.clone()),
         None => crate::enrolled_on(disk)?,

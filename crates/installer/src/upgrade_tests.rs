@@ -11,6 +11,7 @@ pub(crate) fn request(bundle: PathBuf) -> UpgradeRequest {
         tries: 3,
         dry_run: false,
         secure_boot_db: None,
+        uki_handover: None,
     }
 }
 

@@ -289,6 +289,14 @@ fn upgrade(args: UpgradeArgs) -> Result<()> {
         tries: args.tries,
         dry_run: args.dry_run,
         secure_boot_db: args.secureboot_db.as_deref().map(read_db).transpose()?,
+        uki_handover: slate_installer::UkiHandover::from_env()?,
+    };
+    // Said on the line machined logs, so that a node's journal (and the VM tests) show which
+    // upgrades wrote the verifier's sealed copy.
+    let handed_over = if request.uki_handover.is_some() {
+        "; UKI taken sealed from its verifier, not hashed again"
+    } else {
+        ""
     };
     let report = slate_installer::upgrade(&args.disk, &request, &mut |event| match event {
         UpgradeEvent::Opened(provenance) => print_provenance(provenance),
@@ -312,7 +320,7 @@ fn upgrade(args: UpgradeArgs) -> Result<()> {
             }
         ),
         Some(outcome) => println!(
-            "installed {} (fallback {}{})",
+            "installed {} (fallback {}{}{handed_over})",
             outcome.file_name,
             outcome.fallback,
             if outcome.removed.is_empty() {

@@ -119,7 +119,8 @@ pub(super) fn online_upgrade_from(
 }
 
 /// What follows `slate upgrade`'s `answer`: the node took the bundle of `version`, its
-/// installer finished, and the node rebooted. Returns the installer's console line.
+/// installer finished — writing the UKI machined sealed on upload, not its file hashed again
+/// (issue 43) — and the node rebooted. Returns the installer's console line.
 pub(crate) fn upgrade_went_through(
     boot: &mut Running,
     answer: &str,
@@ -134,6 +135,10 @@ pub(crate) fn upgrade_went_through(
         Duration::from_secs(120),
         "the bundle's installer",
     )?;
+    ensure!(
+        installed.contains("UKI taken sealed from its verifier"),
+        "the installer was not handed machined's sealed copy of the UKI: {installed}"
+    );
     boot.wait_exit(Duration::from_secs(90))?;
     ensure_logged(boot, &format!("received bundle slate {version}"))?;
     ensure_logged(boot, "[slate] [machined] rebooting (default)")?;

@@ -12,6 +12,7 @@
 pub mod kept_index;
 pub mod pull;
 mod receive;
+mod sealed_uki;
 
 use std::fs;
 use std::io::{self, Read};
@@ -242,6 +243,13 @@ pub fn receive(node: &Node, body: &mut dyn Read) -> Result<UploadedBundle, Backe
     let kept = receive::keep_upload(Path::new(BUNDLES_DIR), &keys, body).map_err(refuse)?;
     let id = kept.received.bundle.digest().clone();
     let manifest = kept.received.bundle.manifest().clone();
+    // Best effort: without it, the installer hashes the UKI's file again.
+    match kept.sealed {
+        Ok(sealed) => sealed_uki::keep(sealed),
+        Err(e) => node.journal.info(format_args!(
+            "the UKI of bundle {id} is not kept sealed: {e}"
+        )),
+    }
     node.journal.info(format_args!(
         "received bundle {} {} ({id}, {} bytes, signed by key {})",
         manifest.name, manifest.version, kept.bytes, kept.received.signed
@@ -534,12 +542,21 @@ fn upgrade_phases<'a>(
                 if Path::new(SECURE_BOOT_DB).exists() {
                     cmd.args(["--secureboot-db", SECURE_BOOT_DB]);
                 }
+                // The UKI the upload verified, sealed: the installer need not hash it again
+                // (an installer from before the handover ignores these and hashes it).
+                let sealed = sealed_uki::of(&plan.bundle_id);
+                if let Some((fd, uki)) = &sealed {
+                    let raw = slate_host::inherit_fd(&mut cmd, fd);
+                    cmd.env(slate_bundle::UKI_FD_ENV, raw.to_string())
+                        .env(slate_bundle::UKI_DIGEST_ENV, uki.to_string());
+                }
                 ctx.log(&format!(
                     "running the {} installer on {}",
                     plan.version,
                     meta.disk.display()
                 ));
                 let out = slate_host::run_command(&mut cmd)?;
+                drop(sealed);
                 for line in String::from_utf8_lossy(&out.stdout).lines() {
                     ctx.log(&format!("installer: {line}"));
                 }

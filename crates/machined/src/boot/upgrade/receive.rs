@@ -88,6 +88,7 @@ pub(super) fn remember(id: &Digest, verified: VerifiedBlobs) {
 fn forget(id: &str) {
     let mut received = RECEIVED.lock().unwrap_or_else(PoisonError::into_inner);
     received.retain(|(kept, _)| kept.hex() != id);
+    super::sealed_uki::forget(id);
 }
 
 /// What the upload of bundle `id` verified in this process, if it was received since the boot.
@@ -116,6 +117,8 @@ static KEEPING: Mutex<()> = Mutex::new(());
 pub(super) struct Kept {
     pub(super) received: Received,
     pub(super) bytes: u64,
+    /// Its UKI sealed for the installer (`sealed_uki.rs`), or why not.
+    pub(super) sealed: Result<super::sealed_uki::Sealed, String>,
 }
 
 /// One upload's staging directory, removed (if still there) when dropped.
@@ -204,9 +207,15 @@ pub(super) fn keep_upload(
     }
     touch(&kept);
     let _ = retain_locked(root, Some(&kept));
+    // From where it is kept now (the staging directory is gone), trusting what the upload
+    // verified: the sealed copy is not hashed again.
+    let sealed = Bundle::open_with(&kept, None, received.bundle.verified_blobs())
+        .map_err(|e| chain(&e))
+        .and_then(|bundle| super::sealed_uki::seal(&bundle));
     Ok(Kept {
         received,
         bytes: body.bytes,
+        sealed,
     })
 }
 

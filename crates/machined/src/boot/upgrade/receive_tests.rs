@@ -370,3 +370,37 @@ fn an_upload_larger_than_the_free_space_is_refused() {
         "{err:?}"
     );
 }
+
+/// An upload's UKI is kept sealed for the installer without hashing it again: the copy, made
+/// from where the bundle is kept, passes the installer's own check (a memfd, every seal, the
+/// signed size and digest) and holds the UKI's bytes; the bundle's removal lets it go.
+#[test]
+fn an_uploads_uki_is_sealed_for_the_installer_without_hashing_it_again() {
+    use super::super::sealed_uki;
+    let root = tempfile::tempdir().unwrap();
+    // A version of its own: the other tests' retention must not forget this one's bundle.
+    let (tar, id) = upload_of("2.0.0-sealed");
+    let start = hashed_on_this_thread();
+    let kept = keep_upload(root.path(), &trusted(), &mut &tar[..]).unwrap();
+    let upload_blobs = kept.received.bundle.verified_blobs().total_bytes();
+    assert!(
+        hashed_on_this_thread() - start <= upload_blobs,
+        "the UKI hashed again to seal it"
+    );
+    let sealed = kept.sealed.unwrap();
+    let (fd, digest) = sealed.parts();
+    assert_eq!(digest, Digest::of(&uki()));
+    let installer_side = Bundle::open(&root.path().join(id.hex()), None).unwrap();
+    let before = hashed_on_this_thread();
+    let mapped = installer_side
+        .handed_over_blob("uki", fd.try_clone().unwrap(), &digest)
+        .unwrap();
+    assert!(*mapped == *uki());
+    assert_eq!(hashed_on_this_thread(), before, "the installer hashed it");
+
+    sealed_uki::keep(sealed);
+    assert!(sealed_uki::of(&id).is_some());
+    assert!(sealed_uki::of(&Digest::of(b"another bundle")).is_none());
+    forget(id.hex());
+    assert!(sealed_uki::of(&id).is_none(), "kept after its bundle went");
+}
