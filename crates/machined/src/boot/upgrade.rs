@@ -542,8 +542,7 @@ fn upgrade_phases<'a>(
                 if Path::new(SECURE_BOOT_DB).exists() {
                     cmd.args(["--secureboot-db", SECURE_BOOT_DB]);
                 }
-                // The UKI the upload verified, sealed: the installer need not hash it again
-                // (an installer from before the handover ignores these and hashes it).
+                // The upload's UKI, sealed: not hashed again (an older installer ignores it).
                 let sealed = sealed_uki::of(&plan.bundle_id);
                 if let Some((fd, uki)) = &sealed {
                     let raw = slate_host::inherit_fd(&mut cmd, fd);
