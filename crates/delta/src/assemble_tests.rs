@@ -1,35 +1,8 @@
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use super::*;
 use crate::chunk_blob;
-use crate::test_data::{noise, SMALL as P};
-
-struct File(Vec<u8>);
-impl ReadAt for File {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        let start = offset as usize;
-        let bytes = self
-            .0
-            .get(start..start + buf.len())
-            .ok_or_else(|| std::io::Error::other("short read"))?;
-        buf.copy_from_slice(bytes);
-        Ok(())
-    }
-}
-
-#[derive(Default)]
-struct Cache(Mutex<HashMap<Sha256, Vec<u8>>>);
-impl ChunkCache for Cache {
-    fn get(&self, digest: &Sha256) -> std::io::Result<Option<Vec<u8>>> {
-        Ok(self.0.lock().unwrap().get(digest).cloned())
-    }
-    fn put(&self, digest: &Sha256, bytes: &[u8]) -> std::io::Result<()> {
-        self.0.lock().unwrap().insert(*digest, bytes.to_vec());
-        Ok(())
-    }
-}
+use crate::test_data::{noise, Cache, File, SMALL as P};
 
 /// The target blob, counting requests and bytes; `corrupt` flips a byte of that offset's chunk.
 struct Blob {

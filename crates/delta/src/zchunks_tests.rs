@@ -1,10 +1,9 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 
 use super::*;
-use crate::assemble::{assemble, plan, ChunkCache, ReadAt, Seed};
-use crate::test_data::{noise, SMALL as P};
+use crate::assemble::{assemble, plan, Seed};
+use crate::test_data::{noise, Cache, File, SMALL as P};
 use crate::{chunk_blob, BlobChunks, ChunkParams};
 
 /// docs/formats.md §7.8's vector: an index of two blobs below the minimum chunk size (one
@@ -231,31 +230,6 @@ fn check_binds_the_table_to_its_index() {
         bad.check(&index),
         Err(ZTableError::CountMismatch { .. })
     ));
-}
-
-struct File(Vec<u8>);
-impl ReadAt for File {
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        let s = offset as usize;
-        buf.copy_from_slice(
-            self.0
-                .get(s..s + buf.len())
-                .ok_or_else(|| std::io::Error::other("short"))?,
-        );
-        Ok(())
-    }
-}
-
-#[derive(Default)]
-struct Cache(Mutex<HashMap<Sha256, Vec<u8>>>);
-impl ChunkCache for Cache {
-    fn get(&self, digest: &Sha256) -> std::io::Result<Option<Vec<u8>>> {
-        Ok(self.0.lock().unwrap().get(digest).cloned())
-    }
-    fn put(&self, digest: &Sha256, bytes: &[u8]) -> std::io::Result<()> {
-        self.0.lock().unwrap().insert(*digest, bytes.to_vec());
-        Ok(())
-    }
 }
 
 /// A registry of blobs by digest, serving ranges and counting what it served.
