@@ -2,32 +2,19 @@
 //! and the batching writer of heartbeats, against a real three-member etcd cluster on
 //! loopback. Run with `CI=true` to make a missing etcd a failure.
 
+mod common;
+
 use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use slate_operator::etcd::{Commit, EtcdState, Expect, Outcome, DEFAULT_PREFIX};
 use slate_operator::state::{self, NodeStore, NODES};
-use slate_rollout::{NodeRecord, NodeReport};
+use slate_rollout::NodeRecord;
 use slate_testkit::etcd::{one_at_a_time, three_members};
 
 fn record(id: &str, version: &str, last_seen: u64) -> NodeRecord {
-    NodeRecord {
-        report: NodeReport {
-            id: id.into(),
-            group: "web".into(),
-            endpoint: format!("{id}:50000"),
-            version: version.into(),
-            channel: "stable".into(),
-            committed: true,
-            healthy: true,
-            busy: false,
-            labels: Default::default(),
-            last_failure: None,
-            sent_at_ms: 0,
-        },
-        last_seen,
-    }
+    common::node_record(id, "web", version, last_seen)
 }
 
 fn put(state: &EtcdState, r: &NodeRecord) -> i64 {

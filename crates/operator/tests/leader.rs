@@ -3,6 +3,8 @@
 //! while the answer is late, asks no node twice, and an answer that comes back after its
 //! leadership ended is never written. Run with `CI=true` to make a missing etcd a failure.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
@@ -13,7 +15,7 @@ use slate_operator::leader::{self, LeaderConfig, Log, ReleaseSource, TickObserve
 use slate_operator::state::{self, NODES};
 use slate_operator::{DriveError, NodeDriver, OperatorMetrics};
 use slate_release::{Channel, Release, ReleaseIndex};
-use slate_rollout::{NodeRecord, NodeReport, Order, Step};
+use slate_rollout::{Order, Step};
 use slate_testkit::etcd::{one_at_a_time, three_members};
 
 fn now() -> u64 {
@@ -24,22 +26,7 @@ fn now() -> u64 {
 }
 
 fn put_node(state: &EtcdState, id: &str, group: &str) {
-    let record = NodeRecord {
-        report: NodeReport {
-            id: id.into(),
-            group: group.into(),
-            endpoint: format!("{id}:50000"),
-            version: "1".into(),
-            channel: "stable".into(),
-            committed: true,
-            healthy: true,
-            busy: false,
-            labels: Default::default(),
-            last_failure: None,
-            sent_at_ms: 0,
-        },
-        last_seen: now(),
-    };
+    let record = common::node_record(id, group, "1", now());
     let commit = Commit {
         puts: vec![(format!("{NODES}{id}"), serde_json::to_vec(&record).unwrap())],
         ..Commit::default()
