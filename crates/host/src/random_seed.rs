@@ -9,7 +9,7 @@
 //!
 //! The seed is used once: it is removed (and the removal made durable) before it is credited, so
 //! a crash can never credit the same bytes twice; a fresh seed is written only from the
-//! initialized CRNG (`/dev/random` blocks until then), temp file then rename.
+//! initialized CRNG (`/dev/random` blocks until then), in place under the same name.
 
 use std::fs::{self, File, OpenOptions};
 use std::io::{ErrorKind, Read, Write};
@@ -95,9 +95,15 @@ pub fn consume_random_seed(path: &Path) -> Result<SeedOutcome> {
     })
 }
 
-/// Writes a fresh seed to `path` (mode 0600, temp file, fsync, rename, directory fsync), read
-/// from `/dev/random`: it blocks until the kernel's CRNG is initialized, so what is saved is
-/// never weaker than the kernel's own output.
+/// Writes a fresh seed to `path` (mode 0600, fsync), read from `/dev/random`: it blocks until
+/// the kernel's CRNG is initialized, so what is saved is never weaker than the kernel's own
+/// output.
+///
+/// Straight into `path`, not a temp file renamed over it: the used seed is already gone (its
+/// removal was synced before the credit), so a crash part-way leaves no file or a short one,
+/// which the next boot mixes in uncredited, never a seed used twice. On ext4 the file's fsync
+/// commits the journal transaction that holds its directory entry too; the rename and the
+/// directory's fsync were a second commit on STATE in every boot.
 pub fn save_random_seed(path: &Path) -> Result<()> {
     let mut seed = [0u8; RANDOM_SEED_LEN];
     let random = Path::new("/dev/random");
@@ -108,12 +114,10 @@ pub fn save_random_seed(path: &Path) -> Result<()> {
             path: random.to_path_buf(),
             source,
         })?;
-    let temp = path.with_extension("new");
-    let io = |op: &'static str, at: &Path| {
-        let at = at.to_path_buf();
+    let io = |op: &'static str| {
         move |source| HostError::Io {
             op,
-            path: at,
+            path: path.to_path_buf(),
             source,
         }
     };
@@ -122,13 +126,15 @@ pub fn save_random_seed(path: &Path) -> Result<()> {
         .create(true)
         .truncate(true)
         .mode(0o600)
-        .open(&temp)
-        .map_err(io("creating the random seed", &temp))?;
+        .open(path)
+        .map_err(io("creating the random seed"))?;
+    // A file left there by someone else keeps its mode through O_CREAT.
+    use std::os::unix::fs::PermissionsExt;
+    file.set_permissions(fs::Permissions::from_mode(0o600))
+        .map_err(io("making the random seed private"))?;
     file.write_all(&seed)
         .and_then(|()| file.sync_all())
-        .map_err(io("writing the random seed", &temp))?;
-    fs::rename(&temp, path).map_err(io("renaming the random seed into place", path))?;
-    sync_parent(path)
+        .map_err(io("writing the random seed"))
 }
 
 fn sync_parent(path: &Path) -> Result<()> {
@@ -217,6 +223,25 @@ mod tests {
         assert_eq!(consume_random_seed(&path).unwrap(), SeedOutcome::Missing);
         save_random_seed(&path).unwrap();
         assert_ne!(fs::read(&path).unwrap(), first, "each seed is new");
+    }
+
+    #[test]
+    fn a_seed_is_saved_in_place_private_and_new() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("random-seed");
+        // Someone else's readable file of another length under the name.
+        fs::write(&path, b"not a seed").unwrap();
+        fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+        save_random_seed(&path).unwrap();
+        let meta = fs::metadata(&path).unwrap();
+        assert_eq!(meta.len(), RANDOM_SEED_LEN as u64);
+        assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+        let first = fs::read(&path).unwrap();
+        save_random_seed(&path).unwrap();
+        assert_ne!(fs::read(&path).unwrap(), first, "each seed is new");
+        let names: Vec<_> = fs::read_dir(dir.path()).unwrap().flatten().collect();
+        assert_eq!(names.len(), 1, "no temp file beside the seed");
     }
 
     #[test]

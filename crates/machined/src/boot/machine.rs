@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use slate_api::{ApplyConfigRequest, ApplyConfigResult, ApplyMode, BackendError, ConfigView};
 use slate_machine_config::{MachineConfig, Parsed, PREVIOUS_STATE_PATH, STATE_PATH};
 
-use crate::base::files::write_atomically;
+use crate::base::files::{write_atomically, write_if_changed};
 use crate::base::node::Node;
 use crate::base::paths::state_dir;
 
@@ -99,7 +99,7 @@ pub fn identity(
 pub fn set_hostname(node: &Node, hostname: &str) -> Result<(), String> {
     std::fs::write("/proc/sys/kernel/hostname", hostname)
         .map_err(|e| format!("setting the hostname: {e}"))?;
-    if let Err(e) = write_atomically(
+    if let Err(e) = write_if_changed(
         Path::new("/etc/hostname"),
         format!("{hostname}\n").as_bytes(),
         0o644,
@@ -116,7 +116,7 @@ pub fn write_etc_files(etc: &Path, config: &MachineConfig) -> Result<Vec<String>
     let mut written = Vec::new();
     for file in &config.etc.files {
         let path = etc.join(&file.path);
-        write_atomically(&path, file.content.as_bytes(), file.mode)
+        write_if_changed(&path, file.content.as_bytes(), file.mode)
             .map_err(|e| format!("writing {}: {e}", path.display()))?;
         written.push(file.path.clone());
     }

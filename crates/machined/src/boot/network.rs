@@ -140,7 +140,7 @@ fn write_resolv_conf(ctx: &TaskContext<'_>, servers: &[impl std::fmt::Display]) 
         .map(|d| format!("nameserver {d}\n"))
         .collect();
     if let Err(e) =
-        crate::base::files::write_atomically(Path::new("/etc/resolv.conf"), text.as_bytes(), 0o644)
+        crate::base::files::write_if_changed(Path::new("/etc/resolv.conf"), text.as_bytes(), 0o644)
     {
         ctx.log(&format!("/etc/resolv.conf not written: {e}"));
     }
