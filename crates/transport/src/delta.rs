@@ -88,7 +88,7 @@ pub fn cache_seeds(cache_dir: &Path) -> Vec<SeedBlob> {
     let mut seen = HashSet::new();
     let mut seeds = Vec::new();
     for tag in index.manifests().iter().filter_map(crate::layout::tag_of) {
-        if slate_bundle::is_signature_tag(tag) {
+        if slate_bundle::is_attached_tag(tag) {
             continue;
         }
         let Ok(Some(chunks)) = crate::open_cached(cache_dir, tag).and_then(|b| b.chunk_index())
