@@ -196,3 +196,36 @@ fn two_writes_give_the_same_bytes() {
         );
     }
 }
+
+#[test]
+fn the_download_up_front_counts_compressed_frames() {
+    let v1_uki = mixed(1 << 20, 5);
+    let mut v2_uki = v1_uki.clone();
+    // 100 kB of new text in the compressible half.
+    v2_uki.splice(50_000..50_000, mixed(100_000, 6).iter().copied());
+    let installer = mixed(600 << 10, 2);
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    write(d1.path(), &v1_uki, &installer, true);
+    write(d2.path(), &v2_uki, &installer, true);
+    let v1 = Bundle::open(d1.path(), None).unwrap();
+    let v2 = Bundle::open(d2.path(), None).unwrap();
+    let held = v1.chunk_index().unwrap().unwrap();
+    let d = v2.download(Ok(&held)).unwrap();
+    assert!(d.compressed && d.whole.is_none(), "{d:?}");
+    assert!(
+        d.text().contains("chunks by range requests, compressed;"),
+        "{}",
+        d.text()
+    );
+    // Raw, the same chunks cost their lengths.
+    let raw = slate_delta::estimate(&v2.chunk_index().unwrap().unwrap(), &[&held]);
+    let raw_chunks: u64 = raw.blobs.iter().map(|b| b.fetch_bytes).sum();
+    let whole: u64 = d.total_bytes - raw.full_bytes();
+    assert_eq!(d.fetch_chunks, raw.fetch_chunks());
+    assert!(raw_chunks >= 100_000, "{raw_chunks}");
+    assert!(
+        d.fetch_bytes - whole < raw_chunks / 4,
+        "compressed {} of raw {raw_chunks}",
+        d.fetch_bytes - whole
+    );
+}
