@@ -58,8 +58,9 @@ fn blob_files(bundle: &Bundle, index: &slate_delta::ChunkIndex) -> Vec<PathBuf> 
         .collect()
 }
 
-/// casync's chunk store of `blobs` in `store`: chunk id → (compressed size).
-fn casync_store(blobs: &[PathBuf], store: &Path) -> Result<BTreeSet<(String, u64)>> {
+/// casync's chunk store of `blobs` in `store`: chunk id → (compressed size), and the bytes of
+/// the `.caibx` indexes it made (what a casync client fetches before any chunk).
+fn casync_store(blobs: &[PathBuf], store: &Path) -> Result<(BTreeSet<(String, u64)>, u64)> {
     let _ = fs::remove_dir_all(store);
     fs::create_dir_all(store)?;
     for (i, blob) in blobs.iter().enumerate() {
@@ -72,9 +73,11 @@ fn casync_store(blobs: &[PathBuf], store: &Path) -> Result<BTreeSet<(String, u64
         )?;
     }
     let mut chunks = BTreeSet::new();
+    let mut caibx = 0;
     for shard in fs::read_dir(store)? {
         let shard = shard?;
         if !shard.file_type()?.is_dir() {
+            caibx += shard.metadata()?.len();
             continue;
         }
         for chunk in fs::read_dir(shard.path())? {
@@ -85,7 +88,7 @@ fn casync_store(blobs: &[PathBuf], store: &Path) -> Result<BTreeSet<(String, u64
             ));
         }
     }
-    Ok(chunks)
+    Ok((chunks, caibx))
 }
 
 /// Bytes casync fetches for `new` with `old`'s chunks at hand: compressed as served, and the
@@ -178,8 +181,8 @@ fn compare(name: &str, old_dir: &Path, new_dir: &Path, work: &Path) -> Result<()
     let estimate = slate_delta::estimate(&index, &[&old_index]);
     let files = blob_files(&new, &index);
     let timed = assemble_timed(&old, &old_index, &new, &index, work)?;
-    let old_store = casync_store(&blob_files(&old, &old_index), &work.join("casync-old"))?;
-    let store = casync_store(&files, &work.join("casync-new"))?;
+    let (old_store, _) = casync_store(&blob_files(&old, &old_index), &work.join("casync-old"))?;
+    let (store, caibx) = casync_store(&files, &work.join("casync-new"))?;
     let (casync_bytes, casync_chunks) = casync_fetch(&old_store, &store);
     let full = estimate.full_bytes();
     let pct = |n: u64| 100.0 * n as f64 / full as f64;
@@ -200,6 +203,20 @@ fn compare(name: &str, old_dir: &Path, new_dir: &Path, work: &Path) -> Result<()
         casync_bytes,
         pct(casync_bytes),
         casync_chunks
+    );
+    // Like for like: the chunks alone, and with what each tool fetches first to know which
+    // chunks it lacks (slate: the chunk index and the compressed chunk table; casync: its
+    // `.caibx` indexes, left out of the table's casync column).
+    let table_bytes = ztable.to_bytes().len() as u64;
+    println!(
+        "    chunks alone: slate {zchunks}, casync {casync_bytes}; indexes: slate {} (chunk \
+         index {}, table {table_bytes}), casync {caibx} (.caibx); with them: slate {zfetch} \
+         ({:.2} %), casync {} ({:.2} %)",
+        estimate.index_bytes + table_bytes,
+        estimate.index_bytes,
+        pct(zfetch),
+        casync_bytes + caibx,
+        pct(casync_bytes + caibx)
     );
     println!(
         "    assembly of the indexed blobs ({} bytes, from the old version's blobs and the new \
