@@ -99,6 +99,11 @@ impl Digest {
         Digest::parse(digest.as_ref())
     }
 
+    /// A raw SHA-256 (32 bytes) as a digest.
+    pub fn from_raw(hash: [u8; 32]) -> Self {
+        Self::from_hash(&hash)
+    }
+
     fn from_hash(hash: &[u8]) -> Self {
         Digest(format!("{SHA256_PREFIX}{}", hex::encode(hash)))
     }

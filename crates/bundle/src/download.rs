@@ -23,6 +23,9 @@ pub struct Download {
     pub total_bytes: u64,
     /// Why the node downloads the whole bundle, when it does.
     pub whole: Option<String>,
+    /// The chunks are counted as they travel compressed (the bundle has a compressed chunk
+    /// table, formats.md §7.8; a registry without its `.zchunks` tag serves them raw).
+    pub compressed: bool,
 }
 
 impl Download {
@@ -34,12 +37,13 @@ impl Download {
                 self.total_bytes
             ),
             None => format!(
-                "download: {} of {} bytes ({:.1} %): {} chunks by range requests; {} bytes \
+                "download: {} of {} bytes ({:.1} %): {} chunks by range requests{}; {} bytes \
                  reused from the node",
                 self.fetch_bytes,
                 self.total_bytes,
                 percent(self.fetch_bytes, self.total_bytes),
                 self.fetch_chunks,
+                if self.compressed { ", compressed" } else { "" },
                 self.reuse_bytes
             ),
         }
@@ -65,6 +69,7 @@ impl Bundle {
             reuse_bytes: 0,
             total_bytes,
             whole: Some(why.to_owned()),
+            compressed: false,
         };
         let Some(target) = self.chunk_index()? else {
             return Ok(whole("it carries no chunk index"));
@@ -73,13 +78,25 @@ impl Bundle {
             Ok(held) => held,
             Err(why) => return Ok(whole(why)),
         };
+        let zchunks = self.zchunk_table()?.map(|(_, z)| z);
         let estimate = slate_delta::estimate(&target, &[held]);
         let (mut fetch_bytes, mut fetch_chunks, mut reuse_bytes) = (0u64, 0usize, 0u64);
         for blob in &estimate.blobs {
-            // As the pull decides (`slate_delta::Plan::worth_it`): a delta that would not be
-            // smaller is a whole download.
+            // As the pull decides (`slate_delta::Plan::worth_it`, on raw sizes): a delta that
+            // would not be smaller is a whole download.
             if blob.fetch_bytes + 512 * blob.fetch_chunks as u64 + 512 < blob.size {
-                fetch_bytes += blob.fetch_bytes;
+                // Compressed, a fetched chunk costs its frame (a raw one, its length).
+                let listed = target.blob(&blob.blob).cloned();
+                fetch_bytes += match (&zchunks, listed) {
+                    (Some(z), Some(listed)) => {
+                        let one = ChunkIndex {
+                            params: target.params,
+                            blobs: vec![listed],
+                        };
+                        slate_delta::zchunks::compressed_fetch(&one, &[held], z).0
+                    }
+                    _ => blob.fetch_bytes,
+                };
                 fetch_chunks += blob.fetch_chunks;
                 reuse_bytes += blob.reuse_bytes;
             } else {
@@ -97,6 +114,7 @@ impl Bundle {
             reuse_bytes,
             total_bytes,
             whole: None,
+            compressed: zchunks.is_some(),
         })
     }
 }

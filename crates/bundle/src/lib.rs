@@ -27,6 +27,7 @@ mod read;
 mod sealed;
 mod signature;
 mod write;
+mod zchunks;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -53,7 +54,12 @@ pub use signature::{
     SIGNATURE_CONFIG_MEDIA_TYPE, SIMPLE_SIGNING_MEDIA_TYPE,
 };
 pub use write::{
-    write_bundle, write_installable_bundle, write_installable_bundle_with, BlobInput, BundleSpec,
+    write_bundle, write_installable_bundle, write_installable_bundle_with, zchunks_manifest,
+    BlobInput, BundleSpec,
+};
+pub use zchunks::{
+    is_attached_tag, is_zchunks_tag, zchunks_layer, zchunks_tag_of, EMPTY_CONFIG,
+    EMPTY_CONFIG_MEDIA_TYPE, ZCHUNKS_TAG_SUFFIX,
 };
 
 pub const MANIFEST_MEDIA_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";

@@ -100,7 +100,7 @@ fn choose_image(index_bytes: &[u8], tag: Option<&str>) -> Result<Descriptor, Bun
         None => match index
             .manifests()
             .iter()
-            .filter(|d| !tag_of(d).is_some_and(is_signature_tag))
+            .filter(|d| !tag_of(d).is_some_and(crate::is_attached_tag))
             .collect::<Vec<_>>()
             .as_slice()
         {

@@ -115,6 +115,63 @@ pub fn write_installable_bundle_with(
     write_layout(dir, spec, Some(install), blobs, Some(chunking))
 }
 
+/// The manifest whose one layer is the compressed blob `table` names (pretty JSON, keys
+/// sorted: the same table always gives the same bytes).
+pub fn zchunks_manifest(table: &slate_delta::ZTable) -> Result<Vec<u8>, BundleError> {
+    let blob = Digest::from_raw(table.blob);
+    let manifest = ImageManifestBuilder::default()
+        .schema_version(2u32)
+        .media_type(MediaType::ImageManifest)
+        .artifact_type(MediaType::from(slate_delta::zchunks::ZBLOB_MEDIA_TYPE))
+        .config(descriptor(
+            crate::EMPTY_CONFIG_MEDIA_TYPE,
+            &Digest::of(crate::EMPTY_CONFIG),
+            crate::EMPTY_CONFIG.len(),
+            &[],
+        )?)
+        .layers(vec![descriptor(
+            slate_delta::zchunks::ZBLOB_MEDIA_TYPE,
+            &blob,
+            table.blob_size as usize,
+            &[],
+        )?])
+        .build()
+        .map_err(malformed("the compressed chunks' manifest"))?;
+    Ok(canonical_json(&manifest))
+}
+
+/// The compressed chunks of `index` (formats.md §7.8): the compressed blob, its manifest and
+/// that manifest's empty config under `blobs/sha256` (no `index.json` entry: see
+/// `crate::zchunks`), and the table's bytes for the image manifest. `None` when no chunk
+/// compresses (nothing to gain, no table).
+fn put_zchunks(
+    dir: &Path,
+    index: &slate_delta::ChunkIndex,
+    blobs: &[(Digest, &[u8])],
+) -> Result<Option<Vec<u8>>, BundleError> {
+    let listed: Vec<&[u8]> = index
+        .blobs
+        .iter()
+        .map(|listed| {
+            blobs
+                .iter()
+                .find(|(digest, _)| digest.as_str() == listed.oci_digest())
+                .map(|(_, bytes)| *bytes)
+                .expect("the index lists the blobs it was cut from")
+        })
+        .collect();
+    let level = slate_delta::zchunks::LEVEL;
+    let (table, compressed) =
+        slate_delta::zchunks::compress(index, &listed, level).map_err(io_err(dir))?;
+    if compressed.is_empty() {
+        return Ok(None);
+    }
+    put_blob(dir, &compressed)?;
+    put_blob(dir, crate::EMPTY_CONFIG)?;
+    put_blob(dir, &zchunks_manifest(&table)?)?;
+    Ok(Some(table.to_bytes()))
+}
+
 fn write_layout(
     dir: &Path,
     spec: BundleSpec<'_>,
@@ -126,8 +183,10 @@ fn write_layout(
     fs::create_dir_all(&blobs_dir).map_err(io_err(&blobs_dir))?;
     let mut layers = Vec::new();
     let mut refs = BTreeMap::new();
+    let mut hashed = Vec::with_capacity(blobs.len());
     for blob in blobs {
         let digest = put_blob(dir, blob.bytes)?;
+        hashed.push((digest.clone(), blob.bytes));
         refs.insert(
             blob.role.to_string(),
             BlobRef {
@@ -162,6 +221,14 @@ fn write_layout(
             bytes.len(),
             &[],
         )?);
+        if let Some(table) = put_zchunks(dir, &index, &hashed)? {
+            layers.push(descriptor(
+                slate_delta::zchunks::ZTABLE_MEDIA_TYPE,
+                &put_blob(dir, &table)?,
+                table.len(),
+                &[],
+            )?);
+        }
     }
     let manifest = BundleManifest {
         name: spec.name.into(),

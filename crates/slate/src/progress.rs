@@ -47,6 +47,7 @@ impl TransferBars {
                 fetch_bytes,
                 fetch_chunks,
                 reuse_bytes,
+                compressed,
                 ..
             } => {
                 let bar = ProgressBar::new(fetch_bytes);
@@ -57,8 +58,9 @@ impl TransferBars {
                     .unwrap_or_else(|_| ProgressStyle::default_bar()),
                 );
                 bar.set_message(format!(
-                    "{} delta: {fetch_chunks} chunks to fetch, {} of {} reused",
+                    "{} delta: {fetch_chunks} chunks to fetch{}, {} of {} reused",
                     short(digest),
+                    if compressed { " compressed" } else { "" },
                     indicatif::HumanBytes(reuse_bytes),
                     indicatif::HumanBytes(size)
                 ));

@@ -18,7 +18,7 @@ use std::path::Path;
 
 use nix::errno::Errno;
 use nix::fcntl::{Flock, FlockArg, OFlag};
-use slate_bundle::{is_signature_tag, signature_tag_of, Digest};
+use slate_bundle::{signature_tag_of, Digest};
 
 use crate::layout::{check_writable, parse_digest, tag_of, INCOMING, LOCK_FILE};
 use crate::source::LayoutSource;
@@ -135,18 +135,20 @@ pub fn gc(cache_dir: &Path, keep: usize, dry_run: bool) -> Result<GcReport, Tran
     for d in entries.iter().rev() {
         let digest = d.digest().to_string();
         if kept_images.len() < keep
-            && !tag_of(d).is_some_and(is_signature_tag)
+            && !tag_of(d).is_some_and(slate_bundle::is_attached_tag)
             && !kept_images.contains(&digest)
         {
             kept_images.push(digest);
         }
     }
-    let signatures: BTreeSet<String> = kept_images
-        .iter()
-        .map(|digest| Ok(signature_tag_of(&parse_digest(digest)?)))
-        .collect::<Result<_, TransportError>>()?;
+    let mut signatures: BTreeSet<String> = BTreeSet::new();
+    for digest in &kept_images {
+        let digest = parse_digest(digest)?;
+        signatures.insert(signature_tag_of(&digest));
+        signatures.insert(slate_bundle::zchunks_tag_of(&digest));
+    }
     let is_kept = |d: &oci_spec::image::Descriptor| match tag_of(d) {
-        Some(tag) if is_signature_tag(tag) => signatures.contains(tag),
+        Some(tag) if slate_bundle::is_attached_tag(tag) => signatures.contains(tag),
         _ => kept_images.contains(&d.digest().to_string()),
     };
 

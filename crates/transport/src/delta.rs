@@ -22,8 +22,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use oci_spec::image::{Descriptor, ImageManifest};
+use slate_delta::zchunks::{MAX_ZTABLE_BYTES, ZTABLE_MEDIA_TYPE};
 use slate_delta::{
-    BlobChunks, Chunk, ChunkIndex, ReadAt, Remote, Seed, CHUNK_INDEX_MEDIA_TYPE, MAX_INDEX_BYTES,
+    BlobChunks, Chunk, ChunkIndex, ReadAt, Remote, Seed, ZChunks, ZRemote, ZTable,
+    CHUNK_INDEX_MEDIA_TYPE, MAX_INDEX_BYTES,
 };
 
 use crate::chunks::{DirCache, FileSeed};
@@ -88,7 +90,7 @@ pub fn cache_seeds(cache_dir: &Path) -> Vec<SeedBlob> {
     let mut seen = HashSet::new();
     let mut seeds = Vec::new();
     for tag in index.manifests().iter().filter_map(crate::layout::tag_of) {
-        if slate_bundle::is_signature_tag(tag) {
+        if slate_bundle::is_attached_tag(tag) {
             continue;
         }
         let Ok(Some(chunks)) = crate::open_cached(cache_dir, tag).and_then(|b| b.chunk_index())
@@ -131,6 +133,35 @@ pub(crate) fn index_layer(manifest: &ImageManifest) -> Option<&Descriptor> {
     }
 }
 
+/// The manifest's compressed chunk table layer (formats.md §7.8), if it has exactly one.
+pub(crate) fn table_layer(manifest: &ImageManifest) -> Option<&Descriptor> {
+    let mut layers = manifest
+        .layers()
+        .iter()
+        .filter(|l| l.media_type().to_string() == ZTABLE_MEDIA_TYPE);
+    match (layers.next(), layers.next()) {
+        (Some(one), None) if one.size() <= MAX_ZTABLE_BYTES => Some(one),
+        _ => None,
+    }
+}
+
+/// The compressed chunk table blob `layer` names, read from `layout`, checked against the
+/// layer's digest (the source of a push is any directory) and parsed. `None` when it is
+/// missing or does not parse: the chunks then travel raw.
+pub(crate) fn read_table(layout: &Layout, layer: &Descriptor) -> Option<ZTable> {
+    let path = layout.blob_path(layer.digest().as_ref()).ok()?;
+    let file = slate_files::open_regular_no_link(&path, "the compressed chunk table").ok()?;
+    let mut bytes = Vec::new();
+    file.take(MAX_ZTABLE_BYTES + 1)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    let digest = slate_bundle::Digest::of(&bytes);
+    if digest.as_str() != layer.digest().as_ref() {
+        return None;
+    }
+    ZTable::parse(&bytes).ok()
+}
+
 /// The chunk index blob `layer` names, read from `dest` (where it was fetched and verified)
 /// and parsed. `None` when it does not parse: no delta then, and the bundle's verification
 /// refuses it after the pull.
@@ -149,6 +180,7 @@ pub(crate) fn read_index(dest: &Layout, layer: &Descriptor) -> Option<ChunkIndex
 /// and nothing of it is in `blobs/` — the caller downloads the blob whole.
 pub(crate) fn fetch_by_delta(
     delta: &Delta<'_>,
+    zchunks: Option<&ZChunks>,
     dest: &Layout,
     chunks: &BlobChunks,
     progress: &mut dyn FnMut(Event<'_>),
@@ -187,7 +219,8 @@ pub(crate) fn fetch_by_delta(
     progress(Event::DeltaStart {
         digest: &digest,
         size: chunks.size,
-        fetch_bytes: plan.fetch_bytes,
+        fetch_bytes: zchunks.map_or(plan.fetch_bytes, |z| wire_bytes(chunks, &plan, z)),
+        compressed: zchunks.is_some(),
         fetch_chunks: plan.fetch_chunks,
         reuse_bytes: plan.reuse_bytes,
         reuse_chunks: plan.reuse_chunks,
@@ -219,7 +252,12 @@ pub(crate) fn fetch_by_delta(
                 })
                 .collect();
             let mut out = Appender(&mut incoming);
-            slate_delta::assemble(chunks, &plan, &seeds, &cache, &counting, PARALLEL, &mut out)
+            // Counted on the wire: a compressed chunk's frame, not what it inflates to.
+            let remote = ZRemote {
+                table: zchunks,
+                inner: &counting,
+            };
+            slate_delta::assemble(chunks, &plan, &seeds, &cache, &remote, PARALLEL, &mut out)
         });
         // The fetches run on the assembler's threads; their bytes are reported from here,
         // where the caller's progress lives.
@@ -256,6 +294,23 @@ pub(crate) fn fetch_by_delta(
     delivered.reused = plan.reuse_bytes;
     delivered.in_place = true;
     Ok(delivered)
+}
+
+/// Bytes the plan's fetched chunks take on the wire when they travel as `z` says (each
+/// distinct chunk once, as the assembler fetches them).
+fn wire_bytes(chunks: &BlobChunks, plan: &slate_delta::Plan, z: &ZChunks) -> u64 {
+    let mut seen = HashSet::new();
+    chunks
+        .chunks
+        .iter()
+        .zip(&plan.sources)
+        .filter(|(c, s)| matches!(s, slate_delta::Source::Fetch) && seen.insert(c.digest))
+        .map(|(c, _)| {
+            z.by_raw
+                .get(&c.digest)
+                .map_or(u64::from(c.length), |w| w.wire_bytes(c.length))
+        })
+        .sum()
 }
 
 /// Once the image is complete, the chunks of its assemblies are not needed.

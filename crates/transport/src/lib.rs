@@ -108,7 +108,10 @@ pub enum Event<'a> {
     DeltaStart {
         digest: &'a str,
         size: u64,
+        /// On the wire: compressed frames where they are smaller (`compressed`), else raw.
         fetch_bytes: u64,
+        /// The chunks travel as the bundle's compressed chunk table says (formats.md §7.8).
+        compressed: bool,
         fetch_chunks: usize,
         reuse_bytes: u64,
         reuse_chunks: usize,

@@ -6,7 +6,9 @@ use std::path::Path;
 use oci_spec::image::{Descriptor, DescriptorBuilder, ImageManifest, MediaType};
 use slate_bundle::is_signature_tag;
 
-use crate::delta::{fetch_by_delta, index_layer, read_index, Delta, SeedBlob};
+use crate::delta::{
+    fetch_by_delta, index_layer, read_index, read_table, table_layer, Delta, SeedBlob,
+};
 use crate::files::is_regular;
 use crate::layout::{parse_digest, set_entry, Incoming, Layout};
 use crate::reference::Location;
@@ -167,24 +169,36 @@ pub(crate) fn copy_image(
         name,
         digest: &manifest.digest,
     });
-    let (index, first) = match (delta, index_layer(&parsed)) {
+    let (index, mut first) = match (delta, index_layer(&parsed)) {
         (Some(_), Some(layer)) => {
             let digest = layer.digest().as_ref();
             fetch_blob(source, dest, digest, layer.size(), stats, progress)?;
-            (read_index(dest, layer), Some(digest))
+            (read_index(dest, layer), vec![digest])
         }
-        _ => (None, None),
+        _ => (None, Vec::new()),
+    };
+    // The compressed chunks (formats.md §7.8): the signed table, then whether the source has
+    // the compressed blob under the `.zchunks` tag. Without either, chunks travel raw.
+    let zchunks = match (&index, table_layer(&parsed)) {
+        (Some(index), Some(layer)) => {
+            let digest = layer.digest().as_ref();
+            fetch_blob(source, dest, digest, layer.size(), stats, progress)?;
+            first.push(digest);
+            compressed_chunks(source, dest, layer, index, &manifest.digest)?
+        }
+        _ => None,
     };
     for d in std::iter::once(parsed.config()).chain(parsed.layers()) {
         let digest = d.digest().as_ref();
-        if first == Some(digest) {
+        if first.contains(&digest) {
             continue;
         }
         if let (Some(delta), Some(index)) = (delta, &index) {
             let listed = index.blob(digest).filter(|b| b.size == d.size());
             if let Some(chunks) = listed {
                 if !dest.has_blob(digest, d.size())? {
-                    let delivered = fetch_by_delta(delta, dest, chunks, progress)?;
+                    let delivered =
+                        fetch_by_delta(delta, zchunks.as_ref(), dest, chunks, progress)?;
                     stats.fetched = stats.fetched.saturating_add(delivered.fetched);
                     stats.reused = stats.reused.saturating_add(delivered.reused);
                     if delivered.in_place {
@@ -208,6 +222,32 @@ pub(crate) fn copy_image(
         .build()
         .map_err(|e| TransportError::malformed(&what, e))?;
     Ok(Some(descriptor))
+}
+
+/// The checked compressed chunk table of the image `manifest_digest` when its compressed blob
+/// is at the source: tagged `sha256-<hex>.zchunks`, that manifest's one layer being the blob
+/// the signed table names. `None` (chunks travel raw) when the table does not read or bind to
+/// the index (the bundle's verification refuses it after the pull) or nothing is tagged.
+fn compressed_chunks(
+    source: &dyn Source,
+    dest: &Layout,
+    layer: &Descriptor,
+    index: &slate_delta::ChunkIndex,
+    manifest_digest: &str,
+) -> Result<Option<slate_delta::ZChunks>, TransportError> {
+    let Some(table) = read_table(dest, layer) else {
+        return Ok(None);
+    };
+    let Ok(checked) = table.check(index) else {
+        return Ok(None);
+    };
+    let tag = slate_bundle::zchunks_tag_of(&parse_digest(manifest_digest)?);
+    let Some(manifest) = source.manifest(&tag)? else {
+        return Ok(None);
+    };
+    let parsed = parse_manifest(&format!("the manifest {tag}"), &manifest)?;
+    let tagged = slate_bundle::zchunks_layer(&parsed);
+    Ok((tagged == Some((checked.blob.clone(), table.blob_size))).then_some(checked))
 }
 
 pub(crate) enum AnySource {

@@ -3,7 +3,8 @@
 use std::collections::BTreeSet;
 use std::path::Path;
 
-use slate_bundle::is_signature_tag;
+use oci_spec::image::ImageManifest;
+use slate_bundle::is_attached_tag;
 
 use crate::layout::{set_entry, tag_of, Layout};
 use crate::pull::{copy_image, declared_bytes, Stats};
@@ -24,6 +25,9 @@ pub struct PlannedImage {
     /// Whether `destination` is a tag (else it is the digest).
     pub tagged: bool,
     manifest: Manifest,
+    /// Built by the push (a bundle's `.zchunks` manifest, formats.md §7.8), not listed in the
+    /// source's `index.json`: its config and layer are copied as blobs.
+    built: Option<ImageManifest>,
 }
 
 /// One blob a push may send.
@@ -70,7 +74,8 @@ pub fn plan_push(layout_dir: &Path, reference: &Reference) -> Result<PushPlan, T
             layout_dir.display()
         )));
     }
-    let is_signature = |d: &&oci_spec::image::Descriptor| tag_of(d).is_some_and(is_signature_tag);
+    // Signatures and compressed chunks go after the images they belong to.
+    let is_signature = |d: &&oci_spec::image::Descriptor| tag_of(d).is_some_and(is_attached_tag);
     let rename = match reference.tag() {
         Some(tag) if !entries.iter().any(|d| tag_of(d) == Some(tag)) => {
             let images: Vec<_> = entries.iter().filter(|d| !is_signature(d)).collect();
@@ -125,15 +130,108 @@ pub fn plan_push(layout_dir: &Path, reference: &Reference) -> Result<PushPlan, T
             Some(tag) if !registry || crate::reference::check_tag(&tag).is_ok() => (tag, true),
             _ => (manifest.digest.clone(), false),
         };
+        let zchunks = if is_signature(&d) {
+            None
+        } else {
+            zchunks_image(&source, &parsed, &manifest.digest, entries)?
+        };
         images.push(PlannedImage {
             source_tag,
             destination,
             manifest_digest: manifest.digest.clone(),
             tagged,
             manifest,
+            built: None,
         });
+        if let Some((image, parsed)) = zchunks {
+            for blob in std::iter::once(parsed.config()).chain(parsed.layers()) {
+                let digest = blob.digest().to_string();
+                if seen.insert(digest.clone()) {
+                    blobs.push(PlannedBlob {
+                        digest,
+                        size: blob.size(),
+                    });
+                }
+            }
+            images.push(image);
+        }
     }
     Ok(PushPlan { images, blobs })
+}
+
+/// The `.zchunks` manifest of the image `parsed` (formats.md §7.8) when its signed table names
+/// a compressed blob the source holds and the source does not tag one already (a layout that
+/// was pushed into lists it as an image of its own). Rebuilt from the table: the imager's
+/// directory has the manifest as a file but no entry for it.
+fn zchunks_image(
+    source: &LayoutSource,
+    parsed: &ImageManifest,
+    manifest_digest: &str,
+    entries: &[oci_spec::image::Descriptor],
+) -> Result<Option<(PlannedImage, ImageManifest)>, TransportError> {
+    let Some(table) =
+        crate::delta::table_layer(parsed).and_then(|l| crate::delta::read_table(&source.layout, l))
+    else {
+        return Ok(None);
+    };
+    let tag = slate_bundle::zchunks_tag_of(&crate::layout::parse_digest(manifest_digest)?);
+    let blob = slate_bundle::Digest::from_raw(table.blob);
+    if entries.iter().any(|d| tag_of(d) == Some(tag.as_str()))
+        || !source.layout.has_blob(blob.as_str(), table.blob_size)?
+    {
+        return Ok(None);
+    }
+    let bytes = slate_bundle::zchunks_manifest(&table)
+        .map_err(|e| TransportError::malformed("the compressed chunks' manifest", e))?;
+    let manifest = Manifest {
+        digest: slate_bundle::Digest::of(&bytes).to_string(),
+        bytes,
+        media_type: crate::registry::OCI_MANIFEST.to_owned(),
+    };
+    let parsed = parse_manifest(&format!("the manifest {tag}"), &manifest)?;
+    Ok(Some((
+        PlannedImage {
+            source_tag: None,
+            destination: tag,
+            manifest_digest: manifest.digest.clone(),
+            tagged: true,
+            manifest,
+            built: Some(parsed.clone()),
+        },
+        parsed,
+    )))
+}
+
+/// Copy a manifest the push built (not in the source's index) into the layout `dest`: its
+/// config and layers as blobs, then the manifest. Its descriptor.
+fn copy_built(
+    source: &LayoutSource,
+    dest: &Layout,
+    image: &PlannedImage,
+    parsed: &ImageManifest,
+    stats: &mut Stats,
+    progress: &mut dyn FnMut(Event<'_>),
+) -> Result<oci_spec::image::Descriptor, TransportError> {
+    for blob in std::iter::once(parsed.config()).chain(parsed.layers()) {
+        let digest = blob.digest().to_string();
+        crate::pull::fetch_blob(source, dest, &digest, blob.size(), stats, progress)?;
+    }
+    dest.put_document(&image.manifest_digest, &image.manifest.bytes)?;
+    progress(Event::Manifest {
+        name: &image.destination,
+        digest: &image.manifest_digest,
+    });
+    oci_spec::image::DescriptorBuilder::default()
+        .media_type(oci_spec::image::MediaType::ImageManifest)
+        .digest(
+            image
+                .manifest_digest
+                .parse::<oci_spec::image::Digest>()
+                .map_err(|e| TransportError::malformed(&image.destination, e))?,
+        )
+        .size(image.manifest.bytes.len() as u64)
+        .build()
+        .map_err(|e| TransportError::malformed(&image.destination, e))
 }
 
 pub(crate) fn push(
@@ -196,6 +294,18 @@ pub(crate) fn push(
             let mut index = dest.read_index()?;
             let mut references = Vec::new();
             for image in &plan.images {
+                if let Some(parsed) = &image.built {
+                    let descriptor =
+                        copy_built(&source, &dest, image, parsed, &mut stats, progress)?;
+                    set_entry(&mut index, &descriptor, Some(&image.destination));
+                    references.push(format!(
+                        "{}{}:{}",
+                        crate::LAYOUT_PREFIX,
+                        path.display(),
+                        image.destination
+                    ));
+                    continue;
+                }
                 let descriptor = copy_image(
                     &source,
                     &dest,

@@ -4,7 +4,6 @@ use std::io::Read;
 use std::path::Path;
 
 use oci_spec::image::{Descriptor, ImageIndex, ImageManifest};
-use slate_bundle::is_signature_tag;
 
 use crate::layout::{parse_digest, tag_of, Layout};
 use crate::registry::{Manifest, Registry, OCI_INDEX, OCI_MANIFEST};
@@ -66,7 +65,7 @@ impl LayoutSource {
             .index
             .manifests()
             .iter()
-            .filter(|d| !tag_of(d).is_some_and(is_signature_tag))
+            .filter(|d| !tag_of(d).is_some_and(slate_bundle::is_attached_tag))
             .collect();
         match images.as_slice() {
             [only] => tag_of(only).map(str::to_owned).ok_or_else(|| {

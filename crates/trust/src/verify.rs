@@ -201,6 +201,9 @@ pub fn verify_blobs(bundle: &Bundle) -> Result<Vec<(String, BlobRef)>, TrustErro
     // blob it lists is one of these, so a bundle whose index a node would refuse for a delta is
     // refused whole as well. Its chunk digests are checked against bytes when chunks are used.
     bundle.chunk_index()?;
+    // And the compressed chunk table (formats.md §7.8): bound to that index, its frames tiling
+    // the compressed blob it names.
+    bundle.zchunk_table()?;
     bundle
         .manifest()
         .blobs

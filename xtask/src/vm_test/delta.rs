@@ -1,14 +1,17 @@
 //! Delta upgrades through a real registry (issue 41): a node on v1 follows `stable`; v2 — the
 //! same profile, only the version changed — is published, and the update agent pulls it by
 //! delta: the running UKI read from the ESP and the running slate binary as seeds, the missing
-//! chunks by range requests on the registry's blobs. slate's own counters (the agent's download
-//! line) say what went over the wire, against the bundle's whole size; v2 commits, and its
-//! signed documents are kept on STATE, so v3 is then planned from v2's signed index.
+//! chunks by range requests on the registry's blobs — compressed frames of the blob `slate
+//! push` tagged `.zchunks` (formats.md §7.8), so the journal's plan counts frame bytes, checked
+//! against the signed table. slate's own counters (the agent's download line) say what went
+//! over the wire, against the bundle's whole size; v2 commits, and its signed documents are
+//! kept on STATE, so v3 is then planned from v2's signed index.
 //!
 //! With faults on the way, no extra boot (`delta_faults`): v2's UKI is served with one chunk
-//! corrupted, so the first attempt refuses that chunk by its digest, falls back to the whole
-//! blob, refuses that too and installs nothing; the registry repaired, the next attempt resumes
-//! from the chunks the first one kept and fetches exactly the corrupted one. v3's delta fetches
+//! corrupted, in its frame and in the raw blob, so the first attempt refuses that frame by its
+//! digest before decompressing it, falls back to the whole blob, refuses that too and installs
+//! nothing; the registry repaired, the next attempt resumes from the chunks the first one kept
+//! and fetches exactly the corrupted frame. v3's delta fetches
 //! exactly the chunks the two signed indexes differ by, plus one: while v2 runs, a byte of its
 //! UKI on the ESP is flipped in the disk image, inside a chunk v3 shares with v2, and the pull
 //! says that chunk failed its signed digest and fetches it instead of reusing it; v3's UKI is
@@ -22,7 +25,8 @@ use std::time::Duration;
 use anyhow::{ensure, Context, Result};
 
 use slate_bundle::{Bundle, UKI_ROLE};
-use slate_delta::{BlobChunks, Chunk, ChunkIndex};
+use slate_delta::zchunks::ZChunk;
+use slate_delta::{BlobChunks, Chunk, ChunkIndex, ZChunks};
 
 use super::delta_faults as faults;
 use super::{build_v1_v2, ensure_logged, running, Node, Prepared};
@@ -68,10 +72,38 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
     };
     let (uki2, uki3) = (uki_of(&bundle2, &index2)?, uki_of(&bundle3, &index3)?);
     let total: u64 = bundle2.image_blobs().iter().map(|(_, size)| size).sum();
+    // The chunks travel compressed (formats.md §7.8): what each costs on the wire.
+    let table = |bundle: &Bundle| -> Result<ZChunks> {
+        Ok(bundle
+            .zchunk_table()?
+            .context("no compressed chunk table")?
+            .1)
+    };
+    let (z2, z3) = (table(&bundle2)?, table(&bundle3)?);
+    let wire = |z: &ZChunks, c: &Chunk| {
+        z.by_raw
+            .get(&c.digest)
+            .map_or(u64::from(c.length), |w| w.wire_bytes(c.length))
+    };
     // The node on v1 chunks its own UKI and binary as the imager chunked v1's.
-    let corrupt = *faults::to_fetch(&uki2, &[&index1])
-        .last()
-        .context("v2's UKI has nothing to fetch")?;
+    let new2 = faults::to_fetch(&uki2, &[&index1]);
+    let raw2: u64 = new2.iter().map(|c| u64::from(c.length)).sum();
+    let wire2: u64 = new2.iter().map(|c| wire(&z2, c)).sum();
+    // The last one that travels compressed: its frame and its raw bytes both corrupted, so the
+    // delta refuses the frame and the whole download that follows refuses the blob.
+    let corrupt = *new2
+        .iter()
+        .rev()
+        .find(|c| matches!(z2.by_raw.get(&c.digest), Some(ZChunk::Zstd { .. })))
+        .context("v2's UKI has no compressed chunk to fetch")?;
+    let Some(ZChunk::Zstd {
+        offset: frame_at,
+        length: frame_len,
+        ..
+    }) = z2.by_raw.get(&corrupt.digest).copied()
+    else {
+        unreachable!("found as compressed above")
+    };
 
     let registry = Registry::start(&work.join("registry"))?;
     let repo = format!("{}/slate/os", registry.host);
@@ -118,9 +150,13 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
             .arg(&v2)
             .args(["--image", &format!("{repo}:2.0.0")]),
     )?;
-    let stored = faults::registry_blob(&work.join("registry/storage"), &uki2.oci_digest())?;
+    let storage = work.join("registry/storage");
+    let stored = faults::registry_blob(&storage, &uki2.oci_digest())?;
     let bad_byte = corrupt.offset + u64::from(corrupt.length) / 2;
     faults::flip(&stored, bad_byte)?;
+    let stored_frames = faults::registry_blob(&storage, &z2.blob)?;
+    let bad_frame_byte = frame_at + u64::from(frame_len) / 2;
+    faults::flip(&stored_frames, bad_frame_byte)?;
     publish(&v2)?;
     let uki_line = format!("pull 2.0.0: blob {} (", uki2.oci_digest());
     // Before a byte of the UKI is fetched, the agent's log says what it will cost.
@@ -132,6 +168,12 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
         "the delta's plan in the journal",
     )?;
     let (first_bytes, first_chunks) = faults::planned(&planned)?;
+    // slate's plan counts the frames it will fetch, fewer bytes than the chunks they hold.
+    ensure!(
+        planned.contains("to fetch (compressed)") && first_bytes < raw2,
+        "v2's chunks should be planned compressed ({wire2} bytes by the table, {raw2} raw): \
+         {planned}"
+    );
     let refused = boot.expect(
         &[&format!(
             "pull 2.0.0: blob {} is downloaded whole",
@@ -141,10 +183,10 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
         "the corrupted chunk refused",
     )?;
     ensure!(
-        refused.contains("does not match its signed digest")
-            && refused.contains(&format!("bytes {}..", corrupt.offset)),
-        "the corrupted chunk at {} should be refused by its digest: {refused}",
-        corrupt.offset
+        refused.contains("do not match their signed digest")
+            && refused.contains("refused before decompression")
+            && refused.contains(&format!("bytes {frame_at}..")),
+        "the corrupted frame at {frame_at} should be refused by its digest: {refused}"
     );
     boot.expect(
         &["update agent: downloading 2.0.0: "],
@@ -153,6 +195,7 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
     )?;
     // Repaired before the agent's next try (10 s later), then: nothing of v2 was installed.
     faults::flip(&stored, bad_byte)?;
+    faults::flip(&stored_frames, bad_frame_byte)?;
     let status = node.status()?;
     let explain = node.ok(&["boot", "explain"])?;
     ensure!(
@@ -169,10 +212,9 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
         "the second attempt's plan",
     )?;
     ensure!(
-        faults::planned(&resumed)? == (u64::from(corrupt.length), 1),
-        "the second attempt should fetch only the chunk refused before ({} bytes), the \
-         first's {} other chunks kept: {resumed}",
-        corrupt.length,
+        faults::planned(&resumed)? == (u64::from(frame_len), 1),
+        "the second attempt should fetch only the frame refused before ({frame_len} bytes), \
+         the first's {} other chunks kept: {resumed}",
         first_chunks - 1
     );
     let downloaded = boot.expect(
@@ -231,13 +273,13 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
         Duration::from_secs(60),
         "v3's plan",
     )?;
-    let clean_bytes: u64 = clean.iter().map(|c| u64::from(c.length)).sum();
+    let clean_bytes: u64 = clean.iter().map(|c| wire(&z3, c)).sum();
+    let rot_bytes = wire(&z3, &rot);
     ensure!(
-        faults::planned(&planned3)? == (clean_bytes + u64::from(rot.length), clean.len() + 1),
-        "v3's UKI should cost its {} new chunks ({clean_bytes} bytes) and the one rotten on \
-         the ESP ({} bytes): {planned3}",
-        clean.len(),
-        rot.length
+        faults::planned(&planned3)? == (clean_bytes + rot_bytes, clean.len() + 1),
+        "v3's UKI should cost its {} new chunks ({clean_bytes} bytes compressed) and the one \
+         rotten on the ESP ({rot_bytes}): {planned3}",
+        clean.len()
     );
     let downloaded3 = boot.expect(
         &["update agent: 3.0.0 downloaded and verified ("],
@@ -284,9 +326,10 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
     Ok(format!(
         "version-only upgrades by the update agent through a registry, of {total} bytes whole: \
          v1 -> v2 (v1's chunks listed by the node): UKI chunk {}..{} corrupted in the registry \
-         refused by its digest, the whole blob refused, nothing installed; \
-         repaired, the next attempt fetched 1 chunk of the UKI's {first_chunks} ({first_bytes} \
-         bytes planned at first), in all {fetched} ({:.2} %), reused {reused}; v2 -> v3 (v2's \
+         (its frame {frame_at}.. too) refused by its digest before decompression, the whole \
+         blob refused, nothing installed; repaired, the next attempt fetched 1 frame of the \
+         UKI's {first_chunks} chunks ({first_bytes} bytes planned compressed at first, \
+         {raw2} raw), in all {fetched} ({:.2} %), reused {reused}; v2 -> v3 (v2's \
          signed index kept on STATE) fetched {fetched3} ({:.2} %), reused {reused3}, the UKI's \
          plan its {} new chunks and chunk {}..{rot_end} of v2's UKI, refused for a byte \
          flipped at disk offset {rot_at} in {rot_file} (`{}`); all committed",

@@ -81,13 +81,15 @@ pub fn pull(
             digest,
             size,
             fetch_bytes,
+            compressed,
             fetch_chunks,
             reuse_bytes,
             reuse_chunks,
         } => node.journal.info(format_args!(
             "pull {version}: blob {digest} ({size} bytes) by delta: {fetch_bytes} bytes in \
-             {fetch_chunks} chunks to fetch, {reuse_bytes} bytes in {reuse_chunks} chunks \
-             reused"
+             {fetch_chunks} chunks to fetch{}, {reuse_bytes} bytes in {reuse_chunks} chunks \
+             reused",
+            if compressed { " (compressed)" } else { "" }
         )),
         Event::DeltaFallback { digest, reason } => node.journal.info(format_args!(
             "pull {version}: blob {digest} is downloaded whole: {reason}"
