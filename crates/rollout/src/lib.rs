@@ -20,6 +20,7 @@ mod progress;
 mod rollout;
 mod start;
 mod tick;
+mod tick_cache;
 mod waves;
 
 pub use control::{abort, pause, resume, ControlError};
@@ -33,5 +34,6 @@ pub use progress::{progress, GroupProgress};
 pub use rollout::{
     Event, EventKind, NodeProgress, Order, Rollout, RolloutState, Step, RATE_MEMORY_SECONDS,
 };
-pub use tick::{tick, tick_explained, Decision, Tick, RESEND_AFTER};
+pub use tick::{tick, tick_explained, tick_marked, Decision, Tick, RESEND_AFTER};
+pub use tick_cache::{TickCache, TickPart};
 pub use waves::{wave_bounds, wave_key};
