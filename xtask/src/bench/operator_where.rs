@@ -28,6 +28,9 @@ pub(crate) struct Breakdown {
     pub refill_cost: f64,
     /// Each state change's report, queued → delivered (the simulated node's side of `refill`).
     pub report: (f64, f64),
+    /// Reports (periodic or changes) the operator did not take: a lost change is only made
+    /// good by the node's next periodic heartbeat, 30 s later.
+    pub reports_failed: u64,
 }
 
 fn p50_p99(mut v: Vec<f64>) -> (f64, f64) {
@@ -43,7 +46,7 @@ pub(crate) fn breakdown(
     policy_ms: u64,
     (first, second): (usize, usize),
     concurrency: usize,
-    report_delays: &[Duration],
+    (report_delays, reports_failed): (&[Duration], u64),
 ) -> Breakdown {
     #[derive(Default)]
     struct Group {
@@ -113,6 +116,7 @@ pub(crate) fn breakdown(
         refill: p50_p99(refill),
         refill_cost: p50_p99(cost).0,
         report: p50_p99(report_delays.iter().map(Duration::as_secs_f64).collect()),
+        reports_failed,
     }
 }
 
@@ -126,6 +130,7 @@ impl Breakdown {
             "refill_s": pair(self.refill),
             "refill_cost_s": self.refill_cost,
             "change_report_s": pair(self.report),
+            "reports_failed": self.reports_failed,
         })
     }
 
@@ -135,13 +140,14 @@ impl Breakdown {
             "where the wall time went (p50 / p99, from the fleet's log): policy → first order \
              {}; a node's upgrade {}; wave change (soak 10 s) {}; last wave, commit → its \
              slot's next order {} (costing {:.1} s of wall time per group); of that, the \
-             node's report queued → delivered {}",
+             node's report queued → delivered {}; reports the operator did not take: {}",
             pair(self.first_order),
             pair(self.node_upgrade),
             pair(self.wave_change),
             pair(self.refill),
             self.refill_cost,
             pair(self.report),
+            self.reports_failed,
         )
     }
 }
