@@ -36,6 +36,8 @@ const REBOOT: Duration = Duration::from_secs(1);
 struct ToOperator {
     addrs: Vec<String>,
     identities: Identities,
+    /// Why reports were not taken, with how many each (the bench prints them).
+    refused: Arc<std::sync::Mutex<std::collections::BTreeMap<String, usize>>>,
 }
 
 impl Reporter for ToOperator {
@@ -51,6 +53,18 @@ impl Reporter for ToOperator {
                 Err(e) => last = e.to_string(),
             }
         }
+        // Addresses and ports differ from call to call; the kind of error is what counts.
+        let kind: String = last
+            .chars()
+            .filter(|c| !c.is_ascii_digit())
+            .take(100)
+            .collect();
+        *self
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(kind)
+            .or_default() += 1;
         Err(last)
     }
 }
@@ -129,9 +143,11 @@ fn rollout(per_group: usize, failover: bool) -> Result<Rollout> {
     };
     let mut addrs = vec![first.addr.to_string()];
     addrs.extend(second.iter().map(|r| r.addr.to_string()));
+    let refused = Arc::default();
     let reporter = ToOperator {
         addrs,
         identities: Identities::from_dir(&certs)?,
+        refused: Arc::clone(&refused),
     };
     let mut spec = FleetSpec::new(&certs);
     for g in 0..GROUPS {
@@ -239,6 +255,9 @@ fn rollout(per_group: usize, failover: bool) -> Result<Rollout> {
         concurrency,
         (&fleet.change_report_delays(), fleet.report_stats().failed),
     );
+    for (why, count) in refused.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        println!("  reports not taken ({count}): {why}");
+    }
     fleet.shutdown();
     let (inventory_fill, wall, writes) = watched?;
 
