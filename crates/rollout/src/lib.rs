@@ -6,7 +6,8 @@
 //! - [`Rollout`]: one group's move to one version, and each node's [`Step`].
 //! - [`tick`]: follow the nodes, pause on a spent failure budget, start the nodes every
 //!   applicable policy allows, complete; [`tick_explained`] also says why each waiting node
-//!   waits.
+//!   waits; [`tick_marked`], the leader's, keeps each group's wave order in a [`TickCache`]
+//!   between calls and reports each part of the tick as it ends (for timing).
 //! - [`pause`], [`resume`], [`abort`]: what `slate fleet pause|resume|abort` do to a rollout.
 //! - [`plan`]: the dry run: which node in which wave, not before when.
 //! - [`progress`]: each group's rollout as numbers (the operator's metrics).

@@ -220,6 +220,11 @@ fn rollout(per_group: usize, failover: bool) -> Result<Rollout> {
         let writes = proposals(&cluster.endpoint(0))? - writes_before;
         Ok((inventory_fill, wall, writes))
     })();
+    // The reports as the rollout ended: once the replicas are killed below, every report
+    // fails, and those are not the rollout's.
+    let reports_failed = fleet.report_stats().failed;
+    let report_delays = fleet.change_report_delays();
+    let refused = std::mem::take(&mut *refused.lock().unwrap_or_else(|e| e.into_inner()));
     let mut ticks: Vec<TickTiming> = std::mem::take(&mut first.heard.lock().unwrap().ticks)
         .into_iter()
         .map(|(_, t)| t)
@@ -253,9 +258,9 @@ fn rollout(per_group: usize, failover: bool) -> Result<Rollout> {
         policy_ms,
         (bounds[0], bounds[1] - bounds[0]),
         concurrency,
-        (&fleet.change_report_delays(), fleet.report_stats().failed),
+        (&report_delays, reports_failed),
     );
-    for (why, count) in refused.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+    for (why, count) in &refused {
         println!("  reports not taken ({count}): {why}");
     }
     fleet.shutdown();
