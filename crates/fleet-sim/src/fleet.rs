@@ -371,6 +371,11 @@ impl Fleet {
         self.shared.reports.stats()
     }
 
+    /// How long each state change's report took, from its queuing to the reporter's return.
+    pub fn change_report_delays(&self) -> Vec<Duration> {
+        self.shared.reports.change_delays()
+    }
+
     /// Servers that failed after start, or nodes whose API did not come back after a reboot
     /// (should stay empty; tests assert it).
     pub fn api_errors(&self) -> Vec<String> {

@@ -16,7 +16,9 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use slate_release::ReleaseIndex;
-use slate_rollout::{tick, Event, EventKind, PolicySet, Rollout, Step, Tick};
+use slate_rollout::{
+    tick_marked, Event, EventKind, PolicySet, Rollout, Step, Tick, TickCache, TickPart,
+};
 
 use crate::drive::{DriveError, NodeDriver};
 use crate::etcd::{EtcdState, Fence, Outcome};
@@ -68,6 +70,9 @@ pub struct TickTiming {
     pub read: Duration,
     /// `slate_rollout::tick`.
     pub decide: Duration,
+    /// `decide` by part, indexed by [`TickPart::index`]: grouping, wave order, policy views,
+    /// decisions.
+    pub parts: [Duration; 4],
     /// The fenced commit of its decision.
     pub commit: Duration,
     /// The orders' share of the loop: recording the answers that came back since the last
@@ -163,6 +168,9 @@ fn lead_terms(
         // Rollouts as last read or written under this leadership: a tick reads again only
         // those whose revision moved (a pause, another replica's write).
         let mut held = state::RolloutCache::new();
+        // Derived from the inventory alone and checked against it on every use, so a new
+        // leadership may keep it; a fresh one per term keeps a term's memory its own.
+        let mut orders = TickCache::new();
         while !stop.load(Ordering::Relaxed) && !leadership.is_lost() {
             let started = Instant::now();
             if pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
@@ -176,7 +184,7 @@ fn lead_terms(
                 config,
                 releases,
                 (nodes, &mut seen),
-                &mut held,
+                (&mut held, &mut orders),
                 &cache,
                 (&fence, outbox),
                 log,
@@ -274,7 +282,7 @@ fn lead_once(
     config: &LeaderConfig,
     releases: &dyn ReleaseSource,
     (nodes, seen): (Option<&state::Nodes>, &mut Option<u64>),
-    held_rollouts: &mut state::RolloutCache,
+    (held_rollouts, tick_cache): (&mut state::RolloutCache, &mut TickCache),
     cache: &IndexCache,
     (fence, outbox): (&Fence, &Outbox),
     log: &Log,
@@ -323,7 +331,14 @@ fn lead_once(
     let probes =
         crate::probe::probe_soaking(&policies, inventory, rollouts, config.parallel_orders);
     let decided = Instant::now();
-    let decision = tick(&Tick {
+    let mut last = decided;
+    let parts = &mut timing.parts;
+    let mut mark = |part: TickPart| {
+        let now = Instant::now();
+        parts[part.index()] += now - last;
+        last = now;
+    };
+    let tick_input = Tick {
         now: now_unix(),
         inventory,
         policies: &policies,
@@ -332,7 +347,8 @@ fn lead_once(
         rollouts,
         stale_after: config.stale_after.as_secs(),
         probes: &probes,
-    });
+    };
+    let decision = tick_marked(&tick_input, tick_cache, &mut mark);
     timing.decide = decided.elapsed();
     // Let the watch go on without copying: while a snapshot is held, its next change copies
     // the whole inventory (`Arc::make_mut`), and sending the orders can take seconds.

@@ -6,7 +6,8 @@
 //! - [`Rollout`]: one group's move to one version, and each node's [`Step`].
 //! - [`tick`]: follow the nodes, pause on a spent failure budget, start the nodes every
 //!   applicable policy allows, complete; [`tick_explained`] also says why each waiting node
-//!   waits.
+//!   waits; [`tick_marked`], the leader's, keeps each group's wave order in a [`TickCache`]
+//!   between calls and reports each part of the tick as it ends (for timing).
 //! - [`pause`], [`resume`], [`abort`]: what `slate fleet pause|resume|abort` do to a rollout.
 //! - [`plan`]: the dry run: which node in which wave, not before when.
 //! - [`progress`]: each group's rollout as numbers (the operator's metrics).
@@ -20,6 +21,7 @@ mod progress;
 mod rollout;
 mod start;
 mod tick;
+mod tick_cache;
 mod waves;
 
 pub use control::{abort, pause, resume, ControlError};
@@ -33,5 +35,6 @@ pub use progress::{progress, GroupProgress};
 pub use rollout::{
     Event, EventKind, NodeProgress, Order, Rollout, RolloutState, Step, RATE_MEMORY_SECONDS,
 };
-pub use tick::{tick, tick_explained, Decision, Tick, RESEND_AFTER};
+pub use tick::{tick, tick_explained, tick_marked, Decision, Tick, RESEND_AFTER};
+pub use tick_cache::{TickCache, TickPart};
 pub use waves::{wave_bounds, wave_key};

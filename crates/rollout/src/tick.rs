@@ -17,6 +17,7 @@ use crate::policy::PolicySet;
 use crate::rollout::{
     Event, EventKind, NodeProgress, Order, Rollout, RolloutState, Step, RATE_MEMORY_SECONDS,
 };
+use crate::tick_cache::{fresh_wave_order, TickCache, TickPart};
 use crate::waves::PolicyView;
 
 /// An upgrade order that the node never confirmed (the leader died between marking the node
@@ -66,21 +67,40 @@ pub struct Decision {
 /// nodes start, its window is the same for all, later members are in the same or a later
 /// wave), so the waiting nodes past it cost nothing.
 pub fn tick(t: &Tick<'_>) -> Decision {
-    tick_with(t, false)
+    tick_with(t, false, None, &mut |_| {})
 }
 
 /// [`tick`], and why each covered node that could move is waiting. Decides the same.
 pub fn tick_explained(t: &Tick<'_>) -> Decision {
-    tick_with(t, true)
+    tick_with(t, true, None, &mut |_| {})
 }
 
-fn tick_with(t: &Tick<'_>, explain: bool) -> Decision {
+/// [`tick`] with each group's wave order kept in `cache` between calls, and `mark` called as
+/// each part of the tick ends (the leader times them). Decides the same as [`tick`].
+pub fn tick_marked(
+    t: &Tick<'_>,
+    cache: &mut TickCache,
+    mark: &mut dyn FnMut(TickPart),
+) -> Decision {
+    tick_with(t, false, Some(cache), mark)
+}
+
+fn tick_with(
+    t: &Tick<'_>,
+    explain: bool,
+    mut cache: Option<&mut TickCache>,
+    mark: &mut dyn FnMut(TickPart),
+) -> Decision {
     let mut groups: BTreeMap<&str, Vec<&NodeRecord>> = BTreeMap::new();
     for record in t.inventory.values() {
         if t.policies.for_node(&record.report).next().is_some() {
             groups.entry(&record.report.group).or_default().push(record);
         }
     }
+    if let Some(cache) = cache.as_deref_mut() {
+        cache.keep_only(groups.keys().copied());
+    }
+    mark(TickPart::Grouping);
     let mut decision = Decision::default();
     for (group, mut covered) in groups {
         // In id order, as the rollout's nodes are (a tick walks both side by side): so the
@@ -88,7 +108,15 @@ fn tick_with(t: &Tick<'_>, explain: bool) -> Decision {
         if !covered.is_sorted_by(|a, b| a.report.id <= b.report.id) {
             covered.sort_by(|a, b| a.report.id.cmp(&b.report.id));
         }
-        GroupTick::new(t, group, covered, explain, &mut decision).run();
+        let order = match cache.as_deref_mut() {
+            Some(cache) => cache.wave_order(group, &covered),
+            None => fresh_wave_order(&covered),
+        };
+        mark(TickPart::WaveOrder);
+        let group_tick = GroupTick::new(t, group, covered, &order, explain, &mut decision);
+        mark(TickPart::Views);
+        group_tick.run();
+        mark(TickPart::Decisions);
     }
     decision
 }
@@ -117,14 +145,10 @@ impl<'t, 'd> GroupTick<'t, 'd> {
         t: &'t Tick<'t>,
         group: &'t str,
         covered: Vec<&'t NodeRecord>,
+        order: &[usize],
         explain: bool,
         out: &'d mut Decision,
     ) -> Self {
-        let mut order: Vec<usize> = (0..covered.len()).collect();
-        order.sort_by_cached_key(|&i| {
-            let id = covered[i].report.id.as_str();
-            (crate::waves::wave_hash(id), id)
-        });
         let ordered: Vec<(&NodeRecord, usize)> = order.iter().map(|&i| (covered[i], i)).collect();
         let records: Vec<&NodeRecord> = ordered.iter().map(|(rec, _)| *rec).collect();
         let mut views = Vec::new();

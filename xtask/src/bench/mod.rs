@@ -21,6 +21,7 @@ pub(crate) mod node_scrape;
 pub(crate) mod operator;
 pub(crate) mod operator_replica;
 pub(crate) mod operator_scrape;
+pub(crate) mod operator_where;
 pub(crate) mod pull;
 pub(crate) mod reboot;
 pub(crate) mod rebuild;

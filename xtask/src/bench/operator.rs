@@ -23,6 +23,7 @@ use slate_rollout::NodeReport;
 use slate_testkit::etcd::EtcdCluster;
 
 use crate::bench::operator_replica::Replica;
+use crate::bench::operator_where::{breakdown, Breakdown};
 use crate::bench::{ms, percentile, Bench, Comparison, Sample, Side};
 
 const GROUPS: usize = 10;
@@ -35,6 +36,8 @@ const REBOOT: Duration = Duration::from_secs(1);
 struct ToOperator {
     addrs: Vec<String>,
     identities: Identities,
+    /// Why reports were not taken, with how many each (the bench prints them).
+    refused: Arc<std::sync::Mutex<std::collections::BTreeMap<String, usize>>>,
 }
 
 impl Reporter for ToOperator {
@@ -50,6 +53,18 @@ impl Reporter for ToOperator {
                 Err(e) => last = e.to_string(),
             }
         }
+        // Addresses and ports differ from call to call; the kind of error is what counts.
+        let kind: String = last
+            .chars()
+            .filter(|c| !c.is_ascii_digit())
+            .take(100)
+            .collect();
+        *self
+            .refused
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .entry(kind)
+            .or_default() += 1;
         Err(last)
     }
 }
@@ -88,6 +103,7 @@ struct Rollout {
     /// The leader's peak resident memory (`VmHWM`), MiB; with a failover the larger of the two.
     peak_rss_mib: f64,
     failover: Option<Failover>,
+    breakdown: Breakdown,
 }
 
 /// A leader killed mid-rollout and what the other replica did.
@@ -127,16 +143,22 @@ fn rollout(per_group: usize, failover: bool) -> Result<Rollout> {
     };
     let mut addrs = vec![first.addr.to_string()];
     addrs.extend(second.iter().map(|r| r.addr.to_string()));
+    let refused = Arc::default();
     let reporter = ToOperator {
         addrs,
         identities: Identities::from_dir(&certs)?,
+        refused: Arc::clone(&refused),
     };
     let mut spec = FleetSpec::new(&certs);
     for g in 0..GROUPS {
         spec = spec.group(&format!("g{g}"), per_group, "stable", "1");
     }
     spec.heartbeat_interval = Duration::from_secs(30);
-    spec.reporter_threads = 8;
+    // A real fleet reports from 10,000 machines at once; 8 lanes made a batch's 2,000 state
+    // changes (accepted, back up) wait over a second each behind the calls ahead of them,
+    // most of each call the operator's wait for its heartbeat batch's etcd commit. 24 stay
+    // below the operator API's 32 connections in their handshake at once (more are refused).
+    spec.reporter_threads = 24;
     spec.behaviour = Behaviour {
         upgrade_time: UPGRADE,
         reboot_time: REBOOT,
@@ -151,6 +173,7 @@ fn rollout(per_group: usize, failover: bool) -> Result<Rollout> {
     let mut killed: Option<(Instant, usize)> = None;
     // Whatever happens while the rollout is watched, the replicas and the fleet are stopped
     // after it: a later run must not share the machine with this one's threads.
+    let mut policy_ms = 0;
     let watched = (|| -> Result<(Duration, Duration, u64)> {
         let inventory_wait = Instant::now();
         while slate_operator::state::inventory(&state)?.len() < total {
@@ -169,6 +192,7 @@ fn rollout(per_group: usize, failover: bool) -> Result<Rollout> {
         );
         let writes_before = proposals(&cluster.endpoint(0))?;
         first.heard.lock().unwrap().ticks.clear();
+        policy_ms = fleet.now_ms();
         slate_operator::state::set_policies(&state, &policy)?;
         let since = Instant::now();
         loop {
@@ -196,6 +220,11 @@ fn rollout(per_group: usize, failover: bool) -> Result<Rollout> {
         let writes = proposals(&cluster.endpoint(0))? - writes_before;
         Ok((inventory_fill, wall, writes))
     })();
+    // The reports as the rollout ended: once the replicas are killed below, every report
+    // fails, and those are not the rollout's.
+    let reports_failed = fleet.report_stats().failed;
+    let report_delays = fleet.change_report_delays();
+    let refused = std::mem::take(&mut *refused.lock().unwrap_or_else(|e| e.into_inner()));
     let mut ticks: Vec<TickTiming> = std::mem::take(&mut first.heard.lock().unwrap().ticks)
         .into_iter()
         .map(|(_, t)| t)
@@ -222,6 +251,18 @@ fn rollout(per_group: usize, failover: bool) -> Result<Rollout> {
     if let Some(second) = &mut second {
         second.kill();
     }
+    let bounds = slate_rollout::wave_bounds(&[1, 10, 100], per_group);
+    let (_, concurrency) = theoretical_minimum(per_group);
+    let breakdown = breakdown(
+        &fleet.events(),
+        policy_ms,
+        (bounds[0], bounds[1] - bounds[0]),
+        concurrency,
+        (&report_delays, reports_failed),
+    );
+    for (why, count) in &refused {
+        println!("  reports not taken ({count}): {why}");
+    }
     fleet.shutdown();
     let (inventory_fill, wall, writes) = watched?;
 
@@ -235,7 +276,6 @@ fn rollout(per_group: usize, failover: bool) -> Result<Rollout> {
         .map(|g| fleet.max_in_flight(&format!("g{g}")))
         .max()
         .unwrap_or_default();
-    let (_, concurrency) = theoretical_minimum(per_group);
     ensure!(
         max_in_flight <= concurrency,
         "the limit was exceeded: {max_in_flight} in flight in a group, limit {concurrency}"
@@ -249,6 +289,7 @@ fn rollout(per_group: usize, failover: bool) -> Result<Rollout> {
         max_in_flight,
         peak_rss_mib,
         failover,
+        breakdown,
     })
 }
 
@@ -278,10 +319,12 @@ pub fn bench_operator(
     let total = per_group * GROUPS;
     let (minimum, concurrency) = theoretical_minimum(per_group);
     let ticks = RefCell::new(Vec::new());
+    let wheres = RefCell::new(Vec::new());
     let slate = Side::new("rollout wall time", |_| {
         let r = rollout(per_group, false)?;
         ensure!(!r.ticks.is_empty(), "no tick was observed");
         ticks.borrow_mut().extend_from_slice(&r.ticks);
+        wheres.borrow_mut().push(r.breakdown);
         Ok(Sample::new(r.wall.as_secs_f64())
             .with(
                 "etcd_writes_per_upgrade",
@@ -319,6 +362,30 @@ pub fn bench_operator(
     let (decide50, decide99) = tick_percentiles(&ticks, |t| t.decide);
     let (read50, read99) = tick_percentiles(&ticks, |t| t.read);
     let (commit50, commit99) = tick_percentiles(&ticks, |t| t.commit);
+    // `slate_rollout::tick` by part (each summed over a tick's groups), to see where it goes.
+    let parts: Vec<(&str, (f64, f64))> = ["grouping", "wave order", "policy views", "decisions"]
+        .into_iter()
+        .enumerate()
+        .map(|(i, name)| (name, tick_percentiles(&ticks, |t| t.parts[i])))
+        .collect();
+    c.extra(
+        "tick_parts_ms",
+        serde_json::json!(parts
+            .iter()
+            .map(|(name, (p50, p99))| (
+                name.to_string(),
+                serde_json::json!({"p50": p50, "p99": p99})
+            ))
+            .collect::<serde_json::Map<_, _>>()),
+        format!(
+            "slate_rollout::tick by part (p50 / p99 ms): {}",
+            parts
+                .iter()
+                .map(|(name, (p50, p99))| format!("{name} {p50:.2} / {p99:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    );
     // Not part of the decision: the orders' share of the loop, recording the answers that came
     // back and handing the new orders to the outbox (whose workers make the calls, each a new
     // mutual-TLS connection, apart). Where a rollout's time goes beside the policy.
@@ -357,6 +424,9 @@ pub fn bench_operator(
             ordering.len()
         ),
     );
+    for (i, b) in wheres.into_inner().iter().enumerate() {
+        c.extra(&format!("wall_breakdown_run{}", i + 1), b.json(), b.text());
+    }
     c.print();
     let mut out = vec![scrape, c];
     if failover {

@@ -4,7 +4,8 @@
 //! process, and so that a leader can be killed mid-rollout like a crashed machine.
 //!
 //! A replica prints one line per event on stdout, which the bench reads: `tick READ DECIDE
-//! COMMIT SEND NODES ORDERS` (microseconds) after each of its ticks as leader, and `log TEXT`
+//! COMMIT SEND NODES ORDERS ANSWERS GROUPING WAVE_ORDER VIEWS DECISIONS` (durations in
+//! microseconds) after each of its ticks as leader, and `log TEXT`
 //! for each line of the operator's log.
 
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -78,15 +79,17 @@ pub fn serve(etcd: &str, listen: SocketAddr, certs: &Path, name: &str) -> Result
         log: Arc::new(move |line: &str| said(format!("log {line}"))),
         observer: Some(Arc::new(move |t: &TickTiming| {
             let us = |d: Duration| d.as_micros();
+            let parts: Vec<String> = t.parts.iter().map(|d| us(*d).to_string()).collect();
             say(format!(
-                "tick {} {} {} {} {} {} {}",
+                "tick {} {} {} {} {} {} {} {}",
                 us(t.read),
                 us(t.decide),
                 us(t.commit),
                 us(t.send),
                 t.nodes,
                 t.orders,
-                t.answers
+                t.answers,
+                parts.join(" ")
             ));
         })),
     };
@@ -214,7 +217,9 @@ fn parse_tick(rest: &str) -> Option<TickTiming> {
         .split_whitespace()
         .map(|f| f.parse().ok())
         .collect::<Option<_>>()?;
-    let [read, decide, commit, send, nodes, orders, answers] = v[..] else {
+    let [read, decide, commit, send, nodes, orders, answers, grouping, waves, views, decisions] =
+        v[..]
+    else {
         return None;
     };
     let us = Duration::from_micros;
@@ -226,5 +231,6 @@ fn parse_tick(rest: &str) -> Option<TickTiming> {
         nodes: nodes as usize,
         orders: orders as usize,
         answers: answers as usize,
+        parts: [us(grouping), us(waves), us(views), us(decisions)],
     })
 }
