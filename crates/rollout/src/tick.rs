@@ -276,8 +276,7 @@ impl<'t, 'd> GroupTick<'t, 'd> {
             id: previous.map_or(1, |p| p.id + 1),
             group: self.group.to_owned(),
             target: release.version.clone(),
-            // Pinned: the tag names the version, the digest what is pulled (a moved tag
-            // cannot change what a node installs).
+            // Pinned by digest: a moved tag cannot change what a node installs.
             image: format!(
                 "{}:{}@{}",
                 self.t.repository, release.version, release.digest
