@@ -1,13 +1,12 @@
 //! The chunk index layer (issue 41): written by `write_installable_bundle_with`, read and
 //! checked by `Bundle::chunk_index`, invisible to what older slate reads.
 
-use std::path::Path;
+#[path = "support/installable.rs"]
+mod installable;
 
-use slate_bundle::{
-    write_installable_bundle, write_installable_bundle_with, BlobInput, Bundle, BundleSpec,
-    InstallDefaults, BINARY_MEDIA_TYPE, CHUNK_INDEX_MEDIA_TYPE, UKI_MEDIA_TYPE,
-};
-use slate_delta::{chunk_blob, ChunkIndex, ChunkParams, DEFAULT_PARAMS};
+use installable::write;
+use slate_bundle::{Bundle, CHUNK_INDEX_MEDIA_TYPE};
+use slate_delta::{chunk_blob, ChunkIndex, DEFAULT_PARAMS};
 
 fn noise(len: usize, seed: u64) -> Vec<u8> {
     let mut x = seed | 1;
@@ -19,42 +18,6 @@ fn noise(len: usize, seed: u64) -> Vec<u8> {
             x as u8
         })
         .collect()
-}
-
-const SPEC: BundleSpec<'static> = BundleSpec {
-    name: "slate",
-    version: "2.0.0",
-    arch: "amd64",
-    variant: "demo",
-};
-const INSTALL: InstallDefaults = InstallDefaults {
-    esp_mib: 64,
-    state_mib: 32,
-    tries: 3,
-    menu_timeout: 1,
-    keep_versions: 2,
-};
-
-fn write(dir: &Path, uki: &[u8], installer: &[u8], chunking: Option<ChunkParams>) {
-    let blobs = [
-        BlobInput {
-            role: slate_bundle::UKI_ROLE,
-            file_name: "slate.efi",
-            media_type: UKI_MEDIA_TYPE,
-            bytes: uki,
-        },
-        BlobInput {
-            role: slate_bundle::INSTALLER_ROLE,
-            file_name: "slate",
-            media_type: BINARY_MEDIA_TYPE,
-            bytes: installer,
-        },
-    ];
-    match chunking {
-        Some(params) => write_installable_bundle_with(dir, SPEC, INSTALL, &blobs, params),
-        None => write_installable_bundle(dir, SPEC, INSTALL, &blobs),
-    }
-    .unwrap();
 }
 
 fn index_layer(bundle: &Bundle) -> std::path::PathBuf {

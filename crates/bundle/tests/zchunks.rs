@@ -2,12 +2,13 @@
 //! table a signed layer, the compressed blob and its manifest under `blobs/sha256` with no
 //! `index.json` entry, so what an older slate reads is unchanged.
 
+#[path = "support/installable.rs"]
+mod installable;
+
 use std::path::Path;
 
-use slate_bundle::{
-    write_installable_bundle, write_installable_bundle_with, zchunks_manifest, BlobInput, Bundle,
-    BundleSpec, Digest, InstallDefaults, BINARY_MEDIA_TYPE, UKI_MEDIA_TYPE,
-};
+use installable::write;
+use slate_bundle::{zchunks_manifest, Bundle, Digest};
 use slate_delta::zchunks::{inflate, ZChunk};
 use slate_delta::DEFAULT_PARAMS;
 
@@ -31,42 +32,6 @@ fn mixed(len: usize, seed: u64) -> Vec<u8> {
     out
 }
 
-const SPEC: BundleSpec<'static> = BundleSpec {
-    name: "slate",
-    version: "2.0.0",
-    arch: "amd64",
-    variant: "demo",
-};
-const INSTALL: InstallDefaults = InstallDefaults {
-    esp_mib: 64,
-    state_mib: 32,
-    tries: 3,
-    menu_timeout: 1,
-    keep_versions: 2,
-};
-
-fn write(dir: &Path, uki: &[u8], installer: &[u8], indexed: bool) {
-    let blobs = [
-        BlobInput {
-            role: slate_bundle::UKI_ROLE,
-            file_name: "slate.efi",
-            media_type: UKI_MEDIA_TYPE,
-            bytes: uki,
-        },
-        BlobInput {
-            role: slate_bundle::INSTALLER_ROLE,
-            file_name: "slate",
-            media_type: BINARY_MEDIA_TYPE,
-            bytes: installer,
-        },
-    ];
-    if indexed {
-        write_installable_bundle_with(dir, SPEC, INSTALL, &blobs, DEFAULT_PARAMS).unwrap();
-    } else {
-        write_installable_bundle(dir, SPEC, INSTALL, &blobs).unwrap();
-    }
-}
-
 fn blob(dir: &Path, digest: &str) -> Vec<u8> {
     std::fs::read(
         dir.join("blobs/sha256")
@@ -79,7 +44,7 @@ fn blob(dir: &Path, digest: &str) -> Vec<u8> {
 fn the_table_is_signed_and_each_frame_gives_its_chunk_back() {
     let (uki, installer) = (mixed(1 << 20, 1), mixed(600 << 10, 2));
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), &uki, &installer, true);
+    write(dir.path(), &uki, &installer, Some(DEFAULT_PARAMS));
     let bundle = Bundle::open(dir.path(), None).unwrap();
     let index = bundle.chunk_index().unwrap().unwrap();
     let (table, chunks) = bundle.zchunk_table().unwrap().unwrap();
@@ -118,8 +83,8 @@ fn what_an_older_slate_reads_is_unchanged() {
     let (uki, installer) = (mixed(1 << 20, 1), mixed(600 << 10, 2));
     let with = tempfile::tempdir().unwrap();
     let without = tempfile::tempdir().unwrap();
-    write(with.path(), &uki, &installer, true);
-    write(without.path(), &uki, &installer, false);
+    write(with.path(), &uki, &installer, Some(DEFAULT_PARAMS));
+    write(without.path(), &uki, &installer, None);
     // An older reader takes the only index.json entry that is not a signature: there is one.
     let index: serde_json::Value =
         serde_json::from_slice(&std::fs::read(with.path().join("index.json")).unwrap()).unwrap();
@@ -151,7 +116,7 @@ fn what_an_older_slate_reads_is_unchanged() {
 fn a_changed_table_is_refused_by_the_signed_digest() {
     let (uki, installer) = (mixed(1 << 20, 1), mixed(600 << 10, 2));
     let dir = tempfile::tempdir().unwrap();
-    write(dir.path(), &uki, &installer, true);
+    write(dir.path(), &uki, &installer, Some(DEFAULT_PARAMS));
     let bundle = Bundle::open(dir.path(), None).unwrap();
     let oci: serde_json::Value = serde_json::from_slice(bundle.manifest_bytes()).unwrap();
     let layer = oci["layers"][3]["digest"].as_str().unwrap().to_owned();
@@ -178,8 +143,8 @@ fn two_writes_give_the_same_bytes() {
     let (uki, installer) = (mixed(1 << 20, 3), mixed(600 << 10, 4));
     let a = tempfile::tempdir().unwrap();
     let b = tempfile::tempdir().unwrap();
-    write(a.path(), &uki, &installer, true);
-    write(b.path(), &uki, &installer, true);
+    write(a.path(), &uki, &installer, Some(DEFAULT_PARAMS));
+    write(b.path(), &uki, &installer, Some(DEFAULT_PARAMS));
     let list = |dir: &Path| {
         let mut names: Vec<_> = std::fs::read_dir(dir.join("blobs/sha256"))
             .unwrap()
@@ -205,8 +170,8 @@ fn the_download_up_front_counts_compressed_frames() {
     v2_uki.splice(50_000..50_000, mixed(100_000, 6).iter().copied());
     let installer = mixed(600 << 10, 2);
     let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    write(d1.path(), &v1_uki, &installer, true);
-    write(d2.path(), &v2_uki, &installer, true);
+    write(d1.path(), &v1_uki, &installer, Some(DEFAULT_PARAMS));
+    write(d2.path(), &v2_uki, &installer, Some(DEFAULT_PARAMS));
     let v1 = Bundle::open(d1.path(), None).unwrap();
     let v2 = Bundle::open(d2.path(), None).unwrap();
     let held = v1.chunk_index().unwrap().unwrap();

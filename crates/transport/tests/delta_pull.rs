@@ -8,10 +8,10 @@ mod support;
 
 use std::path::Path;
 
-use slate_bundle::{Bundle, UKI_ROLE};
+use slate_bundle::Bundle;
 use slate_transport::{Client, MemSeed, Options, Pulled, Reference, SeedBlob};
 use support::registry::TestRegistry;
-use support::{assert_only_verified_blobs, noise, write_indexed_bundle, Counter};
+use support::{assert_only_verified_blobs, cached, noise, uki_blob, write_indexed_bundle, Counter};
 
 /// v1's UKI, and v2's: 300 kB inserted at 3 MiB of 6 MiB.
 fn ukis() -> (Vec<u8>, Vec<u8>) {
@@ -35,19 +35,6 @@ fn pull(
         Client::new(Options::default())
             .pull_with_seeds(reference, cache, seeds, &mut |e| counter.record(e));
     (pulled, counter)
-}
-
-fn uki_blob(bundle: &Bundle) -> String {
-    bundle.blob_ref(UKI_ROLE).unwrap().digest.clone()
-}
-
-fn cached(cache: &Path, digest: &str) -> Option<Vec<u8>> {
-    std::fs::read(
-        cache
-            .join("blobs/sha256")
-            .join(digest.strip_prefix("sha256:").unwrap()),
-    )
-    .ok()
 }
 
 /// The running UKI as a seed, listed by the running bundle's own index.

@@ -8,10 +8,10 @@ mod support;
 
 use std::path::Path;
 
-use slate_bundle::{Bundle, UKI_ROLE};
+use slate_bundle::Bundle;
 use slate_transport::{Client, Options, Pulled, Reference};
 use support::registry::TestRegistry;
-use support::{assert_only_verified_blobs, noise, write_indexed_bundle, Counter};
+use support::{assert_only_verified_blobs, cached, noise, uki_blob, write_indexed_bundle, Counter};
 
 /// Text that compresses (numbered lines) with stretches of noise that does not.
 fn mixed(seed: u64, len: usize) -> Vec<u8> {
@@ -45,19 +45,6 @@ fn pull(reference: &Reference, cache: &Path) -> (Pulled, Counter) {
         .pull_with_seeds(reference, cache, Vec::new(), &mut |e| counter.record(e))
         .unwrap();
     (pulled, counter)
-}
-
-fn uki_blob(bundle: &Bundle) -> String {
-    bundle.blob_ref(UKI_ROLE).unwrap().digest.clone()
-}
-
-fn cached(cache: &Path, digest: &str) -> Option<Vec<u8>> {
-    std::fs::read(
-        cache
-            .join("blobs/sha256")
-            .join(digest.strip_prefix("sha256:").unwrap()),
-    )
-    .ok()
 }
 
 /// The bundle's compressed blob, removed from its directory: pushed so, it has no `.zchunks`.

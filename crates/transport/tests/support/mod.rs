@@ -28,6 +28,25 @@ pub fn sha256(bytes: &[u8]) -> String {
     format!("sha256:{}", hex::encode(sha2::Sha256::digest(bytes)))
 }
 
+/// The digest of `bundle`'s UKI.
+pub fn uki_blob(bundle: &slate_bundle::Bundle) -> String {
+    bundle
+        .blob_ref(slate_bundle::UKI_ROLE)
+        .unwrap()
+        .digest
+        .clone()
+}
+
+/// The blob `digest` as the pull left it in the layout at `cache`, if there.
+pub fn cached(cache: &Path, digest: &str) -> Option<Vec<u8>> {
+    std::fs::read(
+        cache
+            .join("blobs/sha256")
+            .join(digest.strip_prefix("sha256:").unwrap()),
+    )
+    .ok()
+}
+
 /// A bundle of `version` at `dir` with a UKI and an installer of the given contents.
 pub fn write_test_bundle(dir: &Path, version: &str, uki: &[u8], installer: &[u8]) {
     slate_bundle::write_bundle(
