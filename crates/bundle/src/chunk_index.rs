@@ -46,33 +46,14 @@ impl Bundle {
     /// checked: well formed, and every blob it lists a blob of the bundle, same digest and
     /// size. `Ok(None)`: the bundle has none (it was built before issue 41, or without one).
     pub fn chunk_index(&self) -> Result<Option<ChunkIndex>, BundleError> {
-        let oci: ImageManifest = serde_json::from_slice(self.manifest_bytes())
-            .map_err(|e| malformed("the image manifest", e))?;
-        let layers: Vec<_> = oci
-            .layers()
-            .iter()
-            .filter(|l| l.media_type().to_string() == CHUNK_INDEX_MEDIA_TYPE)
-            .collect();
-        let layer = match layers.as_slice() {
-            [] => return Ok(None),
-            [one] => *one,
-            _ => {
-                return Err(malformed(
-                    "the image manifest",
-                    format!("it has {} chunk index layers (at most one)", layers.len()),
-                ))
-            }
-        };
-        let digest = parse_digest(layer.digest().as_ref())?;
-        let bytes = blob::read_blob(
-            self.dir(),
+        let Some(bytes) = self.optional_layer(
+            CHUNK_INDEX_MEDIA_TYPE,
             "the chunk index",
-            &digest,
-            layer.size(),
             slate_delta::MAX_INDEX_BYTES,
-            None,
-            self.verified_set(),
-        )?;
+        )?
+        else {
+            return Ok(None);
+        };
         let index = ChunkIndex::parse(&bytes).map_err(|e| malformed("the chunk index", e))?;
         for listed in &index.blobs {
             let digest = listed.oci_digest();
@@ -92,5 +73,44 @@ impl Bundle {
             }
         }
         Ok(Some(index))
+    }
+
+    /// The bytes of the image manifest's one layer of `media_type` (`what`, in errors), read
+    /// with at most `limit` bytes and checked against the signed digest. `Ok(None)`: the
+    /// manifest has no such layer; two or more are refused.
+    pub(crate) fn optional_layer(
+        &self,
+        media_type: &str,
+        what: &str,
+        limit: u64,
+    ) -> Result<Option<Vec<u8>>, BundleError> {
+        let oci: ImageManifest = serde_json::from_slice(self.manifest_bytes())
+            .map_err(|e| malformed("the image manifest", e))?;
+        let layers: Vec<_> = oci
+            .layers()
+            .iter()
+            .filter(|l| l.media_type().to_string() == media_type)
+            .collect();
+        let layer = match layers.as_slice() {
+            [] => return Ok(None),
+            [one] => *one,
+            _ => {
+                return Err(malformed(
+                    "the image manifest",
+                    format!("it has {} layers of {what} (at most one)", layers.len()),
+                ))
+            }
+        };
+        let digest = parse_digest(layer.digest().as_ref())?;
+        blob::read_blob(
+            self.dir(),
+            what,
+            &digest,
+            layer.size(),
+            limit,
+            None,
+            self.verified_set(),
+        )
+        .map(Some)
     }
 }

@@ -14,7 +14,6 @@ use oci_spec::image::ImageManifest;
 use slate_delta::zchunks::{ZBLOB_MEDIA_TYPE, ZTABLE_MEDIA_TYPE};
 use slate_delta::{ZChunks, ZTable};
 
-use crate::blob::{self, parse_digest};
 use crate::read::malformed;
 use crate::{Bundle, BundleError, Digest};
 
@@ -56,43 +55,17 @@ impl Bundle {
     /// digest), parsed and bound to its chunk index. `Ok(None)`: it has none (built before
     /// compressed chunks, or with no chunk that compresses).
     pub fn zchunk_table(&self) -> Result<Option<(ZTable, ZChunks)>, BundleError> {
-        let oci: ImageManifest = serde_json::from_slice(self.manifest_bytes())
-            .map_err(|e| malformed("the image manifest", e))?;
-        let layers: Vec<_> = oci
-            .layers()
-            .iter()
-            .filter(|l| l.media_type().to_string() == ZTABLE_MEDIA_TYPE)
-            .collect();
-        let layer = match layers.as_slice() {
-            [] => return Ok(None),
-            [one] => *one,
-            _ => {
-                return Err(malformed(
-                    "the image manifest",
-                    format!(
-                        "it has {} compressed chunk tables (at most one)",
-                        layers.len()
-                    ),
-                ))
-            }
+        let what = "the compressed chunk table";
+        let max = slate_delta::zchunks::MAX_ZTABLE_BYTES;
+        let Some(bytes) = self.optional_layer(ZTABLE_MEDIA_TYPE, what, max)? else {
+            return Ok(None);
         };
         let Some(index) = self.chunk_index()? else {
             return Err(malformed(
-                "the compressed chunk table",
+                what,
                 "the bundle has no chunk index for it to follow",
             ));
         };
-        let digest = parse_digest(layer.digest().as_ref())?;
-        let bytes = blob::read_blob(
-            self.dir(),
-            "the compressed chunk table",
-            &digest,
-            layer.size(),
-            slate_delta::zchunks::MAX_ZTABLE_BYTES,
-            None,
-            self.verified_set(),
-        )?;
-        let what = "the compressed chunk table";
         let table = ZTable::parse(&bytes).map_err(|e| malformed(what, e))?;
         let chunks = table.check(&index).map_err(|e| malformed(what, e))?;
         Ok(Some((table, chunks)))
