@@ -24,19 +24,7 @@ impl Heartbeating for Quiet {
 }
 
 fn report(id: &str) -> NodeReport {
-    NodeReport {
-        id: id.into(),
-        group: "g".into(),
-        labels: Default::default(),
-        endpoint: "127.0.0.1:1".into(),
-        version: "1".into(),
-        channel: "stable".into(),
-        committed: true,
-        healthy: true,
-        busy: false,
-        last_failure: None,
-        sent_at_ms: 0,
-    }
+    NodeReport::settled(id, "g", "127.0.0.1:1".into(), "1")
 }
 
 /// Records the ids in delivery order; the first call waits until the test lets it go, so

@@ -103,19 +103,7 @@ mod tests {
     use super::*;
 
     fn report(id: &str, version: &str) -> NodeReport {
-        NodeReport {
-            id: id.into(),
-            group: "edge".into(),
-            labels: Default::default(),
-            endpoint: "127.0.0.1:50000".into(),
-            version: version.into(),
-            channel: "stable".into(),
-            committed: true,
-            healthy: true,
-            busy: false,
-            last_failure: None,
-            sent_at_ms: 0,
-        }
+        NodeReport::settled(id, "edge", "127.0.0.1:50000".into(), version)
     }
 
     /// What the operator's log gets for `lines` API lines and heartbeats over `seconds`.

@@ -47,6 +47,27 @@ pub struct NodeReport {
     pub sent_at_ms: u64,
 }
 
+impl NodeReport {
+    /// A node settled on `version`: committed, healthy, idle, on the stable channel, with no
+    /// labels and no failure, reported at time 0 — what a fleet looks like between rollouts,
+    /// and where simulated fleets and tests start.
+    pub fn settled(id: &str, group: &str, endpoint: String, version: &str) -> Self {
+        NodeReport {
+            id: id.into(),
+            group: group.into(),
+            labels: BTreeMap::new(),
+            endpoint,
+            version: version.into(),
+            channel: "stable".into(),
+            committed: true,
+            healthy: true,
+            busy: false,
+            last_failure: None,
+            sent_at_ms: 0,
+        }
+    }
+}
+
 /// A node in the inventory: its last report and when the operator received it (Unix seconds).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NodeRecord {

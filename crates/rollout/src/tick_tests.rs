@@ -28,17 +28,8 @@ fn release(version: &str) -> Release {
 fn record(id: &str, group: &str, version: &str, zone: &str) -> NodeRecord {
     NodeRecord {
         report: NodeReport {
-            id: id.into(),
-            group: group.into(),
             labels: [("zone".to_owned(), zone.to_owned())].into(),
-            endpoint: format!("{id}:50000"),
-            version: version.into(),
-            channel: "stable".into(),
-            committed: true,
-            healthy: true,
-            busy: false,
-            last_failure: None,
-            sent_at_ms: 0,
+            ..NodeReport::settled(id, group, format!("{id}:50000"), version)
         },
         last_seen: 0,
     }

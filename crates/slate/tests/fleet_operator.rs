@@ -408,17 +408,8 @@ fn nodes_speak_only_for_themselves(certs: &Path, replica: &str) {
     let identities = Identities::from_dir(certs).unwrap();
     let node = identities.heartbeat_client("web-00001", replica).unwrap();
     let report = |id: &str| NodeReport {
-        id: id.into(),
-        group: "web".into(),
-        labels: BTreeMap::new(),
-        endpoint: "127.0.0.1:1".into(),
-        version: "1".into(),
-        channel: "stable".into(),
-        committed: true,
-        healthy: true,
-        busy: false,
-        last_failure: None,
         sent_at_ms: 1,
+        ..NodeReport::settled(id, "web", "127.0.0.1:1".into(), "1")
     };
     let denied =
         |what: &str, result: Result<serde_json::Value, slate_api::ClientError>, says: &str| {

@@ -99,19 +99,12 @@ fn store_fleet(state: &EtcdState, per_group: usize) -> Result<()> {
                 );
             }
             let record = NodeRecord {
-                report: NodeReport {
-                    id: id.clone(),
-                    group: group.clone(),
-                    labels: BTreeMap::new(),
-                    endpoint: format!("10.0.{g}.{}:50000", i % 250),
-                    version: version.into(),
-                    channel: "stable".into(),
-                    committed: true,
-                    healthy: true,
-                    busy: false,
-                    last_failure: None,
-                    sent_at_ms: 0,
-                },
+                report: NodeReport::settled(
+                    &id,
+                    &group,
+                    format!("10.0.{g}.{}:50000", i % 250),
+                    version,
+                ),
                 last_seen: now(),
             };
             puts.push((

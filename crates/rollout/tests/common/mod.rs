@@ -34,19 +34,7 @@ pub fn index(versions: &[&str]) -> ReleaseIndex {
 }
 
 pub fn node(id: &str, group: &str, version: &str) -> NodeReport {
-    NodeReport {
-        id: id.into(),
-        group: group.into(),
-        labels: BTreeMap::new(),
-        endpoint: format!("{id}.example:50000"),
-        version: version.into(),
-        channel: "stable".into(),
-        committed: true,
-        healthy: true,
-        busy: false,
-        last_failure: None,
-        sent_at_ms: 0,
-    }
+    NodeReport::settled(id, group, format!("{id}.example:50000"), version)
 }
 
 /// A fleet that behaves: an ordered node is busy for `upgrade_ticks` ticks, then commits the
