@@ -45,17 +45,8 @@ fn release(version: &str) -> Release {
 
 fn report(id: &str, version: &str) -> NodeReport {
     NodeReport {
-        id: id.into(),
-        group: "web".into(),
-        labels: BTreeMap::new(),
-        endpoint: "127.0.0.1:9".into(),
-        version: version.into(),
-        channel: "stable".into(),
-        committed: true,
-        healthy: true,
-        busy: false,
-        last_failure: None,
         sent_at_ms: 1,
+        ..NodeReport::settled(id, "web", "127.0.0.1:9".into(), version)
     }
 }
 

@@ -112,15 +112,7 @@ pub fn plan_push(layout_dir: &Path, reference: &Reference) -> Result<PushPlan, T
         );
         let parsed = parse_manifest(&what, &manifest)?;
         declared_bytes(&what, &parsed, MAX_FILE_BYTES)?;
-        for blob in std::iter::once(parsed.config()).chain(parsed.layers()) {
-            let digest = blob.digest().to_string();
-            if seen.insert(digest.clone()) {
-                blobs.push(PlannedBlob {
-                    digest,
-                    size: blob.size(),
-                });
-            }
-        }
+        plan_blobs(&parsed, &mut seen, &mut blobs);
         let source_tag = tag_of(d).map(str::to_owned);
         let renamed = rename
             .as_ref()
@@ -144,15 +136,7 @@ pub fn plan_push(layout_dir: &Path, reference: &Reference) -> Result<PushPlan, T
             built: None,
         });
         if let Some((image, parsed)) = zchunks {
-            for blob in std::iter::once(parsed.config()).chain(parsed.layers()) {
-                let digest = blob.digest().to_string();
-                if seen.insert(digest.clone()) {
-                    blobs.push(PlannedBlob {
-                        digest,
-                        size: blob.size(),
-                    });
-                }
-            }
+            plan_blobs(&parsed, &mut seen, &mut blobs);
             images.push(image);
         }
     }
@@ -338,6 +322,20 @@ pub(crate) fn push(
                 uploaded_bytes: stats.fetched,
                 skipped_bytes: stats.cached,
             })
+        }
+    }
+}
+
+/// `manifest`'s config and layers not yet in `seen`, added to `blobs` (a blob two images share
+/// is uploaded once).
+fn plan_blobs(manifest: &ImageManifest, seen: &mut BTreeSet<String>, blobs: &mut Vec<PlannedBlob>) {
+    for blob in std::iter::once(manifest.config()).chain(manifest.layers()) {
+        let digest = blob.digest().to_string();
+        if seen.insert(digest.clone()) {
+            blobs.push(PlannedBlob {
+                digest,
+                size: blob.size(),
+            });
         }
     }
 }
