@@ -1,6 +1,12 @@
 //! Content-defined chunking: FastCDC (the 2020 variant, normalization level 1), so an
 //! insertion moves the cut points only around itself and the chunks after it are the same
 //! bytes at other offsets, found again by digest.
+//!
+//! A PE image (a UKI, systemd-boot) is also cut where each section's stored bytes start and
+//! end, and FastCDC runs within each span. A UKI's small sections change with every release
+//! (`.osrel` with the version, the header with the PE checksum) and sit between the stub's code
+//! and the initrd: cut by content alone, each dragged a whole chunk of its neighbours (tens of
+//! KB of compressed squashfs or code) into every delta; cut at its edges it costs its own bytes.
 
 use fastcdc::v2020::FastCDC;
 
@@ -11,23 +17,53 @@ use crate::sha256;
 /// no chunks.
 pub fn chunk_blob(bytes: &[u8], params: ChunkParams) -> BlobChunks {
     assert!(params.valid(), "chunk sizes {params:?}");
-    let chunks = FastCDC::new(
-        bytes,
-        params.min as usize,
-        params.avg as usize,
-        params.max as usize,
-    )
-    .map(|c| Chunk {
-        offset: c.offset as u64,
-        length: c.length as u32,
-        digest: sha256(&bytes[c.offset..c.offset + c.length]),
-    })
-    .collect();
+    let mut chunks = Vec::new();
+    let mut start = 0;
+    for end in pe_section_edges(bytes).into_iter().chain([bytes.len()]) {
+        let span = &bytes[start..end];
+        chunks.extend(
+            FastCDC::new(
+                span,
+                params.min as usize,
+                params.avg as usize,
+                params.max as usize,
+            )
+            .map(|c| {
+                let offset = start + c.offset;
+                Chunk {
+                    offset: offset as u64,
+                    length: c.length as u32,
+                    digest: sha256(&bytes[offset..offset + c.length]),
+                }
+            }),
+        );
+        start = end;
+    }
     BlobChunks {
         digest: sha256(bytes),
         size: bytes.len() as u64,
         chunks,
     }
+}
+
+/// Where a PE image's sections start and end in the file, strictly inside it, ascending and
+/// without repeats; none for anything that is not a PE image (an ELF binary, noise).
+pub fn pe_section_edges(bytes: &[u8]) -> Vec<usize> {
+    let Ok(sections) = slate_uki::parse_sections(bytes) else {
+        return Vec::new();
+    };
+    let mut edges: Vec<usize> = sections
+        .iter()
+        .filter(|s| s.size_of_raw_data > 0)
+        .flat_map(|s| {
+            let start = s.pointer_to_raw_data as usize;
+            [start, start.saturating_add(s.size_of_raw_data as usize)]
+        })
+        .filter(|&edge| edge > 0 && edge < bytes.len())
+        .collect();
+    edges.sort_unstable();
+    edges.dedup();
+    edges
 }
 
 #[cfg(test)]
