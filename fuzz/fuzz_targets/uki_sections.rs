@@ -1,5 +1,6 @@
 //! Header parsing, section lookup and checksumming must never panic on any input; and the
-//! delta chunker's cuts at a PE image's section edges (slate_delta::pe_section_edges) are
+//! delta chunker's cuts at a PE image's or ELF file's section edges
+//! (slate_delta::section_edges) are
 //! strictly inside the input, ascending, and the chunks still tile it.
 #![no_main]
 
@@ -13,7 +14,7 @@ fuzz_target!(|data: &[u8]| {
     }
     let _ = slate_uki::pe_checksum(data);
 
-    let edges = slate_delta::pe_section_edges(data);
+    let edges = slate_delta::section_edges(data);
     assert!(edges.windows(2).all(|w| w[0] < w[1]), "{edges:?}");
     assert!(edges.iter().all(|&e| e > 0 && e < data.len()), "{edges:?}");
     let params = slate_delta::ChunkParams {

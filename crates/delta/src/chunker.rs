@@ -2,13 +2,16 @@
 //! insertion moves the cut points only around itself and the chunks after it are the same
 //! bytes at other offsets, found again by digest.
 //!
-//! A PE image (a UKI, systemd-boot) is also cut where each section's stored bytes start and
-//! end, and FastCDC runs within each span. A UKI's small sections change with every release
-//! (`.osrel` with the version, the header with the PE checksum) and sit between the stub's code
-//! and the initrd: cut by content alone, each dragged a whole chunk of its neighbours (tens of
-//! KB of compressed squashfs or code) into every delta; cut at its edges it costs its own bytes.
+//! A PE image (a UKI, systemd-boot) or an ELF binary (the installer) is also cut where each
+//! section's stored bytes start and end, and FastCDC runs within each span. A UKI's small
+//! sections change with every release (`.osrel` with the version, the header with the PE
+//! checksum) and sit between the stub's code and the initrd: cut by content alone, each
+//! dragged a whole chunk of its neighbours (tens of KB of compressed squashfs or code) into
+//! every delta; cut at its edges it costs its own bytes. In a binary, a change of code leaves
+//! whole sections unchanged that a chunk straddling their edge would have dragged along.
 
 use fastcdc::v2020::FastCDC;
+use object::{FileKind, Object as _, ObjectSection as _};
 
 use crate::index::{BlobChunks, Chunk, ChunkParams};
 use crate::sha256;
@@ -19,7 +22,7 @@ pub fn chunk_blob(bytes: &[u8], params: ChunkParams) -> BlobChunks {
     assert!(params.valid(), "chunk sizes {params:?}");
     let mut chunks = Vec::new();
     let mut start = 0;
-    for end in pe_section_edges(bytes).into_iter().chain([bytes.len()]) {
+    for end in section_edges(bytes).into_iter().chain([bytes.len()]) {
         let span = &bytes[start..end];
         chunks.extend(
             FastCDC::new(
@@ -46,19 +49,28 @@ pub fn chunk_blob(bytes: &[u8], params: ChunkParams) -> BlobChunks {
     }
 }
 
-/// Where a PE image's sections start and end in the file, strictly inside it, ascending and
-/// without repeats; none for anything that is not a PE image (an ELF binary, noise).
-pub fn pe_section_edges(bytes: &[u8]) -> Vec<usize> {
-    let Ok(sections) = slate_uki::parse_sections(bytes) else {
+/// Where a PE image's or an ELF file's sections start and end in the file (sections with
+/// stored bytes), strictly inside it, ascending and without repeats; none for anything else
+/// (noise, an archive, a file whose headers do not parse).
+pub fn section_edges(bytes: &[u8]) -> Vec<usize> {
+    // Only formats with a magic: object also reads COFF objects, which have none, so noise
+    // would pass for one now and then.
+    let kind = FileKind::parse(bytes);
+    if !matches!(
+        kind,
+        Ok(FileKind::Elf32 | FileKind::Elf64 | FileKind::Pe32 | FileKind::Pe64)
+    ) {
+        return Vec::new();
+    }
+    let Ok(file) = object::File::parse(bytes) else {
         return Vec::new();
     };
-    let mut edges: Vec<usize> = sections
-        .iter()
-        .filter(|s| s.size_of_raw_data > 0)
-        .flat_map(|s| {
-            let start = s.pointer_to_raw_data as usize;
-            [start, start.saturating_add(s.size_of_raw_data as usize)]
-        })
+    let mut edges: Vec<usize> = file
+        .sections()
+        .filter_map(|s| s.file_range())
+        .filter(|&(_, size)| size > 0)
+        .flat_map(|(start, size)| [start, start.saturating_add(size)])
+        .filter_map(|edge| usize::try_from(edge).ok())
         .filter(|&edge| edge > 0 && edge < bytes.len())
         .collect();
     edges.sort_unstable();

@@ -20,7 +20,7 @@ pub use assemble::{
 #[cfg(test)]
 mod test_data;
 
-pub use chunker::{chunk_blob, pe_section_edges};
+pub use chunker::{chunk_blob, section_edges};
 pub use estimate::{estimate, BlobEstimate, Estimate};
 pub use index::{
     BlobChunks, Chunk, ChunkIndex, ChunkParams, IndexError, CHUNK_INDEX_MEDIA_TYPE, DEFAULT_PARAMS,

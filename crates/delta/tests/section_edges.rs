@@ -1,11 +1,11 @@
-//! A UKI is chunked at its sections' edges (chunker.rs): a release that changes only the
-//! os-release text costs the header (its PE checksum) and the `.osrel` section, not a chunk of
-//! the stub's code or of the initrd around them. Built with slate's UKI builder on Debian's
-//! real systemd-stub.
+//! A UKI and an ELF binary are chunked at their sections' edges (chunker.rs): a release that
+//! changes only the os-release text costs the UKI's header (its PE checksum) and its `.osrel`
+//! section, not a chunk of the stub's code or of the initrd around them. UKIs built with
+//! slate's UKI builder on Debian's real systemd-stub; the ELF file is this test's own binary.
 
 use std::collections::HashSet;
 
-use slate_delta::{chunk_blob, pe_section_edges, BlobChunks, DEFAULT_PARAMS};
+use slate_delta::{chunk_blob, section_edges, BlobChunks, DEFAULT_PARAMS};
 use slate_testkit::Xorshift;
 use slate_uki::{parse_sections, UkiBuilder};
 
@@ -46,7 +46,7 @@ fn tiles(blob: &BlobChunks) -> bool {
 fn every_section_edge_is_a_chunk_start() {
     let Some(stub) = stub() else { return };
     let image = uki(&stub, "1.0.0");
-    let edges = pe_section_edges(&image);
+    let edges = section_edges(&image);
     let sections = parse_sections(&image).unwrap();
     assert!(edges.len() >= sections.len(), "{edges:?} for {sections:?}");
     let blob = chunk_blob(&image, DEFAULT_PARAMS);
@@ -61,7 +61,7 @@ fn every_section_edge_is_a_chunk_start() {
         );
     }
     // The stub itself is a PE image: cut at its sections too.
-    assert!(!pe_section_edges(&stub).is_empty());
+    assert!(!section_edges(&stub).is_empty());
 }
 
 #[test]
@@ -100,14 +100,41 @@ fn a_new_version_string_costs_the_header_and_osrel_only() {
 }
 
 #[test]
-fn blobs_that_are_not_pe_images_are_cut_by_content_alone() {
+fn an_elf_binary_is_cut_at_its_sections_too() {
+    let exe = std::fs::read(std::env::current_exe().unwrap()).unwrap();
+    assert!(exe.starts_with(b"\x7fELF"));
+    let edges = section_edges(&exe);
+    // A test binary has tens of sections (.text, .rodata, .eh_frame, .data, debug info...).
+    assert!(edges.len() >= 10, "{edges:?}");
+    let blob = chunk_blob(&exe, DEFAULT_PARAMS);
+    assert!(tiles(&blob));
+    let starts: HashSet<u64> = blob.chunks.iter().map(|c| c.offset).collect();
+    for edge in edges {
+        assert!(
+            starts.contains(&(edge as u64)),
+            "a section edge at {edge} inside a chunk"
+        );
+    }
+}
+
+#[test]
+fn blobs_that_are_neither_pe_nor_elf_are_cut_by_content_alone() {
     let noise = Xorshift(7).bytes(300_000);
-    assert!(pe_section_edges(&noise).is_empty());
+    assert!(section_edges(&noise).is_empty());
+    assert_eq!(
+        chunk_blob(&noise, DEFAULT_PARAMS).chunks,
+        chunk_blob(&noise, DEFAULT_PARAMS).chunks
+    );
+    // An ELF magic, then noise: its headers do not parse.
     let mut elf = b"\x7fELF\x02\x01\x01".to_vec();
     elf.extend(Xorshift(9).bytes(100_000));
-    assert!(pe_section_edges(&elf).is_empty());
+    assert!(section_edges(&elf).is_empty());
     // "MZ" then noise: not a PE image (no PE signature where the header points).
     let mut mz = b"MZ".to_vec();
     mz.extend(Xorshift(3).bytes(70_000));
-    assert!(pe_section_edges(&mz).is_empty());
+    assert!(section_edges(&mz).is_empty());
+    // A COFF object's machine type first (x86-64), which has no magic: not cut.
+    let mut coff = vec![0x64, 0x86, 0x01, 0x00];
+    coff.extend(Xorshift(5).bytes(70_000));
+    assert!(section_edges(&coff).is_empty());
 }
