@@ -25,6 +25,27 @@ pub fn available() -> bool {
         && slate_testkit::require_tool("busybox")
 }
 
+/// Unmounts `path`, waiting while it is busy. The tests of a binary run on parallel threads,
+/// and a child process another test forks holds copies of this test's open files until it
+/// execs: for that moment the mount is busy. CI saw it once, right after `populate` (`umount:
+/// …/setup: target is busy`).
+fn unmount_when_free(path: &Path) {
+    for _ in 0..50 {
+        let out = Command::new("umount").arg(path).output().unwrap();
+        if out.status.success() {
+            return;
+        }
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("busy"),
+            "umount {}: {stderr}",
+            path.display()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    panic!("{} was still busy after 5 s", path.display());
+}
+
 #[derive(Debug)]
 pub struct Env {
     pub dir: tempfile::TempDir,
@@ -59,7 +80,7 @@ impl Env {
         slate_host::create_subvolume(&setup, R0).unwrap();
         let uuid = slate_host::pool_uuid(&setup).unwrap();
         populate(&setup.join(R0), &uuid);
-        sh("umount", &[setup.to_str().unwrap()]);
+        unmount_when_free(&setup);
         let env = Env {
             esp: dir.path().join("esp.img"),
             dir,
