@@ -54,8 +54,8 @@ pub use signature::{
     SIGNATURE_CONFIG_MEDIA_TYPE, SIMPLE_SIGNING_MEDIA_TYPE,
 };
 pub use write::{
-    write_bundle, write_installable_bundle, write_installable_bundle_with, zchunks_manifest,
-    BlobInput, BundleSpec,
+    write_bundle, write_installable_bundle, write_installable_bundle_reusing,
+    write_installable_bundle_with, zchunks_manifest, BlobInput, BundleSpec,
 };
 pub use zchunks::{
     is_attached_tag, is_zchunks_tag, zchunks_layer, zchunks_tag_of, EMPTY_CONFIG,

@@ -9,6 +9,7 @@ use oci_spec::image::{
     Descriptor, DescriptorBuilder, ImageIndexBuilder, ImageManifestBuilder, MediaType,
 };
 use serde::Serialize;
+use slate_delta::KnownFrames;
 
 use crate::blob::blob_path;
 use crate::{
@@ -89,7 +90,7 @@ pub fn write_bundle(
     spec: BundleSpec<'_>,
     blobs: &[BlobInput<'_>],
 ) -> Result<BundleManifest, BundleError> {
-    write_layout(dir, spec, None, blobs, None)
+    write_layout(dir, spec, None, blobs, None, &KnownFrames::new())
 }
 
 /// [`write_bundle`] for a bundle that can also be installed onto a blank disk: it carries the
@@ -100,7 +101,7 @@ pub fn write_installable_bundle(
     install: crate::InstallDefaults,
     blobs: &[BlobInput<'_>],
 ) -> Result<BundleManifest, BundleError> {
-    write_layout(dir, spec, Some(install), blobs, None)
+    write_layout(dir, spec, Some(install), blobs, None, &KnownFrames::new())
 }
 
 /// [`write_installable_bundle`] with a chunk index layer (`crate::chunk_index`) listing the
@@ -112,7 +113,28 @@ pub fn write_installable_bundle_with(
     blobs: &[BlobInput<'_>],
     chunking: slate_delta::ChunkParams,
 ) -> Result<BundleManifest, BundleError> {
-    write_layout(dir, spec, Some(install), blobs, Some(chunking))
+    write_layout(
+        dir,
+        spec,
+        Some(install),
+        blobs,
+        Some(chunking),
+        &KnownFrames::new(),
+    )
+}
+
+/// [`write_installable_bundle_with`], taking each chunk's compressed frame from `known` where
+/// it is there (`slate_delta::zchunks::compress_reusing`): the same bytes, sooner, when the
+/// imager's build cache kept the frames of an earlier build.
+pub fn write_installable_bundle_reusing(
+    dir: &Path,
+    spec: BundleSpec<'_>,
+    install: crate::InstallDefaults,
+    blobs: &[BlobInput<'_>],
+    chunking: slate_delta::ChunkParams,
+    known: &KnownFrames,
+) -> Result<BundleManifest, BundleError> {
+    write_layout(dir, spec, Some(install), blobs, Some(chunking), known)
 }
 
 /// The manifest whose one layer is the compressed blob `table` names (pretty JSON, keys
@@ -148,6 +170,7 @@ fn put_zchunks(
     dir: &Path,
     index: &slate_delta::ChunkIndex,
     blobs: &[(Digest, &[u8])],
+    known: &KnownFrames,
 ) -> Result<Option<Vec<u8>>, BundleError> {
     let listed: Vec<&[u8]> = index
         .blobs
@@ -161,8 +184,8 @@ fn put_zchunks(
         })
         .collect();
     let level = slate_delta::zchunks::LEVEL;
-    let (table, compressed) =
-        slate_delta::zchunks::compress(index, &listed, level).map_err(io_err(dir))?;
+    let (table, compressed) = slate_delta::zchunks::compress_reusing(index, &listed, level, known)
+        .map_err(io_err(dir))?;
     if compressed.is_empty() {
         return Ok(None);
     }
@@ -178,6 +201,7 @@ fn write_layout(
     install: Option<crate::InstallDefaults>,
     blobs: &[BlobInput<'_>],
     chunking: Option<slate_delta::ChunkParams>,
+    known: &KnownFrames,
 ) -> Result<BundleManifest, BundleError> {
     let blobs_dir = dir.join("blobs/sha256");
     fs::create_dir_all(&blobs_dir).map_err(io_err(&blobs_dir))?;
@@ -221,7 +245,7 @@ fn write_layout(
             bytes.len(),
             &[],
         )?);
-        if let Some(table) = put_zchunks(dir, &index, &hashed)? {
+        if let Some(table) = put_zchunks(dir, &index, &hashed, known)? {
             layers.push(descriptor(
                 slate_delta::zchunks::ZTABLE_MEDIA_TYPE,
                 &put_blob(dir, &table)?,

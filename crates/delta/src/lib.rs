@@ -26,7 +26,7 @@ pub use index::{
     BlobChunks, Chunk, ChunkIndex, ChunkParams, IndexError, CHUNK_INDEX_MEDIA_TYPE, DEFAULT_PARAMS,
     MAGIC, MAX_BLOBS, MAX_INDEX_BYTES,
 };
-pub use zchunks::{ZChunks, ZRemote, ZTable, ZTableError};
+pub use zchunks::{KnownFrames, ZChunks, ZRemote, ZTable, ZTableError};
 
 /// A SHA-256 digest, raw.
 pub type Sha256 = [u8; 32];

@@ -279,6 +279,22 @@ pub fn compress(
     blobs: &[&[u8]],
     level: i32,
 ) -> std::io::Result<(ZTable, Vec<u8>)> {
+    compress_reusing(index, blobs, level, &HashMap::new())
+}
+
+/// Frames kept from an earlier compression at the same level by the same zstd, by chunk
+/// digest (`None`: the chunk stayed raw): a build cache's (`slate imager build --cache`).
+pub type KnownFrames = HashMap<Sha256, Option<Vec<u8>>>;
+
+/// [`compress`], taking a chunk's frame from `known` instead of compressing it again. A frame
+/// depends on its chunk, the level and zstd alone, so the output is the same as without
+/// `known` when the caller keys what it kept by those.
+pub fn compress_reusing(
+    index: &ChunkIndex,
+    blobs: &[&[u8]],
+    level: i32,
+    known: &KnownFrames,
+) -> std::io::Result<(ZTable, Vec<u8>)> {
     let mut raw_of: HashMap<Sha256, &[u8]> = HashMap::new();
     for (blob, bytes) in index.blobs.iter().zip(blobs) {
         if bytes.len() as u64 != blob.size {
@@ -314,7 +330,13 @@ pub fn compress(
                     let Some(chunk) = distinct.get(i) else {
                         return;
                     };
-                    let frame = z.compress(raw_of[&chunk.digest]);
+                    let raw = raw_of[&chunk.digest];
+                    let frame = match known.get(&chunk.digest) {
+                        Some(Some(frame)) => Ok(frame.clone()),
+                        // Not shorter than the chunk: stays raw below, as it did.
+                        Some(None) => Ok(raw.to_vec()),
+                        None => z.compress(raw),
+                    };
                     let failed = frame.is_err();
                     frames.lock().expect("no panics hold it")[i] = Some(frame);
                     if failed {
@@ -352,6 +374,35 @@ pub fn compress(
         },
         out,
     ))
+}
+
+/// A chunk's digest and its frame (`None`: it stays raw).
+pub type ChunkFrame<'a> = (Sha256, Option<&'a [u8]>);
+
+/// Each distinct chunk of `index` with its frame in `compressed` (`None`: raw), as `table`
+/// says: what a build cache keeps for [`compress_reusing`]. `None` when the table does not
+/// describe `compressed` (another blob, or cut short).
+pub fn frames<'a>(
+    index: &ChunkIndex,
+    table: &ZTable,
+    compressed: &'a [u8],
+) -> Option<Vec<ChunkFrame<'a>>> {
+    let distinct = distinct_chunks(index);
+    if distinct.len() != table.chunks.len() || compressed.len() as u64 != table.blob_size {
+        return None;
+    }
+    distinct
+        .iter()
+        .zip(&table.chunks)
+        .map(|(chunk, z)| match *z {
+            ZChunk::Raw => Some((chunk.digest, None)),
+            ZChunk::Zstd { offset, length, .. } => {
+                let start = usize::try_from(offset).ok()?;
+                let frame = compressed.get(start..start.checked_add(length as usize)?)?;
+                Some((chunk.digest, Some(frame)))
+            }
+        })
+        .collect()
 }
 
 fn compressor(level: i32) -> std::io::Result<zstd::bulk::Compressor<'static>> {

@@ -108,6 +108,57 @@ fn compression_is_reproducible_and_dedupes() {
     assert!(one.1.len() < 2_000, "text compressed: {}", one.1.len());
 }
 
+/// What a build cache keeps (`frames`) gives back the same table and blob through
+/// `compress_reusing`, for the chunks it knows and those it does not; a kept frame is used as
+/// kept (a wrong one would show in the output, which is why the cache keys it by level and
+/// zstd's version).
+#[test]
+fn kept_frames_give_the_same_output() {
+    let text: Vec<u8> = b"kept frames "
+        .iter()
+        .copied()
+        .cycle()
+        .take(40_000)
+        .collect();
+    let blobs = [text, noise(40_000, 8)];
+    let refs: Vec<&[u8]> = blobs.iter().map(Vec::as_slice).collect();
+    let index = index_of(&refs, P);
+    let (table, blob) = compress(&index, &refs, LEVEL).unwrap();
+    let kept = frames(&index, &table, &blob).unwrap();
+    assert_eq!(kept.len(), table.chunks.len());
+    assert!(kept.iter().any(|(_, f)| f.is_none()) && kept.iter().any(|(_, f)| f.is_some()));
+    let all: KnownFrames = kept
+        .iter()
+        .map(|(d, f)| (*d, f.map(<[u8]>::to_vec)))
+        .collect();
+    assert_eq!(
+        compress_reusing(&index, &refs, LEVEL, &all).unwrap(),
+        (table.clone(), blob.clone())
+    );
+    // Half of them known, the rest compressed anew.
+    let half: KnownFrames = all
+        .iter()
+        .step_by(2)
+        .map(|(d, f)| (*d, f.clone()))
+        .collect();
+    assert_eq!(
+        compress_reusing(&index, &refs, LEVEL, &half).unwrap(),
+        (table.clone(), blob.clone())
+    );
+    // A kept frame is taken as it is.
+    let (digest, frame) = kept.iter().find(|(_, f)| f.is_some()).unwrap();
+    let mut other = all.clone();
+    let mut changed = frame.unwrap().to_vec();
+    changed.push(0);
+    other.insert(*digest, Some(changed));
+    assert_ne!(
+        compress_reusing(&index, &refs, LEVEL, &other).unwrap().1,
+        blob
+    );
+    // A table of another blob describes nothing.
+    assert!(frames(&index, &table, &blob[1..]).is_none());
+}
+
 fn sample() -> (ChunkIndex, ZTable, Vec<u8>) {
     // Text first: entry 0 is a frame, at a fixed place in the table's bytes.
     let mut blob: Vec<u8> = b"slate ".iter().copied().cycle().take(30_000).collect();

@@ -15,7 +15,7 @@ use crate::artifacts::{
 use crate::output::PendingOutput;
 use crate::{ImagerError, Inputs, OutputKind, Progress};
 use slate_bundle::{
-    write_installable_bundle_with, BlobInput, BundleSpec, InstallDefaults, BINARY_MEDIA_TYPE,
+    write_installable_bundle_reusing, BlobInput, BundleSpec, InstallDefaults, BINARY_MEDIA_TYPE,
     UKI_MEDIA_TYPE,
 };
 
@@ -225,7 +225,18 @@ pub fn build(
                     systemd_boot(inputs)?,
                 ),
             };
-            write_installable_bundle_with(
+            let params = slate_delta::DEFAULT_PARAMS;
+            let level = slate_delta::zchunks::LEVEL;
+            let (known, missing) = match &inputs.cache {
+                Some(cache) => {
+                    let digests: Vec<[u8; 32]> = [&uki[..], &slate, &loader]
+                        .map(slate_delta::sha256)
+                        .to_vec();
+                    crate::frame_cache::load(cache, &digests, params, level)
+                }
+                None => Default::default(),
+            };
+            write_installable_bundle_reusing(
                 pending.path(),
                 BundleSpec {
                     name: &p.name,
@@ -260,8 +271,12 @@ pub fn build(
                         bytes: &loader,
                     },
                 ],
-                slate_delta::DEFAULT_PARAMS,
+                params,
+                &known,
             )?;
+            if let Some(cache) = &inputs.cache {
+                crate::frame_cache::store(cache, pending.path(), &missing);
+            }
         }
     }
     pending.commit()

@@ -1,6 +1,6 @@
 //! The build cache (`slate imager build --cache DIR`, issue 43): the outputs of a build's
 //! costly stages — the root squashfs's compressed blocks and fragments, the compressed
-//! initramfs archive — kept in files under a directory, each keyed by a digest of everything
+//! initramfs archive, an installer bundle's compressed chunks (`frame_cache.rs`) — kept in files under a directory, each keyed by a digest of everything
 //! that determines it (input bytes, compression settings, the compressor's version). A rebuild
 //! after one file of the root changed recompresses only what that file's bytes reach.
 //!
@@ -27,6 +27,8 @@ pub enum Stage {
     SquashfsBlock,
     /// The initramfs's main archive, zstd-compressed.
     Initramfs,
+    /// The compressed chunks' frames of one blob of an installer bundle (`frame_cache.rs`).
+    ChunkFrames,
 }
 
 impl Stage {
@@ -34,6 +36,7 @@ impl Stage {
         match self {
             Stage::SquashfsBlock => "squashfs-block",
             Stage::Initramfs => "initramfs-zstd",
+            Stage::ChunkFrames => "chunk-frames",
         }
     }
 }
@@ -74,7 +77,7 @@ impl StageCache {
     /// The cache at `dir` (`<dir>/v1/<stage>/<key>`), created if missing.
     pub fn open(dir: &Path) -> Result<Self, ImagerError> {
         let root = dir.join("v1");
-        for stage in [Stage::SquashfsBlock, Stage::Initramfs] {
+        for stage in [Stage::SquashfsBlock, Stage::Initramfs, Stage::ChunkFrames] {
             let at = root.join(stage.dir());
             fs::create_dir_all(&at).map_err(|source| ImagerError::Output { path: at, source })?;
         }

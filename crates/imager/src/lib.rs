@@ -11,6 +11,7 @@ mod btrfs_image;
 mod build;
 mod cache;
 mod extension;
+mod frame_cache;
 mod inputs;
 mod output;
 mod root_tree;

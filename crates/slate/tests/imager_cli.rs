@@ -417,11 +417,14 @@ fn a_cached_rebuild_writes_what_a_clean_build_writes() {
         reused_before >= 5,
         "unchanged blocks and the initramfs reused: {said}"
     );
+    // The compressed chunks' frames are kept too, one entry per indexed blob.
+    let frames = walk(&cache.join("v1").join("chunk-frames"));
+    assert!(!frames.is_empty(), "no chunk frames kept");
 
     // Every entry damaged (one bit of each payload, and one cut short): each is found, removed
     // and made again, and the bundle is still the clean one.
     let mut damaged = 0;
-    for stage in ["squashfs-block", "initramfs-zstd"] {
+    for stage in ["squashfs-block", "initramfs-zstd", "chunk-frames"] {
         for entry in walk(&cache.join("v1").join(stage)) {
             let mut bytes = fs::read(&entry).unwrap();
             if damaged == 0 {
