@@ -28,6 +28,10 @@ pub(crate) struct Missing {
 
 /// The key of the frames of the blob whose SHA-256 is `blob`.
 pub(crate) fn key(blob: &[u8; 32], params: ChunkParams, level: i32) -> [u8; 32] {
+    key_for(zstd::zstd_safe::version_number(), blob, params, level)
+}
+
+fn key_for(zstd_version: u32, blob: &[u8; 32], params: ChunkParams, level: i32) -> [u8; 32] {
     let mut h = Sha256::new();
     h.update(b"slate-imager chunk frames v1\0");
     h.update(blob);
@@ -35,7 +39,7 @@ pub(crate) fn key(blob: &[u8; 32], params: ChunkParams, level: i32) -> [u8; 32] 
         h.update(n.to_le_bytes());
     }
     h.update(level.to_le_bytes());
-    h.update(zstd::zstd_safe::version_number().to_le_bytes());
+    h.update(zstd_version.to_le_bytes());
     h.finalize().into()
 }
 
@@ -141,6 +145,17 @@ mod tests {
             }
         }
         assert_eq!(parse(&[]), Some(KnownFrames::new()));
+    }
+
+    /// docs/formats.md §6.7's vector: the blob `abc`, 8/32/128 KiB chunks, level 9, zstd
+    /// 1.5.5 (10505).
+    #[test]
+    fn the_documented_vector() {
+        let blob: [u8; 32] = Sha256::digest(b"abc").into();
+        assert_eq!(
+            hex::encode(key_for(10505, &blob, slate_delta::DEFAULT_PARAMS, 9)),
+            "cf67ca3d1cf43e8bb41da0c884f8c08f9b837b2683278d58252adb616a83f316"
+        );
     }
 
     #[test]
