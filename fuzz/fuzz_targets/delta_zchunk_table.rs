@@ -1,17 +1,23 @@
 //! Arbitrary bytes into slate-delta's compressed chunk table parser (docs/formats.md §7.8) and
 //! into the capped decompression a fetched chunk goes through. Nothing may panic or allocate
 //! beyond the input's size (the table) or the cap (the decompression); what parses has frames that
-//! tile the compressed blob exactly and is written back byte for byte (one spelling).
+//! tile the compressed blob exactly and is written back byte for byte (one spelling). The same
+//! bytes go to the build cache's kept-frames entry parser (formats.md §6.7), whose frames must
+//! lie within the input.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use slate_delta::zchunks::{inflate, ZChunk, MAX_ZCHUNK};
+use slate_delta::zchunks::{inflate, parse_kept_frames, ZChunk, MAX_ZCHUNK};
 use slate_delta::ZTable;
 
 /// The decompression cap tried on every input: a 32 KiB chunk, slate's average.
 const CAP: usize = 32 << 10;
 
 fuzz_target!(|data: &[u8]| {
+    if let Some(kept) = parse_kept_frames(data) {
+        let framed: usize = kept.values().flatten().map(|f| f.len() + 36).sum();
+        assert!(framed <= data.len());
+    }
     if let Ok(out) = inflate(data, CAP) {
         assert_eq!(out.len(), CAP);
     }

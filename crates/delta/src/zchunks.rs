@@ -405,6 +405,46 @@ pub fn frames<'a>(
         .collect()
 }
 
+/// The frame length that marks a chunk kept raw in [`kept_frames_to_bytes`]' layout.
+const KEPT_RAW: u32 = u32::MAX;
+
+/// `frames` as a build cache keeps them (formats.md §6.7): for each chunk, its SHA-256, the
+/// frame's length (u32 LE; `FFFFFFFF` for a chunk that stays raw) and the frame.
+pub fn kept_frames_to_bytes(frames: &[ChunkFrame<'_>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for (digest, frame) in frames {
+        out.extend_from_slice(digest);
+        match frame {
+            Some(frame) => {
+                out.extend_from_slice(&(frame.len() as u32).to_le_bytes());
+                out.extend_from_slice(frame);
+            }
+            None => out.extend_from_slice(&KEPT_RAW.to_le_bytes()),
+        }
+    }
+    out
+}
+
+/// The frames of a build cache's entry ([`kept_frames_to_bytes`]), or `None` when the bytes
+/// are not that layout (cut short, a length past the end).
+pub fn parse_kept_frames(bytes: &[u8]) -> Option<KnownFrames> {
+    let mut out = KnownFrames::new();
+    let mut rest = bytes;
+    while !rest.is_empty() {
+        let digest: Sha256 = rest.get(..32)?.try_into().ok()?;
+        let len = u32::from_le_bytes(rest.get(32..36)?.try_into().ok()?);
+        rest = &rest[36..];
+        if len == KEPT_RAW {
+            out.insert(digest, None);
+        } else {
+            let frame = rest.get(..len as usize)?;
+            out.insert(digest, Some(frame.to_vec()));
+            rest = &rest[len as usize..];
+        }
+    }
+    Some(out)
+}
+
 fn compressor(level: i32) -> std::io::Result<zstd::bulk::Compressor<'static>> {
     use zstd::zstd_safe::CParameter;
     let mut z = zstd::bulk::Compressor::new(level)?;

@@ -159,6 +159,23 @@ fn kept_frames_give_the_same_output() {
     assert!(frames(&index, &table, &blob[1..]).is_none());
 }
 
+/// A build cache's entry of kept frames: written, read back; every cut short refused.
+#[test]
+fn kept_frames_entries_round_trip_and_cut_ones_are_refused() {
+    let frames: Vec<ChunkFrame<'_>> = vec![([1; 32], Some(b"abc")), ([2; 32], None)];
+    let bytes = kept_frames_to_bytes(&frames);
+    assert_eq!(bytes.len(), 32 + 4 + 3 + 32 + 4);
+    let expected: KnownFrames = [([1; 32], Some(b"abc".to_vec())), ([2; 32], None)].into();
+    assert_eq!(parse_kept_frames(&bytes), Some(expected));
+    for cut in 1..bytes.len() {
+        // After the first entry, a whole entry: valid on its own.
+        if cut != 39 {
+            assert_eq!(parse_kept_frames(&bytes[..cut]), None, "cut at {cut}");
+        }
+    }
+    assert_eq!(parse_kept_frames(&[]), Some(KnownFrames::new()));
+}
+
 fn sample() -> (ChunkIndex, ZTable, Vec<u8>) {
     // Text first: entry 0 is a frame, at a fixed place in the table's bytes.
     let mut blob: Vec<u8> = b"slate ".iter().copied().cycle().take(30_000).collect();

@@ -18,8 +18,6 @@ use slate_delta::{ChunkParams, KnownFrames};
 
 use crate::{Stage, StageCache};
 
-const RAW: u32 = u32::MAX;
-
 /// A blob whose frames the cache does not hold: its SHA-256, and the key to keep them under.
 pub(crate) struct Missing {
     blob: [u8; 32],
@@ -54,7 +52,10 @@ pub(crate) fn load(
     let mut missing = Vec::new();
     for blob in blobs {
         let key = key(blob, params, level);
-        match cache.get(Stage::ChunkFrames, &key).and_then(|p| parse(&p)) {
+        match cache
+            .get(Stage::ChunkFrames, &key)
+            .and_then(|p| slate_delta::zchunks::parse_kept_frames(&p))
+        {
             Some(frames) => known.extend(frames),
             None => missing.push(Missing { blob: *blob, key }),
         }
@@ -73,20 +74,15 @@ pub(crate) fn store(cache: &StageCache, dir: &Path, missing: &[Missing]) {
         let Some(listed) = index.blobs.iter().find(|b| &b.digest == blob) else {
             continue;
         };
-        let mut payload = Vec::new();
-        for chunk in &listed.chunks {
-            let Some(frame) = by_digest.get(&chunk.digest) else {
-                return;
-            };
-            payload.extend_from_slice(&chunk.digest);
-            match frame {
-                Some(frame) => {
-                    payload.extend_from_slice(&(frame.len() as u32).to_le_bytes());
-                    payload.extend_from_slice(frame);
-                }
-                None => payload.extend_from_slice(&RAW.to_le_bytes()),
-            }
-        }
+        let frames: Option<Vec<_>> = listed
+            .chunks
+            .iter()
+            .map(|c| Some((c.digest, by_digest.get(&c.digest)?.as_deref())))
+            .collect();
+        let Some(frames) = frames else {
+            return;
+        };
+        let payload = slate_delta::zchunks::kept_frames_to_bytes(&frames);
         cache.put(Stage::ChunkFrames, key, &payload);
     }
 }
@@ -106,46 +102,9 @@ fn written_frames(dir: &Path) -> Option<Written> {
     Some((index, frames))
 }
 
-/// An entry's frames, or `None` when its bytes are not an entry's layout.
-fn parse(payload: &[u8]) -> Option<KnownFrames> {
-    let mut out = KnownFrames::new();
-    let mut rest = payload;
-    while !rest.is_empty() {
-        let digest: [u8; 32] = rest.get(..32)?.try_into().ok()?;
-        let len = u32::from_le_bytes(rest.get(32..36)?.try_into().ok()?);
-        rest = &rest[36..];
-        if len == RAW {
-            out.insert(digest, None);
-        } else {
-            let frame = rest.get(..len as usize)?;
-            out.insert(digest, Some(frame.to_vec()));
-            rest = &rest[len as usize..];
-        }
-    }
-    Some(out)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn entries_parse_back_and_cut_ones_are_refused() {
-        let mut payload = Vec::new();
-        payload.extend_from_slice(&[1; 32]);
-        payload.extend_from_slice(&3u32.to_le_bytes());
-        payload.extend_from_slice(b"abc");
-        payload.extend_from_slice(&[2; 32]);
-        payload.extend_from_slice(&RAW.to_le_bytes());
-        let expected: KnownFrames = [([1; 32], Some(b"abc".to_vec())), ([2; 32], None)].into();
-        assert_eq!(parse(&payload), Some(expected));
-        for cut in 1..payload.len() {
-            if cut != 39 {
-                assert_eq!(parse(&payload[..cut]), None, "cut at {cut}");
-            }
-        }
-        assert_eq!(parse(&[]), Some(KnownFrames::new()));
-    }
 
     /// docs/formats.md §6.7's vector: the blob `abc`, 8/32/128 KiB chunks, level 9, zstd
     /// 1.5.5 (10505).
