@@ -1,11 +1,14 @@
 //! What `slate bundle diff` takes apart in a UKI must never panic, on any input: the kernel
 //! release read from a bzImage's setup header (parsed by hand), the initramfs decompressed (zstd,
 //! with a limit) and split into its archive and the compressed members after it, and the root
-//! squashfs listed and hashed. The first byte chooses the reader; the rest is its input.
+//! squashfs listed and hashed, its block size and zstd level read (also out of a whole UKI).
+//! The first byte chooses the reader; the rest is its input.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use slate_bundle_diff::{list_squashfs, release_of_bzimage, section_text, split_initramfs};
+use slate_bundle_diff::{
+    list_squashfs, release_of_bzimage, root_storage, section_text, split_initramfs,
+};
 
 fuzz_target!(|data: &[u8]| {
     let Some((&which, input)) = data.split_first() else {
@@ -35,6 +38,9 @@ fuzz_target!(|data: &[u8]| {
             }
         }
         _ => {
+            // What a node reads of its running UKI to derive a seed (formats.md §7.7).
+            let _ = slate_rootfs::storage_of(input);
+            let _ = root_storage(input);
             if let Ok(listing) = list_squashfs(input) {
                 // Every path is absolute and the root is a directory.
                 assert!(listing.keys().all(|path| path.starts_with(b"/")));

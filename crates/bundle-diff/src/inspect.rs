@@ -15,6 +15,7 @@ use crate::initramfs::{split_initramfs, Blob, FileInfo};
 use crate::kernel::{plausible_release, release_of_bzimage, section_text};
 use crate::rootfs::{list_squashfs, Listing};
 use crate::{DiffError, Part, Problem, Side};
+use slate_rootfs::{storage_of, Storage};
 
 /// The largest UKI `diff` reads into memory. A UKI carries the whole root filesystem and lives
 /// on an ESP that must hold two of them; 2 GiB is far past any real one.
@@ -101,6 +102,20 @@ pub fn inspect_uki(uki: Vec<u8>) -> Result<UkiParts, PartError> {
         extension_versions: initramfs.extension_versions,
         rootfs,
     })
+}
+
+/// How the root squashfs inside `uki` stores its files' data (`.initrd` → `rootfs.sqsh` →
+/// its superblock): a node reads it from its running UKI to rebuild the root's copy of a new
+/// slate binary (formats.md §7.7, "Derived seeds"), on the bet that the next version's root is
+/// stored the same way — a lost bet costs only the fetch it would have saved.
+pub fn root_storage(uki: &[u8]) -> Result<Storage, PartError> {
+    let err = |part: Part| move |source: Problem| PartError { part, source };
+    let initrd = section_data(uki, ".initrd")
+        .map_err(|e| err(Part::Uki)(Problem::Pe(e)))?
+        .ok_or_else(|| err(Part::Uki)(Problem::MissingSection(".initrd")))?;
+    let initramfs =
+        split_initramfs(initrd).map_err(|e| err(Part::Initramfs)(Problem::Initramfs(e)))?;
+    storage_of(&initramfs.rootfs).map_err(|e| err(Part::Rootfs)(Problem::Storage(e)))
 }
 
 /// Read what `diff` compares out of `bundle`, side `side` of the diff.

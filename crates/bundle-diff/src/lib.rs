@@ -39,7 +39,8 @@ pub use initramfs::{
     MODULES_DIR, ZSTD_MAGIC,
 };
 pub use inspect::{
-    inspect, inspect_uki, open, running_summary, Identity, PartError, UkiParts, MAX_UKI_BYTES,
+    inspect, inspect_uki, open, root_storage, running_summary, Identity, PartError, UkiParts,
+    MAX_UKI_BYTES,
 };
 pub use kernel::{plausible_release, release_of_bzimage, section_text};
 pub use rootfs::{
@@ -106,6 +107,8 @@ pub enum Problem {
     Initramfs(InitramfsError),
     #[error(transparent)]
     Rootfs(RootfsError),
+    #[error(transparent)]
+    Storage(slate_rootfs::StorageError),
 }
 
 /// Why two bundles could not be compared: which bundle, where, and which part.

@@ -18,6 +18,10 @@ mod backend;
 mod handler;
 mod power_events;
 
+/// The seed a pull derives from a new slate binary, for `xtask bench-delta` to count what a
+/// node fetches with the node's own code.
+pub use boot::upgrade::derived::root_copy;
+
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;
 use std::path::Path;

@@ -19,6 +19,7 @@
 //! [`BlockCache`] gave some of them (see `cache.rs`).
 
 mod cache;
+mod file_data;
 mod parallel;
 mod tree_file;
 
@@ -39,6 +40,7 @@ use backhand::{
 };
 
 pub use cache::{block_key, BlockCache};
+pub use file_data::{file_data, storage_of, Storage, StorageError};
 use tree_file::{Shared, TreeFile};
 
 /// Block compression of the image.

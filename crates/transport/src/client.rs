@@ -104,7 +104,7 @@ impl Client {
         cache_dir: &Path,
         progress: &mut dyn FnMut(Event<'_>),
     ) -> Result<Pulled, TransportError> {
-        crate::pull::pull(self, reference, cache_dir, Vec::new(), progress)
+        crate::pull::pull(self, reference, cache_dir, Vec::new(), None, progress)
     }
 
     /// [`Client::pull`] with `seeds` besides the cache's own images: blobs this machine holds,
@@ -119,7 +119,20 @@ impl Client {
         seeds: Vec<crate::SeedBlob>,
         progress: &mut dyn FnMut(Event<'_>),
     ) -> Result<Pulled, TransportError> {
-        crate::pull::pull(self, reference, cache_dir, seeds, progress)
+        crate::pull::pull(self, reference, cache_dir, seeds, None, progress)
+    }
+
+    /// [`Client::pull_with_seeds`], and more seeds `derive` makes from each blob once it is in
+    /// place, for the blobs after it (the slate binary is pulled first).
+    pub fn pull_with_derived_seeds(
+        &self,
+        reference: &Reference,
+        cache_dir: &Path,
+        seeds: Vec<crate::SeedBlob>,
+        derive: &dyn crate::DeriveSeeds,
+        progress: &mut dyn FnMut(Event<'_>),
+    ) -> Result<Pulled, TransportError> {
+        crate::pull::pull(self, reference, cache_dir, seeds, Some(derive), progress)
     }
 
     /// Push every tag of the layout at `layout_dir` to `reference`; see [`crate::push`].

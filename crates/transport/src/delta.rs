@@ -115,10 +115,22 @@ pub fn cache_seeds(cache_dir: &Path) -> Vec<SeedBlob> {
     seeds
 }
 
+/// Seeds a pull makes from a blob it has just put in place, for the blobs after it: a node
+/// rebuilds the root filesystem's copy of the new slate binary from the binary it assembled
+/// first (formats.md §7.7, "Derived seeds"), so the UKI does not fetch those bytes again.
+/// Only a hint, like every seed: a chunk is used only where its bytes hash to a digest the
+/// target's signed index lists.
+pub trait DeriveSeeds: Sync {
+    /// The seeds `blob` (a verified blob of the image, of media type `media_type`, at `path`)
+    /// gives; none when it gives nothing worth the work.
+    fn derive(&self, media_type: &str, path: &Path) -> Vec<SeedBlob>;
+}
+
 /// What a delta pull brings besides the source: seeds, and where missing chunks come from.
 pub(crate) struct Delta<'a> {
     pub seeds: &'a [SeedBlob],
     pub remote: &'a dyn Remote,
+    pub derive: Option<&'a dyn DeriveSeeds>,
 }
 
 /// The manifest's chunk index layer, if it has exactly one.
@@ -180,6 +192,7 @@ pub(crate) fn read_index(dest: &Layout, layer: &Descriptor) -> Option<ChunkIndex
 /// and nothing of it is in `blobs/` — the caller downloads the blob whole.
 pub(crate) fn fetch_by_delta(
     delta: &Delta<'_>,
+    derived: &[SeedBlob],
     zchunks: Option<&ZChunks>,
     dest: &Layout,
     chunks: &BlobChunks,
@@ -188,14 +201,8 @@ pub(crate) fn fetch_by_delta(
     let digest = chunks.oci_digest();
     let chunk_dir = dest.dir().join(INCOMING).join(CHUNKS_DIR);
     let cache = DirCache::new(&chunk_dir).map_err(TransportError::io(&chunk_dir))?;
-    let seeds: Vec<Seed<'_>> = delta
-        .seeds
-        .iter()
-        .map(|s| Seed {
-            chunks: &s.chunks,
-            file: &*s.file,
-        })
-        .collect();
+    let all_seeds: Vec<&SeedBlob> = delta.seeds.iter().chain(derived).collect();
+    let seeds = as_seeds(&all_seeds);
     let plan = match slate_delta::plan(chunks, &seeds, Some(&cache)) {
         Ok(plan) => plan,
         Err(e) => {
@@ -208,7 +215,7 @@ pub(crate) fn fetch_by_delta(
         }
     };
     for refused in &plan.refused {
-        let seed = delta.seeds[refused.seed].chunks.oci_digest();
+        let seed = all_seeds[refused.seed].chunks.oci_digest();
         progress(Event::SeedChunkRefused {
             digest: &digest,
             seed: &seed,
@@ -243,14 +250,7 @@ pub(crate) fn fetch_by_delta(
     };
     let assembled = std::thread::scope(|s| {
         let worker = s.spawn(|| {
-            let seeds: Vec<Seed<'_>> = delta
-                .seeds
-                .iter()
-                .map(|s| Seed {
-                    chunks: &s.chunks,
-                    file: &*s.file,
-                })
-                .collect();
+            let seeds = as_seeds(&all_seeds);
             let mut out = Appender(&mut incoming);
             // Counted on the wire: a compressed chunk's frame, not what it inflates to.
             let remote = ZRemote {
@@ -294,6 +294,16 @@ pub(crate) fn fetch_by_delta(
     delivered.reused = plan.reuse_bytes;
     delivered.in_place = true;
     Ok(delivered)
+}
+
+fn as_seeds<'a>(blobs: &[&'a SeedBlob]) -> Vec<Seed<'a>> {
+    blobs
+        .iter()
+        .map(|s| Seed {
+            chunks: &s.chunks,
+            file: &*s.file,
+        })
+        .collect()
 }
 
 /// Bytes the plan's fetched chunks take on the wire when they travel as `z` says (each

@@ -64,7 +64,7 @@ pub use cache::{gc, GcReport, DEFAULT_KEEP};
 #[cfg(feature = "client")]
 pub use client::{Client, Resolved, DEFAULT_MAX_IMAGE_BYTES};
 #[cfg(feature = "client")]
-pub use delta::{cache_seeds, MemSeed, SeedBlob};
+pub use delta::{cache_seeds, DeriveSeeds, MemSeed, SeedBlob};
 pub use error::TransportError;
 #[cfg(feature = "client")]
 pub use pull::signature_tag;

@@ -7,7 +7,7 @@ use oci_spec::image::{Descriptor, DescriptorBuilder, ImageManifest, MediaType};
 use slate_bundle::is_signature_tag;
 
 use crate::delta::{
-    fetch_by_delta, index_layer, read_index, read_table, table_layer, Delta, SeedBlob,
+    fetch_by_delta, index_layer, read_index, read_table, table_layer, Delta, DeriveSeeds, SeedBlob,
 };
 use crate::files::is_regular;
 use crate::layout::{parse_digest, set_entry, Incoming, Layout};
@@ -188,26 +188,37 @@ pub(crate) fn copy_image(
         }
         _ => None,
     };
-    for d in std::iter::once(parsed.config()).chain(parsed.layers()) {
+    // The slate binary before the rest: the UKI's root holds it again, and a seed derived
+    // from it (`DeriveSeeds`) serves the UKI only once the binary is here.
+    let mut blobs: Vec<&Descriptor> = std::iter::once(parsed.config())
+        .chain(parsed.layers())
+        .collect();
+    blobs.sort_by_key(|d| AsRef::<str>::as_ref(d.media_type()) != slate_bundle::BINARY_MEDIA_TYPE);
+    let mut derived = Vec::new();
+    for d in blobs {
         let digest = d.digest().as_ref();
         if first.contains(&digest) {
             continue;
         }
+        let mut in_place = false;
         if let (Some(delta), Some(index)) = (delta, &index) {
             let listed = index.blob(digest).filter(|b| b.size == d.size());
             if let Some(chunks) = listed {
                 if !dest.has_blob(digest, d.size())? {
                     let delivered =
-                        fetch_by_delta(delta, zchunks.as_ref(), dest, chunks, progress)?;
+                        fetch_by_delta(delta, &derived, zchunks.as_ref(), dest, chunks, progress)?;
                     stats.fetched = stats.fetched.saturating_add(delivered.fetched);
                     stats.reused = stats.reused.saturating_add(delivered.reused);
-                    if delivered.in_place {
-                        continue;
-                    }
+                    in_place = delivered.in_place;
                 }
             }
         }
-        fetch_blob(source, dest, digest, d.size(), stats, progress)?;
+        if !in_place {
+            fetch_blob(source, dest, digest, d.size(), stats, progress)?;
+        }
+        if let Some(derive) = delta.and_then(|delta| derive_from(delta, d)) {
+            derived.extend(derive.derive(d.media_type().as_ref(), &dest.blob_path(digest)?));
+        }
     }
     dest.put_document(&manifest.digest, &manifest.bytes)?;
     let descriptor = DescriptorBuilder::default()
@@ -222,6 +233,16 @@ pub(crate) fn copy_image(
         .build()
         .map_err(|e| TransportError::malformed(&what, e))?;
     Ok(Some(descriptor))
+}
+
+/// The deriver to ask about blob `d`, unless a seed already holds `d` whole (the running
+/// version's own binary: its copy in the running UKI is a seed already).
+fn derive_from<'a>(delta: &Delta<'a>, d: &Descriptor) -> Option<&'a dyn DeriveSeeds> {
+    let held = delta
+        .seeds
+        .iter()
+        .any(|s| s.chunks.oci_digest() == d.digest().as_ref());
+    delta.derive.filter(|_| !held)
 }
 
 /// The checked compressed chunk table of the image `manifest_digest` when its compressed blob
@@ -309,6 +330,7 @@ pub(crate) fn pull(
     reference: &Reference,
     cache_dir: &Path,
     seeds: Vec<SeedBlob>,
+    derive: Option<&dyn DeriveSeeds>,
     progress: &mut dyn FnMut(Event<'_>),
 ) -> Result<Pulled, TransportError> {
     let any = AnySource::open(reference, client)?;
@@ -318,6 +340,7 @@ pub(crate) fn pull(
     let delta = Delta {
         seeds: &seeds,
         remote: any.as_remote(),
+        derive,
     };
     let (fetch, name) = any.target(reference)?;
     let limit = client.max_image_bytes;

@@ -274,3 +274,106 @@ fn an_interrupted_delta_resumes_with_the_chunks_it_fetched() {
     assert!(cached(cache.path(), &uki_blob(&v2)) == Some(v2_uki));
     assert!(!chunks.exists(), "the chunks go once the pull is complete");
 }
+
+/// The test's stand-in for the root image's copy of a binary: each byte XOR 0x5a (the node's
+/// real one, squashfs blocks, is `slate_machined::root_copy`, counted by `xtask bench-delta`).
+fn disguised(binary: &[u8]) -> Vec<u8> {
+    binary.iter().map(|b| b ^ 0x5a).collect()
+}
+
+/// A deriver of [`disguised`] copies, counting the media types it was asked about.
+#[derive(Default)]
+struct Disguise {
+    asked: std::sync::Mutex<Vec<String>>,
+}
+
+impl slate_transport::DeriveSeeds for Disguise {
+    fn derive(&self, media_type: &str, path: &Path) -> Vec<SeedBlob> {
+        self.asked.lock().unwrap().push(media_type.to_owned());
+        if media_type != slate_bundle::BINARY_MEDIA_TYPE {
+            return Vec::new();
+        }
+        let copy = disguised(&std::fs::read(path).unwrap());
+        vec![SeedBlob {
+            chunks: slate_delta::chunk_blob(&copy, slate_delta::DEFAULT_PARAMS),
+            file: Box::new(MemSeed(copy)),
+        }]
+    }
+}
+
+/// v2's binary changed, and v2's UKI holds it again in another form: with a deriver, the pull
+/// takes the binary first and the UKI reuses what the deriver made of it; without, the UKI
+/// fetches that copy too. A binary the node already holds is not handed to the deriver.
+#[test]
+fn a_seed_derived_from_the_new_binary_serves_the_uki() {
+    let (v1_bin, v2_bin) = (noise(41, 3 << 20), noise(42, 3 << 20));
+    let uki_of = |binary: &[u8]| {
+        let mut uki = noise(7, 1 << 20);
+        uki.extend(disguised(binary));
+        uki
+    };
+    let (d1, d2) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let v1 = support::write_indexed_bundle_of(d1.path(), "1.0.0", &uki_of(&v1_bin), &v1_bin);
+    let v2 = support::write_indexed_bundle_of(d2.path(), "2.0.0", &uki_of(&v2_bin), &v2_bin);
+    let reference = layout_ref(d2.path(), "2.0.0");
+    let running = || vec![uki_seed(&v1, uki_of(&v1_bin))];
+
+    let plain = tempfile::tempdir().unwrap();
+    let (without, _) = pull(&reference, plain.path(), running());
+    let without = without.unwrap();
+
+    let cache = tempfile::tempdir().unwrap();
+    let derive = Disguise::default();
+    let mut counter = Counter::default();
+    let with = Client::new(Options::default())
+        .pull_with_derived_seeds(&reference, cache.path(), running(), &derive, &mut |e| {
+            counter.record(e)
+        })
+        .unwrap();
+    // The binary (3 MiB of new noise) travels either way; the UKI's 3 MiB copy only without.
+    assert!(without.fetched_bytes > 6 << 20, "{without:?}");
+    assert!(with.fetched_bytes < (3 << 20) + (256 << 10), "{with:?}");
+    assert!(with.reused_bytes > 3 << 20, "{with:?}");
+    let uki_delta = counter
+        .deltas
+        .iter()
+        .find(|d| d.0 == uki_blob(&v2))
+        .unwrap();
+    assert!(uki_delta.1 < 256 << 10, "{:?}", counter.deltas);
+    assert!(cached(cache.path(), &uki_blob(&v2)) == Some(uki_of(&v2_bin)));
+    slate_transport::open_cached(cache.path(), "2.0.0")
+        .unwrap()
+        .verify_blobs()
+        .unwrap();
+    // Asked about each blob once, the binary first.
+    let asked = derive.asked.lock().unwrap().clone();
+    assert_eq!(asked[0], slate_bundle::BINARY_MEDIA_TYPE, "{asked:?}");
+    assert_eq!(
+        asked
+            .iter()
+            .filter(|m| *m == slate_bundle::UKI_MEDIA_TYPE)
+            .count(),
+        1,
+        "{asked:?}"
+    );
+
+    // The running binary is the new one: nothing is derived from it.
+    let held = tempfile::tempdir().unwrap();
+    let derive = Disguise::default();
+    let v2_index = v2.chunk_index().unwrap().unwrap();
+    let binary = v2.manifest().blobs[slate_bundle::INSTALLER_ROLE]
+        .digest
+        .clone();
+    let seeds = vec![SeedBlob {
+        chunks: v2_index.blob(&binary).unwrap().clone(),
+        file: Box::new(MemSeed(v2_bin.clone())),
+    }];
+    Client::new(Options::default())
+        .pull_with_derived_seeds(&reference, held.path(), seeds, &derive, &mut |_| {})
+        .unwrap();
+    let asked = derive.asked.lock().unwrap().clone();
+    assert!(
+        !asked.iter().any(|m| m == slate_bundle::BINARY_MEDIA_TYPE),
+        "{asked:?}"
+    );
+}

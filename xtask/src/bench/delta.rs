@@ -185,7 +185,11 @@ fn compare(name: &str, old_dir: &Path, new_dir: &Path, work: &Path) -> Result<()
     let index = new
         .chunk_index()?
         .context("the new bundle carries no chunk index")?;
-    let estimate = slate_delta::estimate(&index, &[&old_index]);
+    let derived = derived_seed(&old, &old_index, &new)?;
+    let held: Vec<&slate_delta::ChunkIndex> = std::iter::once(&old_index)
+        .chain(derived.as_ref().map(|d| &d.index))
+        .collect();
+    let estimate = slate_delta::estimate(&index, &held);
     let files = blob_files(&new, &index);
     let timed = assemble_timed(&old, &old_index, &new, &index, work)?;
     let (old_store, _) = casync_store(&blob_files(&old, &old_index), &work.join("casync-old"))?;
@@ -196,7 +200,7 @@ fn compare(name: &str, old_dir: &Path, new_dir: &Path, work: &Path) -> Result<()
     let (ztable, z) = new
         .zchunk_table()?
         .context("the new bundle carries no compressed chunk table")?;
-    let (zchunks, _) = slate_delta::zchunks::compressed_fetch(&index, &[&old_index], &z);
+    let (zchunks, _) = slate_delta::zchunks::compressed_fetch(&index, &held, &z);
     let zfetch = zchunks + estimate.index_bytes + ztable.to_bytes().len() as u64;
     println!(
         "{:<30} {:>12} {:>12} {:>6.2}% {:>12} {:>6.2}% {:>7} {:>12} {:>6.2}% {:>7}",
@@ -223,6 +227,17 @@ fn compare(name: &str, old_dir: &Path, new_dir: &Path, work: &Path) -> Result<()
         estimate.index_bytes + table_bytes,
         estimate.index_bytes,
     );
+    if let Some(d) = &derived {
+        let without = slate_delta::zchunks::compressed_fetch(&index, &[&old_index], &z).0;
+        println!(
+            "    derived seed (the new root's copy of the new slate binary, {} bytes, made from \
+             the binary in {:.3} s): chunks without it {without} ({:.2} %), so it saved {} bytes",
+            d.index.blobs[0].size,
+            d.secs,
+            pct(without),
+            without.saturating_sub(zchunks)
+        );
+    }
     println!(
         "    assembly of the indexed blobs ({} bytes, from the old version's blobs and the new \
          one's layout, fsynced; median of {ROUNDS}): {:.3} s, peak memory +{} KiB; the same \
@@ -334,6 +349,60 @@ fn status_kib(field: &str) -> Result<u64> {
         .with_context(|| format!("no {field} in /proc/self/status"))
 }
 
+/// The seed a node running `old` derives once `new`'s slate binary is in place (machined's
+/// `root_copy`, with the storage of `old`'s root image); `None` when the binary did not change
+/// (the node then holds it, and its copy in the running UKI, already).
+struct Derived {
+    index: slate_delta::ChunkIndex,
+    secs: f64,
+}
+
+fn derived_seed(
+    old: &Bundle,
+    old_index: &slate_delta::ChunkIndex,
+    new: &Bundle,
+) -> Result<Option<Derived>> {
+    let blob = |bundle: &Bundle, role: &str| -> Result<(String, PathBuf)> {
+        let digest = bundle
+            .manifest()
+            .blobs
+            .get(role)
+            .with_context(|| format!("no {role} blob"))?
+            .digest
+            .clone();
+        let path = bundle
+            .dir()
+            .join("blobs/sha256")
+            .join(&digest["sha256:".len()..]);
+        Ok((digest, path))
+    };
+    let (binary_digest, binary) = blob(new, slate_bundle::INSTALLER_ROLE)?;
+    if old_index.blob(&binary_digest).is_some() {
+        return Ok(None);
+    }
+    let (_, old_uki) = blob(old, slate_bundle::UKI_ROLE)?;
+    let storage = slate_bundle_diff::root_storage(&fs::read(old_uki)?)
+        .context("the old UKI's root image storage")?;
+    let binary = fs::read(binary)?;
+    let start = Instant::now();
+    let seed = slate_machined::root_copy(&binary, storage)?.context("a binary under one block")?;
+    let secs = start.elapsed().as_secs_f64();
+    Ok(Some(Derived {
+        index: slate_delta::ChunkIndex {
+            params: slate_delta::DEFAULT_PARAMS,
+            blobs: vec![seed.chunks],
+        },
+        secs,
+    }))
+}
+
+fn seed_of(d: &slate_transport::SeedBlob) -> slate_delta::Seed<'_> {
+    slate_delta::Seed {
+        chunks: &d.chunks,
+        file: &*d.file,
+    }
+}
+
 /// Rounds of each assembly and of its baseline; the medians are reported.
 const ROUNDS: usize = 3;
 
@@ -365,6 +434,28 @@ fn assemble_timed(
         .map(|(chunks, file)| slate_delta::Seed { chunks, file })
         .collect();
     let remote = LayoutRemote::new(new.dir());
+    let binary = new
+        .manifest()
+        .blobs
+        .get(slate_bundle::INSTALLER_ROLE)
+        .context("no installer blob")?
+        .digest
+        .clone();
+    let mut ordered: Vec<&slate_delta::BlobChunks> = index.blobs.iter().collect();
+    ordered.sort_by_key(|b| b.oci_digest() != binary);
+    let binary_to_derive = index
+        .blob(&binary)
+        .filter(|_| old_index.blob(&binary).is_none())
+        .map(|b| b.digest);
+    // Read before the pull, as the node reads its running UKI's.
+    let storage = match binary_to_derive {
+        Some(_) => {
+            let uki = &old.manifest().blobs[slate_bundle::UKI_ROLE].digest;
+            let bytes = fs::read(old.dir().join("blobs/sha256").join(&uki["sha256:".len()..]))?;
+            Some(slate_bundle_diff::root_storage(&bytes)?)
+        }
+        None => None,
+    };
     let out = work.join("assembled");
     let cache_dir = work.join("chunk-cache");
     let bytes: u64 = index.blobs.iter().map(|b| b.size).sum();
@@ -377,13 +468,25 @@ fn assemble_timed(
         fs::write("/proc/self/clear_refs", "5")?;
         let before = status_kib("VmRSS:")?;
         let start = Instant::now();
-        for target in &index.blobs {
+        // As a node pulls: the slate binary first, then, when it changed, the seed derived
+        // from it (its copy in the new root) serves the blobs after it.
+        let mut derived = None;
+        for target in &ordered {
+            let mut seeds = seeds.clone();
+            if let Some(d) = &derived {
+                seeds.push(seed_of(d));
+            }
             let plan = slate_delta::plan(target, &seeds, Some(&cache))?;
             let mut file = fs::File::create(&out)?;
             let mut writer = std::io::BufWriter::with_capacity(1 << 20, &mut file);
             slate_delta::assemble(target, &plan, &seeds, &cache, &remote, 4, &mut writer)?;
             drop(writer);
             file.sync_all()?;
+            if Some(target.digest) == binary_to_derive && derived.is_none() {
+                if let Some(storage) = storage {
+                    derived = slate_machined::root_copy(&fs::read(&out)?, storage)?;
+                }
+            }
         }
         rounds.push(start.elapsed().as_secs_f64());
         if round == 0 {

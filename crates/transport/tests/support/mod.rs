@@ -78,7 +78,16 @@ pub fn write_test_bundle(dir: &Path, version: &str, uki: &[u8], installer: &[u8]
 /// A bundle as the imager writes it, with a chunk index (issue 41): `uki` and a 2 MiB
 /// installer that is the same in every version.
 pub fn write_indexed_bundle(dir: &Path, version: &str, uki: &[u8]) -> slate_bundle::Bundle {
-    let installer = noise(99, 2 << 20);
+    write_indexed_bundle_of(dir, version, uki, &noise(99, 2 << 20))
+}
+
+/// [`write_indexed_bundle`] with the installer binary `installer`.
+pub fn write_indexed_bundle_of(
+    dir: &Path,
+    version: &str,
+    uki: &[u8],
+    installer: &[u8],
+) -> slate_bundle::Bundle {
     slate_bundle::write_installable_bundle_with(
         dir,
         BundleSpec {
@@ -105,7 +114,7 @@ pub fn write_indexed_bundle(dir: &Path, version: &str, uki: &[u8]) -> slate_bund
                 role: slate_bundle::INSTALLER_ROLE,
                 file_name: "slate",
                 media_type: BINARY_MEDIA_TYPE,
-                bytes: &installer,
+                bytes: installer,
             },
         ],
         slate_delta::DEFAULT_PARAMS,

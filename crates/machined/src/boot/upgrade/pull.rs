@@ -74,7 +74,9 @@ pub fn pull(
 ) -> Result<(UpgradePlan, Moved), String> {
     let dir = super::bundle_dir(&pinned.digest);
     super::keep_only(&dir);
-    let seeds = delta_seeds(node);
+    let uki = running_uki(node);
+    let storage = root_storage(node, uki.as_deref());
+    let seeds = seeds_of(node, uki);
     let version = &pinned.version;
     let mut log = |event: Event<'_>| match event {
         Event::DeltaStart {
@@ -108,9 +110,19 @@ pub fn pull(
         )),
         _ => {}
     };
-    let pulled = slate_transport::Client::new(options.clone())
-        .pull_with_seeds(&pinned.reference, &dir, seeds, &mut log)
-        .map_err(|e| slate_sequencer::error_chain(&e))?;
+    let client = slate_transport::Client::new(options.clone());
+    let pulled = match storage {
+        Some(storage) => {
+            let derive = super::derived::RootCopy {
+                storage,
+                journal: &node.journal,
+                version,
+            };
+            client.pull_with_derived_seeds(&pinned.reference, &dir, seeds, &derive, &mut log)
+        }
+        None => client.pull_with_seeds(&pinned.reference, &dir, seeds, &mut log),
+    }
+    .map_err(|e| slate_sequencer::error_chain(&e))?;
     let bundle = pulled
         .open()
         .map_err(|e| slate_sequencer::error_chain(&e))?;
@@ -141,6 +153,11 @@ pub fn pull(
 /// otherwise chunked here, and then a chunk is used only where the target's signed index lists
 /// its digest — which is every chunk's last check anyway (`slate_delta::plan`).
 pub fn delta_seeds(node: &Node) -> Vec<SeedBlob> {
+    seeds_of(node, running_uki(node))
+}
+
+/// The booted UKI's bytes, from the ESP; `None` (journaled) when they cannot be read.
+fn running_uki(node: &Node) -> Option<Vec<u8>> {
     let uki = crate::settle::transaction::booted_entry(node)
         .ok_or_else(|| "the booted entry is not known".to_owned())
         .and_then(|booted| {
@@ -149,14 +166,33 @@ pub fn delta_seeds(node: &Node) -> Vec<SeedBlob> {
                 .read_uki(&booted, slate_bundle_diff::MAX_UKI_BYTES)
                 .map_err(|e| slate_sequencer::error_chain(&e))
         });
-    let uki = match uki {
+    match uki {
         Ok(bytes) => Some(bytes),
         Err(e) => {
             node.journal
                 .info(format_args!("the running UKI is no delta seed: {e}"));
             None
         }
-    };
+    }
+}
+
+/// How the running UKI's root image stores its files' data, to derive the new root's copy of
+/// the slate binary (`derived.rs`); `None` (journaled) when it cannot be read.
+fn root_storage(node: &Node, uki: Option<&[u8]>) -> Option<slate_rootfs::Storage> {
+    match slate_bundle_diff::root_storage(uki?) {
+        Ok(storage) => Some(storage),
+        Err(e) => {
+            node.journal.info(format_args!(
+                "no seed will be derived from a new slate binary: the running root image: {}",
+                slate_sequencer::error_chain(&e)
+            ));
+            None
+        }
+    }
+}
+
+/// [`delta_seeds`] from the running UKI's bytes `uki`.
+fn seeds_of(node: &Node, uki: Option<Vec<u8>>) -> Vec<SeedBlob> {
     // The running installer is this binary: the imager puts the same slate binary in the
     // root and in the bundle. If it is not, its chunks just do not match.
     let held = super::kept_index::Running {
