@@ -11,8 +11,11 @@
 //! corrupted, in its frame and in the raw blob, so the first attempt refuses that frame by its
 //! digest before decompressing it, falls back to the whole blob, refuses that too and installs
 //! nothing; the registry repaired, the next attempt resumes from the chunks the first one kept
-//! and fetches exactly the corrupted frame. v3's delta fetches
-//! exactly the chunks the two signed indexes differ by, plus one: while v2 runs, a byte of its
+//! and fetches exactly the corrupted frame. v3 changes slate's binary too (bytes appended, in
+//! the bundle and in the root), so the node derives the new root's copy of the binary from the
+//! binary it pulls first (formats.md §7.7, "Derived seeds"; its size and chunk count in the
+//! journal are the ones computed here with the node's code); v3's delta fetches
+//! exactly the chunks the two signed indexes and that seed differ by, plus one: while v2 runs, a byte of its
 //! UKI on the ESP is flipped in the disk image, inside a chunk v3 shares with v2, and the pull
 //! says that chunk failed its signed digest and fetches it instead of reusing it; v3's UKI is
 //! still assembled to its digest (on the ESP afterwards, byte for byte) and commits.
@@ -53,10 +56,63 @@ fn moved(line: &str) -> Result<(u64, u64)> {
     Ok((number("fetched")?, number("reused")?))
 }
 
+/// Bytes appended to slate's binary in v3: after its last section, where the loader maps
+/// nothing, so the binary runs as before but is another blob, and another file in the root.
+const APPENDED: usize = 512 * 1024;
+
+/// v3's bundle at `out`: the demo profile with slate's binary changed (noise appended) both as
+/// the bundle's installer and in the root. The changed binary's path.
+fn build_v3(slate: &Path, work: &Path, out: &Path) -> Result<std::path::PathBuf> {
+    let mut binary = fs::read(slate)?;
+    let mut x = 0x9e37_79b9_7f4a_7c15_u64;
+    binary.extend((0..APPENDED).map(|_| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x as u8
+    }));
+    let changed = work.join("slate-v3");
+    fs::write(&changed, &binary)?;
+    fs::set_permissions(
+        &changed,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )?;
+    let profiles = crate::util::repo_root().join("profiles");
+    let root = work.join("rootfs-v3");
+    output(
+        Command::new("cp")
+            .arg("-a")
+            .arg(profiles.join("../target/demo/rootfs"))
+            .arg(&root),
+    )?;
+    fs::copy(&changed, root.join("usr/bin/slate"))?;
+    let demo = fs::read_to_string(profiles.join("demo.toml"))?;
+    let text = demo
+        .replace(
+            "\"../target/demo/rootfs\"",
+            &format!("{:?}", root.display().to_string()),
+        )
+        .replace(
+            "\"../target/static/x86_64-unknown-linux-gnu/release/slate\"",
+            &format!("{:?}", changed.display().to_string()),
+        );
+    ensure!(
+        text.matches(&*work.display().to_string()).count() == 2,
+        "profiles/demo.toml no longer names the root and slate where this expects"
+    );
+    let profile = work.join("v3.toml");
+    fs::write(
+        &profile,
+        text.replace("\"../", &format!("\"{}/../", profiles.display())),
+    )?;
+    super::rollback::build(slate, &profile, "installer", "3.0.0", &[], out)?;
+    Ok(changed)
+}
+
 pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> {
     let slate = &prepared.slate;
     let (v1, v2, v3) = build_v1_v2(slate, work)?;
-    super::build_bundle(slate, "3.0.0", &[], &v3)?;
+    let slate3 = build_v3(slate, work, &v3)?;
     let open = |dir: &Path| -> Result<(Bundle, ChunkIndex)> {
         let bundle = Bundle::open(dir, None)?;
         let index = bundle.chunk_index()?.context("no chunk index")?;
@@ -240,7 +296,34 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
         &boot,
         "the chunk index of 2.0.0 is kept in /system/state/delta/",
     )?;
-    let clean: Vec<Chunk> = faults::to_fetch(&uki3, &[&index2]);
+    // v3's slate binary changed, so the node on v2 derives the new root's copy of it from the
+    // binary it pulls first, stored as v2's root stores files (formats.md §7.7): what it will
+    // make, made here with the node's code.
+    let v2_uki = bundle2.read_blob(UKI_ROLE)?;
+    let storage = slate_bundle_diff::root_storage(&v2_uki)?;
+    let derived = slate_machined::root_copy(&fs::read(&slate3)?, storage)?
+        .context("no seed derived from v3's binary")?;
+    let held3 = ChunkIndex {
+        params: index2.params,
+        blobs: index2
+            .blobs
+            .iter()
+            .cloned()
+            .chain([derived.chunks.clone()])
+            .collect(),
+    };
+    let clean: Vec<Chunk> = faults::to_fetch(&uki3, &[&held3]);
+    let underived: u64 = faults::to_fetch(&uki3, &[&index2])
+        .iter()
+        .map(|c| u64::from(c.length))
+        .sum();
+    let clean_raw: u64 = clean.iter().map(|c| u64::from(c.length)).sum();
+    ensure!(
+        underived >= clean_raw + (APPENDED * 3 / 4) as u64,
+        "v3's UKI should hold most of the appended bytes again, which only the derived seed \
+         holds: \
+         {underived} bytes to fetch without it, {clean_raw} with"
+    );
 
     let mut boot = running(&mut vm)?;
     boot.expect(
@@ -250,7 +333,7 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
     )?;
     ensure!(node.status()?["version"] == "2.0.0");
     // Rot on the ESP, while v2 runs: one byte of a chunk v3 would otherwise reuse from it.
-    let rot = faults::shared_chunk(&uki2, &index2, &uki3)
+    let rot = faults::shared_chunk(&uki2, &held3, &uki3)
         .context("v3's UKI shares no chunk with v2's that only v2's UKI holds")?;
     let (rot_file, rot_at) = faults::esp_uki_byte(&image, "2.0.0", &rot)?;
     faults::flip(&image, rot_at)?;
@@ -268,6 +351,23 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
         Duration::from_secs(120),
         "the ESP's rotten chunk refused",
     )?;
+    let made = boot.expect(
+        &["pull 3.0.0: derived the root image's copy of the new slate binary ("],
+        Duration::from_secs(240),
+        "the seed derived from v3's binary",
+    )?;
+    ensure!(
+        made.contains(&format!(
+            "({} bytes in {} chunks, {} KiB blocks at zstd {})",
+            derived.chunks.size,
+            derived.chunks.chunks.len(),
+            storage.block_size / 1024,
+            storage.zstd_level
+        )),
+        "the node should derive {} bytes in {} chunks: {made}",
+        derived.chunks.size,
+        derived.chunks.chunks.len()
+    );
     let planned3 = boot.expect(
         &[&format!("pull 3.0.0: blob {} (", uki3.oci_digest())],
         Duration::from_secs(60),
@@ -323,16 +423,19 @@ pub(super) fn delta_upgrade(prepared: &Prepared, work: &Path) -> Result<String> 
     );
     drop(registry);
     let percent = |n: u64| n as f64 * 100.0 / total as f64;
+    let made = made.trim();
     Ok(format!(
-        "version-only upgrades by the update agent through a registry, of {total} bytes whole: \
-         v1 -> v2 (v1's chunks listed by the node): UKI chunk {}..{} corrupted in the registry \
+        "upgrades by the update agent through a registry, of {total} bytes whole: \
+         v1 -> v2 (version only; v1's chunks listed by the node): UKI chunk {}..{} corrupted in the registry \
          (its frame {frame_at}.. too) refused by its digest before decompression, the whole \
          blob refused, nothing installed; repaired, the next attempt fetched 1 frame of the \
          UKI's {first_chunks} chunks ({first_bytes} bytes planned compressed at first, \
          {raw2} raw), in all {fetched} ({:.2} %), reused {reused}; v2 -> v3 (v2's \
-         signed index kept on STATE) fetched {fetched3} ({:.2} %), reused {reused3}, the UKI's \
-         plan its {} new chunks and chunk {}..{rot_end} of v2's UKI, refused for a byte \
-         flipped at disk offset {rot_at} in {rot_file} (`{}`); all committed",
+         signed index kept on STATE; v3's slate binary changed) fetched {fetched3} ({:.2} %), \
+         reused {reused3}, the UKI's plan its {} new chunks ({underived} bytes raw without \
+         the seed derived from the binary, `{made}`) and chunk {}..{rot_end} of v2's UKI, \
+         refused for a byte flipped at disk offset {rot_at} in {rot_file} (`{}`); all \
+         committed",
         corrupt.offset,
         corrupt.offset + u64::from(corrupt.length),
         percent(fetched),
