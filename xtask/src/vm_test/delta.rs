@@ -14,9 +14,9 @@
 //! and fetches exactly the corrupted frame. v3 changes slate's binary too (bytes appended, in
 //! the bundle and in the root), so the node derives the new root's copy of the binary from the
 //! binary it pulls first (formats.md §7.7, "Derived seeds"; its size and chunk count in the
-//! journal are the ones computed here with the node's code); v3's delta fetches
-//! exactly the chunks the two signed indexes and that seed differ by, plus one: while v2 runs, a byte of its
-//! UKI on the ESP is flipped in the disk image, inside a chunk v3 shares with v2, and the pull
+//! journal are the ones computed here with the node's code); v3's delta fetches exactly the
+//! chunks the two signed indexes and that seed differ by, plus one: while v2 runs, a byte of
+//! its UKI on the ESP is flipped in the disk image, inside a chunk v3 shares with v2, and the pull
 //! says that chunk failed its signed digest and fetches it instead of reusing it; v3's UKI is
 //! still assembled to its digest (on the ESP afterwards, byte for byte) and commits.
 
