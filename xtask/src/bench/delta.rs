@@ -241,12 +241,21 @@ fn compare(name: &str, old_dir: &Path, new_dir: &Path, work: &Path) -> Result<()
     println!(
         "    assembly of the indexed blobs ({} bytes, from the old version's blobs and the new \
          one's layout, fsynced; median of {ROUNDS}): {:.3} s, peak memory +{} KiB; the same \
-         bytes written and fsynced: {:.3} s ({:.0} % of that speed)",
+         bytes written and fsynced: {:.3} s ({:.0} % of that speed){}",
         timed.bytes,
         timed.secs,
         timed.peak_kib,
         timed.plain_secs,
-        100.0 * timed.plain_secs / timed.secs
+        100.0 * timed.plain_secs / timed.secs,
+        if timed.derive_secs > 0.0 {
+            format!(
+                "; of it deriving the seed {:.3} s, without which {:.0} % of that speed",
+                timed.derive_secs,
+                100.0 * timed.plain_secs / (timed.secs - timed.derive_secs).max(1e-9)
+            )
+        } else {
+            String::new()
+        }
     );
     Ok(())
 }
@@ -274,6 +283,10 @@ fn levels(old_dir: &Path, new_dir: &Path) -> Result<f64> {
     let new = Bundle::open(new_dir, None)?;
     let index = new.chunk_index()?.context("no chunk index")?;
     let full: u64 = index.blobs.iter().map(|b| b.size).sum();
+    let derived = derived_seed(&old, &old_index, &new)?;
+    let held: Vec<&slate_delta::ChunkIndex> = std::iter::once(&old_index)
+        .chain(derived.as_ref().map(|d| &d.index))
+        .collect();
     let mut chosen = None;
     for level in [3, 6, 9, 12, 19] {
         let mut secs = Vec::new();
@@ -289,7 +302,7 @@ fn levels(old_dir: &Path, new_dir: &Path) -> Result<f64> {
         }
         let (table, blob) = made.context("rounds")?;
         let z = table.check(&index)?;
-        let (fetch, _) = slate_delta::zchunks::compressed_fetch(&index, &[&old_index], &z);
+        let (fetch, _) = slate_delta::zchunks::compressed_fetch(&index, &held, &z);
         let secs = median(secs);
         println!(
             "    level {level:>2}: compressing the (d) bundle's chunks {secs:.2} s (median of \
@@ -328,6 +341,8 @@ fn index_time(bundle: &Path) -> Result<f64> {
 /// the memory it took beyond what the process held before.
 struct Timed {
     secs: f64,
+    /// Of `secs`, deriving the new root's copy of a changed slate binary (median of rounds).
+    derive_secs: f64,
     plain_secs: f64,
     bytes: u64,
     peak_kib: u64,
@@ -459,7 +474,7 @@ fn assemble_timed(
     let out = work.join("assembled");
     let cache_dir = work.join("chunk-cache");
     let bytes: u64 = index.blobs.iter().map(|b| b.size).sum();
-    let (mut rounds, mut peak_kib) = (Vec::new(), 0);
+    let (mut rounds, mut derive_rounds, mut peak_kib) = (Vec::new(), Vec::new(), 0);
     for round in 0..ROUNDS {
         let _ = fs::remove_dir_all(&cache_dir);
         let cache = DirCache::new(&cache_dir)?;
@@ -470,7 +485,7 @@ fn assemble_timed(
         let start = Instant::now();
         // As a node pulls: the slate binary first, then, when it changed, the seed derived
         // from it (its copy in the new root) serves the blobs after it.
-        let mut derived = None;
+        let (mut derived, mut derive_secs) = (None, 0.0);
         for target in &ordered {
             let mut seeds = seeds.clone();
             if let Some(d) = &derived {
@@ -484,11 +499,14 @@ fn assemble_timed(
             file.sync_all()?;
             if Some(target.digest) == binary_to_derive && derived.is_none() {
                 if let Some(storage) = storage {
+                    let start = Instant::now();
                     derived = slate_machined::root_copy(&fs::read(&out)?, storage)?;
+                    derive_secs = start.elapsed().as_secs_f64();
                 }
             }
         }
         rounds.push(start.elapsed().as_secs_f64());
+        derive_rounds.push(derive_secs);
         if round == 0 {
             peak_kib = status_kib("VmHWM:")?.saturating_sub(before);
         }
@@ -511,6 +529,7 @@ fn assemble_timed(
     let _ = fs::remove_dir_all(&cache_dir);
     Ok(Timed {
         secs: median(rounds),
+        derive_secs: median(derive_rounds),
         plain_secs: median(plain),
         bytes,
         peak_kib,
