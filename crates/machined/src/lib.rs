@@ -20,7 +20,7 @@ mod power_events;
 
 /// The seed a pull derives from a new slate binary, for `xtask bench-delta` to count what a
 /// node fetches with the node's own code.
-pub use boot::upgrade::derived::root_copy;
+pub use boot::upgrade::pull::derived::root_copy;
 
 use std::net::SocketAddr;
 use std::panic::AssertUnwindSafe;

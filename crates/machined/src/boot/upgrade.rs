@@ -9,7 +9,6 @@
 //! to `plan` and the Upgrade sequence, which check the signature again (documents only) and the
 //! sizes, not the bytes. A staged upgrade runs after a reboot, so it hashes each blob once more.
 
-pub mod derived;
 pub mod kept_index;
 pub mod pull;
 mod receive;

@@ -78,3 +78,45 @@ pub fn root_copy(binary: &[u8], storage: Storage) -> std::io::Result<Option<Seed
         file: Box::new(MemSeed(data)),
     }))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use slate_transport::DeriveSeeds as _;
+
+    /// Only the slate binary gives a seed, and only when it fills a block; the seed is the
+    /// binary's blocks as `slate_rootfs::file_data` makes them, chunked to tile them.
+    #[test]
+    fn the_binary_gives_its_blocks_and_nothing_else_gives_anything() {
+        let journal = Journal::new(slate_host::KmsgLogger::stderr("test"));
+        let derive = RootCopy {
+            storage: Storage {
+                block_size: 4096,
+                zstd_level: 15,
+            },
+            journal: &journal,
+            version: "2.0.0",
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let binary: Vec<u8> = (0..100_000u32).map(|i| (i * 7 / 3) as u8).collect();
+        let path = dir.path().join("slate");
+        std::fs::write(&path, &binary).unwrap();
+        assert!(derive
+            .derive(slate_bundle::UKI_MEDIA_TYPE, &path)
+            .is_empty());
+        let seeds = derive.derive(BINARY_MEDIA_TYPE, &path);
+        assert_eq!(seeds.len(), 1);
+        let data = slate_rootfs::file_data(&binary, 4096, 15, 1).unwrap();
+        assert!(!data.is_empty() && data.len() < binary.len());
+        assert_eq!(seeds[0].chunks.size, data.len() as u64);
+        assert_eq!(seeds[0].chunks.digest, slate_delta::sha256(&data));
+        let mut copy = vec![0; data.len()];
+        seeds[0].file.read_at(0, &mut copy).unwrap();
+        assert!(copy == data);
+
+        std::fs::write(&path, &binary[..1000]).unwrap();
+        assert!(derive.derive(BINARY_MEDIA_TYPE, &path).is_empty());
+        std::fs::remove_file(&path).unwrap();
+        assert!(derive.derive(BINARY_MEDIA_TYPE, &path).is_empty());
+    }
+}

@@ -11,6 +11,10 @@
 //! fetched by range; what each blob costs is logged before anything is fetched. Without a kept
 //! index, or when a delta would not be smaller, a blob is downloaded whole.
 
+// The seed derived from a new slate binary: a part of the pull, kept in a file of its own.
+#[path = "derived.rs"]
+pub mod derived;
+
 use slate_bundle::Digest;
 use slate_transport::{Event, Options, Reference, SeedBlob};
 
@@ -113,7 +117,7 @@ pub fn pull(
     let client = slate_transport::Client::new(options.clone());
     let pulled = match storage {
         Some(storage) => {
-            let derive = super::derived::RootCopy {
+            let derive = derived::RootCopy {
                 storage,
                 journal: &node.journal,
                 version,
