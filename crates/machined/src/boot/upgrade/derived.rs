@@ -82,7 +82,6 @@ pub fn root_copy(binary: &[u8], storage: Storage) -> std::io::Result<Option<Seed
 #[cfg(test)]
 mod tests {
     use super::*;
-    use slate_transport::DeriveSeeds as _;
 
     /// Only the slate binary gives a seed, and only when it fills a block; the seed is the
     /// binary's blocks as `slate_rootfs::file_data` makes them, chunked to tile them.
