@@ -216,7 +216,9 @@ pub(crate) fn copy_image(
         if !in_place {
             fetch_blob(source, dest, digest, d.size(), stats, progress)?;
         }
-        if let Some(derive) = delta.and_then(|delta| derive_from(delta, d)) {
+        // Only a delta of a later blob can use what is derived.
+        let derive = delta.filter(|_| index.is_some());
+        if let Some(derive) = derive.and_then(|delta| derive_from(delta, d)) {
             derived.extend(derive.derive(d.media_type().as_ref(), &dest.blob_path(digest)?));
         }
     }
