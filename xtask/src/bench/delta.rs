@@ -12,6 +12,11 @@
 //! each missing chunk's stored bytes, plus the compressed chunk table), from the table the
 //! imager wrote into the new bundle (a signed layer since issue 41 part 2).
 //!
+//! A node whose new slate binary differs from its running one also derives the new root's
+//! copy of that binary (formats.md §7.7, "Derived seeds"): slate's columns count what it still
+//! fetches, and the row says how many bytes the derived seed saved and how long making it took
+//! (part of the assembly's time, printed apart too).
+//!
 //! Pairs (inputs in `delta_inputs`): (a) version only, (b) one 1 MiB file added to the root,
 //! (c) libc6 replaced by another build of it, (d) slate rebuilt with a small source change, (e)
 //! the kernel of the previous point release replaced by the current one.
