@@ -188,12 +188,18 @@ pub(crate) fn copy_image(
         }
         _ => None,
     };
-    // The slate binary before the rest: the UKI's root holds it again, and a seed derived
-    // from it (`DeriveSeeds`) serves the UKI only once the binary is here.
+    // With a deriver, the slate binary before the rest: the UKI's root holds it again, and a
+    // seed derived from it (`DeriveSeeds`) serves the UKI only once the binary is here.
+    // Without one, the manifest's order.
+    let deriving = delta.filter(|d| d.derive.is_some() && index.is_some());
     let mut blobs: Vec<&Descriptor> = std::iter::once(parsed.config())
         .chain(parsed.layers())
         .collect();
-    blobs.sort_by_key(|d| AsRef::<str>::as_ref(d.media_type()) != slate_bundle::BINARY_MEDIA_TYPE);
+    if deriving.is_some() {
+        blobs.sort_by_key(|d| {
+            AsRef::<str>::as_ref(d.media_type()) != slate_bundle::BINARY_MEDIA_TYPE
+        });
+    }
     let mut derived = Vec::new();
     for d in blobs {
         let digest = d.digest().as_ref();
@@ -217,8 +223,7 @@ pub(crate) fn copy_image(
             fetch_blob(source, dest, digest, d.size(), stats, progress)?;
         }
         // Only a delta of a later blob can use what is derived.
-        let derive = delta.filter(|_| index.is_some());
-        if let Some(derive) = derive.and_then(|delta| derive_from(delta, d)) {
+        if let Some(derive) = deriving.and_then(|delta| derive_from(delta, d)) {
             derived.extend(derive.derive(d.media_type().as_ref(), &dest.blob_path(digest)?));
         }
     }
