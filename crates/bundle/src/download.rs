@@ -26,6 +26,10 @@ pub struct Download {
     /// The chunks are counted as they travel compressed (the bundle has a compressed chunk
     /// table, formats.md §7.8; a registry without its `.zchunks` tag serves them raw).
     pub compressed: bool,
+    /// The bundle's slate binary is not one the node holds, so the pull will derive the new
+    /// root's copy of it from the binary once fetched (formats.md §7.7, "Derived seeds"): the
+    /// UKI's share of `fetch_bytes` counts that copy and is an upper bound.
+    pub derives_root_copy: bool,
 }
 
 impl Download {
@@ -36,16 +40,25 @@ impl Download {
                 "download: {} bytes, the whole bundle ({why})",
                 self.total_bytes
             ),
-            None => format!(
-                "download: {} of {} bytes ({:.1} %): {} chunks by range requests{}; {} bytes \
-                 reused from the node",
+            None => {
+                format!(
+                "download: {}{} of {} bytes ({:.1} %): {} chunks by range requests{}; {} bytes \
+                 reused from the node{}",
+                if self.derives_root_copy { "at most " } else { "" },
                 self.fetch_bytes,
                 self.total_bytes,
                 percent(self.fetch_bytes, self.total_bytes),
                 self.fetch_chunks,
                 if self.compressed { ", compressed" } else { "" },
-                self.reuse_bytes
-            ),
+                self.reuse_bytes,
+                if self.derives_root_copy {
+                    "; its slate binary is new to the node, which derives the new root's copy \
+                     of it once fetched, so the UKI may fetch less"
+                } else {
+                    ""
+                }
+            )
+            }
         }
     }
 }
@@ -70,6 +83,7 @@ impl Bundle {
             total_bytes,
             whole: Some(why.to_owned()),
             compressed: false,
+            derives_root_copy: false,
         };
         let Some(target) = self.chunk_index()? else {
             return Ok(whole("it carries no chunk index"));
@@ -108,6 +122,10 @@ impl Bundle {
         if reuse_bytes == 0 {
             return Ok(whole("the node holds none of its chunks"));
         }
+        // As the pull decides (`slate_transport::DeriveSeeds`): a binary the node holds whole
+        // derives nothing; a new one does, when the node's root can be read — not known here.
+        let binary = self.manifest().blobs.get(crate::INSTALLER_ROLE);
+        let derives_root_copy = binary.is_some_and(|b| held.blob(&b.digest).is_none());
         Ok(Download {
             fetch_bytes,
             fetch_chunks,
@@ -115,6 +133,7 @@ impl Bundle {
             total_bytes,
             whole: None,
             compressed: zchunks.is_some(),
+            derives_root_copy,
         })
     }
 }

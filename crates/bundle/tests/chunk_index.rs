@@ -168,6 +168,23 @@ fn the_download_is_the_chunks_the_node_lacks_and_the_blobs_no_index_lists() {
     assert!(d
         .text()
         .starts_with(&format!("download: {} of {total} bytes (", d.fetch_bytes)));
+    // The same binary: nothing to derive, the figure is exact.
+    assert!(!d.derives_root_copy, "{d:?}");
+
+    // A new binary: the node will derive the new root's copy of it, so the figure is a bound.
+    let d3 = tempfile::tempdir().unwrap();
+    write(d3.path(), &v2_uki, &noise(2 << 20, 4), Some(DEFAULT_PARAMS));
+    let v3 = Bundle::open(d3.path(), None).unwrap();
+    let d = v3.download(Ok(&held)).unwrap();
+    assert!(d.derives_root_copy, "{d:?}");
+    assert!(
+        d.text().starts_with("download: at most ")
+            && d.text().ends_with(
+                "derives the new root's copy of it once fetched, so the UKI may fetch less"
+            ),
+        "{}",
+        d.text()
+    );
 
     // A node that does not say, or that holds nothing of it: the whole bundle.
     let d = v2
