@@ -59,7 +59,14 @@ fn download_text(a: &Bundle, b: &Bundle) -> Result<String> {
         // A whole download, as before issue 41: the output stays what it was.
         return Ok(String::new());
     };
-    let e = slate_delta::estimate(&target, &[&held]);
+    // A node running A derives B's root copy of a new slate binary once it has the binary
+    // (formats.md §7.7, "Derived seeds"); here both bundles are at hand, so it is counted.
+    let derived = derived_seed(a, b, &held);
+    let without = slate_delta::estimate(&target, &[&held]);
+    let e = match &derived {
+        Some(seed) => slate_delta::estimate(&target, &[&held, seed]),
+        None => without.clone(),
+    };
     let percent = |n: u64, of: u64| 100.0 * n as f64 / of.max(1) as f64;
     let mut text = format!(
         "download: {} of {} bytes ({:.2} %): {} chunks and the {}-byte chunk index; {} bytes \
@@ -71,6 +78,14 @@ fn download_text(a: &Bundle, b: &Bundle) -> Result<String> {
         e.index_bytes,
         e.reuse_bytes(),
     );
+    if let Some(seed) = &derived {
+        text += &format!(
+            "  derived on the node: B's root copy of its new slate binary ({} bytes), which \
+             saves fetching {} bytes\n",
+            seed.blobs[0].size,
+            without.fetch_bytes().saturating_sub(e.fetch_bytes())
+        );
+    }
     for blob in &e.blobs {
         let role = b
             .manifest()
@@ -88,4 +103,26 @@ fn download_text(a: &Bundle, b: &Bundle) -> Result<String> {
         );
     }
     Ok(text)
+}
+
+/// What a node running `a` derives once it has `b`'s slate binary, as one chunk index; `None`
+/// when `a`'s index holds that binary already, or when either side cannot be read as the node
+/// would (then the figure counts the copy as fetched, as `slate upgrade --check` does).
+fn derived_seed(
+    a: &Bundle,
+    b: &Bundle,
+    held: &slate_delta::ChunkIndex,
+) -> Option<slate_delta::ChunkIndex> {
+    let binary = b.manifest().blobs.get(slate_bundle::INSTALLER_ROLE)?;
+    if held.blob(&binary.digest).is_some() {
+        return None;
+    }
+    let uki = a.read_blob(slate_bundle::UKI_ROLE).ok()?;
+    let storage = slate_bundle_diff::root_storage(&uki).ok()?;
+    let binary = b.read_blob(slate_bundle::INSTALLER_ROLE).ok()?;
+    let seed = slate_machined::root_copy(&binary, storage).ok()??;
+    Some(slate_delta::ChunkIndex {
+        params: slate_delta::DEFAULT_PARAMS,
+        blobs: vec![seed.chunks],
+    })
 }
