@@ -457,3 +457,68 @@ fn a_cached_rebuild_writes_what_a_clean_build_writes() {
         "the rebuilt entries are used again: {said}"
     );
 }
+
+/// A slate binary of `lines` numbered lines of text (compressible, so the root stores it as
+/// zstd frames), in the bundle and as the root's `/usr/bin/slate`, as the demo profile has it.
+fn with_binary(fx: &Fixture, first: u32) {
+    let binary: String = (first..first + 40_000)
+        .map(|i| format!("{i} {}\n", u64::from(i) * u64::from(i)))
+        .collect();
+    fs::write(fx.path("slate"), &binary).unwrap();
+    fs::create_dir_all(fx.path("rootfs/usr/bin")).unwrap();
+    fs::write(fx.path("rootfs/usr/bin/slate"), &binary).unwrap();
+}
+
+/// `slate bundle diff A B` counts what a node running A derives from B's new slate binary
+/// (formats.md §7.7, "Derived seeds"): B's root holds the new binary again as squashfs blocks,
+/// which the node makes from the binary rather than fetching; with the same binary on both
+/// sides, nothing is derived.
+#[test]
+fn bundle_diff_counts_the_root_copy_a_node_derives_from_a_new_binary() {
+    let fx = Fixture::new();
+    with_binary(&fx, 0);
+    let v1 = fx.built("installer", "v1");
+    let same = fx.built("installer", "same");
+    // Every line numbered one more: every block of the binary, and of its root copy, changes.
+    with_binary(&fx, 1);
+    let v2 = fx.built("installer", "v2");
+    let diff = |b: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_slate"))
+            .args(["bundle", "diff"])
+            .arg(&v1)
+            .arg(b)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = diff(&same);
+    assert!(!text.contains("derived on the node"), "{text}");
+    let text = diff(&v2);
+    let binary = fs::read(fx.path("slate")).unwrap();
+    // The fixture's root is zstd 3 in 128 KiB blocks.
+    let blocks = slate_rootfs::file_data(&binary, 128 << 10, 3, 1).unwrap();
+    let line = text
+        .lines()
+        .find(|l| l.contains("derived on the node"))
+        .unwrap_or_else(|| panic!("no derived seed counted: {text}"));
+    assert!(
+        line.contains(&format!(
+            "B's root copy of its new slate binary ({} bytes)",
+            blocks.len()
+        )),
+        "{line}"
+    );
+    let saved: u64 = line
+        .rsplit("saves fetching ")
+        .next()
+        .and_then(|rest| rest.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{line}"));
+    // Most of the copy: all but the chunks at its two ends, which hold other bytes too.
+    assert!(
+        saved * 2 > blocks.len() as u64,
+        "saved {saved} of {}: {text}",
+        blocks.len()
+    );
+}
