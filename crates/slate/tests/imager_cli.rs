@@ -458,7 +458,7 @@ fn a_cached_rebuild_writes_what_a_clean_build_writes() {
     );
 }
 
-/// A slate binary of `lines` numbered lines of text (compressible, so the root stores it as
+/// A slate binary of 40,000 numbered lines from `first` (compressible, so the root stores it as
 /// zstd frames), in the bundle and as the root's `/usr/bin/slate`, as the demo profile has it.
 fn with_binary(fx: &Fixture, first: u32) {
     let binary: String = (first..first + 40_000)
