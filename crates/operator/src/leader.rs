@@ -11,12 +11,13 @@
 //! sending leaves an unconfirmed start, which the next leader sends again only when the node
 //! provably did not take it ([`slate_rollout::RESEND_AFTER`]).
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use slate_release::ReleaseIndex;
-use slate_rollout::{tick_marked, Event, EventKind, Step, Tick, TickCache, TickPart};
+use slate_rollout::{tick_in_place, Event, EventKind, Step, Tick, TickCache, TickPart};
 
 use crate::drive::{DriveError, NodeDriver};
 use crate::etcd::{EtcdState, Fence, Outcome};
@@ -328,10 +329,16 @@ fn lead_once(
     timing.answers = taken.answers.len();
     let mut events = apply_answers(&taken.answers, held_rollouts, now_unix(), log);
     timing.send += recording.elapsed();
-    let rollouts = held_rollouts.rollouts();
     timing.nodes = inventory.len();
-    let probes =
-        crate::probe::probe_soaking(&policies, inventory, rollouts, config.parallel_orders);
+    let probes = crate::probe::probe_soaking(
+        &policies,
+        inventory,
+        held_rollouts.rollouts(),
+        config.parallel_orders,
+    );
+    // The tick changes the held rollouts in place (a copy of each changed group was a large
+    // part of a tick), and a commit that fails discards them: see `RolloutCache::edit`.
+    let lent_instead = BTreeMap::new();
     let decided = Instant::now();
     let mut last = decided;
     let parts = &mut timing.parts;
@@ -346,11 +353,13 @@ fn lead_once(
         policies: &policies,
         index: &index,
         repository: &config.repository,
-        rollouts,
+        rollouts: &lent_instead,
         stale_after: config.stale_after.as_secs(),
         probes: &probes,
     };
-    let mut decision = tick_marked(&tick_input, tick_cache, &mut mark);
+    let rollouts = held_rollouts.rollouts_mut();
+    let mut decision = tick_in_place(&tick_input, rollouts, tick_cache, &mut mark);
+    held_rollouts.mark_edited(std::mem::take(&mut decision.changed_in_place));
     timing.decide = decided.elapsed();
     // Let the watch go on without copying: while a snapshot is held, its next change copies
     // the whole inventory (`Arc::make_mut`), and sending the orders can take seconds.
@@ -358,8 +367,8 @@ fn lead_once(
     events.append(&mut decision.events);
     decision.events = events;
     let committed = Instant::now();
-    // The tick's rollouts start from the answered ones, so a group it changed carries its
-    // answers too; the others answered are stored as edited.
+    // Every group answered or changed by the tick is edited in place (`decision.rollouts`
+    // stays empty with `tick_in_place`, but is stored if not).
     let outcome = {
         let answered = held_rollouts
             .edited()

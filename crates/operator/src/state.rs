@@ -237,6 +237,17 @@ impl RolloutCache {
         Some(rollout)
     }
 
+    /// The rollouts by group, to change in place ([`slate_rollout::tick_in_place`]): the
+    /// caller names the groups it changed with [`RolloutCache::mark_edited`].
+    pub fn rollouts_mut(&mut self) -> &mut BTreeMap<String, Rollout> {
+        &mut self.rollouts
+    }
+
+    /// `groups` were changed (or begun) in place: see [`RolloutCache::edit`].
+    pub fn mark_edited(&mut self, groups: impl IntoIterator<Item = String>) {
+        self.edited.extend(groups);
+    }
+
     /// The groups edited in place and not yet stored, with their rollouts as they now stand.
     pub fn edited(&self) -> impl Iterator<Item = (&str, &Rollout)> {
         self.edited
@@ -247,17 +258,19 @@ impl RolloutCache {
     /// The edits were stored by a commit at `revision`.
     pub fn edits_stored(&mut self, revision: i64) {
         for group in std::mem::take(&mut self.edited) {
-            if let Some(held) = self.keys.get_mut(&format!("{ROLLOUTS}{group}")) {
-                held.1 = revision;
+            if self.rollouts.contains_key(&group) {
+                self.keys
+                    .insert(format!("{ROLLOUTS}{group}"), (group, revision));
             }
         }
     }
 
-    /// The edits were not stored: their groups are forgotten, so the next refresh reads them
-    /// from etcd again.
+    /// The edits were not stored: their groups are forgotten (a rollout begun in place
+    /// included), so the next refresh reads them from etcd again.
     pub fn discard_edits(&mut self) {
         for group in std::mem::take(&mut self.edited) {
             self.forget(&format!("{ROLLOUTS}{group}"));
+            self.rollouts.remove(&group);
         }
     }
 }

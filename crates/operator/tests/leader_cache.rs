@@ -2,7 +2,7 @@
 //! cluster on loopback: the policies are parsed again when they change (and a refused file
 //! stays refused, not replaced by the last good one); a rollout edited in place for a commit
 //! that did not happen is read again, one whose commit happened is held at that commit's
-//! revision, and another replica's write is picked up. Run with `CI=true` to make a missing
+//! revision (a rollout begun in place included), and another replica's write is picked up. Run with `CI=true` to make a missing
 //! etcd a failure.
 
 use std::collections::BTreeMap;
@@ -154,6 +154,28 @@ fn the_leaders_policy_and_rollout_caches_follow_etcd() {
     assert!(matches!(outcome, Outcome::Conflict), "{outcome:?}");
     rollouts.discard_edits();
     state::refresh_state(&state, &mut rollouts, &mut policies).unwrap();
+    assert_eq!(rollouts.get("g"), Some((&paused, third)));
+
+    // A rollout begun in place (as `tick_in_place` does) and not stored is gone again...
+    rollouts.rollouts_mut().insert("h".into(), rollout("h"));
+    rollouts.mark_edited(["h".to_owned()]);
+    rollouts.discard_edits();
+    assert!(rollouts.get("h").is_none());
+    assert!(!rollouts.rollouts().contains_key("h"));
+    // ...and once stored, held at its commit's revision, as etcd holds it.
+    rollouts.rollouts_mut().insert("h".into(), rollout("h"));
+    rollouts.mark_edited(["h".to_owned()]);
+    let read_at = rollouts.revisions();
+    assert!(!read_at.contains_key("h"));
+    let fourth = committed(
+        state::commit_rollouts_of(&state, None, rollouts.edited(), &read_at, &[], 5).unwrap(),
+    );
+    rollouts.edits_stored(fourth);
+    assert_eq!(rollouts.get("h"), Some((&rollout("h"), fourth)));
+    state::refresh_state(&state, &mut rollouts, &mut policies).unwrap();
+    let stored = state::rollouts(&state).unwrap();
+    assert_eq!(stored["h"].revision, fourth);
+    assert_eq!(rollouts.get("h"), Some((&stored["h"].value, fourth)));
     assert_eq!(rollouts.get("g"), Some((&paused, third)));
 }
 
