@@ -173,6 +173,8 @@ fn lead_terms(
         let mut orders = TickCache::new();
         // Parsed again only when the stored policies change.
         let mut policies = state::PolicyCache::default();
+        // Each node's JSON kept from one commit to the next (the bytes are `encode`'s).
+        let mut encoder = state::rollout_value::Encoder::new();
         while !stop.load(Ordering::Relaxed) && !leadership.is_lost() {
             let started = Instant::now();
             if pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
@@ -186,7 +188,7 @@ fn lead_terms(
                 config,
                 releases,
                 (nodes, &mut seen),
-                (&mut held, &mut policies, &mut orders),
+                (&mut held, &mut policies, &mut orders, &mut encoder),
                 &cache,
                 (&fence, outbox),
                 log,
@@ -284,10 +286,11 @@ fn lead_once(
     config: &LeaderConfig,
     releases: &dyn ReleaseSource,
     (nodes, seen): (Option<&state::Nodes>, &mut Option<u64>),
-    (held_rollouts, held_policies, tick_cache): (
+    (held_rollouts, held_policies, tick_cache, encoder): (
         &mut state::RolloutCache,
         &mut state::PolicyCache,
         &mut TickCache,
+        &mut state::rollout_value::Encoder,
     ),
     cache: &IndexCache,
     (fence, outbox): (&Fence, &Outbox),
@@ -381,6 +384,7 @@ fn lead_once(
             &read_at,
             &decision.events,
             now_ms(),
+            Some(encoder),
         )
     };
     timing.commit = committed.elapsed();

@@ -449,10 +449,11 @@ pub fn commit_rollouts(
     now_ms: u64,
 ) -> Result<Outcome, StateError> {
     let changed = changed.iter().map(|(g, r)| (g.as_str(), r));
-    commit_rollouts_of(state, fence, changed, read_at, events, now_ms)
+    commit_rollouts_of(state, fence, changed, read_at, events, now_ms, None)
 }
 
-/// [`commit_rollouts`] of rollouts by reference, each group once.
+/// [`commit_rollouts`] of rollouts by reference, each group once, encoded by `encoder` when
+/// one is given (a leader keeps one for its leadership; the bytes are the same).
 pub fn commit_rollouts_of<'a>(
     state: &EtcdState,
     fence: Option<&Fence>,
@@ -460,6 +461,7 @@ pub fn commit_rollouts_of<'a>(
     read_at: &BTreeMap<String, i64>,
     events: &[Event],
     now_ms: u64,
+    mut encoder: Option<&mut rollout_value::Encoder>,
 ) -> Result<Outcome, StateError> {
     let mut commit = Commit {
         fence: fence.cloned(),
@@ -472,7 +474,11 @@ pub fn commit_rollouts_of<'a>(
             None => Expect::Absent,
         };
         commit.checks.push((key.clone(), expect));
-        commit.puts.push((key, rollout_value::encode(rollout)));
+        let value = match encoder.as_deref_mut() {
+            Some(encoder) => encoder.encode(rollout),
+            None => rollout_value::encode(rollout),
+        };
+        commit.puts.push((key, value));
     }
     if !events.is_empty() {
         commit.puts.push((event_key(now_ms), json(&events)));

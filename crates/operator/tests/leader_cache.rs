@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 
 use slate_operator::etcd::{Commit, EtcdState, Outcome, DEFAULT_PREFIX};
+use slate_operator::state::rollout_value::Encoder;
 use slate_operator::state::{self, PolicyCache, RolloutCache, POLICIES};
 use slate_rollout::{NodeProgress, Rollout, RolloutState, Step, Strategy};
 use slate_testkit::etcd::{one_at_a_time, three_members};
@@ -64,6 +65,7 @@ fn the_leaders_policy_and_rollout_caches_follow_etcd() {
     let state = EtcdState::connect(&cluster.endpoints(), DEFAULT_PREFIX).unwrap();
     let mut rollouts = RolloutCache::new();
     let mut policies = PolicyCache::default();
+    let mut encoder = Encoder::new();
 
     // No policy file yet: an empty set.
     let set = state::refresh_state(&state, &mut rollouts, &mut policies).unwrap();
@@ -123,7 +125,7 @@ fn the_leaders_policy_and_rollout_caches_follow_etcd() {
     edit_issued(&mut rollouts, "g");
     let read_at = rollouts.revisions();
     let second = committed(
-        state::commit_rollouts_of(&state, None, rollouts.edited(), &read_at, &[], 2).unwrap(),
+        state::commit_rollouts_of(&state, None, rollouts.edited(), &read_at, &[], 2, None).unwrap(),
     );
     rollouts.edits_stored(second);
     assert_eq!(rollouts.edited().count(), 0);
@@ -150,7 +152,7 @@ fn the_leaders_policy_and_rollout_caches_follow_etcd() {
     edit_issued(&mut rollouts, "g");
     let stale = BTreeMap::from([("g".to_owned(), second)]);
     let outcome =
-        state::commit_rollouts_of(&state, None, rollouts.edited(), &stale, &[], 4).unwrap();
+        state::commit_rollouts_of(&state, None, rollouts.edited(), &stale, &[], 4, None).unwrap();
     assert!(matches!(outcome, Outcome::Conflict), "{outcome:?}");
     rollouts.discard_edits();
     state::refresh_state(&state, &mut rollouts, &mut policies).unwrap();
@@ -168,7 +170,16 @@ fn the_leaders_policy_and_rollout_caches_follow_etcd() {
     let read_at = rollouts.revisions();
     assert!(!read_at.contains_key("h"));
     let fourth = committed(
-        state::commit_rollouts_of(&state, None, rollouts.edited(), &read_at, &[], 5).unwrap(),
+        state::commit_rollouts_of(
+            &state,
+            None,
+            rollouts.edited(),
+            &read_at,
+            &[],
+            5,
+            Some(&mut encoder),
+        )
+        .unwrap(),
     );
     rollouts.edits_stored(fourth);
     assert_eq!(rollouts.get("h"), Some((&rollout("h"), fourth)));
