@@ -2,11 +2,9 @@
 //! copied — or, when the caller lends its rollouts ([`crate::tick_in_place`]), changed where
 //! it lies, with a note that it changed.
 
-use std::collections::BTreeMap;
 use std::ops::Deref;
 
 use crate::rollout::Rollout;
-use crate::tick::GroupTick;
 
 pub(crate) enum Held<'r> {
     /// Read only so far: most ticks change nothing in most groups.
@@ -45,32 +43,6 @@ impl Held<'_> {
                 rollout
             }
             Held::Borrowed(_) => unreachable!("copied above"),
-        }
-    }
-}
-
-impl GroupTick<'_, '_> {
-    /// [`GroupTick::run`] on the caller's rollouts, changed in place.
-    pub(crate) fn run_in_place(mut self, rollouts: &mut BTreeMap<String, Rollout>) {
-        match rollouts.get_mut(self.group) {
-            Some(r) if r.state.is_active() => {
-                let held = Held::Lent {
-                    rollout: r,
-                    changed: false,
-                };
-                if let Held::Lent { changed: true, .. } = self.drive(held) {
-                    self.out.changed_in_place.insert(self.group.to_owned());
-                }
-            }
-            previous => {
-                let Some(begun) = self.new_rollout(previous.as_deref()) else {
-                    return;
-                };
-                if let Held::Owned(begun) = self.drive(Held::Owned(begun)) {
-                    rollouts.insert(self.group.to_owned(), begun);
-                    self.out.changed_in_place.insert(self.group.to_owned());
-                }
-            }
         }
     }
 }

@@ -14,6 +14,7 @@
 
 mod control;
 mod held;
+mod in_place;
 mod limits;
 mod node;
 mod plan;
