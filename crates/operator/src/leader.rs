@@ -1,8 +1,9 @@
 //! The leader: campaign, then tick until the leadership is lost or the replica stops.
 //!
-//! A tick reads everything from etcd (the inventory through the replica's watch of `nodes/`,
-//! the rest afresh; nothing the leader decided is carried from one tick to the next, so a new
-//! leader starts exactly where the old one stopped), decides with
+//! A tick reads everything from etcd (the inventory through the replica's watch of `nodes/`;
+//! the policies and rollouts as cached by the leadership, checked against their revisions with
+//! one read and fetched again only when one moved, so a new leader starts exactly where the
+//! old one stopped), records the nodes' answers to earlier orders in them, decides with
 //! [`slate_rollout::tick`], stores the new rollouts fenced by the leadership, and only then
 //! hands the upgrade orders to the [`Outbox`], whose workers send them while the next ticks
 //! run; a later tick of the same leadership records their answers. A node is therefore
@@ -16,9 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use slate_release::ReleaseIndex;
-use slate_rollout::{
-    tick_marked, Event, EventKind, PolicySet, Rollout, Step, Tick, TickCache, TickPart,
-};
+use slate_rollout::{tick_in_place, Event, EventKind, Step, Tick, TickCache, TickPart};
 
 use crate::drive::{DriveError, NodeDriver};
 use crate::etcd::{EtcdState, Fence, Outcome};
@@ -76,7 +75,8 @@ pub struct TickTiming {
     /// The fenced commit of its decision.
     pub commit: Duration,
     /// The orders' share of the loop: recording the answers that came back since the last
-    /// tick, and handing this tick's orders to the outbox (the calls themselves run apart).
+    /// tick in the rollouts (stored by the tick's commit, timed in `commit`), and handing this
+    /// tick's orders to the outbox (the calls themselves run apart).
     pub send: Duration,
     pub nodes: usize,
     pub orders: usize,
@@ -171,6 +171,10 @@ fn lead_terms(
         // Derived from the inventory alone and checked against it on every use, so a new
         // leadership may keep it; a fresh one per term keeps a term's memory its own.
         let mut orders = TickCache::new();
+        // Parsed again only when the stored policies change.
+        let mut policies = state::PolicyCache::default();
+        // Each node's JSON kept from one commit to the next (the bytes are `encode`'s).
+        let mut encoder = state::rollout_value::Encoder::new();
         while !stop.load(Ordering::Relaxed) && !leadership.is_lost() {
             let started = Instant::now();
             if pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
@@ -184,7 +188,7 @@ fn lead_terms(
                 config,
                 releases,
                 (nodes, &mut seen),
-                (&mut held, &mut orders),
+                (&mut held, &mut policies, &mut orders, &mut encoder),
                 &cache,
                 (&fence, outbox),
                 log,
@@ -282,7 +286,12 @@ fn lead_once(
     config: &LeaderConfig,
     releases: &dyn ReleaseSource,
     (nodes, seen): (Option<&state::Nodes>, &mut Option<u64>),
-    (held_rollouts, tick_cache): (&mut state::RolloutCache, &mut TickCache),
+    (held_rollouts, held_policies, tick_cache, encoder): (
+        &mut state::RolloutCache,
+        &mut state::PolicyCache,
+        &mut TickCache,
+        &mut state::rollout_value::Encoder,
+    ),
     cache: &IndexCache,
     (fence, outbox): (&Fence, &Outbox),
     log: &Log,
@@ -293,7 +302,25 @@ fn lead_once(
         metrics.etcd_error("leader");
         e.to_string()
     };
-    // First what the nodes answered since the last tick, so that this tick decides on it.
+    let started = Instant::now();
+    let (held, generation) = state::inventory_from(state, nodes).map_err(|e| etcd(&e))?;
+    *seen = generation;
+    let inventory: &slate_rollout::Inventory = &held;
+    let policies = state::refresh_state(state, held_rollouts, held_policies).map_err(|e| {
+        // A policy file that does not parse is the operator's user's to fix, not etcd's.
+        match &e {
+            state::ReadError::Corrupt { key, .. } if key == state::POLICIES => e.to_string(),
+            _ => etcd(&e),
+        }
+    })?;
+    let Some(index) = cache.get(releases, config.release_refresh, log) else {
+        return Ok(Led::Ticked);
+    };
+    let read_at = held_rollouts.revisions();
+    timing.read = started.elapsed();
+    // What the nodes answered since the last tick, recorded in the rollouts as read, so that
+    // this tick decides on it and its commit stores both: one encoding and one transaction
+    // per group a tick, where the answers used to have their own.
     let taken = outbox.take_answers();
     if taken.stale > 0 {
         log(&format!(
@@ -301,35 +328,20 @@ fn lead_once(
             taken.stale
         ));
     }
-    if !taken.answers.is_empty() {
-        let recording = Instant::now();
-        timing.answers = taken.answers.len();
-        match record_answers(state, fence, &taken.answers, held_rollouts, log, metrics) {
-            Ok(Led::Deposed) => return Ok(Led::Deposed),
-            Ok(_) => {}
-            Err(e) => {
-                outbox.give_back(taken.answers);
-                return Err(e);
-            }
-        }
-        timing.send += recording.elapsed();
-    }
-    let started = Instant::now();
-    let (held, generation) = state::inventory_from(state, nodes).map_err(|e| etcd(&e))?;
-    *seen = generation;
-    let inventory: &slate_rollout::Inventory = &held;
-    let policies = PolicySet::parse(&state::policies_text(state).map_err(|e| etcd(&e))?)
-        .map_err(|e| format!("the stored policies are refused: {e}"))?;
-    state::refresh_rollouts(state, held_rollouts).map_err(|e| etcd(&e))?;
-    let Some(index) = cache.get(releases, config.release_refresh, log) else {
-        return Ok(Led::Ticked);
-    };
-    let rollouts = held_rollouts.rollouts();
-    let read_at = held_rollouts.revisions();
-    timing.read = started.elapsed();
+    let recording = Instant::now();
+    timing.answers = taken.answers.len();
+    let mut events = apply_answers(&taken.answers, held_rollouts, now_unix(), log);
+    timing.send += recording.elapsed();
     timing.nodes = inventory.len();
-    let probes =
-        crate::probe::probe_soaking(&policies, inventory, rollouts, config.parallel_orders);
+    let probes = crate::probe::probe_soaking(
+        &policies,
+        inventory,
+        held_rollouts.rollouts(),
+        config.parallel_orders,
+    );
+    // The tick changes the held rollouts in place (a copy of each changed group was a large
+    // part of a tick), and a commit that fails discards them: see `RolloutCache::edit`.
+    let lent_instead = BTreeMap::new();
     let decided = Instant::now();
     let mut last = decided;
     let parts = &mut timing.parts;
@@ -344,33 +356,62 @@ fn lead_once(
         policies: &policies,
         index: &index,
         repository: &config.repository,
-        rollouts,
+        rollouts: &lent_instead,
         stale_after: config.stale_after.as_secs(),
         probes: &probes,
     };
-    let decision = tick_marked(&tick_input, tick_cache, &mut mark);
+    let rollouts = held_rollouts.rollouts_mut();
+    let mut decision = tick_in_place(&tick_input, rollouts, tick_cache, &mut mark);
+    held_rollouts.mark_edited(std::mem::take(&mut decision.changed_in_place));
     timing.decide = decided.elapsed();
     // Let the watch go on without copying: while a snapshot is held, its next change copies
     // the whole inventory (`Arc::make_mut`), and sending the orders can take seconds.
     drop(held);
+    events.append(&mut decision.events);
+    decision.events = events;
     let committed = Instant::now();
-    let outcome = state::commit_rollouts(
-        state,
-        Some(fence),
-        &decision.rollouts,
-        &read_at,
-        &decision.events,
-        now_ms(),
-    )
-    .map_err(|e| etcd(&e))?;
+    // Every group answered or changed by the tick is edited in place (`decision.rollouts`
+    // stays empty with `tick_in_place`, but is stored if not).
+    let outcome = {
+        let answered = held_rollouts
+            .edited()
+            .filter(|(group, _)| !decision.rollouts.contains_key(*group));
+        let decided = decision.rollouts.iter().map(|(g, r)| (g.as_str(), r));
+        state::commit_rollouts_of(
+            state,
+            Some(fence),
+            decided.chain(answered),
+            &read_at,
+            &decision.events,
+            now_ms(),
+            Some(encoder),
+        )
+    };
     timing.commit = committed.elapsed();
+    let outcome = match outcome {
+        Ok(outcome) => outcome,
+        Err(e) => {
+            held_rollouts.discard_edits();
+            outbox.give_back(taken.answers);
+            return Err(etcd(&e));
+        }
+    };
     match outcome {
         Outcome::Committed { revision } => {
             state::remember_rollouts(held_rollouts, decision.rollouts, revision);
+            held_rollouts.edits_stored(revision);
             metrics.events_written(decision.events.len());
         }
-        Outcome::Conflict => return Ok(Led::Conflict), // a pause or resume got in: decide again
-        Outcome::Deposed => return Ok(Led::Deposed),
+        Outcome::Conflict => {
+            // A pause or resume got in: decide again, with the answers, on what it stored.
+            held_rollouts.discard_edits();
+            outbox.give_back(taken.answers);
+            return Ok(Led::Conflict);
+        }
+        Outcome::Deposed => {
+            held_rollouts.discard_edits();
+            return Ok(Led::Deposed);
+        }
     }
     for event in &decision.events {
         log(&describe(event));
@@ -399,20 +440,15 @@ pub fn describe(e: &Event) -> String {
     format!("{}#{}{node} {:?}{detail}", e.group, e.rollout, e.kind)
 }
 
-/// Marks accepted orders confirmed and refused ones failed, by compare-and-swap on the
-/// rollouts as they now stand (a few tries: a pause may get in between).
-fn record_answers(
-    state: &EtcdState,
-    fence: &Fence,
+/// Marks accepted orders confirmed and refused ones failed in the rollouts as read (edited in
+/// place: see [`state::RolloutCache::edit`]), and the events that say so.
+fn apply_answers(
     answers: &[Answer],
     held: &mut state::RolloutCache,
+    now: u64,
     log: &Log,
-    metrics: &OperatorMetrics,
-) -> Result<Led, String> {
-    let etcd = |e: &dyn std::fmt::Display| {
-        metrics.etcd_error("leader");
-        e.to_string()
-    };
+) -> Vec<Event> {
+    let mut events = Vec::new();
     for Answer { order, result, .. } in answers {
         if let Err(e) = result {
             log(&format!(
@@ -420,59 +456,43 @@ fn record_answers(
                 order.node, order.image
             ));
         }
-    }
-    for _ in 0..5 {
-        state::refresh_rollouts(state, held).map_err(|e| etcd(&e))?;
-        let mut changed = BTreeMap::new();
-        let mut read_at = BTreeMap::new();
-        let mut events = Vec::new();
-        let now = now_unix();
-        for Answer { order, result, .. } in answers {
-            let Some((stored, revision)) = held.get(&order.group) else {
-                continue;
-            };
-            if stored.id != order.rollout {
-                continue;
-            }
-            let rollout: &mut Rollout = changed
-                .entry(order.group.clone())
-                .or_insert_with(|| stored.clone());
-            read_at.insert(order.group.clone(), revision);
-            let Some(progress) = rollout.nodes.get_mut(&order.node) else {
-                continue;
-            };
-            let Step::Upgrading { issued, .. } = &mut progress.step else {
-                continue;
-            };
-            match result {
-                Ok(()) => *issued = true,
-                Err(DriveError::Refused(reason)) => {
-                    let reason = format!("refused the upgrade: {reason}");
-                    events.push(Event {
-                        at: now,
-                        group: order.group.clone(),
-                        rollout: order.rollout,
-                        node: Some(order.node.clone()),
-                        kind: EventKind::Failed,
-                        detail: reason.clone(),
-                    });
-                    progress.step = Step::Failed { at: now, reason };
+        // Looked at before editing: a group is marked edited only when something changes.
+        let applies = held.get(&order.group).is_some_and(|(stored, _)| {
+            stored.id == order.rollout
+                && stored.nodes.get(&order.node).is_some_and(|p| {
+                    matches!(p.step, Step::Upgrading { issued: false, .. })
+                        && !matches!(result, Err(DriveError::Unreachable(_)))
+                })
+        });
+        if !applies {
+            continue;
+        }
+        let Some(progress) = held
+            .edit(&order.group)
+            .and_then(|rollout| rollout.nodes.get_mut(&order.node))
+        else {
+            continue;
+        };
+        match result {
+            Ok(()) => {
+                if let Step::Upgrading { issued, .. } = &mut progress.step {
+                    *issued = true;
                 }
-                Err(DriveError::Unreachable(_)) => {}
             }
-        }
-        changed.retain(|g, r| held.get(g).is_some_and(|(s, _)| s != r));
-        match state::commit_rollouts(state, Some(fence), &changed, &read_at, &events, now_ms())
-            .map_err(|e| etcd(&e))?
-        {
-            Outcome::Committed { revision } => {
-                state::remember_rollouts(held, changed, revision);
-                metrics.events_written(events.len());
-                return Ok(Led::Ticked);
+            Err(DriveError::Refused(reason)) => {
+                let reason = format!("refused the upgrade: {reason}");
+                events.push(Event {
+                    at: now,
+                    group: order.group.clone(),
+                    rollout: order.rollout,
+                    node: Some(order.node.clone()),
+                    kind: EventKind::Failed,
+                    detail: reason.clone(),
+                });
+                progress.step = Step::Failed { at: now, reason };
             }
-            Outcome::Deposed => return Ok(Led::Deposed),
-            Outcome::Conflict => continue,
+            Err(DriveError::Unreachable(_)) => {}
         }
     }
-    Err("could not record the nodes' answers: the rollouts kept changing".into())
+    events
 }

@@ -9,11 +9,11 @@
 //! | `events/<ms>-<n>` | a JSON array of [`Event`]s | with the rollout change they record, in the same transaction; deleted by the leader once older than the retention |
 //! | `leader/<lease>` | the leader's name | etcd's election |
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use serde::Serialize;
-use slate_rollout::{Event, Inventory, NodeRecord, NodeReport, Rollout};
+use slate_rollout::{Event, Inventory, NodeRecord, NodeReport, PolicySet, Rollout};
 
 use crate::etcd::{Commit, EtcdState, Expect, Fence, Mirror, Mirrored, Outcome, StateError};
 
@@ -192,6 +192,10 @@ pub struct RolloutCache {
     keys: BTreeMap<String, (String, i64)>,
     /// By group.
     rollouts: BTreeMap<String, Rollout>,
+    /// Groups changed in place since they were read or stored ([`RolloutCache::edit`]): ahead
+    /// of etcd until [`RolloutCache::edits_stored`], or read again after
+    /// [`RolloutCache::discard_edits`].
+    edited: BTreeSet<String>,
 }
 
 impl RolloutCache {
@@ -217,6 +221,55 @@ impl RolloutCache {
 
     fn forget(&mut self, key: &str) {
         if let Some((group, _)) = self.keys.remove(key) {
+            self.edited.remove(&group);
+            self.rollouts.remove(&group);
+        }
+    }
+
+    /// A group's rollout to change in place, ahead of a commit that stores it: a leader
+    /// records its nodes' answers so, without copying the rollout (at 10,000 nodes a copy and
+    /// a commit of its own per group were a large part of each tick). Until
+    /// [`RolloutCache::edits_stored`] or [`RolloutCache::discard_edits`], the cache holds what
+    /// etcd does not.
+    pub fn edit(&mut self, group: &str) -> Option<&mut Rollout> {
+        let rollout = self.rollouts.get_mut(group)?;
+        self.edited.insert(group.to_owned());
+        Some(rollout)
+    }
+
+    /// The rollouts by group, to change in place ([`slate_rollout::tick_in_place`]): the
+    /// caller names the groups it changed with [`RolloutCache::mark_edited`].
+    pub fn rollouts_mut(&mut self) -> &mut BTreeMap<String, Rollout> {
+        &mut self.rollouts
+    }
+
+    /// `groups` were changed (or begun) in place: see [`RolloutCache::edit`].
+    pub fn mark_edited(&mut self, groups: impl IntoIterator<Item = String>) {
+        self.edited.extend(groups);
+    }
+
+    /// The groups edited in place and not yet stored, with their rollouts as they now stand.
+    pub fn edited(&self) -> impl Iterator<Item = (&str, &Rollout)> {
+        self.edited
+            .iter()
+            .filter_map(|g| Some((g.as_str(), self.rollouts.get(g)?)))
+    }
+
+    /// The edits were stored by a commit at `revision`.
+    pub fn edits_stored(&mut self, revision: i64) {
+        for group in std::mem::take(&mut self.edited) {
+            if self.rollouts.contains_key(&group) {
+                self.keys
+                    .insert(format!("{ROLLOUTS}{group}"), (group, revision));
+            }
+        }
+    }
+
+    /// The edits were not stored: their groups are forgotten (a rollout begun in place
+    /// included), so the next refresh reads them from etcd again.
+    pub fn discard_edits(&mut self) {
+        for group in std::mem::take(&mut self.edited) {
+            self.forget(&format!("{ROLLOUTS}{group}"));
             self.rollouts.remove(&group);
         }
     }
@@ -227,6 +280,64 @@ impl RolloutCache {
 /// decoded again.
 pub fn refresh_rollouts(state: &EtcdState, cache: &mut RolloutCache) -> Result<(), ReadError> {
     let revisions: BTreeMap<String, i64> = state.revisions(ROLLOUTS)?.into_iter().collect();
+    refresh_rollouts_at(state, cache, revisions)
+}
+
+/// The policies as a leader keeps them between its ticks: fetched and parsed again only when
+/// their key's revision moved.
+#[derive(Debug, Default)]
+pub struct PolicyCache {
+    /// The `policies` key's revision (0: absent) and what it holds.
+    held: Option<(i64, Arc<PolicySet>)>,
+}
+
+/// [`refresh_rollouts`] and the policies, with one read of the revisions of both (`policies`
+/// sorts just before `rollouts/`): a tick that finds neither moved reads nothing else.
+pub fn refresh_state(
+    state: &EtcdState,
+    rollouts: &mut RolloutCache,
+    policies: &mut PolicyCache,
+) -> Result<Arc<PolicySet>, ReadError> {
+    let mut revisions = BTreeMap::new();
+    let mut policy_revision = 0;
+    for (key, revision) in state.revisions_through(POLICIES, ROLLOUTS)? {
+        if key == POLICIES {
+            policy_revision = revision;
+        } else if key.starts_with(ROLLOUTS) {
+            revisions.insert(key, revision);
+        }
+    }
+    refresh_rollouts_at(state, rollouts, revisions)?;
+    if let Some((held, set)) = &policies.held {
+        if *held == policy_revision {
+            return Ok(set.clone());
+        }
+    }
+    let (text, revision) = match state.get(POLICIES)? {
+        None => (String::new(), 0),
+        Some(e) => (
+            String::from_utf8(e.value).map_err(|_| ReadError::Corrupt {
+                key: POLICIES.into(),
+                what: "policy file",
+                reason: "not UTF-8".into(),
+            })?,
+            e.mod_revision,
+        ),
+    };
+    let set = Arc::new(PolicySet::parse(&text).map_err(|e| ReadError::Corrupt {
+        key: POLICIES.into(),
+        what: "policy file",
+        reason: e.to_string(),
+    })?);
+    policies.held = Some((revision, set.clone()));
+    Ok(set)
+}
+
+fn refresh_rollouts_at(
+    state: &EtcdState,
+    cache: &mut RolloutCache,
+    revisions: BTreeMap<String, i64>,
+) -> Result<(), ReadError> {
     let moved: Vec<String> = cache
         .keys
         .iter()
@@ -337,6 +448,21 @@ pub fn commit_rollouts(
     events: &[Event],
     now_ms: u64,
 ) -> Result<Outcome, StateError> {
+    let changed = changed.iter().map(|(g, r)| (g.as_str(), r));
+    commit_rollouts_of(state, fence, changed, read_at, events, now_ms, None)
+}
+
+/// [`commit_rollouts`] of rollouts by reference, each group once, encoded by `encoder` when
+/// one is given (a leader keeps one for its leadership; the bytes are the same).
+pub fn commit_rollouts_of<'a>(
+    state: &EtcdState,
+    fence: Option<&Fence>,
+    changed: impl IntoIterator<Item = (&'a str, &'a Rollout)>,
+    read_at: &BTreeMap<String, i64>,
+    events: &[Event],
+    now_ms: u64,
+    mut encoder: Option<&mut rollout_value::Encoder>,
+) -> Result<Outcome, StateError> {
     let mut commit = Commit {
         fence: fence.cloned(),
         ..Commit::default()
@@ -348,7 +474,11 @@ pub fn commit_rollouts(
             None => Expect::Absent,
         };
         commit.checks.push((key.clone(), expect));
-        commit.puts.push((key, rollout_value::encode(rollout)));
+        let value = match encoder.as_deref_mut() {
+            Some(encoder) => encoder.encode(rollout),
+            None => rollout_value::encode(rollout),
+        };
+        commit.puts.push((key, value));
     }
     if !events.is_empty() {
         commit.puts.push((event_key(now_ms), json(&events)));

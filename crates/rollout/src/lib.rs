@@ -13,6 +13,8 @@
 //! - [`progress`]: each group's rollout as numbers (the operator's metrics).
 
 mod control;
+mod held;
+mod in_place;
 mod limits;
 mod node;
 mod plan;
@@ -35,6 +37,6 @@ pub use progress::{progress, GroupProgress};
 pub use rollout::{
     Event, EventKind, NodeProgress, Order, Rollout, RolloutState, Step, RATE_MEMORY_SECONDS,
 };
-pub use tick::{tick, tick_explained, tick_marked, Decision, Tick, RESEND_AFTER};
+pub use tick::{tick, tick_explained, tick_in_place, tick_marked, Decision, Tick, RESEND_AFTER};
 pub use tick_cache::{TickCache, TickPart};
 pub use waves::{wave_bounds, wave_key};

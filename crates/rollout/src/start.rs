@@ -1,14 +1,13 @@
 //! Which waiting nodes a tick starts: in wave order, each one every covering policy allows,
 //! counting it against those policies' limits at once.
 
-use std::borrow::Cow;
-
 use slate_machine_config::minute_of_week;
 use slate_release::Release;
 
+use crate::held::Held;
 use crate::limits::{Counts, Phase};
 use crate::node::NodeRecord;
-use crate::rollout::{EventKind, NodeProgress, Order, Rollout, Step, RATE_MEMORY_SECONDS};
+use crate::rollout::{EventKind, NodeProgress, Order, Step, RATE_MEMORY_SECONDS};
 use crate::tick::GroupTick;
 
 impl<'t> GroupTick<'t, '_> {
@@ -35,7 +34,7 @@ impl<'t> GroupTick<'t, '_> {
         }
     }
 
-    pub(crate) fn start_nodes(&mut self, rollout: &mut Cow<'t, Rollout>) {
+    pub(crate) fn start_nodes(&mut self, rollout: &mut Held<'_>) {
         let now = self.t.now;
         let Some(release) = self.t.index.get(&rollout.target).cloned() else {
             return;

@@ -5,12 +5,12 @@
 //! order, so a node is marked upgrading before it is asked, and a new leader never asks again
 //! a node that may have been asked (see [`RESEND_AFTER`] for the one exception).
 
-use std::borrow::Cow;
 use std::cmp::Ordering;
 use std::collections::{BTreeMap, BTreeSet};
 
 use slate_release::{choose, compare, Choice, Policy as ChoicePolicy, Release, ReleaseIndex};
 
+use crate::held::Held;
 use crate::limits::Phase;
 use crate::node::{Inventory, NodeRecord};
 use crate::policy::PolicySet;
@@ -54,6 +54,9 @@ pub struct Decision {
     pub events: Vec<Event>,
     /// Upgrades to send once `rollouts` are stored.
     pub orders: Vec<Order>,
+    /// The groups whose rollout [`tick_in_place`] changed (or began) in the caller's map,
+    /// instead of returning it in `rollouts`; empty for the other ticks.
+    pub changed_in_place: BTreeSet<String>,
     /// Why each covered node that could move is waiting: filled by [`tick_explained`] only
     /// (the leader never reads it; `slate fleet plan` and the status do).
     pub waiting: BTreeMap<String, String>,
@@ -67,12 +70,12 @@ pub struct Decision {
 /// nodes start, its window is the same for all, later members are in the same or a later
 /// wave), so the waiting nodes past it cost nothing.
 pub fn tick(t: &Tick<'_>) -> Decision {
-    tick_with(t, false, None, &mut |_| {})
+    tick_with(t, false, None, None, &mut |_| {})
 }
 
 /// [`tick`], and why each covered node that could move is waiting. Decides the same.
 pub fn tick_explained(t: &Tick<'_>) -> Decision {
-    tick_with(t, true, None, &mut |_| {})
+    tick_with(t, true, None, None, &mut |_| {})
 }
 
 /// [`tick`] with each group's wave order kept in `cache` between calls, and `mark` called as
@@ -82,13 +85,28 @@ pub fn tick_marked(
     cache: &mut TickCache,
     mark: &mut dyn FnMut(TickPart),
 ) -> Decision {
-    tick_with(t, false, Some(cache), mark)
+    tick_with(t, false, Some(cache), None, mark)
+}
+
+/// [`tick_marked`] on rollouts the caller lends instead of `t.rollouts` (which is not read):
+/// a group's rollout that changes is changed where it lies, not copied (at 10,000 nodes the
+/// copies were a large part of a leader's tick), and named in
+/// [`Decision::changed_in_place`] instead of returned in [`Decision::rollouts`]. Decides the
+/// same as [`tick`]; a caller that does not store the changes must read its rollouts again.
+pub fn tick_in_place(
+    t: &Tick<'_>,
+    rollouts: &mut BTreeMap<String, Rollout>,
+    cache: &mut TickCache,
+    mark: &mut dyn FnMut(TickPart),
+) -> Decision {
+    tick_with(t, false, Some(cache), Some(rollouts), mark)
 }
 
 fn tick_with(
     t: &Tick<'_>,
     explain: bool,
     mut cache: Option<&mut TickCache>,
+    mut lent: Option<&mut BTreeMap<String, Rollout>>,
     mark: &mut dyn FnMut(TickPart),
 ) -> Decision {
     let mut groups: BTreeMap<&str, Vec<&NodeRecord>> = BTreeMap::new();
@@ -115,7 +133,10 @@ fn tick_with(
         mark(TickPart::WaveOrder);
         let group_tick = GroupTick::new(t, group, covered, &order, explain, &mut decision);
         mark(TickPart::Views);
-        group_tick.run();
+        match lent.as_deref_mut() {
+            Some(rollouts) => group_tick.run_in_place(rollouts),
+            None => group_tick.run(),
+        }
         mark(TickPart::Decisions);
     }
     decision
@@ -181,16 +202,25 @@ impl<'t, 'd> GroupTick<'t, 'd> {
     fn run(mut self) {
         let previous = self.t.rollouts.get(self.group);
         // Borrowed until something in it changes: most ticks change nothing in most groups.
-        let mut rollout: Cow<'t, Rollout> = match previous {
-            Some(r) if r.state.is_active() => Cow::Borrowed(r),
+        let rollout = match previous {
+            Some(r) if r.state.is_active() => Held::Borrowed(r),
             _ => match self.new_rollout(previous) {
-                Some(r) => Cow::Owned(r),
+                Some(r) => Held::Owned(r),
                 None => return,
             },
         };
+        let rollout = self.drive(rollout);
+        if let Held::Owned(rollout) = rollout {
+            if previous != Some(&rollout) {
+                self.out.rollouts.insert(self.group.to_owned(), rollout);
+            }
+        }
+    }
+
+    /// The group's decisions on `rollout`, which it returns as they left it.
+    pub(crate) fn drive<'r>(&mut self, mut rollout: Held<'r>) -> Held<'r> {
         if self.target_withdrawn(&mut rollout) {
-            self.finish(rollout, previous);
-            return;
+            return rollout;
         }
         self.follow_nodes(&mut rollout);
         if rollout.state == RolloutState::Running {
@@ -209,15 +239,7 @@ impl<'t, 'd> GroupTick<'t, 'd> {
         #[cfg(test)]
         assert_eq!(self.phases, join(&self.covered, &rollout.nodes));
         self.resend_unconfirmed(&rollout);
-        self.finish(rollout, previous);
-    }
-
-    fn finish(&mut self, rollout: Cow<'t, Rollout>, before: Option<&Rollout>) {
-        if let Cow::Owned(rollout) = rollout {
-            if before != Some(&rollout) {
-                self.out.rollouts.insert(self.group.to_owned(), rollout);
-            }
-        }
+        rollout
     }
 
     pub(crate) fn event(
@@ -263,7 +285,7 @@ impl<'t, 'd> GroupTick<'t, 'd> {
         }
     }
 
-    fn new_rollout(&mut self, previous: Option<&Rollout>) -> Option<Rollout> {
+    pub(crate) fn new_rollout(&mut self, previous: Option<&Rollout>) -> Option<Rollout> {
         let release = self.candidate()?;
         if let Some(p) = previous {
             // An aborted or completed target is not started again; a newer one is.
@@ -307,7 +329,7 @@ impl<'t, 'd> GroupTick<'t, 'd> {
 
     /// A running rollout whose target was yanked (or removed) ends; the next tick starts the
     /// next release. A paused one waits for `resume`, which does the same.
-    fn target_withdrawn(&mut self, rollout: &mut Cow<'t, Rollout>) -> bool {
+    fn target_withdrawn(&mut self, rollout: &mut Held<'_>) -> bool {
         if rollout.state != RolloutState::Running {
             return false;
         }
@@ -332,7 +354,7 @@ impl<'t, 'd> GroupTick<'t, 'd> {
 
     /// Moves every started node along by what it last reported, and marks covered nodes found
     /// on the target (or past it) as done.
-    fn follow_nodes(&mut self, rollout: &mut Cow<'t, Rollout>) {
+    fn follow_nodes(&mut self, rollout: &mut Held<'_>) {
         let now = self.t.now;
         self.phases = join(&self.covered, &rollout.nodes);
         let target = rollout.target.as_str();
@@ -508,7 +530,7 @@ impl<'t, 'd> GroupTick<'t, 'd> {
             })
     }
 
-    fn complete_if_done(&mut self, rollout: &mut Cow<'t, Rollout>) {
+    fn complete_if_done(&mut self, rollout: &mut Held<'_>) {
         if !self
             .phases
             .iter()

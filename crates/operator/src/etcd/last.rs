@@ -47,16 +47,34 @@ impl EtcdState {
     /// Every key under `key_prefix` (relative, as [`EtcdState::list`] answers them) with its
     /// `mod_revision`, values left out; at most 100,000 keys.
     pub fn revisions(&self, key_prefix: &str) -> Result<Vec<(String, i64)>, StateError> {
-        let start = format!("{}{key_prefix}", self.shared.prefix);
+        let end = prefix_end(format!("{}{key_prefix}", self.shared.prefix).as_bytes());
+        self.revisions_from(key_prefix, end)
+    }
+
+    /// [`EtcdState::revisions`] of every key from `first` up to and including the keys under
+    /// `last_prefix` (both relative), in one read: the leader learns whether the policies or
+    /// any rollout moved with one request (`policies` sorts just before `rollouts/`).
+    pub fn revisions_through(
+        &self,
+        first: &str,
+        last_prefix: &str,
+    ) -> Result<Vec<(String, i64)>, StateError> {
+        let end = prefix_end(format!("{}{last_prefix}", self.shared.prefix).as_bytes());
+        self.revisions_from(first, end)
+    }
+
+    fn revisions_from(&self, first: &str, end: Vec<u8>) -> Result<Vec<(String, i64)>, StateError> {
+        let start = format!("{}{first}", self.shared.prefix);
         let from = start.clone().into_bytes();
         let found = self.shared.run(
-            || format!("reading the revisions of the keys under {start}"),
+            || format!("reading the revisions of the keys from {start}"),
             move |client| {
                 let from = from.clone();
+                let end = end.clone();
                 async move {
                     let mut kv = client.kv_client();
                     let options = GetOptions::new()
-                        .with_range(prefix_end(&from))
+                        .with_range(end)
                         .with_keys_only()
                         .with_limit(MAX_REVISIONS);
                     let resp = kv.get(from, Some(options)).await?;
@@ -77,7 +95,7 @@ impl EtcdState {
                     .map(|key| (key, revision))
                     .map_err(|_| {
                         self.shared.corrupt(
-                            format!("reading the revisions of the keys under {start}"),
+                            format!("reading the revisions of the keys from {start}"),
                             format!("key {} is not UTF-8", String::from_utf8_lossy(&key)),
                         )
                     })

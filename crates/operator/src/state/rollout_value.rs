@@ -7,12 +7,14 @@
 //! by a replica that predates the compression; a reader tells the two apart by gzip's magic
 //! bytes, which no JSON text starts with.
 
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::io::{Read as _, Write as _};
 
 use flate2::read::GzDecoder;
 use flate2::write::GzEncoder;
 use flate2::Compression;
-use slate_rollout::Rollout;
+use serde::Serialize;
+use slate_rollout::{NodeProgress, Rollout, RolloutState};
 
 /// Plain JSON up to this size (about 110 nodes): the simulated-fleet test's groups of 300 and
 /// 400 nodes are stored compressed, so the compressed path runs against real etcd there.
@@ -24,7 +26,101 @@ const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
 
 /// The value stored for `rollout`.
 pub fn encode(rollout: &Rollout) -> Vec<u8> {
-    let text = serde_json::to_vec(rollout).expect("a rollout serializes");
+    compressed(serde_json::to_vec(rollout).expect("a rollout serializes"))
+}
+
+/// [`encode`], byte for byte, with each node's JSON kept from one call to the next: a leader
+/// rewrites a group's whole rollout whenever one of its nodes moves, and most of a 1,000-node
+/// rollout's encoding was its nodes' JSON, unchanged since the last time. A node's text is
+/// reused only when its progress equals the one it was written from.
+#[derive(Debug, Default)]
+pub struct Encoder {
+    /// By group: each node's id, the progress its text was written from, and the text
+    /// (`"id":{…}`), in id order.
+    groups: HashMap<String, Vec<(String, NodeProgress, Vec<u8>)>>,
+}
+
+/// `"nodes":{}` in a rollout's JSON without its nodes: a `"` inside a JSON string is always
+/// escaped, so these bytes are the field itself, never part of a value.
+const NO_NODES: &[u8] = br#""nodes":{}"#;
+
+/// A [`Rollout`] as serde writes it, with its nodes left empty (to be spliced in); fields in
+/// the same order and with the same attributes (the tests compare the bytes).
+#[derive(Serialize)]
+struct Shell<'a> {
+    id: u64,
+    group: &'a str,
+    target: &'a str,
+    image: &'a str,
+    created: u64,
+    state: &'a RolloutState,
+    nodes: BTreeMap<String, NodeProgress>,
+    recent_starts: &'a [(String, u64)],
+    #[serde(skip_serializing_if = "BTreeSet::is_empty")]
+    acknowledged: &'a BTreeSet<String>,
+}
+
+impl Encoder {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The value stored for `rollout`: what [`encode`] gives.
+    pub fn encode(&mut self, rollout: &Rollout) -> Vec<u8> {
+        compressed(self.json(rollout))
+    }
+
+    fn json(&mut self, rollout: &Rollout) -> Vec<u8> {
+        let shell = Shell {
+            id: rollout.id,
+            group: &rollout.group,
+            target: &rollout.target,
+            image: &rollout.image,
+            created: rollout.created,
+            state: &rollout.state,
+            nodes: BTreeMap::new(),
+            recent_starts: &rollout.recent_starts,
+            acknowledged: &rollout.acknowledged,
+        };
+        let head = serde_json::to_vec(&shell).expect("a rollout serializes");
+        let Some(at) = head.windows(NO_NODES.len()).position(|w| w == NO_NODES) else {
+            unreachable!("a rollout's JSON has its nodes field");
+        };
+        let split = at + NO_NODES.len() - 1; // just before the map's closing brace
+        let known = self.groups.remove(&rollout.group).unwrap_or_default();
+        let mut known = known.into_iter().peekable();
+        let mut texts = Vec::with_capacity(rollout.nodes.len());
+        let mut size = head.len();
+        // Both in id order: one walk side by side.
+        for (id, progress) in &rollout.nodes {
+            while known.next_if(|(k, _, _)| k < id).is_some() {}
+            let entry = match known.next_if(|(k, _, _)| k == id) {
+                Some(kept) if kept.1 == *progress => kept,
+                _ => {
+                    let mut text = serde_json::to_vec(id).expect("an id serializes");
+                    text.push(b':');
+                    serde_json::to_writer(&mut text, progress).expect("a step serializes");
+                    (id.clone(), progress.clone(), text)
+                }
+            };
+            size += entry.2.len() + 1;
+            texts.push(entry);
+        }
+        let mut out = Vec::with_capacity(size);
+        out.extend_from_slice(&head[..split]);
+        for (i, (_, _, text)) in texts.iter().enumerate() {
+            if i > 0 {
+                out.push(b',');
+            }
+            out.extend_from_slice(text);
+        }
+        out.extend_from_slice(&head[split..]);
+        self.groups.insert(rollout.group.clone(), texts);
+        out
+    }
+}
+
+fn compressed(text: Vec<u8>) -> Vec<u8> {
     if text.len() <= COMPRESS_ABOVE {
         return text;
     }
@@ -107,6 +203,53 @@ mod tests {
         assert!(plain > 2 * 1024 * 1024, "{plain}");
         assert!(value.len() < 1024 * 1024, "{} bytes", value.len());
         assert_eq!(decode(&value).unwrap(), large);
+    }
+
+    #[test]
+    fn the_encoder_writes_what_encode_does_as_nodes_move() {
+        let mut encoder = Encoder::new();
+        let mut r = rollout(300);
+        r.acknowledged.insert("node-000007".into());
+        let check = |encoder: &mut Encoder, r: &Rollout| {
+            let value = encoder.encode(r);
+            assert_eq!(value, encode(r), "the encoder's bytes differ from encode's");
+            assert_eq!(decode(&value).unwrap(), *r);
+        };
+        check(&mut encoder, &r);
+        check(&mut encoder, &r);
+        // A node moves: its text must not be the one kept from before.
+        r.nodes.get_mut("node-000042").unwrap().step = Step::Failed {
+            at: 5,
+            reason: "reverted: \"nodes\":{} in a reason".into(),
+        };
+        check(&mut encoder, &r);
+        // Nodes join (first, middle, last) and leave; the rollout's own fields change.
+        for id in ["a-first", "node-000100x", "z-last"] {
+            let mut p = r.nodes["node-000001"].clone();
+            p.step = Step::Upgrading {
+                issued: false,
+                prior_failure: None,
+            };
+            r.nodes.insert(id.into(), p);
+        }
+        r.nodes.remove("node-000000");
+        r.nodes.remove("node-000299");
+        r.state = RolloutState::Paused {
+            reason: "\"nodes\":{}".into(),
+            since: 9,
+        };
+        r.recent_starts.push(("z-last".into(), 1));
+        check(&mut encoder, &r);
+        // Back to what a node was: the text follows the value, not the history.
+        r.nodes.get_mut("node-000042").unwrap().step = Step::Done { at: 1_796_000_132 };
+        check(&mut encoder, &r);
+        // Another group, and one that emptied.
+        let mut other = rollout(3);
+        other.group = "other".into();
+        check(&mut encoder, &other);
+        other.nodes.clear();
+        check(&mut encoder, &other);
+        check(&mut encoder, &r);
     }
 
     #[test]

@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 
 use slate_release::{Channel, Release, ReleaseIndex};
 use slate_rollout::{
-    tick, tick_explained, Decision, Event, FailureReport, Inventory, NodeRecord, NodeReport, Order,
-    PolicySet, Rollout, Tick,
+    tick, tick_explained, tick_in_place, Decision, Event, FailureReport, Inventory, NodeRecord,
+    NodeReport, Order, PolicySet, Rollout, Tick, TickCache,
 };
 
 pub const REPO: &str = "registry.example/slate";
@@ -128,6 +128,31 @@ impl World {
             },
             "tick and tick_explained decided differently"
         );
+        // The leader's tick changes the rollouts it holds in place: the same decision, and
+        // its rollouts afterwards are what the others return over what they were given.
+        let mut lent = self.rollouts.clone();
+        let mut cache = TickCache::new();
+        let in_place = tick_in_place(
+            &Tick {
+                rollouts: &BTreeMap::new(),
+                ..self.tick_input()
+            },
+            &mut lent,
+            &mut cache,
+            &mut |_| {},
+        );
+        assert_eq!(
+            in_place,
+            Decision {
+                rollouts: BTreeMap::new(),
+                changed_in_place: fast.rollouts.keys().cloned().collect(),
+                ..fast.clone()
+            },
+            "tick_in_place decided differently"
+        );
+        let mut expected = self.rollouts.clone();
+        expected.extend(fast.rollouts.clone());
+        assert_eq!(lent, expected, "tick_in_place left other rollouts");
         for (group, rollout) in &decision.rollouts {
             let json = serde_json::to_string(rollout).unwrap();
             self.rollouts
