@@ -13,6 +13,7 @@
 //! - [`progress`]: each group's rollout as numbers (the operator's metrics).
 
 mod control;
+mod follow;
 mod held;
 mod in_place;
 mod limits;
