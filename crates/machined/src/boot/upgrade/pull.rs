@@ -11,8 +11,6 @@
 //! fetched by range; what each blob costs is logged before anything is fetched. Without a kept
 //! index, or when a delta would not be smaller, a blob is downloaded whole.
 
-// The seed derived from a new slate binary: a part of the pull, kept in a file of its own.
-#[path = "derived.rs"]
 pub mod derived;
 
 use slate_bundle::Digest;
