@@ -113,14 +113,7 @@ pub fn write_installable_bundle_with(
     blobs: &[BlobInput<'_>],
     chunking: slate_delta::ChunkParams,
 ) -> Result<BundleManifest, BundleError> {
-    write_layout(
-        dir,
-        spec,
-        Some(install),
-        blobs,
-        Some(chunking),
-        &KnownFrames::new(),
-    )
+    write_installable_bundle_reusing(dir, spec, install, blobs, chunking, &KnownFrames::new())
 }
 
 /// [`write_installable_bundle_with`], taking each chunk's compressed frame from `known` where
