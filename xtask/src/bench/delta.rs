@@ -389,28 +389,13 @@ fn derived_seed(
     old_index: &slate_delta::ChunkIndex,
     new: &Bundle,
 ) -> Result<Option<Derived>> {
-    let blob = |bundle: &Bundle, role: &str| -> Result<(String, PathBuf)> {
-        let digest = bundle
-            .manifest()
-            .blobs
-            .get(role)
-            .with_context(|| format!("no {role} blob"))?
-            .digest
-            .clone();
-        let path = bundle
-            .dir()
-            .join("blobs/sha256")
-            .join(&digest["sha256:".len()..]);
-        Ok((digest, path))
-    };
-    let (binary_digest, binary) = blob(new, slate_bundle::INSTALLER_ROLE)?;
-    if old_index.blob(&binary_digest).is_some() {
+    let binary_digest = &new.blob_ref(slate_bundle::INSTALLER_ROLE)?.digest;
+    if old_index.blob(binary_digest).is_some() {
         return Ok(None);
     }
-    let (_, old_uki) = blob(old, slate_bundle::UKI_ROLE)?;
-    let storage = slate_bundle_diff::root_storage(&fs::read(old_uki)?)
+    let storage = slate_bundle_diff::root_storage(&old.read_blob(slate_bundle::UKI_ROLE)?)
         .context("the old UKI's root image storage")?;
-    let binary = fs::read(binary)?;
+    let binary = new.read_blob(slate_bundle::INSTALLER_ROLE)?;
     let start = Instant::now();
     let seed = slate_machined::root_copy(&binary, storage)?.context("a binary under one block")?;
     let secs = start.elapsed().as_secs_f64();
@@ -477,8 +462,7 @@ fn assemble_timed(
     // Read before the pull, as the node reads its running UKI's.
     let storage = match binary_to_derive {
         Some(_) => {
-            let uki = &old.manifest().blobs[slate_bundle::UKI_ROLE].digest;
-            let bytes = fs::read(old.dir().join("blobs/sha256").join(&uki["sha256:".len()..]))?;
+            let bytes = old.read_blob(slate_bundle::UKI_ROLE)?;
             Some(slate_bundle_diff::root_storage(&bytes)?)
         }
         None => None,
