@@ -14,7 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, ensure, Context, Result};
+use serde_json::json;
 use slate_cpio::CpioWriter;
 
 use crate::bench::{Bench, Comparison, Sample, Side};
@@ -195,9 +196,10 @@ impl Drop for DirectBoot {
 }
 
 /// A busybox initramfs that does what slate's init does up to the mounted root: pseudo
-/// filesystems, the squashfs and loop modules, the squashfs mounted read-only through a loop
-/// device; then it marks the moment in the kernel log.
-fn baseline_initramfs(rootfs: &[u8], modules: &Path) -> Result<Vec<u8>> {
+/// filesystems, `modules` loaded one by one in their order (by file name and bytes; efivarfs
+/// only when booted through UEFI, as slate's init does), the squashfs mounted read-only through
+/// a loop device; then it marks the moment in the kernel log.
+fn baseline_initramfs(rootfs: &[u8], modules: Vec<(String, Vec<u8>)>) -> Result<Vec<u8>> {
     let busybox = fs::read(repo_root().join(".cache/busybox/root/bin/busybox"))
         .context("reading busybox (xtask base-rootfs caches it)")?;
     let mut cpio = CpioWriter::new();
@@ -207,32 +209,59 @@ fn baseline_initramfs(rootfs: &[u8], modules: &Path) -> Result<Vec<u8>> {
     cpio.char_device("dev/console", 0o600, 5, 1)?;
     cpio.file("bin/busybox", 0o755, busybox)?;
     cpio.symlink("bin/sh", "busybox")?;
-    for module in [
-        "kernel/fs/squashfs/squashfs.ko",
-        "kernel/drivers/block/loop.ko",
-    ] {
-        let name = Path::new(module)
-            .file_name()
-            .unwrap()
-            .to_string_lossy()
-            .into_owned();
-        cpio.file(
-            &format!("lib/{name}"),
-            0o644,
-            fs::read(modules.join(module))?,
-        )?;
+    let mut loads = String::new();
+    for (name, data) in modules {
+        let load = format!("/bin/busybox insmod /lib/{name}");
+        loads += &if name == "efivarfs.ko" {
+            format!("/bin/busybox test -d /sys/firmware/efi && {load}\n")
+        } else {
+            format!("{load}\n")
+        };
+        cpio.file(&format!("lib/{name}"), 0o644, data)?;
     }
     cpio.file("rootfs.sqsh", 0o644, rootfs.to_vec())?;
     let script = format!(
         "#!/bin/sh\n/bin/busybox mount -t proc proc /proc\n/bin/busybox mount -t sysfs sys /sys\n\
-         /bin/busybox mount -t devtmpfs dev /dev\n/bin/busybox insmod /lib/squashfs.ko\n\
-         /bin/busybox insmod /lib/loop.ko\n\
+         /bin/busybox mount -t devtmpfs dev /dev\n{loads}\
          /bin/busybox mount -t squashfs -o loop,ro /rootfs.sqsh /newroot\n\
          echo \"{BASELINE_MARKER} $(/bin/busybox cat /newroot/etc/os-release | /bin/busybox grep IMAGE_VERSION)\" > /dev/kmsg\n\
          /bin/busybox poweroff -f\n"
     );
     cpio.file("init", 0o755, script)?;
     Ok(cpio.finish())
+}
+
+/// The modules in slate's initramfs (uncompressed, as `--output initramfs` writes it), by file
+/// name, in its load order.
+fn initramfs_modules(initramfs: &[u8]) -> Result<Vec<(String, Vec<u8>)>> {
+    let entries = slate_cpio::parse_newc(initramfs).context("reading slate's initramfs")?;
+    let file = |name: &str| {
+        entries
+            .iter()
+            .find(|e| e.name_str() == Some(name))
+            .map(|e| e.data.clone())
+    };
+    let order = file(slate_profile::image_contract::MODULES_LOAD_PATH)
+        .context("slate's initramfs has no module load order")?;
+    let mut modules = Vec::new();
+    for line in String::from_utf8(order)?.lines() {
+        let path = line.split(':').next().unwrap_or_default();
+        let data = entries
+            .iter()
+            .find(|e| {
+                e.name_str().is_some_and(|n| {
+                    n.starts_with("lib/modules/") && n.ends_with(&format!("/{path}"))
+                })
+            })
+            .map(|e| e.data.clone())
+            .with_context(|| format!("slate's initramfs lacks {path}"))?;
+        let name = Path::new(path)
+            .file_name()
+            .context("a module path without a file name")?;
+        modules.push((name.to_string_lossy().into_owned(), data));
+    }
+    ensure!(!modules.is_empty(), "slate's initramfs loads no module");
+    Ok(modules)
 }
 
 /// What a direct kernel boot of a profile needs ([`build_parts`]).
@@ -273,10 +302,20 @@ pub(crate) fn build_parts(slate: &Path, profile: &Path, dir: &Path) -> Result<Pa
     })
 }
 
-/// The busybox baseline's initramfs for `rootfs`, written to `out`.
+/// The busybox baseline's initramfs for `rootfs`, written to `out`: squashfs and loop, all
+/// it needs to mount the root.
 pub(crate) fn write_baseline_initramfs(rootfs: &Path, out: &Path) -> Result<()> {
-    let modules = fs::canonicalize(repo_root().join(".cache/kernel/modules"))?;
-    fs::write(out, baseline_initramfs(&fs::read(rootfs)?, &modules)?)
+    let dir = fs::canonicalize(repo_root().join(".cache/kernel/modules"))?;
+    let mut modules = Vec::new();
+    for module in [
+        "kernel/fs/squashfs/squashfs.ko",
+        "kernel/drivers/block/loop.ko",
+    ] {
+        let name = Path::new(module).file_name().context("a module's name")?;
+        let data = fs::read(dir.join(module)).with_context(|| format!("reading {module}"))?;
+        modules.push((name.to_string_lossy().into_owned(), data));
+    }
+    fs::write(out, baseline_initramfs(&fs::read(rootfs)?, modules)?)
         .with_context(|| format!("writing {}", out.display()))
 }
 
@@ -297,6 +336,16 @@ pub fn bench_boot() -> Result<Vec<Comparison>> {
     )?;
     let baseline_initrd = work.join("baseline.cpio");
     write_baseline_initramfs(&rootfs, &baseline_initrd)?;
+    // The kernel's part of slate's boot apart from slate's own: busybox loading every module
+    // slate's init loads. What slate adds beyond this side is its own code's.
+    let same_modules = initramfs_modules(&fs::read(&initrd)?)?;
+    let module_count = same_modules.len();
+    let same_modules_initrd = work.join("baseline-same-modules.cpio");
+    fs::write(
+        &same_modules_initrd,
+        baseline_initramfs(&fs::read(&rootfs)?, same_modules)?,
+    )
+    .with_context(|| format!("writing {}", same_modules_initrd.display()))?;
     let disk = work.join("disk.raw");
     build_image(&prepared.slate, "1.0.0", &[], &disk)?;
 
@@ -331,14 +380,44 @@ pub fn bench_boot() -> Result<Vec<Comparison>> {
         )
         .map(Sample::new)
     });
-    let c = Bench::new("boot to Running", "s")
+    let with_modules = Side::new(
+        &format!("busybox /init loading slate's {module_count} modules"),
+        |run| {
+            let log = work.join(format!("baseline-same-modules-{run}.log"));
+            boot_direct(
+                &kernel,
+                &same_modules_initrd,
+                &disk,
+                &cmdline,
+                (BASELINE_MARKER, End::Itself),
+                &log,
+            )
+            .map(Sample::new)
+        },
+    );
+    let mut c = Bench::new("boot to Running", "s")
         .about("kernel start to machined stage Running (slate) vs to a mounted squashfs root")
         .about("(busybox /init); kernel timestamps, QEMU TCG, 1 vCPU, the same kernel and disk")
         .about("slate's warm-up boot is the image's first (it formats STATE and /var)")
         .about("slate's figures: kernel timestamps of init started, its last module loaded, the")
         .about("root switched, machined's first line and its Initialize sequence done, each run's")
         .about("read off its console")
-        .run(slate, baseline, vec![])?;
+        .about("and busybox /init loading every module slate's init loads, in its order: what")
+        .about("slate adds beyond that side is its own code's, not the kernel's module loads")
+        .run(slate, baseline, vec![with_modules])?;
+    if let Some(modules) = c.also().first() {
+        let own = c.slate.stats().median - modules.stats().median;
+        c.extra(
+            "slate_own_s",
+            json!(own),
+            format!(
+                "slate's own part (slate − busybox with the same {module_count} modules, by the \
+                 medians): {}{}",
+                if own < 0.0 { "-" } else { "+" },
+                crate::bench::format_value(own.abs(), "s")
+            ),
+        );
+    }
     c.print();
     Ok(vec![c])
 }
@@ -378,5 +457,49 @@ mod tests {
         let without_machined = serial.replace("[machined] starting", "[machined] begun");
         let err = breakdown(&without_machined, 2.6).unwrap_err().to_string();
         assert!(err.contains("[machined] starting"), "{err}");
+    }
+
+    #[test]
+    fn the_same_modules_side_loads_slate_s_modules_in_slate_s_order() {
+        let order = slate_profile::image_contract::MODULES_LOAD_PATH;
+        let mut cpio = CpioWriter::new();
+        cpio.file(
+            "lib/modules/6.1.0-57-amd64/kernel/fs/ext4/ext4.ko",
+            0o644,
+            b"ext4".to_vec(),
+        )
+        .unwrap();
+        cpio.file(
+            "lib/modules/6.1.0-57-amd64/kernel/fs/jbd2/jbd2.ko",
+            0o644,
+            b"jbd2".to_vec(),
+        )
+        .unwrap();
+        cpio.file(
+            order,
+            0o644,
+            "kernel/fs/jbd2/jbd2.ko:\nkernel/fs/ext4/ext4.ko: kernel/fs/jbd2/jbd2.ko\n"
+                .as_bytes()
+                .to_vec(),
+        )
+        .unwrap();
+        let modules = initramfs_modules(&cpio.finish()).unwrap();
+        assert_eq!(
+            modules,
+            [
+                ("jbd2.ko".to_owned(), b"jbd2".to_vec()),
+                ("ext4.ko".to_owned(), b"ext4".to_vec())
+            ]
+        );
+
+        let mut cpio = CpioWriter::new();
+        cpio.file(
+            order,
+            0o644,
+            "kernel/fs/ext4/ext4.ko:\n".as_bytes().to_vec(),
+        )
+        .unwrap();
+        let err = initramfs_modules(&cpio.finish()).unwrap_err().to_string();
+        assert!(err.contains("lacks kernel/fs/ext4/ext4.ko"), "{err}");
     }
 }

@@ -362,6 +362,11 @@ impl Comparison {
         ratio(self.slate.stats(), self.baseline.stats())
     }
 
+    /// The further references measured beside the baseline, in `Bench::run`'s order.
+    pub fn also(&self) -> &[Measured] {
+        &self.also
+    }
+
     /// A figure about the comparison as a whole (over all runs), kept under `key` in the
     /// summary's extras and printed as `line` before the ratio.
     pub fn extra(&mut self, key: &str, value: Value, line: impl Into<String>) {
