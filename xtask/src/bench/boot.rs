@@ -198,7 +198,8 @@ impl Drop for DirectBoot {
 /// A busybox initramfs that does what slate's init does up to the mounted root: pseudo
 /// filesystems, `modules` loaded one by one in their order (by file name and bytes; efivarfs
 /// only when booted through UEFI, as slate's init does), the squashfs mounted read-only through
-/// a loop device; then it marks the moment in the kernel log.
+/// a loop device; then it marks the moment in the kernel log. A step that fails ends init (the
+/// kernel panics), so the marker is never printed and the benchmark fails.
 fn baseline_initramfs(rootfs: &[u8], modules: Vec<(String, Vec<u8>)>) -> Result<Vec<u8>> {
     let busybox = fs::read(repo_root().join(".cache/busybox/root/bin/busybox"))
         .context("reading busybox (xtask base-rootfs caches it)")?;
@@ -221,7 +222,7 @@ fn baseline_initramfs(rootfs: &[u8], modules: Vec<(String, Vec<u8>)>) -> Result<
     }
     cpio.file("rootfs.sqsh", 0o644, rootfs.to_vec())?;
     let script = format!(
-        "#!/bin/sh\n/bin/busybox mount -t proc proc /proc\n/bin/busybox mount -t sysfs sys /sys\n\
+        "#!/bin/sh\nset -e\n/bin/busybox mount -t proc proc /proc\n/bin/busybox mount -t sysfs sys /sys\n\
          /bin/busybox mount -t devtmpfs dev /dev\n{loads}\
          /bin/busybox mount -t squashfs -o loop,ro /rootfs.sqsh /newroot\n\
          echo \"{BASELINE_MARKER} $(/bin/busybox cat /newroot/etc/os-release | /bin/busybox grep IMAGE_VERSION)\" > /dev/kmsg\n\
@@ -368,32 +369,18 @@ pub fn bench_boot() -> Result<Vec<Comparison>> {
         }
         breakdown(&serial, running)
     });
+    // A busybox boot from `initrd`, its console in `<stem>-<run>.log`, to the root mounted.
+    let busybox = |initrd: &Path, stem: &str, run: usize| {
+        let log = work.join(format!("{stem}-{run}.log"));
+        let marker = (BASELINE_MARKER, End::Itself);
+        boot_direct(&kernel, initrd, &disk, &cmdline, marker, &log).map(Sample::new)
+    };
     let baseline = Side::new("busybox /init to root mounted", |run| {
-        let log = work.join(format!("baseline-{run}.log"));
-        boot_direct(
-            &kernel,
-            &baseline_initrd,
-            &disk,
-            &cmdline,
-            (BASELINE_MARKER, End::Itself),
-            &log,
-        )
-        .map(Sample::new)
+        busybox(&baseline_initrd, "baseline", run)
     });
     let with_modules = Side::new(
         &format!("busybox /init loading slate's {module_count} modules"),
-        |run| {
-            let log = work.join(format!("baseline-same-modules-{run}.log"));
-            boot_direct(
-                &kernel,
-                &same_modules_initrd,
-                &disk,
-                &cmdline,
-                (BASELINE_MARKER, End::Itself),
-                &log,
-            )
-            .map(Sample::new)
-        },
+        |run| busybox(&same_modules_initrd, "baseline-same-modules", run),
     );
     let mut c = Bench::new("boot to Running", "s")
         .about("kernel start to machined stage Running (slate) vs to a mounted squashfs root")
