@@ -7,15 +7,19 @@
 //! - [`FileDisk`]: a regular file (disk image) or a block device node;
 //! - [`MemDisk`]: an in-memory disk, for tests and for materialized crash states;
 //! - [`PartitionView`]: a bounded window onto another disk;
+//! - [`SectorBuffer`]: whole-sector writes for `fatfs`, gathered into large ones;
+//! - [`BorrowedWrites`]: writes of a caller's buffer taken by reference, not copied;
 //! - [`RecordingDisk`]: logs every write and flush and can materialize the disk as it would be
 //!   after a power cut at any point of the log.
 
+mod borrowed;
 mod file;
 mod io_adapter;
 mod recorder;
 mod sectors;
 mod view;
 
+pub use borrowed::BorrowedWrites;
 pub use file::FileDisk;
 pub use io_adapter::DiskIo;
 pub use recorder::{CrashPoint, CutMode, Op, RecordingDisk, SECTOR};

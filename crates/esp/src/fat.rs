@@ -389,6 +389,68 @@ mod tests {
         assert_eq!(entry.created(), fat_date_time(1_700_000_000));
     }
 
+    /// Counts the bytes that reach it straight from `source`'s memory.
+    struct Witness<'a> {
+        disk: MemDisk,
+        source: &'a [u8],
+        from_source: usize,
+        writes: usize,
+    }
+
+    impl slate_disk::Disk for Witness<'_> {
+        fn len(&self) -> u64 {
+            self.disk.len()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), slate_disk::DiskError> {
+            self.disk.read_at(offset, buf)
+        }
+        fn write_at(&mut self, offset: u64, data: &[u8]) -> Result<(), slate_disk::DiskError> {
+            if self.source.as_ptr_range().contains(&data.as_ptr()) {
+                self.from_source += data.len();
+            }
+            self.writes += 1;
+            self.disk.write_at(offset, data)
+        }
+        fn flush(&mut self) -> Result<(), slate_disk::DiskError> {
+            Ok(())
+        }
+    }
+
+    /// A file written in a session whose source it is reaches the disk straight from the
+    /// source's memory (not copied through the sector buffer's stage), all but its partial
+    /// last sector, in few writes, and reads back whole.
+    #[test]
+    fn a_file_of_the_borrowed_source_reaches_the_disk_uncopied() {
+        use slate_disk::{BorrowedWrites, SectorBuffer};
+        let uki: Vec<u8> = (0..5 * MIB as usize + 100).map(|i| (i % 253) as u8).collect();
+        let mut witness = Witness {
+            disk: formatted(40 * MIB),
+            source: &uki,
+            from_source: 0,
+            writes: 0,
+        };
+        let mut esp = BorrowedWrites::new(SectorBuffer::new(&mut witness), &uki);
+        let fs = mount(&mut esp, 0).unwrap();
+        write_file_atomically(&fs, "a.efi", &uki).unwrap();
+        unmount(fs).unwrap();
+        esp.flush().unwrap();
+        drop(esp);
+        assert!(
+            witness.from_source == uki.len() - 100 && witness.writes < 40,
+            "{} bytes from the source in {} writes",
+            witness.from_source,
+            witness.writes
+        );
+        let fs = mount(&mut witness.disk, 0).unwrap();
+        let mut back = Vec::new();
+        fs.root_dir()
+            .open_file("a.efi")
+            .unwrap()
+            .read_to_end(&mut back)
+            .unwrap();
+        assert!(back == uki, "the file reads back whole");
+    }
+
     #[test]
     fn a_missing_directory_is_reported_with_the_path() {
         let mut disk = formatted(40 * MIB);

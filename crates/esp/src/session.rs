@@ -7,14 +7,15 @@
 use std::io::{self, Read, Seek, SeekFrom, Write};
 
 use fatfs::{FileSystem, ReadWriteSeek};
-use slate_disk::{Disk, DiskIo, PartitionView, SectorBuffer};
+use slate_disk::{BorrowedWrites, Disk, DiskIo, PartitionView, SectorBuffer};
 use slate_layout::{partitions, PartitionInfo, EFI_LABEL, ESP_TYPE};
 
 use crate::{fat, EspError, ReadOnly};
 
-/// The ESP's file system as a read-write session mounts it.
-pub type EspFs<'fs, 'disk, D> =
-    FileSystem<DiskIo<&'fs mut SectorBuffer<PartitionView<&'disk mut D>>>>;
+/// The ESP's file system as a read-write session mounts it: writes of the session's source
+/// (a UKI) taken by reference, everything else buffered per sector.
+pub type EspFs<'fs, 'src, 'disk, D> =
+    FileSystem<DiskIo<&'fs mut BorrowedWrites<'src, SectorBuffer<PartitionView<&'disk mut D>>>>>;
 
 /// The ESP's file system mounted read-only.
 pub type ReadOnlyFs<'disk, D> = FileSystem<DiskIo<PartitionView<ReadOnly<'disk, D>>>>;
@@ -64,9 +65,20 @@ pub fn mount_read_only<D: Disk>(disk: &D) -> Result<ReadOnlyFs<'_, D>, EspError>
 pub fn with_esp<D: Disk, R, E: From<EspError>>(
     disk: &mut D,
     source_date_epoch: u64,
-    f: impl FnOnce(&EspFs<'_, '_, D>) -> Result<R, E>,
+    f: impl FnOnce(&EspFs<'_, '_, '_, D>) -> Result<R, E>,
 ) -> Result<R, E> {
-    let mut esp = SectorBuffer::new(open(&mut *disk)?);
+    with_esp_writing(disk, source_date_epoch, &[], f)
+}
+
+/// [`with_esp`] for a session that writes `source` into a file: `fatfs`'s writes of its
+/// bytes reach the disk straight from it, in large pieces ([`BorrowedWrites`]), not copied.
+pub fn with_esp_writing<'src, D: Disk, R, E: From<EspError>>(
+    disk: &mut D,
+    source_date_epoch: u64,
+    source: &'src [u8],
+    f: impl FnOnce(&EspFs<'_, 'src, '_, D>) -> Result<R, E>,
+) -> Result<R, E> {
+    let mut esp = BorrowedWrites::new(SectorBuffer::new(open(&mut *disk)?), source);
     let fs = fat::mount(&mut esp, source_date_epoch)?;
     let out = f(&fs)?;
     fat::unmount(fs)?;

@@ -137,7 +137,7 @@ impl<D: Disk> Grub<D> {
             (SLOT_CMDLINE, cfg.as_bytes()),
         ] {
             let path = format!("{label}/{name}");
-            session::with_esp(&mut self.disk, self.source_date_epoch, |fs| {
+            session::with_esp_writing(&mut self.disk, self.source_date_epoch, bytes, |fs| {
                 fat::write_file_atomically(fs, &path, bytes)
             })
             .map_err(BootloaderError::from)?;

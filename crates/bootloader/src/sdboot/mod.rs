@@ -342,7 +342,8 @@ impl<D: Disk, V: EfiVars> Bootloader for SystemdBoot<D, V> {
                 Ok(())
             })?;
         }
-        session::with_esp(&mut self.disk, self.source_date_epoch, |fs| -> Result<()> {
+        let (disk, epoch) = (&mut self.disk, self.source_date_epoch);
+        session::with_esp_writing(disk, epoch, req.uki, |fs| -> Result<()> {
             let dir = fs
                 .root_dir()
                 .open_dir(UKI_DIR)
