@@ -397,7 +397,7 @@ mod tests {
         writes: usize,
     }
 
-    impl slate_disk::Disk for Witness<'_> {
+    impl Disk for Witness<'_> {
         fn len(&self) -> u64 {
             self.disk.len()
         }
@@ -422,7 +422,9 @@ mod tests {
     #[test]
     fn a_file_of_the_borrowed_source_reaches_the_disk_uncopied() {
         use slate_disk::{BorrowedWrites, SectorBuffer};
-        let uki: Vec<u8> = (0..5 * MIB as usize + 100).map(|i| (i % 253) as u8).collect();
+        let uki: Vec<u8> = (0..5 * MIB as usize + 100)
+            .map(|i| (i % 253) as u8)
+            .collect();
         let mut witness = Witness {
             disk: formatted(40 * MIB),
             source: &uki,
