@@ -16,6 +16,7 @@ mod borrowed;
 mod file;
 mod io_adapter;
 mod recorder;
+mod runs;
 mod sectors;
 mod view;
 

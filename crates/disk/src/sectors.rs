@@ -21,8 +21,7 @@
 //! `inner` before the flush, which is no different for the crash model: until a flush, writes
 //! may reach the medium in any order, or not at all.
 
-use std::collections::BTreeMap;
-
+use crate::runs::Runs;
 use crate::{check_bounds, Disk, DiskError, SECTOR};
 
 const S: u64 = SECTOR as u64;
@@ -45,7 +44,7 @@ pub struct SectorBuffer<D> {
     inner: D,
     /// Runs of dirty sectors by first sector index: disjoint and never adjacent (adjacent runs
     /// are merged), each a whole number of sectors except one ending at the end of the disk.
-    dirty: BTreeMap<u64, Vec<u8>>,
+    dirty: Runs,
     /// Whole sectors at `staged_at`, not yet written on; never overlapping a run.
     staged: Vec<u8>,
     staged_at: u64,
@@ -58,7 +57,7 @@ impl<D: Disk> SectorBuffer<D> {
     pub fn new(inner: D) -> Self {
         Self {
             inner,
-            dirty: BTreeMap::new(),
+            dirty: Runs::default(),
             staged: Vec::new(),
             staged_at: 0,
             synced: false,
@@ -92,9 +91,8 @@ impl<D: Disk> SectorBuffer<D> {
             && offset < end
             && self
                 .dirty
-                .range(..end.div_ceil(S))
-                .next_back()
-                .is_none_or(|(&first, run)| first * S + run.len() as u64 <= offset)
+                .last_before(end.div_ceil(S))
+                .is_none_or(|(first, run)| first * S + run.len() as u64 <= offset)
     }
 
     /// Gather `data` (whole sectors at `offset`, see [`Self::stageable`]) or write it on.
@@ -118,7 +116,7 @@ impl<D: Disk> SectorBuffer<D> {
 
     /// The run holding the byte at `at`, as (its first byte, its bytes).
     fn run_at(&mut self, at: u64) -> Option<(u64, &mut Vec<u8>)> {
-        let (&first, run) = self.dirty.range_mut(..=at / S).next_back()?;
+        let (first, run) = self.dirty.last_before_mut(at / S + 1)?;
         (at < first * S + run.len() as u64).then_some((first * S, run))
     }
 
@@ -129,24 +127,24 @@ impl<D: Disk> SectorBuffer<D> {
         let end = at + data.len() as u64;
         let stop = end.div_ceil(S).saturating_mul(S).min(self.inner.len());
         let mut head = vec![0; (at - start) as usize];
-        self.inner.read_at(start, &mut head)?;
+        if !head.is_empty() {
+            self.inner.read_at(start, &mut head)?;
+        }
         let mut tail = vec![0; (stop - end) as usize];
-        self.inner.read_at(end, &mut tail)?;
+        if !tail.is_empty() {
+            self.inner.read_at(end, &mut tail)?;
+        }
         let before = self
             .dirty
-            .range(..start / S)
-            .next_back()
-            .filter(|(&first, run)| first * S + run.len() as u64 == start)
-            .map(|(&first, _)| first);
+            .last_before(start / S)
+            .filter(|(first, run)| first * S + run.len() as u64 == start)
+            .map(|(first, _)| first);
         let after = if stop % S == 0 {
-            self.dirty.remove(&(stop / S))
+            self.dirty.remove(stop / S)
         } else {
             None
         };
-        let run = match before {
-            Some(first) => self.dirty.get_mut(&first).expect("found above"),
-            None => self.dirty.entry(start / S).or_default(),
-        };
+        let run = self.dirty.entry(before.unwrap_or(start / S));
         run.reserve(head.len() + data.len() + tail.len() + after.as_ref().map_or(0, Vec::len));
         run.extend_from_slice(&head);
         run.extend_from_slice(data);
@@ -168,14 +166,14 @@ impl<D: Disk> Disk for SectorBuffer<D> {
         let end = offset + buf.len() as u64;
         let first = self
             .dirty
-            .range(..=offset / S)
-            .next_back()
-            .map_or(offset / S, |(&first, _)| first);
-        let runs = self.dirty.range(first..end.div_ceil(S));
-        let covered = runs.clone().next().is_some_and(|(&first, run)| {
-            first * S <= offset && end <= first * S + run.len() as u64
-        }) || (self.staged_at <= offset
-            && end <= self.staged_at + self.staged.len() as u64);
+            .last_before(offset / S + 1)
+            .map_or(offset / S, |(first, _)| first);
+        let runs = self.dirty.starting_in(first, end.div_ceil(S));
+        let mut peek = self.dirty.starting_in(first, end.div_ceil(S));
+        let covered = peek
+            .next()
+            .is_some_and(|(first, run)| first * S <= offset && end <= first * S + run.len() as u64)
+            || (self.staged_at <= offset && end <= self.staged_at + self.staged.len() as u64);
         if !covered {
             self.inner.read_at(offset, buf)?;
         }
@@ -188,7 +186,7 @@ impl<D: Disk> Disk for SectorBuffer<D> {
             buf[(from - offset) as usize..(to - offset) as usize]
                 .copy_from_slice(&self.staged[(from - start) as usize..(to - start) as usize]);
         }
-        for (&index, bytes) in runs {
+        for (index, bytes) in runs {
             let start = index * S;
             let (from, to) = (start.max(offset), (start + bytes.len() as u64).min(end));
             if from < to {
@@ -230,9 +228,8 @@ impl<D: Disk> Disk for SectorBuffer<D> {
             // Up to the next dirty run, which starts on a sector boundary past `at`'s sector.
             let next = self
                 .dirty
-                .range(at / S + 1..)
-                .next()
-                .map_or(u64::MAX, |(&first, _)| first * S);
+                .first_from(at / S + 1)
+                .map_or(u64::MAX, |first| first * S);
             let stop = end.min(next);
             self.insert_run(at, &data[done..(stop - offset) as usize])?;
             at = stop;
@@ -245,7 +242,7 @@ impl<D: Disk> Disk for SectorBuffer<D> {
             return Ok(());
         }
         self.spill()?;
-        for (index, run) in std::mem::take(&mut self.dirty) {
+        for (index, run) in self.dirty.take() {
             self.inner.write_at(index * S, &run)?;
         }
         self.inner.flush()?;
@@ -327,7 +324,7 @@ mod tests {
                 );
             }
             assert_eq!(buf.read_vec(0, len).unwrap(), expected.to_bytes());
-            let runs: Vec<(u64, usize)> = buf.dirty.iter().map(|(&i, r)| (i, r.len())).collect();
+            let runs: Vec<(u64, usize)> = buf.dirty.iter().map(|(i, r)| (i, r.len())).collect();
             for pair in runs.windows(2) {
                 assert!(
                     pair[0].0 * S + (pair[0].1 as u64) < pair[1].0 * S,
