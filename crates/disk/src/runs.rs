@@ -34,7 +34,11 @@ impl Runs {
     }
 
     /// The runs starting at sectors `from..to`, in order.
-    pub(crate) fn starting_in(&self, from: u64, to: u64) -> impl Iterator<Item = (u64, &[u8])> {
+    pub(crate) fn starting_in(
+        &self,
+        from: u64,
+        to: u64,
+    ) -> impl Iterator<Item = (u64, &[u8])> + Clone {
         let (start, stop) = (self.before(from), self.before(to));
         self.0[start..stop.max(start)]
             .iter()

@@ -98,11 +98,10 @@ impl<D: Disk> SectorBuffer<D> {
     /// Gather `data` (whole sectors at `offset`, see [`Self::stageable`]) or write it on.
     fn stage(&mut self, offset: u64, data: &[u8]) -> Result<(), DiskError> {
         let follows = offset == self.staged_at + self.staged.len() as u64;
-        if !follows || self.staged.len() + data.len() > STAGE {
+        if !follows || self.staged.len() + data.len() > STAGE || data.len() >= DIRECT {
             self.spill()?;
         }
         if data.len() >= DIRECT {
-            self.spill()?;
             self.inner.write_at(offset, data)?;
             return self.inner.start_writeback(offset, data.len() as u64);
         }
@@ -169,11 +168,10 @@ impl<D: Disk> Disk for SectorBuffer<D> {
             .last_before(offset / S + 1)
             .map_or(offset / S, |(first, _)| first);
         let runs = self.dirty.starting_in(first, end.div_ceil(S));
-        let mut peek = self.dirty.starting_in(first, end.div_ceil(S));
-        let covered = peek
-            .next()
-            .is_some_and(|(first, run)| first * S <= offset && end <= first * S + run.len() as u64)
-            || (self.staged_at <= offset && end <= self.staged_at + self.staged.len() as u64);
+        let covered =
+            runs.clone().next().is_some_and(|(first, run)| {
+                first * S <= offset && end <= first * S + run.len() as u64
+            }) || (self.staged_at <= offset && end <= self.staged_at + self.staged.len() as u64);
         if !covered {
             self.inner.read_at(offset, buf)?;
         }
