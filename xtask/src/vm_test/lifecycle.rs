@@ -15,7 +15,8 @@ pub(super) fn node_lifecycle(prepared: &Prepared, work: &Path) -> Result<String>
         esp_listing(&image)?.contains("slate-1.0.0+3.efi"),
         "a fresh image carries the UKI with 3 tries"
     );
-    let mut vm = Vm::new(&image, &work.join("vm-node"))?;
+    // No RDRAND: its second boot proves the saved seed readies the CRNG before the API.
+    let mut vm = Vm::new(&image, &work.join("vm-node"))?.without_cpu_rng();
     let node = Node {
         prepared,
         port: vm.api_port,
