@@ -172,6 +172,14 @@ impl Vm {
         self
     }
 
+    fn cpu_model(&self) -> &'static str {
+        if self.cpu_rng {
+            "qemu64,+rdrand"
+        } else {
+            "qemu64"
+        }
+    }
+
     /// Power the VM on.
     pub fn start(&mut self) -> Result<Running> {
         self.boots += 1;
@@ -189,10 +197,11 @@ impl Vm {
             // The CPUs nodes run on have RDRAND, which the kernel trusts to seed its CRNG at
             // once. Without it a first boot (no saved seed) waited seconds for entropy under
             // TCG: formatting STATE took 4.3 s instead of 0.2 s, mkfs waiting for a UUID.
-            .args(["-cpu", if self.cpu_rng { "qemu64,+rdrand" } else { "qemu64" }])
+            .args(["-cpu", self.cpu_model()])
             // No display adapter: the console is the serial line, and the firmware and the
             // kernel would otherwise draw on an emulated one nobody looks at.
-            .args(["-display", "none", "-vga", "none", "-monitor", "stdio", "-no-reboot"])
+            .args(["-display", "none", "-vga", "none"])
+            .args(["-monitor", "stdio", "-no-reboot"])
             // The hardware watchdog machined arms: when it fires, QEMU resets the guest, which
             // `-no-reboot` turns into an exit, like any other reboot.
             .args(["-device", "i6300esb"])
