@@ -13,9 +13,10 @@ use super::{Prepared, Scenario};
 /// How many scenarios run at once unless `SLATE_VM_PARALLEL` says otherwise: each VM is one TCG
 /// vCPU and these machines have two cores. Three lanes were tried in a fresh-clone run
 /// (2026-12-05): every scenario took 1.4–1.8× its two-lane time, so the lane as a whole did
-/// no better — the boots are CPU-bound (firmware and the kernel's XZ decompression under
-/// emulation) and the guests' idle time, large under a loaded machine, is small on a quiet
-/// one. The run's CPU use is printed at the end (`cpu busy`) to check this again.
+/// no better: the boots are CPU-bound (firmware and the kernel's XZ decompression under
+/// emulation). The guests still idle a third of their time in the scenarios built around
+/// waits (watchdogs, soaks; docs/testing.md has each scenario's CPU time), which the test
+/// command's fuzz smoke fills. The run's CPU use is printed at the end (`cpu busy`).
 const PARALLEL_SCENARIOS: usize = 2;
 
 /// The lanes: `SLATE_VM_PARALLEL` (1–8), else [`PARALLEL_SCENARIOS`].
