@@ -95,9 +95,8 @@ impl Vm {
         })
     }
 
-    /// A CPU without RDRAND, like QEMU's default `qemu64`: the kernel then has no entropy
-    /// source of its own at boot and waits to gather it, unless slate credits the seed the
-    /// last boot saved (the scenario that proves that credit needs this).
+    /// QEMU's default `qemu64`, without RDRAND: the kernel gathers entropy by itself unless
+    /// slate credits the seed the last boot saved, which node_lifecycle proves this way.
     pub fn without_cpu_rng(mut self) -> Self {
         self.cpu_rng = false;
         self
@@ -194,9 +193,9 @@ impl Vm {
         };
         let mut child = Command::new("qemu-system-x86_64")
             .args(["-accel", "tcg", "-m", "1024", "-smp", "1"])
-            // The CPUs nodes run on have RDRAND, which the kernel trusts to seed its CRNG at
-            // once. Without it a first boot (no saved seed) waited seconds for entropy under
-            // TCG: formatting STATE took 4.3 s instead of 0.2 s, mkfs waiting for a UUID.
+            // The CPUs nodes run on have RDRAND, which seeds the kernel's CRNG at once; without
+            // it a first boot (no saved seed) waited for entropy: STATE formatted in 4.3 s, not
+            // 0.2 s (docs/testing.md).
             .args(["-cpu", self.cpu_model()])
             // No display adapter: the console is the serial line, and the firmware and the
             // kernel would otherwise draw on an emulated one nobody looks at.
