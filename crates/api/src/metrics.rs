@@ -14,6 +14,7 @@ pub(crate) struct ApiMetrics {
     pub(crate) registry: Registry,
     requests: IntCounterVec,
     refused: IntCounterVec,
+    handshakes: IntCounterVec,
     pub(crate) log_dropped: IntCounter,
 }
 
@@ -36,6 +37,16 @@ impl ApiMetrics {
              failed).",
             &["limit"],
         );
+        let handshakes = counter_vec(
+            &registry,
+            "slate_api_tls_handshakes_total",
+            "TLS handshakes completed, by kind: full (certificates sent and signed) or resumed \
+             (a session ticket from an earlier connection).",
+            &["kind"],
+        );
+        for kind in ["full", "resumed"] {
+            handshakes.with_label_values(&[kind]);
+        }
         let log_dropped = counter(
             &registry,
             "slate_api_log_lines_dropped_total",
@@ -57,6 +68,7 @@ impl ApiMetrics {
             registry,
             requests,
             refused,
+            handshakes,
             log_dropped,
         }
     }
@@ -65,6 +77,11 @@ impl ApiMetrics {
         self.requests
             .with_label_values(&[route, status.as_str()])
             .inc();
+    }
+
+    pub(crate) fn handshake(&self, resumed: bool) {
+        let kind = if resumed { "resumed" } else { "full" };
+        self.handshakes.with_label_values(&[kind]).inc();
     }
 
     pub(crate) fn refused(&self, limit: &str) {

@@ -425,6 +425,9 @@ impl Handler for Listening {
 async fn connection(listening: Arc<Listening>, conn: Connection, mut drain: Drain) {
     let Connection { stream, peer: addr } = conn;
     let limits = listening.served.limits.clone();
+    if matches!(stream, slate_https::Stream::Tls(_)) {
+        listening.served.metrics.handshake(stream.resumed());
+    }
     let peer_certs = stream.peer_certificates();
     let caller = listening
         .trust

@@ -153,7 +153,8 @@ impl ClientCertVerifier for ClientTrust {
 
 /// The server side: our chain and key, and a client certificate *required* and verified by
 /// `trust` (no certificate, or one from another CA, fails the handshake). Without `trust`
-/// (maintenance mode) no client certificate is asked for.
+/// (maintenance mode) no client certificate is asked for. A client may resume its session from
+/// a ticket.
 pub(crate) fn server_config(
     trust: Option<Arc<ClientTrust>>,
     cert_pem: &[u8],
@@ -162,10 +163,15 @@ pub(crate) fn server_config(
     let chain = parse_certs(cert_pem, "server certificate")?;
     let key = parse_key(key_pem, "server key")?;
     let clients = trust.map(|trust| trust as Arc<dyn ClientCertVerifier>);
-    slate_https::tls::server_config(clients, chain, key).map_err(|e| match e {
-        slate_https::tls::ConfigError::Protocols(e) => invalid("TLS configuration", e),
+    let explain = |e| match e {
+        slate_https::tls::ConfigError::Protocols(e)
+        | slate_https::tls::ConfigError::Ticketer(e) => invalid("TLS configuration", e),
         slate_https::tls::ConfigError::Pair(e) => invalid("server certificate and key", e),
-    })
+    };
+    let mut config = slate_https::tls::server_config(clients, chain, key).map_err(explain)?;
+    // Every connection's chain is judged again (`ClientTrust::caller`), a resumed one's too.
+    slate_https::tls::resume_with_tickets(&mut config).map_err(explain)?;
+    Ok(config)
 }
 
 /// The client side: the node's certificate must chain to `ca_pem`; `identity` is our

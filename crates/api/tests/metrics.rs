@@ -19,7 +19,8 @@ fn scrape(raw: &mut Raw, request: &[u8]) -> (u16, String) {
 fn a_reader_scrapes_what_promtool_accepts() {
     let (dir, server) = start(Arc::new(Fake::default()));
     let addr = server.local_addr();
-    // Requests to count: two status reads, one unknown path.
+    // Requests to count: two status reads (the second resumes the first's session), one
+    // unknown path.
     let c = client(&dir, &server, Role::Reader);
     c.status().unwrap();
     c.status().unwrap();
@@ -46,6 +47,8 @@ fn a_reader_scrapes_what_promtool_accepts() {
         "slate_api_requests_total{route=\"/v1/status\",status=\"200\"} 2".to_owned(),
         "slate_api_requests_total{route=\"other\",status=\"404\"} 1".to_owned(),
         "slate_api_connections_refused_total{limit=\"per_client\"} 0".to_owned(),
+        "slate_api_tls_handshakes_total{kind=\"full\"} 3".to_owned(),
+        "slate_api_tls_handshakes_total{kind=\"resumed\"} 1".to_owned(),
         "slate_api_log_lines_dropped_total 0".to_owned(),
         "slate_node_stage{stage=\"running\"} 1".to_owned(),
     ] {

@@ -46,6 +46,45 @@ fn shared_clients_call_the_node_from_many_threads() {
     );
 }
 
+/// The handshakes the server counted, full and resumed, as a reader scrapes them (the scrape's
+/// own handshake counted before it answers).
+fn handshakes(client: &Client) -> (u64, u64) {
+    let text = client.get_text("/metrics").unwrap();
+    let count = |kind: &str| {
+        let series = format!("slate_api_tls_handshakes_total{{kind=\"{kind}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(series.as_str()))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {series}in\n{text}"))
+    };
+    (count("full"), count("resumed"))
+}
+
+#[test]
+fn a_client_called_again_resumes_its_session_with_its_certificates_role() {
+    let fake = Arc::new(Fake::default());
+    let (dir, server) = common::start(fake.clone());
+    let addr = server.local_addr().to_string();
+    let reader = ClientTls::from_dir(dir.path(), Role::Reader).unwrap();
+    assert_eq!(handshakes(&reader.client(&addr).unwrap()), (1, 0));
+    assert_eq!(handshakes(&reader.client(&addr).unwrap()), (1, 1));
+    // A resumed session is the reader's still: no more than a reader may do.
+    let refused = upgrade(&reader.client(&addr).unwrap());
+    assert!(
+        matches!(refused, Err(ClientError::PermissionDenied(_))),
+        "{refused:?}"
+    );
+    let operator = ClientTls::from_dir(dir.path(), Role::Operator).unwrap();
+    upgrade(&operator.client(&addr).unwrap()).unwrap();
+    upgrade(&operator.client(&addr).unwrap()).unwrap();
+    assert_eq!(fake.upgrades.lock().unwrap().len(), 2);
+    // The operator's second call and the reader's refused one resumed; a client built per call
+    // (its own session cache) cannot.
+    let own = Client::from_dir(&addr, dir.path(), Role::Reader).unwrap();
+    assert_eq!(handshakes(&own), (3, 3));
+    assert_eq!(handshakes(&reader.client(&addr).unwrap()), (3, 4));
+}
+
 /// `N` upgrade calls, `PARALLEL` threads at a time, as the operator sends orders (to
 /// `NODES` servers: a node takes at most 8 connections of one client certificate).
 const N: usize = 400;

@@ -3,14 +3,16 @@
 //! answers) and a client certificate naming it for its heartbeats (the operator takes a
 //! heartbeat only about the node whose certificate sent it; docs/trust.md). They are issued
 //! straight from the certificate directory's fleet CA: a real node's come from its own issuing
-//! CA under it, a layer the simulation skips as it skips the disk. Made on first use and kept.
+//! CA under it, a layer the simulation skips as it skips the disk. Made on first use and kept,
+//! as is each node's client configuration for its heartbeats: a real node keeps its own, and
+//! resumes its TLS session with the operator on the next heartbeat.
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use slate_api::{CertError, Client};
+use slate_api::{CertError, Client, ClientTls};
 
 /// A client certificate outlives any simulation.
 const CLIENT_VALIDITY: Duration = Duration::from_secs(7 * 24 * 60 * 60);
@@ -23,6 +25,8 @@ pub struct NodeIdentity {
     pub serving: String,
     /// clientAuth, the node's id as its DNS name, no role; the chain up to the fleet CA.
     pub client: String,
+    /// Its heartbeats' TLS configuration and session cache, made on its first heartbeat.
+    heartbeats: OnceLock<ClientTls>,
 }
 
 /// The identities of a fleet's nodes, issued from a `slate gen certs` directory.
@@ -31,6 +35,8 @@ pub struct Identities {
     fleet_ca: String,
     fleet_key: String,
     by_node: Mutex<HashMap<String, Arc<NodeIdentity>>>,
+    /// The I/O runtime every node's heartbeat client shares (the first node's configuration).
+    runtime: Mutex<Option<ClientTls>>,
 }
 
 impl Identities {
@@ -47,6 +53,7 @@ impl Identities {
             fleet_ca: read(slate_api::CA_CERT)?,
             fleet_key: read(slate_api::CA_KEY)?,
             by_node: Mutex::default(),
+            runtime: Mutex::default(),
         })
     }
 
@@ -72,21 +79,40 @@ impl Identities {
                 CLIENT_VALIDITY,
             )?,
             key,
+            heartbeats: OnceLock::new(),
         });
         Ok(self.lock().entry(id.to_owned()).or_insert(identity).clone())
     }
 
-    /// A client of the operator replica at `addr` that speaks as the node `id`.
+    /// A client of the operator replica at `addr` that speaks as the node `id`, over the
+    /// node's own kept configuration: its next heartbeat resumes the session this one begins.
     pub fn heartbeat_client(&self, id: &str, addr: &str) -> Result<Client, String> {
         let identity = self.node(id).map_err(|e| e.to_string())?;
-        Client::new(
-            addr,
+        let tls = match identity.heartbeats.get() {
+            Some(tls) => tls,
+            None => {
+                let made = self.heartbeat_tls(&identity).map_err(|e| e.to_string())?;
+                // Two threads may make one at once; either is the node's.
+                identity.heartbeats.get_or_init(|| made)
+            }
+        };
+        tls.client(addr)
+            .map(|c| c.with_timeout(Duration::from_secs(10)))
+            .map_err(|e| e.to_string())
+    }
+
+    fn heartbeat_tls(&self, identity: &NodeIdentity) -> Result<ClientTls, slate_api::ClientError> {
+        let (ca, cert, key) = (
             self.fleet_ca.as_bytes(),
             identity.client.as_bytes(),
             identity.key.as_bytes(),
-        )
-        .map(|c| c.with_timeout(Duration::from_secs(10)))
-        .map_err(|e| e.to_string())
+        );
+        let mut runtime = self.runtime.lock().unwrap_or_else(PoisonError::into_inner);
+        let base = match runtime.as_ref() {
+            Some(base) => base,
+            None => runtime.insert(ClientTls::new(ca, cert, key)?),
+        };
+        base.with_identity(ca, cert, key)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<NodeIdentity>>> {

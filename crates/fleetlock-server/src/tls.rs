@@ -69,7 +69,7 @@ impl Tls {
         let mutual = verifier.is_some();
         let config =
             slate_https::tls::server_config(verifier, chain, key_der).map_err(|e| match e {
-                ConfigError::Protocols(e) => TlsError::Provider(e),
+                ConfigError::Protocols(e) | ConfigError::Ticketer(e) => TlsError::Provider(e),
                 ConfigError::Pair(e) => TlsError::Pair {
                     cert: cert.to_owned(),
                     key: key.to_owned(),

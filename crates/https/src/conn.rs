@@ -42,6 +42,17 @@ impl Stream {
             Stream::Tls(tls) => tls.get_ref().1.peer_certificates(),
         }
     }
+
+    /// Whether the TLS handshake resumed an earlier session (no certificate was sent or
+    /// signed); `false` on a plain stream.
+    pub fn resumed(&self) -> bool {
+        match self {
+            Stream::Plain(_) => false,
+            Stream::Tls(tls) => {
+                tls.get_ref().1.handshake_kind() == Some(rustls::HandshakeKind::Resumed)
+            }
+        }
+    }
 }
 
 impl AsyncRead for Stream {

@@ -247,6 +247,16 @@ fn rollout(per_group: usize, failover: bool) -> Result<Rollout> {
             });
         ticks.extend(heard.ticks.into_iter().map(|(_, t)| t));
     }
+    let serving = match (&second, killed) {
+        (Some(second), Some(_)) => second,
+        _ => &first,
+    };
+    let (full, resumed) = serving.handshakes(&certs)?;
+    println!(
+        "  replica {}'s TLS handshakes: {full} full, {resumed} resumed ({:.1} % resumed)",
+        serving.name,
+        100.0 * resumed as f64 / (full + resumed).max(1) as f64
+    );
     first.kill();
     if let Some(second) = &mut second {
         second.kill();

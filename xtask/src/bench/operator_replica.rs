@@ -17,6 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context as _, Result};
+use slate_api::Role;
 use slate_operator::{EtcdState, LeaderConfig, Operator, ReleaseSource, TickTiming};
 use slate_release::{Channel, Release, ReleaseIndex};
 
@@ -197,6 +198,21 @@ impl Replica {
             Ok(kib / 1024.0)
         };
         Ok((field("VmRSS:")?, field("VmHWM:")?))
+    }
+
+    /// The TLS handshakes its API completed so far, full and resumed (its `/metrics`, read
+    /// with the reader certificate of `certs`).
+    pub fn handshakes(&self, certs: &Path) -> Result<(u64, u64)> {
+        let reader = slate_api::Client::from_dir(&self.addr.to_string(), certs, Role::Reader)?;
+        let text = reader.get_text("/metrics")?;
+        let count = |kind: &str| -> Result<u64> {
+            let series = format!("slate_api_tls_handshakes_total{{kind=\"{kind}\"}} ");
+            text.lines()
+                .find_map(|l| l.strip_prefix(series.as_str()))
+                .and_then(|v| v.trim().parse().ok())
+                .with_context(|| format!("no {series}in replica {}'s /metrics", self.name))
+        };
+        Ok((count("full")?, count("resumed")?))
     }
 
     /// SIGKILL, as a machine that dies.

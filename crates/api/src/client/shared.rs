@@ -20,6 +20,8 @@ use crate::types::Role;
 /// Threads that run the connections' tasks of the clients of one [`ClientTls`]; the calls
 /// themselves (and their handshakes) run on the threads that make them.
 const IO_THREADS: usize = 2;
+/// The servers whose sessions a [`ClientTls::with_identity`] keeps.
+const FEW_SERVERS: usize = 4;
 
 /// The TLS configuration and I/O runtime shared by the clients it makes; cheap to clone.
 /// The clients may be used from many threads at once (each call blocks its own thread).
@@ -66,6 +68,25 @@ impl ClientTls {
         let cert = read(&certs::client_cert_file(role))?;
         let key = read(&certs::client_key_file(role))?;
         Self::new(&ca, &cert, &key)
+    }
+
+    /// Another identity's configuration (trusting `ca_pem`, presenting `cert_pem`/`key_pem`) on
+    /// this one's I/O runtime: what a program speaking as many nodes (the fleet simulator) keeps
+    /// per node, so that each resumes its own TLS sessions without a runtime of its own. Its
+    /// session cache holds four servers' sessions: a node calls its operator's few replicas.
+    pub fn with_identity(
+        &self,
+        ca_pem: &[u8],
+        cert_pem: &[u8],
+        key_pem: &[u8],
+    ) -> Result<Self, ClientError> {
+        let mut config = tls::client_config(ca_pem, Some((cert_pem, key_pem)))?;
+        // rustls' default cache sets room for 256 servers aside: about 40 KiB per identity.
+        config.resumption = rustls::client::Resumption::in_memory_sessions(FEW_SERVERS);
+        Ok(ClientTls {
+            connector: TlsConnector::from(Arc::new(config)),
+            rt: self.rt.clone(),
+        })
     }
 
     /// A client of the node at `addr` (as [`Client::new`]) over this configuration: no file

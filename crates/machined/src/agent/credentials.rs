@@ -3,8 +3,12 @@
 //! issuing CA (its machine configuration's `api.ca_key`) — no role, only the node's name, which
 //! a service takes as that node and nothing more (docs/trust.md) — and the fleet CA to verify
 //! the service against. They live only in memory and are renewed every [`RENEW_AFTER`].
+//! Each set keeps its clients, one per service endpoint, so that the next call resumes the TLS
+//! session the last one began; a renewed set starts with none.
 
 use std::time::{Duration, Instant};
+
+use slate_api::{Client, ClientError};
 
 use slate_machine_config::MachineConfig;
 
@@ -21,6 +25,34 @@ pub(super) struct Identity {
     pub(super) cert: String,
     pub(super) key: String,
     issued: Instant,
+    /// By endpoint: a client made from this set, with its TLS session cache.
+    clients: Vec<(String, Client)>,
+}
+
+impl Identity {
+    /// The client of `endpoint` made from this set, its calls bounded by `timeout`: made on
+    /// first use and kept.
+    pub(super) fn client(
+        &mut self,
+        endpoint: &str,
+        timeout: Duration,
+    ) -> Result<&Client, ClientError> {
+        let at = match self.clients.iter().position(|(e, _)| e == endpoint) {
+            Some(at) => at,
+            None => {
+                let client = Client::new(
+                    endpoint,
+                    self.fleet_ca.as_bytes(),
+                    self.cert.as_bytes(),
+                    self.key.as_bytes(),
+                )?
+                .with_timeout(timeout);
+                self.clients.push((endpoint.to_owned(), client));
+                self.clients.len() - 1
+            }
+        };
+        Ok(&self.clients[at].1)
+    }
 }
 
 /// The node's credentials, kept between ticks.
@@ -31,7 +63,7 @@ pub(super) struct Credentials {
 
 impl Credentials {
     /// The current set, issued anew when the configuration's CAs changed or it is old.
-    pub(super) fn current(&mut self, config: &MachineConfig) -> Result<&Identity, String> {
+    pub(super) fn current(&mut self, config: &MachineConfig) -> Result<&mut Identity, String> {
         let fresh = self.identity.as_ref().is_some_and(|i| {
             i.ca_cert == config.api.ca_cert
                 && i.fleet_ca == config.fleet_ca()
@@ -53,8 +85,9 @@ impl Credentials {
                 cert,
                 key,
                 issued: Instant::now(),
+                clients: Vec::new(),
             });
         }
-        Ok(self.identity.as_ref().expect("set above"))
+        Ok(self.identity.as_mut().expect("set above"))
     }
 }

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use slate_api::{Client, Stage};
+use slate_api::Stage;
 use slate_machine_config::MachineConfig;
 use slate_rollout::{FailureReport, NodeReport};
 
@@ -26,14 +26,10 @@ pub(super) fn report(
     let identity = credentials.current(config)?;
     let mut errors = Vec::new();
     for endpoint in &config.update.operator {
-        let sent = Client::new(
-            endpoint,
-            identity.fleet_ca.as_bytes(),
-            identity.cert.as_bytes(),
-            identity.key.as_bytes(),
-        )
-        .map(|c| c.with_timeout(CALL_TIMEOUT))
-        .and_then(|c| c.call::<serde_json::Value, _>("POST", "/v1/fleet/heartbeat", Some(&report)));
+        // The identity's kept client: the next report resumes this one's TLS session.
+        let sent = identity.client(endpoint, CALL_TIMEOUT).and_then(|c| {
+            c.call::<serde_json::Value, _>("POST", "/v1/fleet/heartbeat", Some(&report))
+        });
         match sent {
             Ok(_) => return Ok(endpoint.clone()),
             Err(e) => errors.push(format!("{endpoint}: {e}")),
@@ -113,6 +109,11 @@ mod tests {
             self.seen.lock().unwrap().push((caller.clone(), report));
             Ok(json!({ "written": true }))
         }
+
+        /// None of its own: the server's counters (its handshakes) answer.
+        fn metrics(&self) -> Option<String> {
+            Some(String::new())
+        }
     }
 
     #[test]
@@ -175,6 +176,20 @@ mod tests {
         assert_eq!(sent.version, node.version);
         assert!(sent.committed && sent.healthy && !sent.busy);
         assert!(seen[1].1.sent_at_ms >= sent.sent_at_ms && sent.sent_at_ms > 0);
+        // The second report resumed the first one's TLS session, and the operator still took
+        // it as the node (it judges the resumed session's chain again).
+        assert_eq!(seen[1].0, *caller);
+        let reader =
+            slate_api::Client::from_dir(&server.local_addr().to_string(), pki.path(), Role::Reader)
+                .unwrap();
+        let metrics = reader.get_text("/metrics").unwrap();
+        for line in [
+            r#"slate_api_tls_handshakes_total{kind="resumed"} 1"#,
+            // The first report's and the reader's.
+            r#"slate_api_tls_handshakes_total{kind="full"} 2"#,
+        ] {
+            assert!(metrics.lines().any(|l| l == line), "{line} in\n{metrics}");
+        }
         // Another fleet's operator (another CA) is not reported to.
         let other = tempfile::tempdir().unwrap();
         slate_api::gen_certs(other.path(), &[]).unwrap();
