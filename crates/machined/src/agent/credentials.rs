@@ -53,6 +53,11 @@ impl Identity {
         };
         Ok(&self.clients[at].1)
     }
+
+    /// Drops the clients of endpoints no longer configured.
+    pub(super) fn keep_clients_of(&mut self, endpoints: &[String]) {
+        self.clients.retain(|(e, _)| endpoints.contains(e));
+    }
 }
 
 /// The node's credentials, kept between ticks.

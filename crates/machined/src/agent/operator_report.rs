@@ -24,6 +24,7 @@ pub(super) fn report(
 ) -> Result<String, String> {
     let report = node_report(node, config);
     let identity = credentials.current(config)?;
+    identity.keep_clients_of(&config.update.operator);
     let mut errors = Vec::new();
     for endpoint in &config.update.operator {
         // The identity's kept client: the next report resumes this one's TLS session.
