@@ -35,8 +35,13 @@ pub struct Identities {
     fleet_ca: String,
     fleet_key: String,
     by_node: Mutex<HashMap<String, Arc<NodeIdentity>>>,
-    /// The I/O runtime every node's heartbeat client shares (the first node's configuration).
-    runtime: Mutex<Option<ClientTls>>,
+}
+
+thread_local! {
+    /// The I/O runtime of the heartbeats sent from this thread (the configuration of the first
+    /// node it sent for): a node always reports from the same reporter lane, so each node's
+    /// configuration is used on the thread whose runtime it has.
+    static LANE_RUNTIME: std::cell::RefCell<Option<ClientTls>> = const { std::cell::RefCell::new(None) };
 }
 
 impl Identities {
@@ -53,7 +58,6 @@ impl Identities {
             fleet_ca: read(slate_api::CA_CERT)?,
             fleet_key: read(slate_api::CA_KEY)?,
             by_node: Mutex::default(),
-            runtime: Mutex::default(),
         })
     }
 
@@ -107,12 +111,13 @@ impl Identities {
             identity.client.as_bytes(),
             identity.key.as_bytes(),
         );
-        let mut runtime = self.runtime.lock().unwrap_or_else(PoisonError::into_inner);
-        let base = match runtime.as_ref() {
-            Some(base) => base,
-            None => runtime.insert(ClientTls::new(ca, cert, key)?),
-        };
-        base.with_identity(ca, cert, key)
+        LANE_RUNTIME.with_borrow_mut(|lane| {
+            let base = match lane.as_ref() {
+                Some(base) => base,
+                None => lane.insert(ClientTls::on_calling_thread(ca, cert, key)?),
+            };
+            base.with_identity(ca, cert, key)
+        })
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Arc<NodeIdentity>>> {

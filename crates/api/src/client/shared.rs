@@ -58,6 +58,29 @@ impl ClientTls {
         })
     }
 
+    /// As [`ClientTls::new`], with the connections run on the thread that calls, as a
+    /// [`Client`] of its own runs them: for a program whose calls through it come from one thread
+    /// (the fleet simulator's reporter lanes), where handing each connection to I/O threads and
+    /// back would cost more than the call.
+    pub fn on_calling_thread(
+        ca_pem: &[u8],
+        cert_pem: &[u8],
+        key_pem: &[u8],
+    ) -> Result<Self, ClientError> {
+        let config = tls::client_config(ca_pem, Some((cert_pem, key_pem)))?;
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| ClientError::Protocol {
+                addr: String::new(),
+                message: format!("cannot start the I/O runtime: {e}"),
+            })?;
+        Ok(ClientTls {
+            connector: TlsConnector::from(Arc::new(config)),
+            rt: Arc::new(rt),
+        })
+    }
+
     /// With `ca.crt` and `<role>.crt`/`<role>.key` from `dir`, as [`Client::from_dir`].
     pub fn from_dir(dir: &Path, role: Role) -> Result<Self, ClientError> {
         let read = |name: &str| {
