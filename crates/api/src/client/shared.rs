@@ -40,22 +40,13 @@ impl std::fmt::Debug for ClientTls {
 impl ClientTls {
     /// Trusting `ca_pem` and presenting `cert_pem`/`key_pem`, as [`Client::new`].
     pub fn new(ca_pem: &[u8], cert_pem: &[u8], key_pem: &[u8]) -> Result<Self, ClientError> {
-        let config = tls::client_config(ca_pem, Some((cert_pem, key_pem)))?;
         // A multi-thread runtime: a current-thread one would run every connection's task on
         // whichever caller happens to hold it, one at a time.
-        let rt = tokio::runtime::Builder::new_multi_thread()
+        let mut runtime = tokio::runtime::Builder::new_multi_thread();
+        runtime
             .worker_threads(IO_THREADS)
-            .thread_name("slate-api-client")
-            .enable_all()
-            .build()
-            .map_err(|e| ClientError::Protocol {
-                addr: String::new(),
-                message: format!("cannot start the I/O runtime: {e}"),
-            })?;
-        Ok(ClientTls {
-            connector: TlsConnector::from(Arc::new(config)),
-            rt: Arc::new(rt),
-        })
+            .thread_name("slate-api-client");
+        Self::on_runtime(ca_pem, cert_pem, key_pem, runtime)
     }
 
     /// As [`ClientTls::new`], with the connections run on the thread that calls, as a
@@ -67,8 +58,18 @@ impl ClientTls {
         cert_pem: &[u8],
         key_pem: &[u8],
     ) -> Result<Self, ClientError> {
+        let runtime = tokio::runtime::Builder::new_current_thread();
+        Self::on_runtime(ca_pem, cert_pem, key_pem, runtime)
+    }
+
+    fn on_runtime(
+        ca_pem: &[u8],
+        cert_pem: &[u8],
+        key_pem: &[u8],
+        mut runtime: tokio::runtime::Builder,
+    ) -> Result<Self, ClientError> {
         let config = tls::client_config(ca_pem, Some((cert_pem, key_pem)))?;
-        let rt = tokio::runtime::Builder::new_current_thread()
+        let rt = runtime
             .enable_all()
             .build()
             .map_err(|e| ClientError::Protocol {
