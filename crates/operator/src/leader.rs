@@ -1,8 +1,9 @@
 //! The leader: campaign, then tick until the leadership is lost or the replica stops.
 //!
 //! A tick reads everything from etcd (the inventory through the replica's watch of `nodes/`;
-//! the policies and rollouts as cached by the leadership, checked against their revisions with
-//! one read and fetched again only when one moved, so a new leader starts exactly where the
+//! the policies and rollouts as cached by the leadership, checked against their revisions as
+//! the leadership's watches of them report (one read of etcd while the watches are not
+//! synced) and fetched again only when one moved, so a new leader starts exactly where the
 //! old one stopped), records the nodes' answers to earlier orders in them, decides with
 //! [`slate_rollout::tick`], stores the new rollouts fenced by the leadership, and only then
 //! hands the upgrade orders to the [`Outbox`], whose workers send them while the next ticks
@@ -72,8 +73,10 @@ pub struct TickTiming {
     /// `decide` by part, indexed by [`TickPart::index`]: grouping, wave order, policy views,
     /// decisions.
     pub parts: [Duration; 4],
-    /// The fenced commit of its decision.
+    /// The fenced commit of its decision: encoding the changed rollouts, and etcd's answer.
     pub commit: Duration,
+    /// Of `commit`, encoding the changed rollouts.
+    pub encode: Duration,
     /// The orders' share of the loop: recording the answers that came back since the last
     /// tick in the rollouts (stored by the tick's commit, timed in `commit`), and handing this
     /// tick's orders to the outbox (the calls themselves run apart).
@@ -175,6 +178,17 @@ fn lead_terms(
         let mut policies = state::PolicyCache::default();
         // Each node's JSON kept from one commit to the next (the bytes are `encode`'s).
         let mut encoder = state::rollout_value::Encoder::new();
+        // Whether the policies or a rollout moved, from watches; etcd is asked instead until
+        // they have listed (or if they cannot start).
+        let watched = match state::WatchedRevisions::follow(state) {
+            Ok(w) => Some(w),
+            Err(e) => {
+                log(&format!(
+                    "cannot watch the policies and rollouts: {e}; reading them every tick"
+                ));
+                None
+            }
+        };
         while !stop.load(Ordering::Relaxed) && !leadership.is_lost() {
             let started = Instant::now();
             if pruned.is_none_or(|at| at.elapsed() >= PRUNE_EVERY) {
@@ -189,6 +203,7 @@ fn lead_terms(
                 releases,
                 (nodes, &mut seen),
                 (&mut held, &mut policies, &mut orders, &mut encoder),
+                watched.as_ref(),
                 &cache,
                 (&fence, outbox),
                 log,
@@ -292,6 +307,7 @@ fn lead_once(
         &mut TickCache,
         &mut state::rollout_value::Encoder,
     ),
+    watched: Option<&state::WatchedRevisions>,
     cache: &IndexCache,
     (fence, outbox): (&Fence, &Outbox),
     log: &Log,
@@ -306,13 +322,14 @@ fn lead_once(
     let (held, generation) = state::inventory_from(state, nodes).map_err(|e| etcd(&e))?;
     *seen = generation;
     let inventory: &slate_rollout::Inventory = &held;
-    let policies = state::refresh_state(state, held_rollouts, held_policies).map_err(|e| {
-        // A policy file that does not parse is the operator's user's to fix, not etcd's.
-        match &e {
-            state::ReadError::Corrupt { key, .. } if key == state::POLICIES => e.to_string(),
-            _ => etcd(&e),
-        }
-    })?;
+    let policies =
+        state::refresh_state(state, watched, held_rollouts, held_policies).map_err(|e| {
+            // A policy file that does not parse is the operator's user's to fix, not etcd's.
+            match &e {
+                state::ReadError::Corrupt { key, .. } if key == state::POLICIES => e.to_string(),
+                _ => etcd(&e),
+            }
+        })?;
     let Some(index) = cache.get(releases, config.release_refresh, log) else {
         return Ok(Led::Ticked);
     };
@@ -370,15 +387,20 @@ fn lead_once(
     events.append(&mut decision.events);
     decision.events = events;
     let committed = Instant::now();
+    let written: Vec<String> = decision
+        .rollouts
+        .keys()
+        .cloned()
+        .chain(held_rollouts.edited().map(|(group, _)| group.to_owned()))
+        .collect();
     // Every group answered or changed by the tick is edited in place (`decision.rollouts`
     // stays empty with `tick_in_place`, but is stored if not).
-    let outcome = {
+    let commit = {
         let answered = held_rollouts
             .edited()
             .filter(|(group, _)| !decision.rollouts.contains_key(*group));
         let decided = decision.rollouts.iter().map(|(g, r)| (g.as_str(), r));
-        state::commit_rollouts_of(
-            state,
+        state::rollouts_commit(
             Some(fence),
             decided.chain(answered),
             &read_at,
@@ -387,6 +409,8 @@ fn lead_once(
             Some(encoder),
         )
     };
+    timing.encode = committed.elapsed();
+    let outcome = state::store_rollouts(state, &commit);
     timing.commit = committed.elapsed();
     let outcome = match outcome {
         Ok(outcome) => outcome,
@@ -398,6 +422,13 @@ fn lead_once(
     };
     match outcome {
         Outcome::Committed { revision } => {
+            // The watch would deliver these writes a moment later; noted now, the next tick
+            // does not take them for another replica's and read them back.
+            if let (Some(watched), true) = (watched, revision > 0) {
+                for group in &written {
+                    watched.note_rollout(group, revision);
+                }
+            }
             state::remember_rollouts(held_rollouts, decision.rollouts, revision);
             held_rollouts.edits_stored(revision);
             metrics.events_written(decision.events.len());

@@ -19,8 +19,10 @@ use crate::etcd::{Commit, EtcdState, Expect, Fence, Mirror, Mirrored, Outcome, S
 
 mod node_store;
 pub mod rollout_value;
+mod watched;
 
 pub use node_store::{NodeStore, MAX_BATCH};
+pub use watched::{RevisionsOnly, StateRevisions, WatchedRevisions};
 
 pub const NODES: &str = "nodes/";
 pub const POLICIES: &str = "policies";
@@ -280,7 +282,7 @@ impl RolloutCache {
 /// decoded again.
 pub fn refresh_rollouts(state: &EtcdState, cache: &mut RolloutCache) -> Result<(), ReadError> {
     let revisions: BTreeMap<String, i64> = state.revisions(ROLLOUTS)?.into_iter().collect();
-    refresh_rollouts_at(state, cache, revisions)
+    refresh_rollouts_at(state, cache, revisions, None)
 }
 
 /// The policies as a leader keeps them between its ticks: fetched and parsed again only when
@@ -291,23 +293,20 @@ pub struct PolicyCache {
     held: Option<(i64, Arc<PolicySet>)>,
 }
 
-/// [`refresh_rollouts`] and the policies, with one read of the revisions of both (`policies`
-/// sorts just before `rollouts/`): a tick that finds neither moved reads nothing else.
+/// [`refresh_rollouts`] and the policies, the revisions of both from `watched` while its
+/// watches are synced, else with one read of them (`policies` sorts just before `rollouts/`):
+/// a tick that finds neither moved reads nothing else.
 pub fn refresh_state(
     state: &EtcdState,
+    watched: Option<&WatchedRevisions>,
     rollouts: &mut RolloutCache,
     policies: &mut PolicyCache,
 ) -> Result<Arc<PolicySet>, ReadError> {
-    let mut revisions = BTreeMap::new();
-    let mut policy_revision = 0;
-    for (key, revision) in state.revisions_through(POLICIES, ROLLOUTS)? {
-        if key == POLICIES {
-            policy_revision = revision;
-        } else if key.starts_with(ROLLOUTS) {
-            revisions.insert(key, revision);
-        }
-    }
-    refresh_rollouts_at(state, rollouts, revisions)?;
+    let (policy_revision, revisions) = match watched.and_then(WatchedRevisions::current) {
+        Some(current) => current,
+        None => read_revisions(state)?,
+    };
+    refresh_rollouts_at(state, rollouts, revisions, watched)?;
     if let Some((held, set)) = &policies.held {
         if *held == policy_revision {
             return Ok(set.clone());
@@ -324,6 +323,9 @@ pub fn refresh_state(
             e.mod_revision,
         ),
     };
+    if let (Some(watched), true) = (watched, revision > 0) {
+        watched.note_policies(revision);
+    }
     let set = Arc::new(PolicySet::parse(&text).map_err(|e| ReadError::Corrupt {
         key: POLICIES.into(),
         what: "policy file",
@@ -333,10 +335,25 @@ pub fn refresh_state(
     Ok(set)
 }
 
+/// The revisions of `policies` and of every `rollouts/` key, read from etcd.
+fn read_revisions(state: &EtcdState) -> Result<StateRevisions, ReadError> {
+    let mut revisions = BTreeMap::new();
+    let mut policy_revision = 0;
+    for (key, revision) in state.revisions_through(POLICIES, ROLLOUTS)? {
+        if key == POLICIES {
+            policy_revision = revision;
+        } else if key.starts_with(ROLLOUTS) {
+            revisions.insert(key, revision);
+        }
+    }
+    Ok((policy_revision, revisions))
+}
+
 fn refresh_rollouts_at(
     state: &EtcdState,
     cache: &mut RolloutCache,
     revisions: BTreeMap<String, i64>,
+    watched: Option<&WatchedRevisions>,
 ) -> Result<(), ReadError> {
     let moved: Vec<String> = cache
         .keys
@@ -355,6 +372,9 @@ fn refresh_rollouts_at(
         let Some(entry) = state.get(key)? else {
             continue;
         };
+        if let (Some(watched), Some(group)) = (watched, key.strip_prefix(ROLLOUTS)) {
+            watched.note_rollout(group, entry.mod_revision);
+        }
         let rollout = rollout_value::decode(&entry.value).map_err(|reason| ReadError::Corrupt {
             key: key.clone(),
             what: "rollout",
@@ -461,8 +481,22 @@ pub fn commit_rollouts_of<'a>(
     read_at: &BTreeMap<String, i64>,
     events: &[Event],
     now_ms: u64,
-    mut encoder: Option<&mut rollout_value::Encoder>,
+    encoder: Option<&mut rollout_value::Encoder>,
 ) -> Result<Outcome, StateError> {
+    let commit = rollouts_commit(fence, changed, read_at, events, now_ms, encoder);
+    store_rollouts(state, &commit)
+}
+
+/// The transaction [`commit_rollouts_of`] stores, encoded and not yet sent (a leader times
+/// the two apart).
+pub fn rollouts_commit<'a>(
+    fence: Option<&Fence>,
+    changed: impl IntoIterator<Item = (&'a str, &'a Rollout)>,
+    read_at: &BTreeMap<String, i64>,
+    events: &[Event],
+    now_ms: u64,
+    mut encoder: Option<&mut rollout_value::Encoder>,
+) -> Commit {
     let mut commit = Commit {
         fence: fence.cloned(),
         ..Commit::default()
@@ -483,8 +517,13 @@ pub fn commit_rollouts_of<'a>(
     if !events.is_empty() {
         commit.puts.push((event_key(now_ms), json(&events)));
     }
+    commit
+}
+
+/// Stores what [`rollouts_commit`] built; one that writes nothing is not sent.
+pub fn store_rollouts(state: &EtcdState, commit: &Commit) -> Result<Outcome, StateError> {
     if commit.puts.is_empty() {
         return Ok(Outcome::Committed { revision: 0 });
     }
-    state.commit(&commit)
+    state.commit(commit)
 }

@@ -372,6 +372,7 @@ pub fn bench_operator(
     let (decide50, decide99) = tick_percentiles(&ticks, |t| t.decide);
     let (read50, read99) = tick_percentiles(&ticks, |t| t.read);
     let (commit50, commit99) = tick_percentiles(&ticks, |t| t.commit);
+    let (encode50, encode99) = tick_percentiles(&ticks, |t| t.encode);
     // `slate_rollout::tick` by part (each summed over a tick's groups), to see where it goes.
     let parts: Vec<(&str, (f64, f64))> = ["grouping", "wave order", "policy views", "decisions"]
         .into_iter()
@@ -422,13 +423,15 @@ pub fn bench_operator(
             "read": {"p50": read50, "p99": read99},
             "decide": {"p50": decide50, "p99": decide99},
             "commit": {"p50": commit50, "p99": commit99},
+            "encode": {"p50": encode50, "p99": encode99},
             "send": {"p50": send50, "p99": send99, "ticks": ordering.len(), "orders": sent,
                      "total_s": send_total},
         }),
         format!(
             "of it: read p50 {read50:.2} / p99 {read99:.2} ms, slate_rollout::tick p50 \
              {decide50:.2} / p99 {decide99:.2} ms, commit p50 {commit50:.2} / p99 \
-             {commit99:.2} ms; then the orders' share of the loop, answers recorded and \
+             {commit99:.2} ms (of it encoding the rollouts p50 {encode50:.2} / p99 \
+             {encode99:.2} ms); then the orders' share of the loop, answers recorded and \
              orders handed over ({sent} orders, {} ticks, {send_total:.1} s in all): p50 \
              {send50:.0} / p99 {send99:.0} ms a tick",
             ordering.len()

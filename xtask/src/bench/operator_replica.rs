@@ -82,10 +82,11 @@ pub fn serve(etcd: &str, listen: SocketAddr, certs: &Path, name: &str) -> Result
             let us = |d: Duration| d.as_micros();
             let parts: Vec<String> = t.parts.iter().map(|d| us(*d).to_string()).collect();
             say(format!(
-                "tick {} {} {} {} {} {} {} {}",
+                "tick {} {} {} {} {} {} {} {} {}",
                 us(t.read),
                 us(t.decide),
                 us(t.commit),
+                us(t.encode),
                 us(t.send),
                 t.nodes,
                 t.orders,
@@ -233,7 +234,7 @@ fn parse_tick(rest: &str) -> Option<TickTiming> {
         .split_whitespace()
         .map(|f| f.parse().ok())
         .collect::<Option<_>>()?;
-    let [read, decide, commit, send, nodes, orders, answers, grouping, waves, views, decisions] =
+    let [read, decide, commit, encode, send, nodes, orders, answers, grouping, waves, views, decisions] =
         v[..]
     else {
         return None;
@@ -243,6 +244,7 @@ fn parse_tick(rest: &str) -> Option<TickTiming> {
         read: us(read),
         decide: us(decide),
         commit: us(commit),
+        encode: us(encode),
         send: us(send),
         nodes: nodes as usize,
         orders: orders as usize,

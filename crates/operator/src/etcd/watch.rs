@@ -136,6 +136,13 @@ impl<M: Mirrored> Mirror<M> {
         Some(value.zip(held.revisions.get(key).copied()))
     }
 
+    /// `None` while the mirror is not synced; else every key's `mod_revision` (a key whose
+    /// value did not parse included).
+    pub fn revisions(&self) -> Option<BTreeMap<String, i64>> {
+        let held = self.inner.lock();
+        held.synced.then(|| held.revisions.clone())
+    }
+
     /// Records a value this process has just written at `mod_revision`, before its watch
     /// event arrives, so that the writer's next read sees its own write.
     pub fn note(&self, key: &str, value: M::Value, mod_revision: i64) {
