@@ -13,6 +13,10 @@ use slate_https::tls::{provider, ALPN_HTTP1};
 use crate::certs::CertError;
 use crate::types::{Caller, Role};
 
+mod judged;
+
+use judged::{chain_digest, Judged};
+
 fn invalid(what: &str, reason: impl std::fmt::Display) -> CertError {
     CertError::Invalid {
         what: what.to_owned(),
@@ -47,6 +51,8 @@ pub(crate) struct ClientTrust {
     clients: Arc<dyn ClientCertVerifier>,
     nodes: Option<Arc<dyn ClientCertVerifier>>,
     hints: Vec<rustls::DistinguishedName>,
+    /// Chains judged good, while they are valid (`tls/judged.rs`).
+    judged: Judged,
 }
 
 impl ClientTrust {
@@ -66,20 +72,44 @@ impl ClientTrust {
             clients,
             nodes,
             hints,
+            judged: Judged::default(),
         })
     }
 
     /// The caller a chain the handshake accepted stands for: a role from a client certificate,
     /// else a node; `None` when it names no role (or there is no chain).
     pub(crate) fn caller(&self, chain: Option<&[CertificateDer<'_>]>) -> Option<Caller> {
-        let (end_entity, intermediates) = chain?.split_first()?;
-        let now = rustls_pki_types::UnixTime::now();
+        self.caller_at(chain?, rustls_pki_types::UnixTime::now())
+    }
+
+    /// [`ClientTrust::caller`] at `now`: from memory when the same chain was judged good
+    /// and is still valid, else judged and (when good) remembered.
+    fn caller_at(
+        &self,
+        chain: &[CertificateDer<'_>],
+        now: rustls_pki_types::UnixTime,
+    ) -> Option<Caller> {
+        let digest = chain_digest(chain);
+        if let Some(caller) = self.judged.caller(&digest, now) {
+            return Some(caller);
+        }
+        let caller = self.judge(chain, now)?;
+        self.judged.remember(digest, chain, &caller);
+        Some(caller)
+    }
+
+    fn judge(
+        &self,
+        chain: &[CertificateDer<'_>],
+        now: rustls_pki_types::UnixTime,
+    ) -> Option<Caller> {
+        let (end_entity, intermediates) = chain.split_first()?;
         if self
             .clients
             .verify_client_cert(end_entity, intermediates, now)
             .is_ok()
         {
-            return role_of(chain).map(Caller::with_role);
+            return role_of(Some(chain)).map(Caller::with_role);
         }
         let nodes = self.nodes.as_ref()?;
         nodes
@@ -114,6 +144,13 @@ impl ClientCertVerifier for ClientTrust {
         intermediates: &[CertificateDer<'_>],
         now: rustls_pki_types::UnixTime,
     ) -> Result<ClientCertVerified, rustls::Error> {
+        let chain: Vec<CertificateDer<'_>> = std::iter::once(end_entity)
+            .chain(intermediates)
+            .map(|c| CertificateDer::from(c.as_ref()))
+            .collect();
+        if self.judged.holds(&chain_digest(&chain), now) {
+            return Ok(ClientCertVerified::assertion());
+        }
         match self
             .clients
             .verify_client_cert(end_entity, intermediates, now)
