@@ -5,53 +5,27 @@
 
 mod common;
 
+use common::{put_node, until};
+
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use slate_operator::etcd::{Commit, EtcdState, Outcome, DEFAULT_PREFIX};
 use slate_operator::leader::{self, LeaderConfig, Log, ReleaseSource, TickObserver};
-use slate_operator::state::{self, NODES};
+use slate_operator::state;
 use slate_operator::{DriveError, NodeDriver, OperatorMetrics};
-use slate_release::{Channel, Release, ReleaseIndex};
+use slate_release::ReleaseIndex;
 use slate_rollout::{Order, Step};
 use slate_testkit::etcd::{one_at_a_time, three_members};
-
-fn now() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs()
-}
-
-fn put_node(state: &EtcdState, id: &str, group: &str) {
-    let record = common::node_record(id, group, "1", now());
-    let commit = Commit {
-        puts: vec![(format!("{NODES}{id}"), serde_json::to_vec(&record).unwrap())],
-        ..Commit::default()
-    };
-    assert!(matches!(
-        state.commit(&commit).unwrap(),
-        Outcome::Committed { .. }
-    ));
-}
 
 struct Fixed;
 
 impl ReleaseSource for Fixed {
     fn index(&self) -> Result<ReleaseIndex, String> {
-        let release = |version: &str| Release {
-            version: version.into(),
-            digest: format!("sha256:{:064}", 0),
-            created: "2026-11-30T00:00:00Z".into(),
-            channel: Channel::Stable,
-            official: true,
-            min_from: None,
-            yanked: None,
-        };
         Ok(ReleaseIndex {
-            releases: vec![release("1"), release("2")],
+            releases: vec![common::release("1"), common::release("2")],
             ..ReleaseIndex::default()
         })
     }
@@ -102,14 +76,6 @@ fn step(state: &EtcdState, group: &str, node: &str) -> Option<Step> {
     let rollouts = state::rollouts(state).unwrap();
     let rollout = &rollouts.get(group)?.value;
     Some(rollout.nodes.get(node)?.step.clone())
-}
-
-fn until(what: &str, within: Duration, check: impl Fn() -> bool) {
-    let since = Instant::now();
-    while !check() {
-        assert!(since.elapsed() < within, "{what}");
-        std::thread::sleep(Duration::from_millis(50));
-    }
 }
 
 #[test]

@@ -5,17 +5,19 @@
 
 mod common;
 
+use common::{put_node, until};
+
 use std::io::{Read as _, Write as _};
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
-use slate_operator::etcd::{Commit, EtcdState, Outcome, DEFAULT_PREFIX};
+use slate_operator::etcd::{EtcdState, DEFAULT_PREFIX};
 use slate_operator::leader::{self, LeaderConfig, Log, ReleaseSource, TickObserver};
-use slate_operator::state::{self, NODES};
+use slate_operator::state;
 use slate_operator::{DriveError, NodeDriver, OperatorMetrics};
-use slate_release::{Channel, Release, ReleaseIndex};
+use slate_release::ReleaseIndex;
 use slate_rollout::Order;
 use slate_testkit::etcd::{one_at_a_time, three_members};
 
@@ -25,15 +27,7 @@ struct NothingNewer;
 impl ReleaseSource for NothingNewer {
     fn index(&self) -> Result<ReleaseIndex, String> {
         Ok(ReleaseIndex {
-            releases: vec![Release {
-                version: "1".into(),
-                digest: format!("sha256:{:064}", 0),
-                created: "2026-11-30T00:00:00Z".into(),
-                channel: Channel::Stable,
-                official: true,
-                min_from: None,
-                yanked: None,
-            }],
+            releases: vec![common::release("1")],
             ..ReleaseIndex::default()
         })
     }
@@ -74,14 +68,6 @@ fn ranges_served(endpoints: &[String]) -> u64 {
         .sum()
 }
 
-fn until(what: &str, within: Duration, check: impl Fn() -> bool) {
-    let since = Instant::now();
-    while !check() {
-        assert!(since.elapsed() < within, "{what}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn an_idle_leader_reads_nothing_from_etcd_per_tick() {
     let _serial = one_at_a_time();
@@ -95,20 +81,8 @@ fn an_idle_leader_reads_nothing_from_etcd_per_tick() {
         "[[policy]]\nname = \"all\"\nmax_unavailable = \"1\"\n",
     )
     .unwrap();
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs();
     for id in ["web-1", "web-2"] {
-        let record = common::node_record(id, "web", "1", now);
-        let commit = Commit {
-            puts: vec![(format!("{NODES}{id}"), serde_json::to_vec(&record).unwrap())],
-            ..Commit::default()
-        };
-        assert!(matches!(
-            state.commit(&commit).unwrap(),
-            Outcome::Committed { .. }
-        ));
+        put_node(&state, id, "web");
     }
     let nodes = state::mirror_nodes(&state).unwrap();
     let config = LeaderConfig {
