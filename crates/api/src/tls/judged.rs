@@ -28,7 +28,9 @@ pub(crate) const MAX_JUDGED: usize = 32_768;
 /// The digest that names a chain: each certificate's length and bytes, in order.
 pub(crate) type ChainDigest = [u8; 32];
 
-pub(crate) fn chain_digest(chain: &[CertificateDer<'_>]) -> ChainDigest {
+pub(crate) fn chain_digest<'c, 'd: 'c>(
+    chain: impl IntoIterator<Item = &'c CertificateDer<'d>>,
+) -> ChainDigest {
     let mut hash = sha2::Sha256::new();
     for cert in chain {
         hash.update((cert.len() as u64).to_le_bytes());
