@@ -148,7 +148,7 @@ impl GroupTick<'_, '_> {
     fn probed(&self, id: &str) -> bool {
         self.views
             .iter()
-            .any(|v| v.policy.probe.is_some() && v.position.contains_key(id))
+            .any(|v| v.policy.probe.is_some() && v.contains(id))
     }
 
     /// The soak a node's waves ask for: the longest over its policies.

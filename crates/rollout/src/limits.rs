@@ -73,9 +73,7 @@ impl Counts {
             rollout
                 .recent_starts
                 .iter()
-                .filter(|(id, at)| {
-                    at + rate.per_seconds > now && view.position.contains_key(id.as_str())
-                })
+                .filter(|(id, at)| at + rate.per_seconds > now && view.contains(id))
                 .count()
         });
         Counts {
@@ -86,11 +84,12 @@ impl Counts {
         }
     }
 
-    /// Why this policy does not let `id` start now, if it does not.
+    /// Why this policy does not let its member at `position` (in `view.members`) start now,
+    /// if it does not.
     pub(crate) fn blocks(
         &self,
         view: &PolicyView<'_>,
-        id: &str,
+        position: usize,
         minute_of_week: u32,
     ) -> Option<String> {
         let p: &Policy = view.policy;
@@ -98,7 +97,7 @@ impl Counts {
         if !p.windows.is_empty() && minutes_until_open(&p.windows, minute_of_week) != Some(0) {
             return Some(format!("policy {name:?}: outside its maintenance windows"));
         }
-        if let Some(wave) = view.wave_of(id) {
+        if let Some(wave) = view.wave_at(position) {
             if wave > self.open_wave {
                 return Some(format!(
                     "policy {name:?}: in wave {}, wave {} has not finished and soaked",

@@ -105,7 +105,7 @@ fn not_before(t: &Tick<'_>, views: &[PolicyView<'_>], rollout: Option<&Rollout>,
             .is_some_and(|p| p.step.is_finished())
     };
     let mut earliest = t.now;
-    for view in views.iter().filter(|v| v.position.contains_key(id)) {
+    for view in views.iter().filter(|v| v.contains(id)) {
         let mut at = t.now;
         if let Some(wave) = view.wave_of(id) {
             let open = view.open_wave(finished);

@@ -42,9 +42,8 @@ impl<'t> GroupTick<'t, '_> {
         let mut counts: Vec<Counts> = self
             .views
             .iter()
-            .zip(&self.members_at)
-            .map(|(v, at)| {
-                let phases = at.iter().map(|&i| self.phases[i]);
+            .map(|v| {
+                let phases = v.at.iter().map(|&i| self.phases[i]);
                 Counts::of(v, phases, rollout, self.t.now, |rec| {
                     !self.stale(rec) && rec.report.healthy && !rec.report.busy
                 })
@@ -72,12 +71,12 @@ impl<'t> GroupTick<'t, '_> {
                     .iter()
                     .zip(&counts)
                     .zip(closed.iter_mut())
-                    .filter(|((v, _), _)| v.position.contains_key(r.id.as_str()))
                     .find_map(|((v, c), closed)| {
+                        let position = v.position_at(at)?;
                         if *closed && !self.explain {
                             return Some(String::new());
                         }
-                        let reason = c.blocks(v, &r.id, minute);
+                        let reason = c.blocks(v, position, minute);
                         *closed |= reason.is_some();
                         reason
                     })
@@ -89,7 +88,7 @@ impl<'t> GroupTick<'t, '_> {
                 continue;
             }
             for (v, c) in self.views.iter().zip(counts.iter_mut()) {
-                if v.position.contains_key(r.id.as_str()) {
+                if v.position_at(at).is_some() {
                     c.unavailable += 1;
                     c.healthy_up = c.healthy_up.saturating_sub(1);
                     c.recent_starts += 1;

@@ -149,9 +149,8 @@ pub(crate) struct GroupTick<'t, 'd> {
     pub(crate) covered: Vec<&'t NodeRecord>,
     /// `covered` in wave order, sorted once per tick, and each one's index in `covered`.
     pub(crate) ordered: Vec<(&'t NodeRecord, usize)>,
+    /// Each covering policy's view; a view's `at` are its members' indexes in `covered`.
     pub(crate) views: Vec<PolicyView<'t>>,
-    /// Each view's members' indexes in `covered`, in the view's order.
-    pub(crate) members_at: Vec<Vec<usize>>,
     /// Where each covered node stands in the rollout (none: not in it), by its index in
     /// `covered`: read from the rollout once, by walking both in id order, and kept up to
     /// date as the tick moves nodes.
@@ -171,21 +170,12 @@ impl<'t, 'd> GroupTick<'t, 'd> {
         out: &'d mut Decision,
     ) -> Self {
         let ordered: Vec<(&NodeRecord, usize)> = order.iter().map(|&i| (covered[i], i)).collect();
-        let records: Vec<&NodeRecord> = ordered.iter().map(|(rec, _)| *rec).collect();
-        let mut views = Vec::new();
-        let mut members_at = Vec::new();
-        for policy in &t.policies.policies {
-            if let Some(view) = PolicyView::of_ordered(policy, &records) {
-                views.push(view);
-                members_at.push(
-                    ordered
-                        .iter()
-                        .filter(|(rec, _)| policy.applies_to(&rec.report))
-                        .map(|(_, i)| *i)
-                        .collect(),
-                );
-            }
-        }
+        let views = t
+            .policies
+            .policies
+            .iter()
+            .filter_map(|policy| PolicyView::of_ordered(policy, &ordered))
+            .collect();
         GroupTick {
             t,
             group,
@@ -193,7 +183,6 @@ impl<'t, 'd> GroupTick<'t, 'd> {
             covered,
             ordered,
             views,
-            members_at,
             explain,
             out,
         }
@@ -361,23 +350,20 @@ impl<'t, 'd> GroupTick<'t, 'd> {
                 .filter(|id| !rollout.acknowledged(id))
                 .collect()
         };
-        self.views
-            .iter()
-            .zip(&self.members_at)
-            .find_map(|(view, at)| {
-                let budget = view.policy.failure_budget? as usize;
-                let failed = failed(at);
-                (failed.len() >= budget).then(|| {
-                    format!(
-                        "policy {:?}: {} of its nodes failed on {} ({}), its failure budget is {}",
-                        view.policy.name,
-                        failed.len(),
-                        rollout.target,
-                        failed.join(", "),
-                        budget
-                    )
-                })
+        self.views.iter().find_map(|view| {
+            let budget = view.policy.failure_budget? as usize;
+            let failed = failed(&view.at);
+            (failed.len() >= budget).then(|| {
+                format!(
+                    "policy {:?}: {} of its nodes failed on {} ({}), its failure budget is {}",
+                    view.policy.name,
+                    failed.len(),
+                    rollout.target,
+                    failed.join(", "),
+                    budget
+                )
             })
+        })
     }
 
     fn complete_if_done(&mut self, rollout: &mut Held<'_>) {

@@ -2,8 +2,6 @@
 //! (by a hash of the node id, so the canaries are the same on every leader and every tick, and
 //! not the alphabetically first), cut at the waves' cumulative percentages.
 
-use std::collections::HashMap;
-
 use sha2::{Digest, Sha256};
 
 use crate::node::NodeRecord;
@@ -31,6 +29,10 @@ pub(crate) fn wave_hash(id: &str) -> u64 {
 }
 
 /// One policy over the nodes it covers in a group.
+///
+/// Built every tick for every policy of every group, so it holds no hash map: a member is
+/// found by its index in the group's nodes in id order (`slot`, the tick's hot path) or by
+/// its id through `by_id`, both filled in one pass over nodes the caller already sorted.
 #[derive(Debug)]
 pub(crate) struct PolicyView<'a> {
     pub(crate) policy: &'a Policy,
@@ -38,32 +40,58 @@ pub(crate) struct PolicyView<'a> {
     pub(crate) members: Vec<&'a str>,
     /// `members`' records, in the same order (a tick reads them without a lookup by id).
     pub(crate) records: Vec<&'a NodeRecord>,
-    pub(crate) position: HashMap<&'a str, usize>,
+    /// Each member's index in the group's nodes in id order, in wave order.
+    pub(crate) at: Vec<usize>,
+    /// By index in the group's nodes in id order: the node's position in `members`, or
+    /// [`NOT_A_MEMBER`].
+    slot: Vec<u32>,
+    /// The members' ids in id order, each with its position in `members`.
+    by_id: Vec<(&'a str, u32)>,
     /// The number of members in waves up to and including each wave.
     bounds: Vec<usize>,
 }
 
+const NOT_A_MEMBER: u32 = u32::MAX;
+
 impl<'a> PolicyView<'a> {
     /// `None` when the policy covers none of `nodes`.
     pub(crate) fn new(policy: &'a Policy, nodes: &[&'a NodeRecord]) -> Option<Self> {
-        let mut ordered = nodes.to_vec();
-        sort_in_waves(&mut ordered);
+        let mut by_id = nodes.to_vec();
+        by_id.sort_by(|a, b| a.report.id.cmp(&b.report.id));
+        let order = crate::tick_cache::fresh_wave_order(&by_id);
+        let ordered: Vec<(&'a NodeRecord, usize)> = order.iter().map(|&i| (by_id[i], i)).collect();
         Self::of_ordered(policy, &ordered)
     }
 
-    /// [`PolicyView::new`] of nodes already in wave order (a tick sorts a group's nodes once
-    /// for all its policies).
-    pub(crate) fn of_ordered(policy: &'a Policy, ordered: &[&'a NodeRecord]) -> Option<Self> {
-        let records: Vec<&'a NodeRecord> = ordered
-            .iter()
-            .copied()
-            .filter(|n| policy.applies_to(&n.report))
-            .collect();
-        let members: Vec<&'a str> = records.iter().map(|n| n.report.id.as_str()).collect();
+    /// [`PolicyView::new`] of a group's nodes already in wave order, each with its index in
+    /// the group's nodes in id order (a tick sorts a group once for all its policies).
+    pub(crate) fn of_ordered(
+        policy: &'a Policy,
+        ordered: &[(&'a NodeRecord, usize)],
+    ) -> Option<Self> {
+        let mut slot = vec![NOT_A_MEMBER; ordered.len()];
+        let mut ids: Vec<Option<&'a str>> = vec![None; ordered.len()];
+        let mut members = Vec::new();
+        let mut records = Vec::new();
+        let mut at = Vec::new();
+        for &(record, index) in ordered {
+            if policy.applies_to(&record.report) {
+                let id = record.report.id.as_str();
+                slot[index] = u32::try_from(members.len()).unwrap_or(NOT_A_MEMBER);
+                ids[index] = Some(id);
+                members.push(id);
+                records.push(record);
+                at.push(index);
+            }
+        }
         if members.is_empty() {
             return None;
         }
-        let position = members.iter().enumerate().map(|(i, id)| (*id, i)).collect();
+        let by_id = ids
+            .iter()
+            .zip(&slot)
+            .filter_map(|(id, &position)| id.map(|id| (id, position)))
+            .collect();
         Some(PolicyView {
             bounds: wave_bounds(
                 &policy.waves.iter().map(|w| w.percent).collect::<Vec<_>>(),
@@ -72,14 +100,38 @@ impl<'a> PolicyView<'a> {
             policy,
             members,
             records,
-            position,
+            at,
+            slot,
+            by_id,
         })
+    }
+
+    /// The position in `members` of the group's node at `index` (in id order), if a member.
+    pub(crate) fn position_at(&self, index: usize) -> Option<usize> {
+        match self.slot.get(index) {
+            Some(&position) if position != NOT_A_MEMBER => Some(position as usize),
+            _ => None,
+        }
+    }
+
+    /// The position in `members` of the node `id`, if a member.
+    pub(crate) fn position(&self, id: &str) -> Option<usize> {
+        let found = self.by_id.binary_search_by(|(member, _)| (*member).cmp(id));
+        found.ok().map(|i| self.by_id[i].1 as usize)
+    }
+
+    pub(crate) fn contains(&self, id: &str) -> bool {
+        self.position(id).is_some()
     }
 
     /// The wave (from 0) of a member, when the policy has waves.
     pub(crate) fn wave_of(&self, id: &str) -> Option<usize> {
-        let pos = *self.position.get(id)?;
-        self.bounds.iter().position(|&bound| pos < bound)
+        self.wave_at(self.position(id)?)
+    }
+
+    /// The wave (from 0) of the member at `position` in `members`.
+    pub(crate) fn wave_at(&self, position: usize) -> Option<usize> {
+        self.bounds.iter().position(|&bound| position < bound)
     }
 
     /// The highest wave all of whose earlier waves' members are `finished`.
@@ -118,4 +170,66 @@ pub fn wave_bounds(percents: &[u32], members: usize) -> Vec<usize> {
         bounds.push(share.max((previous + 1).min(members)));
     }
     bounds
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::node::NodeReport;
+    use crate::policy::PolicySet;
+
+    fn record(id: &str, zone: &str) -> NodeRecord {
+        let mut report = NodeReport::settled(id, "g", format!("{id}:50000"), "1");
+        report.labels.insert("zone".into(), zone.into());
+        NodeRecord {
+            report,
+            last_seen: 0,
+        }
+    }
+
+    /// The view's lookups by index and by id agree with the members' wave order, for a
+    /// policy that covers only some of the nodes, given in no particular order.
+    #[test]
+    fn a_member_is_found_by_index_and_by_id_at_its_place_in_wave_order() {
+        let policies = PolicySet::parse(
+            "[[policy]]\nname = \"a\"\nlabels = { zone = \"a\" }\n\
+             waves = [{ percent = 10 }, { percent = 100 }]\n",
+        )
+        .unwrap();
+        let records: Vec<NodeRecord> = (0..200)
+            .rev()
+            .map(|i| record(&format!("n{i:03}"), if i % 3 == 0 { "b" } else { "a" }))
+            .collect();
+        let nodes: Vec<&NodeRecord> = records.iter().collect();
+        let view = PolicyView::new(&policies.policies[0], &nodes).unwrap();
+
+        let mut expected: Vec<&str> = records
+            .iter()
+            .filter(|r| r.report.labels["zone"] == "a")
+            .map(|r| r.report.id.as_str())
+            .collect();
+        expected.sort_by_key(|id| wave_key(id));
+        assert_eq!(view.members, expected);
+        assert_eq!(view.records.len(), expected.len());
+
+        let mut by_id = nodes.clone();
+        by_id.sort_by(|a, b| a.report.id.cmp(&b.report.id));
+        for (index, rec) in by_id.iter().enumerate() {
+            let id = rec.report.id.as_str();
+            let position = expected.iter().position(|m| *m == id);
+            assert_eq!(view.position_at(index), position, "{id} by index");
+            assert_eq!(view.position(id), position, "{id} by id");
+            assert_eq!(view.contains(id), position.is_some());
+            if let Some(p) = position {
+                assert_eq!(view.at[p], index);
+                assert_eq!(view.records[p].report.id, id);
+                assert_eq!(view.wave_of(id), view.wave_at(p));
+            }
+        }
+        assert_eq!(view.position("n999"), None);
+        assert_eq!(view.position_at(by_id.len()), None);
+        // 133 members: the first wave holds 10 % of them, rounded up (14).
+        assert_eq!(view.wave_at(13), Some(0));
+        assert_eq!(view.wave_at(14), Some(1));
+    }
 }
