@@ -1,6 +1,7 @@
 //! The kernel command line: reading it, and finding `key=value` parameters in it.
 
 use std::path::Path;
+use std::time::Duration;
 
 use crate::error::{HostError, Result};
 
@@ -37,6 +38,29 @@ pub fn cmdline_value<'a>(cmdline: &'a str, key: &str) -> Option<&'a str> {
         }
     }
     found
+}
+
+/// What to do after a failure that stops the boot, as the kernel's `panic=` says it for a
+/// kernel panic: slate's init and machined follow the same parameter for their own fatal
+/// errors, so one setting governs every way a boot can end badly.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AfterFailure {
+    /// `panic=0`: stay halted, to be inspected (the watchdog, if armed, still resets).
+    Halt,
+    /// Reboot after this long (`panic=N`, N seconds; `panic=-N`, at once), so that the
+    /// firmware's boot counting can pick a fallback.
+    Reboot(Duration),
+}
+
+/// [`AfterFailure`] from `panic=` on `cmdline` (the last one, as the kernel reads it);
+/// `default` when there is none or its value is not a whole number.
+pub fn after_failure(cmdline: &str, default: Duration) -> AfterFailure {
+    match cmdline_value(cmdline, "panic").map(str::parse::<i64>) {
+        Some(Ok(0)) => AfterFailure::Halt,
+        Some(Ok(seconds)) if seconds < 0 => AfterFailure::Reboot(Duration::ZERO),
+        Some(Ok(seconds)) => AfterFailure::Reboot(Duration::from_secs(seconds.unsigned_abs())),
+        _ => AfterFailure::Reboot(default),
+    }
 }
 
 /// Splits at whitespace outside double quotes.
@@ -78,6 +102,29 @@ fn names_equal(a: &str, b: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn after_failure_follows_panic_as_the_kernel_does() {
+        let default = Duration::from_secs(10);
+        let after = |cmdline| after_failure(cmdline, default);
+        assert_eq!(after("console=ttyS0 panic=0"), AfterFailure::Halt);
+        assert_eq!(
+            after("panic=3"),
+            AfterFailure::Reboot(Duration::from_secs(3))
+        );
+        assert_eq!(after("panic=-1"), AfterFailure::Reboot(Duration::ZERO));
+        // The last one counts; a value that is not a number, or none, leaves the default.
+        assert_eq!(
+            after("panic=0 panic=5"),
+            AfterFailure::Reboot(Duration::from_secs(5))
+        );
+        assert_eq!(after("panic=10 panic=0"), AfterFailure::Halt);
+        assert_eq!(after("panic=soon"), AfterFailure::Reboot(default));
+        assert_eq!(after("panic"), AfterFailure::Reboot(default));
+        assert_eq!(after("quiet"), AfterFailure::Reboot(default));
+        // After `--`, parameters are init's, not the kernel's.
+        assert_eq!(after("quiet -- panic=0"), AfterFailure::Reboot(default));
+    }
+
     use super::*;
 
     const LINE: &str = "BOOT_IMAGE=/vmlinuz console=ttyS0 quiet panic=10 slate.init=/sbin/init";

@@ -49,7 +49,7 @@ pub use btrfs::{
 };
 pub use cgroup::{cgroup2_mount_point, is_cgroup2, mount_cgroup2, Cgroup, CGROUP_ROOT};
 pub use chroot::{spawn_chrooted, ApiMounts};
-pub use cmdline::{cmdline_value, kernel_cmdline};
+pub use cmdline::{after_failure, cmdline_value, kernel_cmdline, AfterFailure};
 pub use dhcp_transport::DhcpTransport;
 pub use efivars::{
     global_var_names, global_var_path, loader_var_path, mount_efivarfs, read_global,

@@ -26,7 +26,8 @@ mod systemd_var;
 
 pub use modules::{load_in_order, parse_modules_load, Loaded, ModuleToLoad, MAX_LOADERS};
 pub use parse::{block_root, BlockRoot, RootSource};
-use parse::{failure_action, init_program, module_name, plan_layers, FailureAction, Layer};
+use parse::{failure_action, init_program, module_name, plan_layers, Layer};
+use slate_host::AfterFailure;
 
 const MODULES_DIR: &str = "/lib/modules";
 const MANIFEST: &str = "manifest";
@@ -214,10 +215,10 @@ fn mount_block_root(log: &KmsgLogger, root: &BlockRoot, new_root: &Path) -> Resu
 fn fail(log: &KmsgLogger) -> ! {
     let cmdline = host::kernel_cmdline().ok();
     match failure_action(cmdline.as_deref()) {
-        FailureAction::Halt => {
+        AfterFailure::Halt => {
             log.error("panic=0 on the kernel command line: halting here");
         }
-        FailureAction::Reboot(delay) => {
+        AfterFailure::Reboot(delay) => {
             log.error(format_args!("rebooting in {} s", delay.as_secs()));
             std::thread::sleep(delay);
             let Err(err) = host::reboot();

@@ -3,27 +3,17 @@
 //! `slate_profile::parse_extensions_manifest`).
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use anyhow::{ensure, Result};
 use slate_host as host;
+use slate_host::AfterFailure;
 
 use crate::{DEFAULT_INIT, REBOOT_DELAY};
 
-/// What PID 1 does after a failed boot: exiting would panic the kernel, hiding the message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum FailureAction {
-    /// `panic=0`: the operator asked the machine to stay put after a failure.
-    Halt,
-    /// Reboot after showing the message, so the firmware's boot counting can pick a fallback.
-    Reboot(Duration),
-}
-
-pub(crate) fn failure_action(cmdline: Option<&str>) -> FailureAction {
-    match cmdline.and_then(|c| host::cmdline_value(c, "panic")) {
-        Some("0") => FailureAction::Halt,
-        _ => FailureAction::Reboot(REBOOT_DELAY),
-    }
+/// What PID 1 does after a failed boot (exiting would panic the kernel, hiding the message):
+/// what the kernel's `panic=` says, [`REBOOT_DELAY`] without one (or without the command line).
+pub(crate) fn failure_action(cmdline: Option<&str>) -> AfterFailure {
+    host::after_failure(cmdline.unwrap_or(""), REBOOT_DELAY)
 }
 
 /// The program to execute in the new root: `slate.init=` or `/sbin/init`.
@@ -139,6 +129,7 @@ pub(crate) fn plan_layers(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn block_root_reads_the_kernel_root_parameters() {
@@ -189,24 +180,24 @@ mod tests {
     }
 
     #[test]
-    fn only_panic_zero_halts() {
+    fn failures_follow_the_kernels_panic_setting() {
         assert_eq!(
             failure_action(Some("console=ttyS0 panic=0")),
-            FailureAction::Halt
+            AfterFailure::Halt
         );
         assert_eq!(
             failure_action(Some("panic=0 panic=5")),
-            FailureAction::Reboot(REBOOT_DELAY)
+            AfterFailure::Reboot(Duration::from_secs(5))
         );
         assert_eq!(
             failure_action(Some("panic=-1")),
-            FailureAction::Reboot(REBOOT_DELAY)
+            AfterFailure::Reboot(Duration::ZERO)
         );
         assert_eq!(
             failure_action(Some("quiet")),
-            FailureAction::Reboot(REBOOT_DELAY)
+            AfterFailure::Reboot(REBOOT_DELAY)
         );
-        assert_eq!(failure_action(None), FailureAction::Reboot(REBOOT_DELAY));
+        assert_eq!(failure_action(None), AfterFailure::Reboot(REBOOT_DELAY));
     }
 
     #[test]

@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use slate_api::Stage;
+use slate_host::AfterFailure;
 use slate_sequencer::{error_chain, RebootMode};
 
 use crate::base::node::{Host, Node};
@@ -11,7 +12,6 @@ use crate::settle::decision::Phase;
 use crate::settle::kexec::{self, Via};
 
 const SYNC_BUDGET: Duration = Duration::from_secs(30);
-const FATAL_REBOOT_DELAY: Duration = Duration::from_secs(10);
 
 /// Stop every process, unmount, sync within the budget.
 fn teardown(node: &Node) {
@@ -201,12 +201,12 @@ pub fn fatal(node: &Node, error: &(dyn std::error::Error + 'static)) -> ! {
     if node.host == Host::Pid1 {
         teardown(node);
     }
-    if node.config.halt_on_fatal {
-        halt_forever(node)
-    }
-    node.journal
-        .info(format_args!("rebooting in {FATAL_REBOOT_DELAY:?}"));
-    std::thread::sleep(FATAL_REBOOT_DELAY);
+    let delay = match node.config.after_fatal {
+        AfterFailure::Halt => halt_forever(node),
+        AfterFailure::Reboot(delay) => delay,
+    };
+    node.journal.info(format_args!("rebooting in {delay:?}"));
+    std::thread::sleep(delay);
     if node.host == Host::Systemd {
         systemd_goes_down(node, GoDown::Restart)
     }

@@ -207,7 +207,7 @@ pub(super) fn kexec_reboots(prepared: &Prepared, work: &Path) -> Result<String> 
     let serial = boot.serial();
     let v3_boot = from_last(&serial, KEXEC_LINE);
     ensure!(
-        v3_boot.contains("slate.init=/nonexistent") && v3_boot.contains("rebooting in 10 s"),
+        v3_boot.contains("slate.init=/nonexistent") && v3_boot.contains("rebooting in 1 s"),
         "v3 started by kexec and its init failed:\n{}",
         tail(v3_boot, 30)
     );

@@ -267,7 +267,7 @@ pub(super) fn fatal_boot_task(prepared: &Prepared, work: &Path) -> Result<String
         "the fatal line names the cause: {fatal}"
     );
     boot.wait_exit(Duration::from_secs(90))?;
-    ensure_logged(&boot, "[slate] [machined] rebooting in 10s")?;
+    ensure_logged(&boot, "[slate] [machined] rebooting in 1s")?;
     Ok(fatal)
 }
 

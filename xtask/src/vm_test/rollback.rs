@@ -91,7 +91,7 @@ pub(super) fn build(
         .arg("--cache")
         .arg(super::imager_cache())
         .env("SOURCE_DATE_EPOCH", "1700000000");
-    for arg in extra_args {
+    for arg in super::FAILURE_KERNEL_ARGS.iter().chain(extra_args) {
         cmd.args(["--kernel-arg", arg]);
     }
     output(&mut cmd)?;

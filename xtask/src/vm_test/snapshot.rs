@@ -175,6 +175,11 @@ pub(super) fn build_configured_btrfs_image(
             .arg(profile)
             .args(["--version", "1.0.0", "--output", "btrfs-image", "--out"])
             .arg(image)
+            .args(
+                super::FAILURE_KERNEL_ARGS
+                    .iter()
+                    .flat_map(|a| ["--kernel-arg", a]),
+            )
             .arg("--cache")
             .arg(super::imager_cache())
             .env("SOURCE_DATE_EPOCH", "1700000000"),
@@ -266,7 +271,7 @@ pub(super) fn btrfs_snapshot_upgrades(prepared: &Prepared, work: &Path) -> Resul
     let status = node.status()?;
     ensure!(status["version"] == "2.0.0", "back on v2: {status}");
 
-    // 4. v4's initramfs is garbage: the kernel cannot mount its root and panics (panic=10),
+    // 4. v4's initramfs is garbage: the kernel cannot mount its root and panics (panic=1, the scenarios' FAILURE_KERNEL_ARGS),
     // three times, then systemd-boot starts v2 again.
     let v4 = upgrade(
         &node,

@@ -6,7 +6,7 @@
 //! 2. v2 (`slate snapshot upgrade --command … --reboot`): the one-shot `next_entry` starts it,
 //!    machined commits it after the health checks (`saved_entry` moves to v2).
 //! 3. v3 fails its health check: machined rolls back (v3 recorded bad) and reboots; 4. v2.
-//! 5. v4's initramfs is garbage: the kernel panics (panic=10) on its one try; 6. GRUB's
+//! 5. v4's initramfs is garbage: the kernel panics (panic=1) on its one try; 6. GRUB's
 //!    one-shot is spent, so the next boot is the saved default v2, unattended.
 //! 7. v5 hangs before its commit (a health check that never passes): the watchdog resets it on
 //!    its one try; 8. v2 again, unattended.

@@ -4,11 +4,13 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use slate_api::{Event, EventKind, Failure, RollbackRecord, Stage};
 use std::path::PathBuf;
 
 use slate_bundle::{Digest, VerifiedBlobs};
+use slate_host::AfterFailure;
 use slate_sequencer::{Mode, PriorityLock, RebootMode, SequenceGuard, SequenceKind};
 
 use crate::base::journal::Journal;
@@ -40,14 +42,25 @@ pub struct UpgradePlan {
     pub replace: bool,
 }
 
+/// Without `panic=`: long enough to read the error on a console, short enough that boot
+/// counting takes over soon (init waits as long).
+pub const FATAL_REBOOT_DELAY: Duration = Duration::from_secs(10);
+
 /// Settings read from the kernel command line (`slate.*`).
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct BootConfig {
     /// Fault injection for tests: the named task fails (`slate.debug.fail-task=NAME`).
     pub fail_task: Option<String>,
-    /// `panic=0`: on a fatal error, wait to be inspected instead of rebooting.
-    pub halt_on_fatal: bool,
+    /// After a fatal error, what the kernel's `panic=` says: `panic=0` waits to be inspected,
+    /// `panic=N` reboots after N seconds; [`FATAL_REBOOT_DELAY`] without one.
+    pub after_fatal: AfterFailure,
     pub api_listen: String,
+}
+
+impl Default for BootConfig {
+    fn default() -> Self {
+        Self::from_cmdline("")
+    }
 }
 
 impl BootConfig {
@@ -62,7 +75,7 @@ impl BootConfig {
         let value = |key| slate_host::cmdline_value(cmdline, key).map(str::to_string);
         Self {
             fail_task: value("slate.debug.fail-task"),
-            halt_on_fatal: value("panic").as_deref() == Some("0"),
+            after_fatal: slate_host::after_failure(cmdline, FATAL_REBOOT_DELAY),
             api_listen: value("slate.api.listen").unwrap_or_else(|| "0.0.0.0:50000".into()),
         }
     }
@@ -255,9 +268,16 @@ mod tests {
     fn reads_boot_settings_and_os_release() {
         let c = BootConfig::from_cmdline("console=ttyS0 panic=0 slate.debug.fail-task=mountState");
         assert_eq!(c.fail_task.as_deref(), Some("mountState"));
-        assert!(c.halt_on_fatal);
+        assert_eq!(c.after_fatal, AfterFailure::Halt);
         assert_eq!(c.api_listen, "0.0.0.0:50000");
-        assert!(!BootConfig::from_cmdline("panic=10").halt_on_fatal);
+        assert_eq!(
+            BootConfig::from_cmdline("panic=3").after_fatal,
+            AfterFailure::Reboot(Duration::from_secs(3))
+        );
+        assert_eq!(
+            BootConfig::default().after_fatal,
+            AfterFailure::Reboot(FATAL_REBOOT_DELAY)
+        );
         let text = "NAME=\"slate\"\nIMAGE_VERSION=1.2.3\n";
         assert_eq!(
             os_release_value(text, "IMAGE_VERSION").as_deref(),
