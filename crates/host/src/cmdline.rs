@@ -102,29 +102,6 @@ fn names_equal(a: &str, b: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    #[test]
-    fn after_failure_follows_panic_as_the_kernel_does() {
-        let default = Duration::from_secs(10);
-        let after = |cmdline| after_failure(cmdline, default);
-        assert_eq!(after("console=ttyS0 panic=0"), AfterFailure::Halt);
-        assert_eq!(
-            after("panic=3"),
-            AfterFailure::Reboot(Duration::from_secs(3))
-        );
-        assert_eq!(after("panic=-1"), AfterFailure::Reboot(Duration::ZERO));
-        // The last one counts; a value that is not a number, or none, leaves the default.
-        assert_eq!(
-            after("panic=0 panic=5"),
-            AfterFailure::Reboot(Duration::from_secs(5))
-        );
-        assert_eq!(after("panic=10 panic=0"), AfterFailure::Halt);
-        assert_eq!(after("panic=soon"), AfterFailure::Reboot(default));
-        assert_eq!(after("panic"), AfterFailure::Reboot(default));
-        assert_eq!(after("quiet"), AfterFailure::Reboot(default));
-        // After `--`, parameters are init's, not the kernel's.
-        assert_eq!(after("quiet -- panic=0"), AfterFailure::Reboot(default));
-    }
-
     use super::*;
 
     const LINE: &str = "BOOT_IMAGE=/vmlinuz console=ttyS0 quiet panic=10 slate.init=/sbin/init";
@@ -197,5 +174,28 @@ mod tests {
     fn any_whitespace_separates() {
         assert_eq!(cmdline_value("a=1\tb=2\nc=3\n", "c"), Some("3"));
         assert_eq!(cmdline_value("a=1\tb=2\nc=3\n", "b"), Some("2"));
+    }
+
+    #[test]
+    fn after_failure_follows_panic_as_the_kernel_does() {
+        let default = Duration::from_secs(10);
+        let after = |cmdline| after_failure(cmdline, default);
+        assert_eq!(after("console=ttyS0 panic=0"), AfterFailure::Halt);
+        assert_eq!(
+            after("panic=3"),
+            AfterFailure::Reboot(Duration::from_secs(3))
+        );
+        assert_eq!(after("panic=-1"), AfterFailure::Reboot(Duration::ZERO));
+        // The last one counts; a value that is not a number, or none, leaves the default.
+        assert_eq!(
+            after("panic=0 panic=5"),
+            AfterFailure::Reboot(Duration::from_secs(5))
+        );
+        assert_eq!(after("panic=10 panic=0"), AfterFailure::Halt);
+        assert_eq!(after("panic=soon"), AfterFailure::Reboot(default));
+        assert_eq!(after("panic"), AfterFailure::Reboot(default));
+        assert_eq!(after("quiet"), AfterFailure::Reboot(default));
+        // After `--`, parameters are init's, not the kernel's.
+        assert_eq!(after("quiet -- panic=0"), AfterFailure::Reboot(default));
     }
 }
