@@ -17,8 +17,8 @@ use crate::policy::PolicySet;
 use crate::rollout::{
     Event, EventKind, NodeProgress, Order, Rollout, RolloutState, Step, RATE_MEMORY_SECONDS,
 };
-use crate::tick_cache::{fresh_wave_order, TickCache, TickPart};
-use crate::waves::PolicyView;
+use crate::tick_cache::{TickCache, TickPart};
+use crate::waves::{fresh_wave_order, PolicyView};
 
 /// An upgrade order that the node never confirmed (the leader died between marking the node
 /// and hearing its answer) is sent again only when the node has reported since, idle, not on

@@ -9,7 +9,7 @@
 use std::collections::HashMap;
 
 use crate::node::NodeRecord;
-use crate::waves::wave_hash;
+use crate::waves::fresh_wave_order;
 
 /// The parts of a tick, for a caller that times them ([`crate::tick_marked`]): each is
 /// reported when it ends, once per group for all but [`TickPart::Grouping`].
@@ -101,14 +101,4 @@ impl TickCache {
     pub fn is_empty(&self) -> bool {
         self.groups.is_empty()
     }
-}
-
-/// The indexes of `covered` in wave order, sorted now.
-pub(crate) fn fresh_wave_order(covered: &[&NodeRecord]) -> Vec<usize> {
-    let mut order: Vec<usize> = (0..covered.len()).collect();
-    order.sort_by_cached_key(|&i| {
-        let id = covered[i].report.id.as_str();
-        (wave_hash(id), id)
-    });
-    order
 }

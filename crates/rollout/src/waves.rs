@@ -21,6 +21,16 @@ pub(crate) fn sort_in_waves(nodes: &mut [&NodeRecord]) {
     });
 }
 
+/// The indexes of `covered` in wave order, sorted now.
+pub(crate) fn fresh_wave_order(covered: &[&NodeRecord]) -> Vec<usize> {
+    let mut order: Vec<usize> = (0..covered.len()).collect();
+    order.sort_by_cached_key(|&i| {
+        let id = covered[i].report.id.as_str();
+        (wave_hash(id), id)
+    });
+    order
+}
+
 pub(crate) fn wave_hash(id: &str) -> u64 {
     let digest = Sha256::digest(id.as_bytes());
     let mut first = [0u8; 8];
@@ -58,7 +68,7 @@ impl<'a> PolicyView<'a> {
     pub(crate) fn new(policy: &'a Policy, nodes: &[&'a NodeRecord]) -> Option<Self> {
         let mut by_id = nodes.to_vec();
         by_id.sort_by(|a, b| a.report.id.cmp(&b.report.id));
-        let order = crate::tick_cache::fresh_wave_order(&by_id);
+        let order = fresh_wave_order(&by_id);
         let ordered: Vec<(&'a NodeRecord, usize)> = order.iter().map(|&i| (by_id[i], i)).collect();
         Self::of_ordered(policy, &ordered)
     }
