@@ -24,6 +24,7 @@ use crate::drive::{DriveError, NodeDriver};
 use crate::etcd::{EtcdState, Fence, Outcome};
 use crate::metrics::{OperatorMetrics, TickResult};
 use crate::outbox::{Answer, Outbox};
+use crate::sched::ThreadClocks;
 use crate::state::{self, ELECTION};
 
 /// How the leader works.
@@ -85,6 +86,22 @@ pub struct TickTiming {
     pub orders: usize,
     /// Answers recorded by this tick.
     pub answers: usize,
+    /// Of the decision (`read`, `decide` and `commit`), the leader's thread on a CPU, and
+    /// runnable but waiting for one ([`crate::sched`]; zero where the kernel does not say).
+    pub on_cpu: Duration,
+    pub queued: Duration,
+}
+
+impl TickTiming {
+    /// Adds the thread's time on a CPU and waiting for one since `from` (the start of one of
+    /// the decision's parts) to [`TickTiming::on_cpu`] and [`TickTiming::queued`].
+    fn count_cpu(&mut self, from: Option<ThreadClocks>) {
+        if let Some((before, after)) = from.zip(ThreadClocks::now()) {
+            let took = after.since(before);
+            self.on_cpu += took.ran;
+            self.queued += took.queued;
+        }
+    }
 }
 
 /// Called after every tick the leader completes.
@@ -319,6 +336,7 @@ fn lead_once(
         e.to_string()
     };
     let started = Instant::now();
+    let read_clocks = ThreadClocks::now();
     let (held, generation) = state::inventory_from(state, nodes).map_err(|e| etcd(&e))?;
     *seen = generation;
     let inventory: &slate_rollout::Inventory = &held;
@@ -335,6 +353,7 @@ fn lead_once(
     };
     let read_at = held_rollouts.revisions();
     timing.read = started.elapsed();
+    timing.count_cpu(read_clocks);
     // What the nodes answered since the last tick, recorded in the rollouts as read, so that
     // this tick decides on it and its commit stores both: one encoding and one transaction
     // per group a tick, where the answers used to have their own.
@@ -360,6 +379,7 @@ fn lead_once(
     // part of a tick), and a commit that fails discards them: see `RolloutCache::edit`.
     let lent_instead = BTreeMap::new();
     let decided = Instant::now();
+    let decide_clocks = ThreadClocks::now();
     let mut last = decided;
     let parts = &mut timing.parts;
     let mut mark = |part: TickPart| {
@@ -381,12 +401,14 @@ fn lead_once(
     let mut decision = tick_in_place(&tick_input, rollouts, tick_cache, &mut mark);
     held_rollouts.mark_edited(std::mem::take(&mut decision.changed_in_place));
     timing.decide = decided.elapsed();
+    timing.count_cpu(decide_clocks);
     // Let the watch go on without copying: while a snapshot is held, its next change copies
     // the whole inventory (`Arc::make_mut`), and sending the orders can take seconds.
     drop(held);
     events.append(&mut decision.events);
     decision.events = events;
     let committed = Instant::now();
+    let commit_clocks = ThreadClocks::now();
     let written: Vec<String> = decision
         .rollouts
         .keys()
@@ -412,6 +434,7 @@ fn lead_once(
     timing.encode = committed.elapsed();
     let outcome = state::store_rollouts(state, &commit);
     timing.commit = committed.elapsed();
+    timing.count_cpu(commit_clocks);
     let outcome = match outcome {
         Ok(outcome) => outcome,
         Err(e) => {

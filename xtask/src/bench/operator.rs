@@ -373,6 +373,13 @@ pub fn bench_operator(
     let (read50, read99) = tick_percentiles(&ticks, |t| t.read);
     let (commit50, commit99) = tick_percentiles(&ticks, |t| t.commit);
     let (encode50, encode99) = tick_percentiles(&ticks, |t| t.encode);
+    // The leader's thread during the decision: on a CPU, waiting for one, and the decision
+    // without that wait (what it would take with a CPU of its own; the rest is etcd's answers).
+    let (cpu50, cpu99) = tick_percentiles(&ticks, |t| t.on_cpu);
+    let (queued50, queued99) = tick_percentiles(&ticks, |t| t.queued);
+    let (own50, own99) = tick_percentiles(&ticks, |t| {
+        (t.read + t.decide + t.commit).saturating_sub(t.queued)
+    });
     // `slate_rollout::tick` by part (each summed over a tick's groups), to see where it goes.
     let parts: Vec<(&str, (f64, f64))> = ["grouping", "wave order", "policy views", "decisions"]
         .into_iter()
@@ -415,6 +422,19 @@ pub fn bench_operator(
             "leader decision per tick (read + decide + commit), {} ticks of all runs: \
              p50 {p50:.1} ms, p99 {p99:.1} ms (target p99 <= 20 ms)",
             ticks.len()
+        ),
+    );
+    c.extra(
+        "tick_cpu_ms",
+        serde_json::json!({
+            "on_cpu": {"p50": cpu50, "p99": cpu99},
+            "queued": {"p50": queued50, "p99": queued99},
+            "without_queued": {"p50": own50, "p99": own99},
+        }),
+        format!(
+            "the leader's thread in the decision: on a CPU p50 {cpu50:.2} / p99 {cpu99:.2} ms, \
+             runnable and waiting for a CPU p50 {queued50:.2} / p99 {queued99:.2} ms; the \
+             decision without that wait p50 {own50:.1} / p99 {own99:.1} ms"
         ),
     );
     c.extra(

@@ -4,8 +4,8 @@
 //! process, and so that a leader can be killed mid-rollout like a crashed machine.
 //!
 //! A replica prints one line per event on stdout, which the bench reads: `tick READ DECIDE
-//! COMMIT SEND NODES ORDERS ANSWERS GROUPING WAVE_ORDER VIEWS DECISIONS` (durations in
-//! microseconds) after each of its ticks as leader, and `log TEXT`
+//! COMMIT ENCODE SEND NODES ORDERS ANSWERS GROUPING WAVE_ORDER VIEWS DECISIONS ON_CPU QUEUED`
+//! (durations in microseconds) after each of its ticks as leader, and `log TEXT`
 //! for each line of the operator's log.
 
 use std::io::{BufRead as _, BufReader, Write as _};
@@ -82,7 +82,7 @@ pub fn serve(etcd: &str, listen: SocketAddr, certs: &Path, name: &str) -> Result
             let us = |d: Duration| d.as_micros();
             let parts: Vec<String> = t.parts.iter().map(|d| us(*d).to_string()).collect();
             say(format!(
-                "tick {} {} {} {} {} {} {} {} {}",
+                "tick {} {} {} {} {} {} {} {} {} {} {}",
                 us(t.read),
                 us(t.decide),
                 us(t.commit),
@@ -91,7 +91,9 @@ pub fn serve(etcd: &str, listen: SocketAddr, certs: &Path, name: &str) -> Result
                 t.nodes,
                 t.orders,
                 t.answers,
-                parts.join(" ")
+                parts.join(" "),
+                us(t.on_cpu),
+                us(t.queued),
             ));
         })),
     };
@@ -234,7 +236,7 @@ fn parse_tick(rest: &str) -> Option<TickTiming> {
         .split_whitespace()
         .map(|f| f.parse().ok())
         .collect::<Option<_>>()?;
-    let [read, decide, commit, encode, send, nodes, orders, answers, grouping, waves, views, decisions] =
+    let [read, decide, commit, encode, send, nodes, orders, answers, grouping, waves, views, decisions, on_cpu, queued] =
         v[..]
     else {
         return None;
@@ -250,5 +252,7 @@ fn parse_tick(rest: &str) -> Option<TickTiming> {
         orders: orders as usize,
         answers: answers as usize,
         parts: [us(grouping), us(waves), us(views), us(decisions)],
+        on_cpu: us(on_cpu),
+        queued: us(queued),
     })
 }
