@@ -17,8 +17,8 @@ pub mod node_counters;
 use prometheus::core::Collector;
 use prometheus::proto::MetricFamily;
 pub use prometheus::{
-    Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
-    IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
+    CounterVec, Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter,
+    IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 /// Where every slate daemon serves its metrics.
@@ -97,6 +97,20 @@ pub fn counter_vec(registry: &Registry, name: &str, help: &str, labels: &[&str])
     register(
         registry,
         IntCounterVec::new(Opts::new(name, help), labels).expect("a valid metric name"),
+    )
+}
+
+/// Counters of seconds (or any other non-integer amount) by `labels`, registered in
+/// `registry`.
+pub fn seconds_counter_vec(
+    registry: &Registry,
+    name: &str,
+    help: &str,
+    labels: &[&str],
+) -> CounterVec {
+    register(
+        registry,
+        CounterVec::new(Opts::new(name, help), labels).expect("a valid metric name"),
     )
 }
 

@@ -234,6 +234,7 @@ fn lead_terms(
                 Err(_) => TickResult::Failed,
             };
             metrics.tick(result, started.elapsed(), timing.orders);
+            metrics.tick_cpu(timing.on_cpu, timing.queued);
             match led {
                 Ok(Led::Deposed) => break,
                 Ok(Led::Ticked | Led::Conflict) => {

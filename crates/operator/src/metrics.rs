@@ -7,8 +7,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use slate_metrics::{
-    counter, counter_vec, histogram, label, Histogram, IntCounter, IntCounterVec, IntGauge,
-    Registry, Scrape, LATENCY_BUCKETS,
+    counter, counter_vec, histogram, label, seconds_counter_vec, CounterVec, Histogram, IntCounter,
+    IntCounterVec, IntGauge, Registry, Scrape, LATENCY_BUCKETS,
 };
 use slate_rollout::{progress, PolicySet, Rollout};
 
@@ -28,6 +28,7 @@ pub struct OperatorMetrics {
     ticks: IntCounterVec,
     tick_seconds: Histogram,
     tick_orders: Histogram,
+    tick_cpu: CounterVec,
     etcd_errors: IntCounterVec,
     events: IntCounter,
 }
@@ -99,6 +100,18 @@ impl OperatorMetrics {
             "Upgrade orders a tick of the leader decided and sent (its decisions).",
             ORDER_BUCKETS,
         );
+        let tick_cpu = seconds_counter_vec(
+            &registry,
+            "slate_operator_tick_cpu_seconds_total",
+            "The leader's thread in its ticks' decisions (read, decide, store): seconds on a \
+             CPU (running) and ready to run but waiting for one (waiting). A waiting share \
+             that grows says the replica's machine is short of CPU, not that deciding got \
+             slower.",
+            &["state"],
+        );
+        for state in ["running", "waiting"] {
+            tick_cpu.with_label_values(&[state]);
+        }
         let etcd_errors = counter_vec(
             &registry,
             "slate_operator_etcd_errors_total",
@@ -120,6 +133,7 @@ impl OperatorMetrics {
             ticks,
             tick_seconds,
             tick_orders,
+            tick_cpu,
             etcd_errors,
             events,
         }
@@ -134,6 +148,15 @@ impl OperatorMetrics {
         self.tick_seconds.observe(took.as_secs_f64());
         if result == TickResult::Done {
             self.tick_orders.observe(orders as f64);
+        }
+    }
+
+    /// The leader's thread in a tick's decision: on a CPU, and waiting for one.
+    pub fn tick_cpu(&self, running: Duration, waiting: Duration) {
+        for (state, seconds) in [("running", running), ("waiting", waiting)] {
+            self.tick_cpu
+                .with_label_values(&[state])
+                .inc_by(seconds.as_secs_f64());
         }
     }
 

@@ -231,6 +231,15 @@ fn prometheus_follows_a_rollout_and_the_lock_server() {
         s.len() == 1 && s[0].1 > 0.0
     })
     .unwrap();
+    // The leader's ticks ran on a CPU for some time (the kernel's count, both states scraped).
+    let cpu = prom
+        .wait_for("slate_operator_tick_cpu_seconds_total", minute, |s| {
+            s.len() == 2
+                && s.iter()
+                    .any(|(labels, v)| labels["state"] == "running" && *v > 0.0)
+        })
+        .unwrap();
+    eprintln!("the leader's ticks on a CPU and waiting: {cpu:?}");
 
     // The lock server: two slots taken, a third refused (all slots held), one given back.
     for (path, id, want) in [
