@@ -373,6 +373,7 @@ pub fn bench_operator(
     let (read50, read99) = tick_percentiles(&ticks, |t| t.read);
     let (commit50, commit99) = tick_percentiles(&ticks, |t| t.commit);
     let (encode50, encode99) = tick_percentiles(&ticks, |t| t.encode);
+    let (answer50, answer99) = tick_percentiles(&ticks, |t| t.commit.saturating_sub(t.encode));
     // The leader's thread during the decision: on a CPU, waiting for one, and the decision
     // without that wait (what it would take with a CPU of its own; the rest is etcd's answers).
     let (cpu50, cpu99) = tick_percentiles(&ticks, |t| t.on_cpu);
@@ -444,6 +445,7 @@ pub fn bench_operator(
             "decide": {"p50": decide50, "p99": decide99},
             "commit": {"p50": commit50, "p99": commit99},
             "encode": {"p50": encode50, "p99": encode99},
+            "etcd_answer": {"p50": answer50, "p99": answer99},
             "send": {"p50": send50, "p99": send99, "ticks": ordering.len(), "orders": sent,
                      "total_s": send_total},
         }),
@@ -451,7 +453,7 @@ pub fn bench_operator(
             "of it: read p50 {read50:.2} / p99 {read99:.2} ms, slate_rollout::tick p50 \
              {decide50:.2} / p99 {decide99:.2} ms, commit p50 {commit50:.2} / p99 \
              {commit99:.2} ms (of it encoding the rollouts p50 {encode50:.2} / p99 \
-             {encode99:.2} ms); then the orders' share of the loop, answers recorded and \
+             {encode99:.2} ms, etcd's answer p50 {answer50:.2} / p99 {answer99:.2} ms); then the orders' share of the loop, answers recorded and \
              orders handed over ({sent} orders, {} ticks, {send_total:.1} s in all): p50 \
              {send50:.0} / p99 {send99:.0} ms a tick",
             ordering.len()
