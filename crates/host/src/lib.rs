@@ -1,5 +1,5 @@
 //! The edge between slate and the Linux kernel: mounts, loop devices, kernel modules,
-//! `switch_root`, `exec`, reboot and the kernel log.
+//! `switch_root`, `exec`, reboot, the kernel log and the scheduler's statistics of a thread.
 //!
 //! This is the only crate in the workspace that makes system calls. Everything goes through
 //! `nix`'s safe wrappers where they exist; the loop-device and watchdog ioctls, which neither
@@ -33,6 +33,7 @@ mod signals;
 mod supervised;
 mod system;
 mod teardown;
+mod thread_clocks;
 mod watchdog;
 
 pub use block::{
@@ -87,4 +88,5 @@ pub use system::{
     unusable_here, ModuleLoad,
 };
 pub use teardown::{kill_all_processes, mount_points_for_teardown, sync_with_budget, unmount_all};
+pub use thread_clocks::{parse_schedstat, ThreadClocks};
 pub use watchdog::Watchdog;

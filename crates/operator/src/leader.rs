@@ -17,6 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use slate_host::ThreadClocks;
 use slate_release::ReleaseIndex;
 use slate_rollout::{tick_in_place, Event, EventKind, Step, Tick, TickCache, TickPart};
 
@@ -24,7 +25,6 @@ use crate::drive::{DriveError, NodeDriver};
 use crate::etcd::{EtcdState, Fence, Outcome};
 use crate::metrics::{OperatorMetrics, TickResult};
 use crate::outbox::{Answer, Outbox};
-use crate::sched::ThreadClocks;
 use crate::state::{self, ELECTION};
 
 /// How the leader works.
@@ -87,7 +87,7 @@ pub struct TickTiming {
     /// Answers recorded by this tick.
     pub answers: usize,
     /// Of the decision (`read`, `decide` and `commit`), the leader's thread on a CPU, and
-    /// runnable but waiting for one ([`crate::sched`]; zero where the kernel does not say).
+    /// runnable but waiting for one ([`ThreadClocks`]; zero where the kernel does not say).
     pub on_cpu: Duration,
     pub queued: Duration,
 }

@@ -9,7 +9,6 @@
 //! - [`drive`]: upgrade orders through the node API.
 //! - [`outbox`]: the orders sent off the leader's loop, their answers kept for a later tick.
 //! - [`probe`]: the policies' HTTP probes of soaking nodes.
-//! - [`sched`]: the leader thread's time on a CPU and waiting for one, for the tick's timing.
 //! - [`service`]: the operator API, and its `/metrics` ([`metrics`]).
 //! - [`dashboard`]: the rollout dashboard's pages (`/ui`), on the API's listener and roles.
 //! - [`tally`]: routine heartbeats as one line per interval, news as a line each.
@@ -21,7 +20,6 @@ pub mod leader;
 pub mod metrics;
 pub mod outbox;
 pub mod probe;
-pub mod sched;
 pub mod service;
 pub mod state;
 pub mod tally;

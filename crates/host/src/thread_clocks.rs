@@ -1,8 +1,8 @@
-//! How the leader's thread shared the CPU during a tick, from the kernel's scheduler
-//! statistics (`/proc/thread-self/schedstat`): the time it ran, and the time it was ready to
-//! run and waited for a CPU. What is left of a tick's wall time is waiting on something else
-//! (etcd's answers). On a machine the operator shares with etcd members and other work, the
-//! wait for a CPU is the host's, not the decision's, and a tick's tail is mostly that.
+//! How a thread shared the CPU, from the kernel's scheduler statistics
+//! (`/proc/thread-self/schedstat`): the time it ran, and the time it was ready to run and
+//! waited for a CPU. What is left of a span's wall time is waiting on something else (the
+//! operator's leader: etcd's answers). On a machine shared with other work, the wait for a
+//! CPU is the machine's, not the thread's code's.
 
 use std::time::Duration;
 
@@ -18,7 +18,7 @@ pub struct ThreadClocks {
 impl ThreadClocks {
     /// The calling thread's clocks, or `None` where the kernel does not keep them.
     pub fn now() -> Option<ThreadClocks> {
-        parse(&std::fs::read_to_string("/proc/thread-self/schedstat").ok()?)
+        parse_schedstat(&std::fs::read_to_string("/proc/thread-self/schedstat").ok()?)
     }
 
     /// The time since `earlier`.
@@ -30,8 +30,9 @@ impl ThreadClocks {
     }
 }
 
-/// `schedstat`'s line: nanoseconds on a CPU, nanoseconds waiting on a run queue, time slices.
-fn parse(text: &str) -> Option<ThreadClocks> {
+/// `schedstat`'s line: nanoseconds on a CPU, nanoseconds waiting on a run queue, time slices
+/// (the third and anything after it are not read).
+pub fn parse_schedstat(text: &str) -> Option<ThreadClocks> {
     let mut fields = text.split_ascii_whitespace().map(str::parse::<u64>);
     let ran = fields.next()?.ok()?;
     let queued = fields.next()?.ok()?;
@@ -48,15 +49,15 @@ mod tests {
     #[test]
     fn the_line_gives_time_on_a_cpu_and_time_queued() {
         assert_eq!(
-            parse("419515429 1077800 99\n"),
+            parse_schedstat("419515429 1077800 99\n"),
             Some(ThreadClocks {
                 ran: Duration::from_nanos(419_515_429),
                 queued: Duration::from_nanos(1_077_800),
             })
         );
-        assert_eq!(parse(""), None);
-        assert_eq!(parse("12"), None);
-        assert_eq!(parse("12 x 3"), None);
+        assert_eq!(parse_schedstat(""), None);
+        assert_eq!(parse_schedstat("12"), None);
+        assert_eq!(parse_schedstat("12 x 3"), None);
     }
 
     /// The kernel keeps them here (Linux with `CONFIG_SCHED_INFO`, as Debian's): a thread that
