@@ -62,27 +62,35 @@ mod tests {
 
     /// The kernel keeps them here (Linux with `CONFIG_SCHED_INFO`, as Debian's): a thread that
     /// spins is always either on a CPU or waiting for one, however loaded the machine, and a
-    /// thread that sleeps is neither.
+    /// thread that sleeps is neither (but for the wait to run again once woken).
     #[test]
     fn a_spinning_thread_runs_or_waits_and_a_sleeping_one_does_neither() {
+        // Whatever the clocks count lies within `outer`; the spin alone is most of it.
+        let outer = std::time::Instant::now();
         let before = ThreadClocks::now().expect("/proc/thread-self/schedstat");
         let spun = std::time::Instant::now();
         while spun.elapsed() < Duration::from_millis(100) {
             std::hint::black_box(0u64);
         }
-        let wall = spun.elapsed();
+        let spin = spun.elapsed();
         let took = ThreadClocks::now().unwrap().since(before);
         let counted = took.ran + took.queued;
         assert!(took.ran > Duration::ZERO, "{took:?}");
+        assert!(counted >= spin * 8 / 10, "spun {spin:?}: {took:?}");
+        // The scheduler's clock is the run queue's, not the monotonic clock: under load the two
+        // were seen a millisecond or two apart over 100 ms.
+        let slack = Duration::from_millis(5);
         assert!(
-            counted >= wall * 8 / 10 && counted <= wall + Duration::from_millis(10),
-            "spun {wall:?}: {took:?}"
+            counted <= outer.elapsed() + slack,
+            "spun {spin:?}: {took:?}"
         );
+
+        let outer = std::time::Instant::now();
         let before = ThreadClocks::now().unwrap();
-        std::thread::sleep(Duration::from_millis(100));
+        std::thread::sleep(Duration::from_millis(200));
         let took = ThreadClocks::now().unwrap().since(before);
         assert!(
-            took.ran + took.queued < Duration::from_millis(50),
+            took.ran + took.queued < outer.elapsed() / 2,
             "slept: {took:?}"
         );
     }
