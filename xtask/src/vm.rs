@@ -72,8 +72,14 @@ pub fn boots_under(dir: &Path) -> (usize, Duration) {
         })
 }
 
-fn free_port() -> Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+/// Two distinct free ports on loopback, for the node API's and the web workload's forwards.
+/// Both listeners are held until both ports are known: one dropped before the second bind
+/// let the kernel hand out its port again, and QEMU refused two forwarding rules on one port
+/// (containerd_workload failed to start once in a fresh-clone run, 2026-12-07).
+fn free_ports() -> Result<(u16, u16)> {
+    let first = TcpListener::bind("127.0.0.1:0")?;
+    let second = TcpListener::bind("127.0.0.1:0")?;
+    Ok((first.local_addr()?.port(), second.local_addr()?.port()))
 }
 
 impl Vm {
@@ -82,13 +88,14 @@ impl Vm {
         fs::create_dir_all(work).with_context(|| format!("creating {}", work.display()))?;
         let vars = work.join("OVMF_VARS.fd");
         fs::copy(OVMF_VARS, &vars).with_context(|| format!("copying {OVMF_VARS}"))?;
+        let (api_port, web_port) = free_ports()?;
         Ok(Self {
             disk: disk.to_owned(),
             vars,
             work: work.to_owned(),
             boots: 0,
-            api_port: free_port()?,
-            web_port: free_port()?,
+            api_port,
+            web_port,
             secure_boot: false,
             tpm: None,
             cpu_rng: true,
@@ -446,4 +453,17 @@ fn where_is(rip: u64, cpl: Option<&str>) -> &'static str {
 pub fn tail(text: &str, lines: usize) -> String {
     let all: Vec<&str> = text.lines().collect();
     all[all.len().saturating_sub(lines)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    /// Held together, the two listeners cannot share a port; dropped one by one, the kernel may
+    /// hand the same one out twice.
+    #[test]
+    fn the_two_forwarded_ports_always_differ() {
+        for _ in 0..500 {
+            let (api, web) = super::free_ports().unwrap();
+            assert_ne!(api, web);
+        }
+    }
 }
